@@ -1,0 +1,69 @@
+"""One way to get a Redis client, for the producer, the workers and the CLI.
+
+URLs: ``redis://[:password@]host:port/db``, ``rediss://`` for TLS (``?ssl_cert_reqs=...``
+and friends pass through to redis-py), ``unix:///path/redis.sock?password=...``, and
+``memory://[name]`` for an in-process fake Redis (fakeredis) shared by every client
+of that name in the process. With no URL, ``ROLLQ_REDIS_URL`` is used, then
+``REDIS_URL``, then ``memory://``.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from urllib.parse import urlsplit
+
+import fakeredis
+import redis
+from redis.backoff import ExponentialBackoff
+from redis.retry import Retry
+
+_MEMORY_SERVERS: dict[str, fakeredis.FakeServer] = {}
+_MEMORY_LOCK = threading.Lock()
+
+# Enough attempts to ride out a Redis restart or failover (about 20 s in all);
+# the worker's own loop keeps retrying beyond that.
+_RETRIES = 12
+_BACKOFF_CAP_SECONDS = 2.0
+
+
+def resolve_url(url: str | None = None) -> str:
+    """The URL to use: the one given, else ``ROLLQ_REDIS_URL``, ``REDIS_URL``, ``memory://``."""
+    return url or os.environ.get("ROLLQ_REDIS_URL") or os.environ.get("REDIS_URL") or "memory://"
+
+
+def memory_server(name: str = "") -> fakeredis.FakeServer:
+    """The process-wide fake server behind ``memory://name``."""
+    with _MEMORY_LOCK:
+        if name not in _MEMORY_SERVERS:
+            _MEMORY_SERVERS[name] = fakeredis.FakeServer(version=(7, 0))
+        return _MEMORY_SERVERS[name]
+
+
+def connect(url: str | None = None) -> redis.Redis:
+    """A client for ``url`` (see the module docstring), retrying with backoff on connection errors.
+
+    Replies are bytes, as RQ requires.
+    """
+    url = resolve_url(url)
+    scheme = urlsplit(url).scheme
+    if scheme == "memory":
+        return fakeredis.FakeRedis(server=memory_server(urlsplit(url).netloc))
+    if scheme not in ("redis", "rediss", "unix"):
+        raise ValueError(f"unsupported Redis URL scheme {scheme!r} in {url!r}: use redis://, rediss://, unix:// or memory://")
+    return redis.Redis.from_url(
+        url,
+        retry=Retry(ExponentialBackoff(cap=_BACKOFF_CAP_SECONDS, base=0.05), _RETRIES),
+        retry_on_error=[redis.ConnectionError, redis.TimeoutError],
+        health_check_interval=30,
+        socket_keepalive=True,
+    )
+
+
+def describe(url: str) -> str:
+    """``url`` with any password replaced by ``***``, for logs and error messages."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.replace(":" + parts.password + "@", ":***@", 1)
+    return parts._replace(netloc=netloc).geturl()

@@ -1,0 +1,74 @@
+"""Errors rollq raises on purpose; each names what went wrong and with what."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+
+class RollqError(Exception):
+    """Base of every error rollq raises on purpose."""
+
+
+class UnknownResourcesError(RollqError, KeyError):
+    """A resources id that was never stored, or was pruned."""
+
+    def __init__(self, resources_id: str | None, namespace: str) -> None:
+        self.resources_id = resources_id
+        what = "no resources have been published yet" if resources_id is None else f"unknown resources id {resources_id!r}"
+        super().__init__(f"{what} in namespace {namespace!r}")
+
+    def __str__(self) -> str:  # KeyError would quote the message
+        return str(self.args[0])
+
+
+class UnknownTaskError(RollqError, KeyError):
+    """A rollout id with no task record (never enqueued, or expired)."""
+
+    def __init__(self, rollout_id: str, namespace: str) -> None:
+        self.rollout_id = rollout_id
+        super().__init__(f"no task {rollout_id!r} in namespace {namespace!r}")
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+class PayloadTooLargeError(RollqError, ValueError):
+    """A task or rollout whose JSON is bigger than the configured limit."""
+
+    def __init__(self, what: str, size: int, limit: int) -> None:
+        self.size, self.limit = size, limit
+        super().__init__(f"{what} is {size} bytes of JSON, over the limit of {limit} bytes")
+
+
+class InvalidTaskError(RollqError, ValueError):
+    """A queue entry that is not a valid rollq task."""
+
+
+class RolloutTimeoutError(RollqError, TimeoutError):
+    """``wait`` gave up before every rollout arrived."""
+
+    def __init__(self, missing: Sequence[str], timeout: float) -> None:
+        self.missing = list(missing)
+        shown = ", ".join(self.missing[:20]) + (" ..." if len(self.missing) > 20 else "")
+        super().__init__(f"{len(self.missing)} rollout(s) still missing after {timeout:g}s: {shown}")
+
+
+class RolloutTrimmedError(RollqError, LookupError):
+    """A rollout finished but its entry was trimmed from the bounded results stream."""
+
+    def __init__(self, rollout_id: str) -> None:
+        super().__init__(
+            f"rollout {rollout_id!r} finished but was trimmed from the results stream; raise results_maxlen"
+        )
+
+
+class AgentTimeoutError(RollqError, TimeoutError):
+    """An attempt ran past its policy's ``timeout_seconds``."""
+
+
+class WorkerUnresponsiveError(RollqError):
+    """An attempt's worker stopped heartbeating (killed, frozen or cut off)."""
+
+
+class UnsupportedResultError(RollqError, TypeError):
+    """An agent returned something that is not a RolloutRawResult."""

@@ -1,0 +1,217 @@
+"""A task's life as atomic Redis transitions: enqueue, claim, finish, requeue, revive.
+
+Each transition is one Lua script (``models/lua``), so producers, workers and
+reapers on any number of machines can race and exactly one of them wins. A task
+moves ``queued -> running -> succeeded | failed``; ``requeue`` sends a running
+attempt back to ``queued`` as a new RQ job, ``revive`` does the same for a task
+in the dead-letter set.
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass
+from importlib import resources as package_files
+from typing import Any, Literal
+
+import redis
+from redis.commands.core import Script
+
+from .contract import Task
+from .jobs import job_fields
+from .keys import Keys, job_id
+from .policy import RolloutPolicy
+
+RequeueReason = Literal["retry", "unresponsive", "released"]
+
+DURATION_BUCKETS = (0.1, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0)
+"""Upper bounds (seconds) of the rollout duration histogram kept in the stats hash."""
+
+
+def duration_bucket(seconds: float) -> str:
+    """The histogram bucket label (``le``) a rollout of ``seconds`` falls in."""
+    i = bisect.bisect_left(DURATION_BUCKETS, seconds)
+    return "+Inf" if i == len(DURATION_BUCKETS) else repr(DURATION_BUCKETS[i])
+
+
+@dataclass(frozen=True)
+class Claim:
+    """What a worker learns by claiming a task."""
+
+    attempt: int
+    task_json: bytes
+    policy_json: bytes
+    latest_resources_id: str | None
+    attempts_used: int
+
+
+@dataclass(frozen=True)
+class ClaimRefused:
+    """Why a claim did not happen: the task record is missing, or the task is not waiting for this job."""
+
+    reason: Literal["missing", "stale"]
+    state: str = ""
+
+
+def _load(connection: redis.Redis, name: str) -> Script:
+    source = package_files.files("models").joinpath("lua", f"{name}.lua").read_text()
+    return connection.register_script(source)
+
+
+class Lifecycle:
+    """The transitions for one namespace, over one connection."""
+
+    def __init__(self, connection: redis.Redis, keys: Keys) -> None:
+        self.connection = connection
+        self.keys = keys
+        self._enqueue = _load(connection, "enqueue")
+        self._claim = _load(connection, "claim")
+        self._finish = _load(connection, "finish")
+        self._requeue = _load(connection, "requeue")
+        self._revive = _load(connection, "revive")
+
+    def _job(self, jid: str, rollout_id: str, mode: str | None, policy: RolloutPolicy) -> list[Any]:
+        return job_fields(
+            self.connection,
+            job_id=jid,
+            rollout_id=rollout_id,
+            queue_name=self.keys.queue_name,
+            timeout_seconds=policy.timeout_seconds,
+            description=f"rollout {rollout_id} ({mode or 'no mode'})",
+        )
+
+    def enqueue_many(self, tasks: list[tuple[Task, RolloutPolicy]]) -> list[int]:
+        """Queue each task unless its rollout id is known: one pipelined round trip for the batch.
+
+        Returns one code per task: 1 queued, 0 already known, -1 unknown resources id.
+        """
+        k = self.keys
+        pipe = self.connection.pipeline(transaction=False)
+        for task, policy in tasks:
+            jid = job_id(task.rollout_id)
+            pinned = task.resources_id or ""
+            self._enqueue(
+                keys=[
+                    k.task(task.rollout_id),
+                    k.rq_queue,
+                    k.rq_queues(),
+                    k.rq_job(jid),
+                    k.resources_refs,
+                    k.resources(pinned) if pinned else k.task(task.rollout_id),
+                ],
+                args=[
+                    task.model_dump_json(),
+                    policy.model_dump_json(),
+                    policy.unresponsive_seconds,
+                    jid,
+                    pinned,
+                    task.mode or "",
+                    *self._job(jid, task.rollout_id, task.mode, policy),
+                ],
+                client=pipe,
+            )
+        return [int(code) for code in pipe.execute()]
+
+    def claim(self, rollout_id: str, job_id: str, worker_name: str, now: float) -> Claim | ClaimRefused:
+        """Start an attempt: count the claim and stamp its time, atomically."""
+        k = self.keys
+        reply = self._claim(
+            keys=[k.task(rollout_id), k.inflight, k.resources_latest], args=[rollout_id, job_id, worker_name, now]
+        )
+        if reply[0] != b"ok":
+            return ClaimRefused(reply[0].decode(), reply[1].decode() if len(reply) > 1 else "")  # type: ignore[arg-type]
+        _, attempt, task_json, policy_json, latest, used = reply
+        return Claim(int(attempt), task_json, policy_json, latest.decode() or None, int(used))
+
+    def finish(
+        self,
+        rollout_id: str,
+        attempt: int,
+        rollout_json: str,
+        status: str,
+        *,
+        results_maxlen: int,
+        dead_letter: bool,
+        now: float,
+        duration: float | None = None,
+        keep_seconds: int = 0,
+        stale_before: float | None = None,
+        pipeline: redis.client.Pipeline | None = None,
+    ) -> str | int | None:
+        """Publish the final rollout if ``attempt`` is still current.
+
+        Returns the results-stream id; 0 when the attempt was superseded (the
+        rollout is kept in the superseded stream instead); -1 when
+        ``stale_before`` is given and the attempt heartbeated after it. With a
+        pipeline, returns None and the reply comes from ``pipeline.execute()``.
+        """
+        k = self.keys
+        reply = self._finish(
+            keys=[k.task(rollout_id), k.inflight, k.results, k.superseded, k.dead_letter, k.resources_refs, k.stats],
+            args=[
+                rollout_id,
+                attempt,
+                rollout_json,
+                status,
+                results_maxlen,
+                now,
+                int(dead_letter),
+                "" if stale_before is None else stale_before,
+                "" if duration is None else duration_bucket(duration),
+                keep_seconds,
+                duration or 0,
+            ],
+            client=pipeline,
+        )
+        if pipeline is not None:
+            return None
+        return reply.decode() if isinstance(reply, bytes) else int(reply)
+
+    def requeue(
+        self,
+        task: Task,
+        attempt: int,
+        policy: RolloutPolicy,
+        reason: RequeueReason,
+        *,
+        stale_before: float | None = None,
+    ) -> int:
+        """End ``attempt`` without an outcome and queue the task again as a new RQ job.
+
+        A hand-back (``released``) goes to the front of the queue and gives the
+        attempt back. Returns 1 requeued, 0 not current, -1 heartbeated after
+        ``stale_before``.
+        """
+        k = self.keys
+        jid = job_id(task.rollout_id, after_attempt=attempt)
+        reply = self._requeue(
+            keys=[k.task(task.rollout_id), k.inflight, k.rq_queue, k.rq_queues(), k.rq_job(jid), k.stats],
+            args=[
+                task.rollout_id,
+                attempt,
+                jid,
+                reason,
+                "" if stale_before is None else stale_before,
+                int(reason == "released"),
+                *self._job(jid, task.rollout_id, task.mode, policy),
+            ],
+        )
+        return int(reply)
+
+    def revive(self, task: Task, policy: RolloutPolicy, claims: int) -> bool:
+        """Requeue a dead-lettered task with a fresh attempt budget; False if it was not dead-lettered."""
+        k = self.keys
+        jid = job_id(task.rollout_id, after_attempt=claims)
+        reply = self._revive(
+            keys=[k.task(task.rollout_id), k.dead_letter, k.rq_queue, k.rq_queues(), k.rq_job(jid), k.resources_refs],
+            args=[task.rollout_id, jid, *self._job(jid, task.rollout_id, task.mode, policy)],
+        )
+        return bool(reply)
+
+    def heartbeat(self, deadlines: dict[str, float]) -> None:
+        """Push back the deadline of running attempts (``rollout_id|attempt`` -> deadline).
+
+        ``XX`` never re-adds an attempt that finished or was taken over meanwhile.
+        """
+        if deadlines:
+            self.connection.zadd(self.keys.inflight, deadlines, xx=True)

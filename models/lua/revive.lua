@@ -1,0 +1,18 @@
+-- Take a task off the dead-letter set and queue it again with a fresh attempt budget.
+-- KEYS: task, dead_letter, rq_queue, rq_queues, rq_job (new), resources_refs
+-- ARGV: rollout_id, new_job_id, job hash field/value pairs...
+-- Returns 1 requeued, 0 not in the dead-letter set.
+if redis.call('ZREM', KEYS[2], ARGV[1]) == 0 then
+  return 0
+end
+local rid = redis.call('HGET', KEYS[1], 'resources_id')
+if rid and rid ~= '' then
+  redis.call('HINCRBY', KEYS[6], rid, 1)
+end
+redis.call('HSET', KEYS[1], 'state', 'queued', 'job', ARGV[2], 'attempts', 0)
+redis.call('HDEL', KEYS[1], 'result', 'ended')
+redis.call('PERSIST', KEYS[1])
+redis.call('HSET', KEYS[5], unpack(ARGV, 3))
+redis.call('RPUSH', KEYS[3], ARGV[2])
+redis.call('SADD', KEYS[4], KEYS[3])
+return 1

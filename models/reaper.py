@@ -1,0 +1,70 @@
+"""Finding attempts whose worker went quiet, and deciding their fate.
+
+An attempt whose heartbeat deadline has passed is requeued when its policy
+retries ``unresponsive`` failures and attempts remain, else it ends as a failed
+rollout in the dead-letter set. Every decision is a Lua transition guarded by
+the attempt number and the deadline, so any number of reapers (every worker and
+every producer run one) can race safely: one wins, the rest see "not current",
+and a worker that heartbeats at the last moment keeps its attempt.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import redis
+
+from .errors import WorkerUnresponsiveError
+from .keys import Keys
+from .lifecycle import Lifecycle
+from .outcomes import failed_rollout
+from .policy import TaskState
+from .records import read_records
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class ReapReport:
+    """What one pass did."""
+
+    requeued: int = 0
+    failed: int = 0
+
+
+def reap(lifecycle: Lifecycle, *, now: float, results_maxlen: int, limit: int = 200) -> ReapReport:
+    """Handle up to ``limit`` attempts whose heartbeat deadline is before ``now``."""
+    connection: redis.Redis = lifecycle.connection
+    keys: Keys = lifecycle.keys
+    report = ReapReport()
+    members = [m.decode() for m in connection.zrangebyscore(keys.inflight, "-inf", now, start=0, num=limit)]
+    if not members:
+        return report
+    attempts = {rid: int(n) for rid, _, n in (m.rpartition("|") for m in members)}
+    records = read_records(connection, keys, list(attempts))
+    for member in members:
+        rid, _, n = member.rpartition("|")
+        attempt = int(n)
+        record = records.get(rid)
+        if record is None or record.state != TaskState.RUNNING or record.attempt != attempt:
+            connection.zrem(keys.inflight, member)  # a leftover of an attempt that already ended
+            continue
+        silent_for = record.policy.unresponsive_seconds
+        if record.policy.retries("unresponsive", record.attempts_used):
+            if lifecycle.requeue(record.task, attempt, record.policy, "unresponsive", stale_before=now) == 1:
+                report.requeued += 1
+                log.warning("requeued %s: attempt %d on %s sent no heartbeat for %.0fs", rid, attempt, record.worker, silent_for)
+            continue
+        error = WorkerUnresponsiveError(
+            f"worker {record.worker} sent no heartbeat for {silent_for:.0f}s on attempt {attempt} of {record.policy.max_attempts}"
+        )
+        rollout = failed_rollout(rid, attempt=attempt, worker=record.worker or "", error=error)
+        outcome = lifecycle.finish(
+            rid, attempt, rollout.model_dump_json(), "failed",
+            results_maxlen=results_maxlen, dead_letter=True, now=now, stale_before=now,
+        )
+        if isinstance(outcome, str):
+            report.failed += 1
+            log.error("failed %s for good: %s", rid, error)
+    return report

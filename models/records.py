@@ -1,0 +1,63 @@
+"""Reading a task record (the hash at ``Keys.task``) back into models."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import redis
+
+from .contract import Task
+from .errors import UnknownTaskError
+from .keys import Keys
+from .policy import RolloutPolicy, TaskState
+
+_FIELDS = ("task", "policy", "state", "claims", "last_claim", "attempt", "worker", "attempts", "result")
+
+
+@dataclass(frozen=True)
+class TaskRecord:
+    """A task as the workers left it, with rollq's bookkeeping beside it."""
+
+    task: Task
+    policy: RolloutPolicy
+    state: TaskState
+    attempt: int
+    attempts_used: int
+    worker: str | None
+    result_id: str | None
+
+    @classmethod
+    def parse(cls, values: list[bytes | None]) -> TaskRecord:
+        task_json, policy_json, state, claims, last_claim, attempt, worker, used, result = values
+        assert task_json is not None and policy_json is not None
+        task = Task.model_validate_json(task_json).model_copy(
+            update={
+                "num_claims": int(claims or 0),
+                "last_claim_time": float(last_claim) if last_claim else None,
+            }
+        )
+        return cls(
+            task=task,
+            policy=RolloutPolicy.model_validate_json(policy_json),
+            state=TaskState((state or b"queued").decode()),
+            attempt=int(attempt or 0),
+            attempts_used=int(used or 0),
+            worker=worker.decode() if worker else None,
+            result_id=result.decode() if result else None,
+        )
+
+
+def read_records(connection: redis.Redis, keys: Keys, rollout_ids: list[str]) -> dict[str, TaskRecord]:
+    """The records of ``rollout_ids`` that exist, in one round trip."""
+    pipe = connection.pipeline(transaction=False)
+    for rid in rollout_ids:
+        pipe.hmget(keys.task(rid), _FIELDS)
+    return {rid: TaskRecord.parse(v) for rid, v in zip(rollout_ids, pipe.execute()) if v[0] is not None}
+
+
+def read_record(connection: redis.Redis, keys: Keys, rollout_id: str) -> TaskRecord:
+    """The record of ``rollout_id``; :class:`UnknownTaskError` if there is none."""
+    found = read_records(connection, keys, [rollout_id])
+    if rollout_id not in found:
+        raise UnknownTaskError(rollout_id, keys.namespace)
+    return found[rollout_id]

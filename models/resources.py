@@ -1,0 +1,89 @@
+"""Versioned resources: immutable numbered versions and a "latest" pointer.
+
+Publishing writes the new version and moves the pointer in one transaction, so
+a reader never sees a pointer to a version that is not there. Old versions are
+pruned down to ``keep_versions``, except the latest and any version an
+unfinished task is pinned to.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import redis
+from pydantic import TypeAdapter
+
+from .contract import NamedResources, ResourcesUpdate
+from .errors import UnknownResourcesError
+from .keys import Keys
+
+_NAMED = TypeAdapter(NamedResources)
+
+
+class ResourceStore:
+    """Resources versions of one namespace."""
+
+    def __init__(self, connection: redis.Redis, keys: Keys, keep_versions: int = 10) -> None:
+        if keep_versions < 1:
+            raise ValueError("keep_versions must be at least 1")
+        self.connection = connection
+        self.keys = keys
+        self.keep_versions = keep_versions
+
+    def publish(self, resources: Mapping[str, Any]) -> str:
+        """Store ``resources`` as a new version, make it the latest, and return its id (``v1``, ``v2``, ...)."""
+        named = _NAMED.validate_python(dict(resources))
+        number = int(self.connection.incr(self.keys.resources_seq))
+        resources_id = f"v{number}"
+        update = ResourcesUpdate(resources_id=resources_id, resources=named)
+        pipe = self.connection.pipeline(transaction=True)
+        pipe.set(self.keys.resources(resources_id), update.model_dump_json())
+        pipe.set(self.keys.resources_latest, resources_id)
+        pipe.zadd(self.keys.resources_versions, {resources_id: number})
+        pipe.execute()
+        self.prune()
+        return resources_id
+
+    def get(self, resources_id: str | None = None) -> ResourcesUpdate:
+        """A version by id, or the latest with None; :class:`UnknownResourcesError` if there is none."""
+        if resources_id is None:
+            latest = self.connection.get(self.keys.resources_latest)
+            if latest is None:
+                raise UnknownResourcesError(None, self.keys.namespace)
+            resources_id = latest.decode()
+        raw = self.connection.get(self.keys.resources(resources_id))
+        if raw is None:
+            raise UnknownResourcesError(resources_id, self.keys.namespace)
+        return ResourcesUpdate.model_validate_json(raw)
+
+    def versions(self) -> list[str]:
+        """Ids of the kept versions, oldest first."""
+        return [v.decode() for v in self.connection.zrange(self.keys.resources_versions, 0, -1)]
+
+    def latest_id(self) -> str | None:
+        """The id of the latest version, if any."""
+        latest = self.connection.get(self.keys.resources_latest)
+        return latest.decode() if latest else None
+
+    def prune(self) -> list[str]:
+        """Drop versions beyond ``keep_versions`` that no unfinished task is pinned to; return their ids."""
+        k = self.keys
+        with self.connection.pipeline(transaction=True) as pipe:
+            while True:
+                try:
+                    # Watching the refs hash makes a concurrent enqueue that pins a version abort this prune.
+                    pipe.watch(k.resources_refs, k.resources_latest)
+                    candidates = [v.decode() for v in pipe.zrange(k.resources_versions, 0, -self.keep_versions - 1)]
+                    pinned = {v.decode() for v in pipe.hkeys(k.resources_refs)}
+                    latest = pipe.get(k.resources_latest)
+                    drop = [v for v in candidates if v not in pinned and (latest is None or v != latest.decode())]
+                    pipe.multi()
+                    for version in drop:
+                        pipe.delete(k.resources(version))
+                    if drop:
+                        pipe.zrem(k.resources_versions, *drop)
+                    pipe.execute()
+                    return drop
+                except redis.WatchError:
+                    continue

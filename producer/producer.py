@@ -1,0 +1,184 @@
+"""The trainer's handle on rollq: queue tasks, publish resources, collect rollouts."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
+
+import redis
+
+from models.connection import connect
+from models.contract import ResourcesUpdate, Rollout, Task, TaskInput
+from models.errors import PayloadTooLargeError, UnknownResourcesError
+from models.keys import DEFAULT_NAMESPACE, Keys
+from models.lifecycle import Lifecycle
+from models.policy import RolloutPolicy
+from models.reaper import ReapReport, reap
+from models.records import read_record, read_records
+from models.resources import ResourceStore
+
+from .results import ResultReader, wait
+
+Mode = str | None
+
+# Big batches go out in chunks this size: still few round trips, bounded client memory.
+_ENQUEUE_CHUNK = 2000
+
+
+class Producer:
+    """Queue tasks and collect rollouts for one namespace.
+
+    >>> producer = Producer.from_url("memory://", namespace="docs")
+    >>> task = producer.enqueue({"question": "2+2"}, mode="train")
+    >>> producer.get_task(task.rollout_id).num_claims
+    0
+    """
+
+    def __init__(
+        self,
+        connection: redis.Redis,
+        namespace: str = DEFAULT_NAMESPACE,
+        *,
+        policy: RolloutPolicy | None = None,
+        results_maxlen: int = 100_000,
+        keep_versions: int = 10,
+        max_task_bytes: int = 1024 * 1024,
+    ) -> None:
+        self.connection = connection
+        self.keys = Keys(namespace)
+        self.policy = policy or RolloutPolicy()
+        self.results_maxlen = results_maxlen
+        self.max_task_bytes = max_task_bytes
+        self.lifecycle = Lifecycle(connection, self.keys)
+        self.resources = ResourceStore(connection, self.keys, keep_versions=keep_versions)
+
+    @classmethod
+    def from_url(cls, url: str | None = None, namespace: str = DEFAULT_NAMESPACE, **kwargs: Any) -> Producer:
+        """A producer on ``url`` (see :func:`models.connection.connect`; None reads ``ROLLQ_REDIS_URL``/``REDIS_URL``)."""
+        return cls(connect(url), namespace, **kwargs)
+
+    @property
+    def namespace(self) -> str:
+        return self.keys.namespace
+
+    # -- tasks ---------------------------------------------------------------
+
+    def enqueue(
+        self,
+        input: TaskInput,
+        mode: Mode = None,
+        resources_id: str | None = None,
+        metadata: Mapping[str, Any] | None = None,
+        rollout_id: str | None = None,
+        policy: RolloutPolicy | None = None,
+    ) -> Task:
+        """Queue one task and return it; a ``rollout_id`` already known is not queued again (its task is returned)."""
+        return self.enqueue_many(
+            [input], mode=mode, resources_id=resources_id, metadata=metadata,
+            rollout_ids=None if rollout_id is None else [rollout_id], policy=policy,
+        )[0]
+
+    def enqueue_many(
+        self,
+        inputs: Iterable[TaskInput],
+        mode: Mode = None,
+        resources_id: str | None = None,
+        metadata: Mapping[str, Any] | None = None,
+        rollout_ids: Sequence[str] | None = None,
+        policy: RolloutPolicy | None = None,
+        on_progress: Callable[[int], None] | None = None,
+    ) -> list[Task]:
+        """Queue a batch of tasks in pipelined round trips (one per 2000 tasks) and return them.
+
+        Each task gets a fresh ``rollout_id`` unless ``rollout_ids`` gives them;
+        ids already known are not queued again and their stored task is returned.
+        """
+        policy = policy or self.policy
+        if resources_id is not None and not self.connection.exists(self.keys.resources(resources_id)):
+            raise UnknownResourcesError(resources_id, self.namespace)
+        now = time.time()
+        inputs = list(inputs)
+        if rollout_ids is not None and len(rollout_ids) != len(inputs):
+            raise ValueError(f"{len(inputs)} inputs but {len(rollout_ids)} rollout ids")
+        tasks = [
+            Task(
+                rollout_id=rollout_ids[i] if rollout_ids is not None else f"rollout-{uuid.uuid4().hex}",
+                input=value,
+                mode=mode,  # type: ignore[arg-type]  # pydantic validates the literal
+                resources_id=resources_id,
+                create_time=now,
+                num_claims=0,
+                metadata=dict(metadata or {}),
+            )
+            for i, value in enumerate(inputs)
+        ]
+        for task in tasks:
+            size = len(task.model_dump_json())
+            if size > self.max_task_bytes:
+                raise PayloadTooLargeError(f"task {task.rollout_id}", size, self.max_task_bytes)
+        codes: list[int] = []
+        for start in range(0, len(tasks), _ENQUEUE_CHUNK):
+            chunk = tasks[start : start + _ENQUEUE_CHUNK]
+            codes += self.lifecycle.enqueue_many([(task, policy) for task in chunk])
+            if on_progress:
+                on_progress(len(chunk))
+        if -1 in codes:  # the version was pruned between the check above and the enqueue
+            raise UnknownResourcesError(resources_id, self.namespace)
+        known = [task.rollout_id for task, code in zip(tasks, codes) if code == 0]
+        if known:
+            stored = read_records(self.connection, self.keys, known)
+            tasks = [stored[t.rollout_id].task if t.rollout_id in stored else t for t in tasks]
+        return tasks
+
+    def get_task(self, rollout_id: str) -> Task:
+        """The task with ``num_claims`` and ``last_claim_time`` as the workers left them."""
+        return read_record(self.connection, self.keys, rollout_id).task
+
+    # -- resources -----------------------------------------------------------
+
+    def update_resources(self, resources: Mapping[str, Any]) -> str:
+        """Publish a new immutable resources version, make it the latest, and return its id."""
+        return self.resources.publish(resources)
+
+    def get_resources(self, resources_id: str | None = None) -> ResourcesUpdate:
+        """A resources version by id, or the latest; :class:`UnknownResourcesError` if unknown."""
+        return self.resources.get(resources_id)
+
+    # -- results -------------------------------------------------------------
+
+    def wait(
+        self, rollout_ids: Sequence[str], timeout: float, on_progress: Callable[[int], None] | None = None
+    ) -> list[Rollout]:
+        """The rollouts of ``rollout_ids``, in that order, once all have finished.
+
+        Non-destructive (anyone may wait on the same ids); blocks on the results
+        stream; raises :class:`RolloutTimeoutError` naming the missing ids.
+        """
+        return wait(self.lifecycle, rollout_ids, timeout, results_maxlen=self.results_maxlen, on_progress=on_progress)
+
+    def rollouts(
+        self, group: str = "trainers", consumer: str | None = None, *, idle_timeout: float | None = None, **kwargs: Any
+    ) -> ResultReader:
+        """Finished rollouts as a consumer group member; see :class:`producer.results.ResultReader`."""
+        return ResultReader(self.connection, self.keys, group, consumer, idle_timeout=idle_timeout, **kwargs)
+
+    # -- operations ----------------------------------------------------------
+
+    def dead_letter(self) -> list[str]:
+        """Rollout ids that failed for good, oldest first."""
+        return [m.decode() for m in self.connection.zrange(self.keys.dead_letter, 0, -1)]
+
+    def requeue_dead(self, rollout_ids: Sequence[str] | None = None) -> list[str]:
+        """Queue dead-lettered tasks again with a fresh attempt budget (all of them with None); returns those requeued."""
+        ids = list(rollout_ids) if rollout_ids is not None else self.dead_letter()
+        records = read_records(self.connection, self.keys, ids)
+        return [
+            rid for rid in ids
+            if rid in records and self.lifecycle.revive(records[rid].task, records[rid].policy, records[rid].task.num_claims or 0)
+        ]
+
+    def reap(self) -> ReapReport:
+        """Requeue or fail attempts whose worker stopped heartbeating (workers do this too)."""
+        return reap(self.lifecycle, now=time.time(), results_maxlen=self.results_maxlen)

@@ -1,0 +1,22 @@
+"""The worker side of rollq: run with ``rq worker -w worker.RolloutWorker`` or ``rollq worker``.
+
+Write an agent by subclassing :class:`LitAgent`; add :class:`models.Hook`
+subclasses for callbacks around each rollout.
+"""
+
+from .agent import LitAgent
+from .config import WorkerSettings
+from .runner import AgentRunner
+from .tracer import BaseTracer, OtelTracer, emit_reward, llm_call_span
+from .worker import RolloutWorker
+
+__all__ = [
+    "AgentRunner",
+    "BaseTracer",
+    "LitAgent",
+    "OtelTracer",
+    "RolloutWorker",
+    "WorkerSettings",
+    "emit_reward",
+    "llm_call_span",
+]

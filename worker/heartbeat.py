@@ -1,0 +1,61 @@
+"""The worker's background beat: heartbeats for running attempts, and the reaper.
+
+It runs on its own thread so that neither a busy event loop nor a main thread
+blocked on RQ's dequeue can delay a heartbeat; a missed heartbeat is what makes
+another worker take the task over.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+
+import redis
+
+from models.lifecycle import Lifecycle
+from models.reaper import reap
+
+log = logging.getLogger(__name__)
+
+
+class Heartbeat(threading.Thread):
+    """Every ``interval`` seconds: push back the deadlines of running attempts, then reap stale ones."""
+
+    def __init__(
+        self,
+        lifecycle: Lifecycle,
+        deadlines: Callable[[float], dict[str, float]],
+        *,
+        interval: float,
+        results_maxlen: int,
+        on_beat: Callable[[], None] | None = None,
+    ) -> None:
+        super().__init__(name="rollq-heartbeat", daemon=True)
+        self.lifecycle = lifecycle
+        self.deadlines = deadlines
+        self.interval = interval
+        self.results_maxlen = results_maxlen
+        self.on_beat = on_beat
+        self._stop_event = threading.Event()
+
+    def beat(self) -> None:
+        now = time.time()
+        self.lifecycle.heartbeat(self.deadlines(now))
+        if self.on_beat is not None:
+            self.on_beat()
+        reap(self.lifecycle, now=now, results_maxlen=self.results_maxlen)
+
+    def run(self) -> None:
+        while not self._stop_event.wait(self.interval):
+            try:
+                self.beat()
+            except redis.RedisError as exc:
+                log.warning("heartbeat failed (%s); trying again in %.0fs", exc, self.interval)
+            except Exception:
+                log.exception("heartbeat failed; trying again in %.0fs", self.interval)
+
+    def stop(self) -> None:
+        self._stop_event.set()
+        self.join(timeout=self.interval + 5)

@@ -1,0 +1,51 @@
+"""Running the user's hooks so that one raising never costs a rollout."""
+
+from __future__ import annotations
+
+import contextvars
+import logging
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from models.contract import Hook, Rollout, Task
+
+from .tracer import BaseTracer
+
+if TYPE_CHECKING:
+    from .runner import AgentRunner
+
+log = logging.getLogger(__name__)
+
+
+class HookSet:
+    """The hooks of one worker process, called in order; a hook that raises is logged by name and skipped."""
+
+    def __init__(self, hooks: Sequence[Hook]) -> None:
+        self.hooks = list(hooks)
+
+    def _call(self, hook: Hook, method: str, *args: object, context: contextvars.Context | None = None) -> None:
+        try:
+            fn = getattr(hook, method)
+            context.run(fn, *args) if context is not None else fn(*args)
+        except Exception:
+            log.exception("hook %s.%s raised; carrying on", type(hook).__name__, method)
+
+    def init_worker(self, worker_id: int) -> None:
+        for hook in self.hooks:
+            self._call(hook, "init_worker", worker_id)
+
+    def teardown_worker(self, worker_id: int) -> None:
+        for hook in self.hooks:
+            self._call(hook, "teardown_worker", worker_id)
+
+    def rollout_start(
+        self, task: Task, runner: AgentRunner, tracer: BaseTracer, context: contextvars.Context
+    ) -> None:
+        for hook in self.hooks:
+            self._call(hook, "on_rollout_start", task, runner, tracer, context=context)
+
+    def rollout_end(
+        self, task: Task, rollout: Rollout, runner: AgentRunner, tracer: BaseTracer, context: contextvars.Context
+    ) -> None:
+        for hook in self.hooks:
+            self._call(hook, "on_rollout_end", task, rollout, runner, tracer, context=context)

@@ -1,0 +1,148 @@
+"""Capturing the OpenTelemetry spans of each rollout, and only that rollout's.
+
+Each rollout gets a root span in a fresh trace and its own ``contextvars``
+context with that span current. Spans the agent or its libraries create inside
+that context share the root's trace id, so one span processor can route every
+finished span to the rollout it belongs to, even with hundreds of rollouts
+overlapping in one process. Contexts follow asyncio tasks and the threads rollq
+starts; a thread the agent starts itself must carry the context over
+(``contextvars.copy_context().run``) for its spans to be captured.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import logging
+import os
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from opentelemetry import context as otel_context
+from opentelemetry import trace
+from opentelemetry.context import Context
+from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
+
+log = logging.getLogger(__name__)
+
+REWARD_SPAN = "reward"
+REWARD_ATTRIBUTE = "rollq.reward"
+
+
+class _RoutingProcessor(SpanProcessor):
+    """Hands each finished span to the rollout whose trace it belongs to."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._buckets: dict[int, list[ReadableSpan]] = {}
+
+    def open(self, trace_id: int) -> None:
+        with self._lock:
+            self._buckets[trace_id] = []
+
+    def close(self, trace_id: int) -> list[ReadableSpan]:
+        with self._lock:
+            return self._buckets.pop(trace_id, [])
+
+    def on_end(self, span: ReadableSpan) -> None:
+        if span.context is None:
+            return
+        with self._lock:
+            bucket = self._buckets.get(span.context.trace_id)
+            if bucket is not None:
+                bucket.append(span)
+
+
+class RolloutTrace:
+    """The tracing state of one rollout: run code in :attr:`context`, then :meth:`finish`."""
+
+    def __init__(self, root: trace.Span, context: contextvars.Context, processor: _RoutingProcessor) -> None:
+        self.root = root
+        self.context = context
+        self._processor = processor
+
+    def finish(self) -> list[ReadableSpan]:
+        """End the root span and return every span captured for this rollout, root included."""
+        self.root.end()
+        trace_id = self.root.get_span_context().trace_id
+        return sorted(self._processor.close(trace_id), key=lambda s: s.start_time or 0)
+
+
+class BaseTracer:
+    """What a runner and its hooks see of tracing: one :class:`RolloutTrace` per rollout."""
+
+    def start_rollout(self, rollout_id: str, attempt: int) -> RolloutTrace:
+        raise NotImplementedError
+
+
+class OtelTracer(BaseTracer):
+    """Captures spans through the process's OpenTelemetry SDK tracer provider.
+
+    If no SDK provider is installed yet, one is created and made global, so
+    libraries that call ``trace.get_tracer(...)`` report into it. With
+    ``OTEL_EXPORTER_OTLP_ENDPOINT`` (or ``..._TRACES_ENDPOINT``) set, spans are also
+    exported over OTLP with the standard ``OTEL_*`` settings.
+    """
+
+    def __init__(self, provider: TracerProvider | None = None) -> None:
+        if provider is None:
+            current = trace.get_tracer_provider()
+            if isinstance(current, TracerProvider):
+                provider = current
+            else:
+                provider = TracerProvider()
+                trace.set_tracer_provider(provider)
+                _export_otlp_if_configured(provider)
+        self.provider = provider
+        self._processor = _RoutingProcessor()
+        provider.add_span_processor(self._processor)
+        self._tracer = provider.get_tracer("rollq")
+
+    def start_rollout(self, rollout_id: str, attempt: int) -> RolloutTrace:
+        # An empty parent context forces a new trace id: the key spans are routed by.
+        root = self._tracer.start_span(
+            "rollout", context=Context(), attributes={"rollq.rollout_id": rollout_id, "rollq.attempt": attempt}
+        )
+        self._processor.open(root.get_span_context().trace_id)
+        ctx = contextvars.Context()
+        ctx.run(otel_context.attach, trace.set_span_in_context(root))
+        return RolloutTrace(root, ctx, self._processor)
+
+
+def _export_otlp_if_configured(provider: TracerProvider) -> None:
+    if not (os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT") or os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")):
+        return
+    try:
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+        from opentelemetry.sdk.trace.export import BatchSpanProcessor
+    except ImportError:
+        log.warning("OTEL_EXPORTER_OTLP_ENDPOINT is set but rollq[otlp] is not installed; spans are not exported")
+        return
+    provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
+    log.info("exporting rollout spans over OTLP")
+
+
+@contextmanager
+def llm_call_span(model: str, prompt: Any, *, system: str = "rollq", operation: str = "chat") -> Iterator[trace.Span]:
+    """A span for one LLM call, named and attributed per the OpenTelemetry GenAI conventions.
+
+    Set the answer with ``span.set_attribute("gen_ai.completion", text)``; rollq
+    turns such spans into triplets when the agent returns none.
+    """
+    tracer = trace.get_tracer("rollq.agent")
+    attributes = {
+        "gen_ai.operation.name": operation,
+        "gen_ai.system": system,
+        "gen_ai.request.model": model,
+        "gen_ai.prompt": prompt if isinstance(prompt, str) else str(prompt),
+    }
+    with tracer.start_as_current_span(f"{operation} {model}", attributes=attributes) as span:
+        yield span
+
+
+def emit_reward(value: float) -> None:
+    """Record a reward for the turn just taken, as a span rollq reads back into triplets."""
+    tracer = trace.get_tracer("rollq.agent")
+    with tracer.start_as_current_span(REWARD_SPAN, attributes={REWARD_ATTRIBUTE: float(value)}):
+        pass

@@ -1,0 +1,283 @@
+"""``RolloutWorker``: an RQ worker that runs rollq tasks, many at once if asked.
+
+Start it like any RQ worker, naming the rollq namespace as the queue::
+
+    ROLLQ_AGENT=myproject.agents:MathAgent rq worker -w worker.RolloutWorker --url redis://host:6379 rollq
+
+It differs from RQ's ``SimpleWorker`` in four ways:
+
+- up to ``concurrency`` jobs run at once. The main thread keeps RQ's loop
+  (dequeue, maintenance, signals); each job's RQ bookkeeping runs on a pool
+  thread, with RQ's per-job ``execution`` made thread-local so the started and
+  finished registries stay right for every job;
+- it refuses, without importing anything, any job that is not a rollq job, and
+  always uses the JSON serializer;
+- attempts heartbeat and a reaper runs beside the loop (:mod:`worker.heartbeat`);
+- on the first SIGTERM/SIGINT it stops taking jobs, lets running rollouts finish
+  for ``grace_seconds``, then hands the rest back to the queue; a second signal
+  hands them back at once.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+import time
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from rq.exceptions import StopRequested
+from rq.job import Job
+from rq.logutils import setup_loghandlers
+from rq.queue import Queue
+from rq.serializers import JSONSerializer
+from rq.timeouts import BaseDeathPenalty
+from rq.worker import SimpleWorker, WorkerStatus
+
+from models.contract import Hook
+from models.errors import InvalidTaskError
+from models.jobs import rollout_id_of
+from models.keys import Keys
+from models.lifecycle import Lifecycle
+from models.resources import ResourceStore
+
+from . import jobs
+from .agent import LitAgent
+from .config import WorkerSettings
+from .executor import AgentExecutor
+from .heartbeat import Heartbeat
+from .hooks import HookSet
+from .loader import load_object
+from .resource_cache import ResourceCache
+from .runner import AgentRunner
+from .tracer import BaseTracer, OtelTracer
+
+log = logging.getLogger(__name__)
+
+
+class _NoDeathPenalty(BaseDeathPenalty):
+    """rollq enforces each attempt's time limit itself; RQ's signal- or timer-based kill is off.
+
+    SIGALRM only works on the main thread, and a timer thread per job would
+    double the threads at high concurrency.
+    """
+
+    def setup_death_penalty(self) -> None:
+        pass
+
+    def cancel_death_penalty(self) -> None:
+        pass
+
+
+class RolloutWorker(SimpleWorker):
+    """An RQ worker for one rollq namespace (its single queue)."""
+
+    death_penalty_class = _NoDeathPenalty
+
+    def __init__(
+        self,
+        queues: Sequence[Queue | str] | Queue | str,
+        *args: Any,
+        settings: WorkerSettings | None = None,
+        agent: LitAgent | None = None,
+        hooks: Sequence[Hook] | None = None,
+        tracer: BaseTracer | None = None,
+        **kwargs: Any,
+    ) -> None:
+        self._local = threading.local()  # before RQ's __init__, which assigns self.execution
+        kwargs["serializer"] = JSONSerializer
+        super().__init__(queues, *args, **kwargs)
+        if len(self.queues) != 1:
+            raise ValueError("a RolloutWorker serves one rollq namespace: name exactly one queue")
+        self.keys = Keys(self.queues[0].name)
+        self.settings = settings or WorkerSettings.from_env()
+        if agent is None:
+            if not self.settings.agent:
+                raise ValueError("no agent configured: set ROLLQ_AGENT=package.module:AgentClass or pass --agent")
+            agent = load_object(self.settings.agent)
+        if not isinstance(agent, LitAgent):
+            raise TypeError(f"the agent must be a worker.LitAgent, got {type(agent).__name__}")
+        self.agent = agent
+        self.hook_set = HookSet(hooks if hooks is not None else [load_object(h) for h in self.settings.hooks])
+        self.tracer = tracer
+        self.worker_id: int | None = None
+        self.runner: AgentRunner | None = None
+        self._heartbeat: Heartbeat | None = None
+        self._executor = AgentExecutor()
+        self._slots = threading.BoundedSemaphore(self.settings.concurrency)
+        self._jobs = ThreadPoolExecutor(max_workers=self.settings.concurrency, thread_name_prefix="rollq-job")
+        self._busy = 0
+        self._busy_lock = threading.Lock()
+        self._dequeuing = False
+        self._force_stop = False
+
+    # RQ keeps the running job's Execution on the worker; with several jobs at
+    # once each pool thread needs its own.
+    @property
+    def execution(self) -> Any:
+        return getattr(self._local, "execution", None)
+
+    @execution.setter
+    def execution(self, value: Any) -> None:
+        self._local.execution = value
+
+    @property
+    def dequeue_timeout(self) -> int:
+        # Short blocking pops keep maintenance and heartbeats regular while rollouts run.
+        return min(super().dequeue_timeout, 5)
+
+    def bootstrap(self, *args: Any, **kwargs: Any) -> None:
+        super().bootstrap(*args, **kwargs)
+        level = args[0] if args else kwargs.get("logging_level", "INFO")
+        for name in ("worker", "models"):
+            setup_loghandlers(level, name=name)
+        self.worker_id = int(self.connection.incr(self.keys.worker_seq))
+        lifecycle = Lifecycle(self.connection, self.keys)
+        self._executor.start()
+        self.runner = AgentRunner(
+            lifecycle=lifecycle,
+            resources=ResourceCache(ResourceStore(self.connection, self.keys)),
+            agent=self.agent,
+            hooks=self.hook_set,
+            tracer=self.tracer or OtelTracer(),
+            executor=self._executor,
+            settings=self.settings,
+            worker_name=self.name,
+        )
+        jobs.bind(self.runner)
+        self.hook_set.init_worker(self.worker_id)
+        self._heartbeat = Heartbeat(
+            lifecycle,
+            self.runner.heartbeat_deadlines,
+            interval=self.settings.heartbeat_seconds,
+            results_maxlen=self.settings.results_maxlen,
+            on_beat=self._beat_while_busy,
+        )
+        self._heartbeat.start()
+        self.log.info(
+            "rollq worker %s (id %d): agent %s, %d hook(s), concurrency %d, namespace %r",
+            self.name, self.worker_id, type(self.agent).__name__, len(self.hook_set.hooks),
+            self.settings.concurrency, self.keys.namespace,
+        )
+
+    def _beat_while_busy(self) -> None:
+        # The main thread heartbeats the worker key only between dequeues; while it
+        # waits for a free slot this keeps the worker visible.
+        if self._busy:
+            self.heartbeat()
+
+    def set_state(self, state: str, pipeline: Any = None) -> None:
+        # RQ marks the worker idle before every dequeue; with rollouts still running it is not.
+        if state == WorkerStatus.IDLE and self._busy:
+            state = WorkerStatus.BUSY
+        super().set_state(state, pipeline=pipeline)
+
+    def request_stop(self, signum: int, frame: Any) -> None:
+        super().request_stop(signum, frame)
+        if self._dequeuing:
+            # Rollouts are running (so RQ only set a flag), but the main thread is
+            # just waiting for more work: stop waiting now.
+            raise StopRequested()
+
+    def request_force_stop(self, signum: int, frame: Any) -> None:
+        self._force_stop = True
+        super().request_force_stop(signum, frame)
+
+    def dequeue_job_and_maintain_ttl(self, timeout: int | None, max_idle_time: int | None = None) -> tuple[Job, Queue] | None:
+        # Take a slot before taking a job, so a job never waits inside a busy worker.
+        self._dequeuing = True
+        try:
+            while not self._slots.acquire(timeout=1.0):
+                if self._stop_requested:
+                    return None
+            if self._stop_requested:
+                self._slots.release()
+                return None
+            try:
+                result = super().dequeue_job_and_maintain_ttl(timeout, max_idle_time)
+            except BaseException:
+                self._slots.release()
+                raise
+            if result is None:
+                self._slots.release()
+            return result
+        finally:
+            self._dequeuing = False
+
+    def execute_job(self, job: Job, queue: Queue) -> None:
+        try:
+            rollout_id_of(job)
+        except InvalidTaskError as exc:
+            self._refuse(job, queue, exc)
+            self._slots.release()
+            return
+        with self._busy_lock:
+            self._busy += 1
+        self.set_state(WorkerStatus.BUSY)
+        self._jobs.submit(self._perform, job, queue)
+
+    def _perform(self, job: Job, queue: Queue) -> None:
+        try:
+            self.prepare_execution(job)
+            self.perform_job(job, queue)
+        except Exception:
+            self.log.exception("job %s: RQ bookkeeping failed", job.id)
+        finally:
+            with self._busy_lock:
+                self._busy -= 1
+                idle = self._busy == 0
+            self._slots.release()
+            if idle:
+                try:
+                    self.set_state(WorkerStatus.IDLE)
+                except Exception as exc:
+                    self.log.debug("could not mark the worker idle: %s", exc)
+
+    def _refuse(self, job: Job, queue: Queue, error: InvalidTaskError) -> None:
+        self.log.error("refused job %s from queue %s: %s", job.id, queue.name, error)
+        with self.connection.pipeline() as pipe:
+            pipe.lrem(queue.intermediate_queue_key, 1, job.id)
+            pipe.execute()
+        self.handle_job_failure(job, queue, exc_string=f"{type(error).__name__}: {error}")
+
+    def teardown(self) -> None:
+        if self.runner is not None:
+            self._drain()
+            if self._heartbeat is not None:
+                self._heartbeat.stop()
+            if self.worker_id is not None:
+                self.hook_set.teardown_worker(self.worker_id)
+            jobs.bind(None)
+            self._executor.stop()
+            self._jobs.shutdown(wait=False)
+            self.runner = None
+        super().teardown()
+
+    def _drain(self) -> None:
+        """Let running rollouts finish for ``grace_seconds`` (a second signal cuts it short), then hand back the rest."""
+        assert self.runner is not None
+        on_main = threading.current_thread() is threading.main_thread()
+        previous: dict[int, Any] = {}
+        if on_main:
+            def force(signum: int, frame: Any) -> None:
+                self._force_stop = True
+
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                previous[sig] = signal.signal(sig, force)
+        try:
+            if self._busy:
+                self.log.info("waiting up to %.0fs for %d rollout(s) in flight", self.settings.grace_seconds, self._busy)
+            deadline = time.monotonic() + self.settings.grace_seconds
+            while self._busy and not self._force_stop and time.monotonic() < deadline:
+                time.sleep(0.05)
+            if self._busy:
+                released = self.runner.release_all()
+                self.log.warning("handing %d unfinished rollout(s) back to the queue", released)
+                deadline = time.monotonic() + 30
+                while self._busy and time.monotonic() < deadline:
+                    time.sleep(0.05)
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
