@@ -21,6 +21,9 @@ from redis.retry import Retry
 _MEMORY_SERVERS: dict[str, fakeredis.FakeServer] = {}
 _MEMORY_LOCK = threading.Lock()
 
+# redis-py's default read timeout (5 s) would cut blocking reads short; rollq
+# blocks for at most a few seconds at a time, so 30 s only catches dead peers.
+_SOCKET_TIMEOUT_SECONDS = 30.0
 # Enough attempts to ride out a Redis restart or failover (about 20 s in all);
 # the worker's own loop keeps retrying beyond that.
 _RETRIES = 12
@@ -55,6 +58,8 @@ def connect(url: str | None = None) -> redis.Redis:
         url,
         retry=Retry(ExponentialBackoff(cap=_BACKOFF_CAP_SECONDS, base=0.05), _RETRIES),
         retry_on_error=[redis.ConnectionError, redis.TimeoutError],
+        socket_timeout=_SOCKET_TIMEOUT_SECONDS,
+        socket_connect_timeout=5.0,
         health_check_interval=30,
         socket_keepalive=True,
     )

@@ -1,0 +1,76 @@
+"""How fast one stock ``rq worker`` subprocess (SimpleWorker, JSON serializer) drains no-op jobs from EmbeddedRedis.
+
+Run: /work/venv/bin/python bench/embedded_drain.py [--jobs 500]
+
+Prints jobs/s and writes bench/results/embedded_drain.json. Two figures:
+- ``jobs_per_s``: jobs / (worker process start -> worker exits on an empty queue), startup included;
+- ``steady_jobs_per_s``: from the first job's start to the last job's end, as RQ recorded them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import redis
+from rq import Queue
+from rq.job import Job
+from rq.serializers import JSONSerializer
+
+from models.embedded import EmbeddedRedis
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULT = ROOT / "bench" / "results" / "embedded_drain.json"
+QUEUE = "bench-embedded-drain"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--jobs", type=int, default=500)
+    args = parser.parse_args()
+
+    with EmbeddedRedis() as embedded:
+        connection = redis.Redis.from_url(embedded.url)
+        queue = Queue(QUEUE, connection=connection, serializer=JSONSerializer)
+        jobs = queue.enqueue_many([Queue.prepare_data("embedded_jobs.noop") for _ in range(args.jobs)])
+
+        command = [
+            sys.executable, "-m", "rq.cli", "worker", "--burst", "--url", embedded.url,
+            "-S", "rq.serializers.JSONSerializer", "-w", "rq.worker.SimpleWorker", "--quiet", QUEUE,
+        ]  # fmt: skip
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")])}
+        started = time.perf_counter()
+        subprocess.run(command, env=env, check=True, timeout=600)
+        elapsed = time.perf_counter() - started
+
+        fetched = Job.fetch_many([job.id for job in jobs], connection=connection, serializer=JSONSerializer)
+        finished = [job for job in fetched if job is not None and job.is_finished]
+        if len(finished) != args.jobs or queue.count != 0:
+            sys.exit(f"only {len(finished)} of {args.jobs} jobs finished; {queue.count} still queued")
+        first_start = min(job.started_at for job in finished if job.started_at is not None)
+        last_end = max(job.ended_at for job in finished if job.ended_at is not None)
+        steady = (last_end - first_start).total_seconds()
+
+    result = {
+        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "jobs": args.jobs,
+        "jobs_per_s": round(args.jobs / elapsed, 1),
+        "steady_jobs_per_s": round(args.jobs / steady, 1),
+        "seconds": round(elapsed, 3),
+        "worker": "rq.worker.SimpleWorker, JSONSerializer, one `rq worker --burst` subprocess",
+        "command": " ".join(command[:5] + ["redis://127.0.0.1:<port>/0"] + command[6:]),
+    }
+    RESULT.parent.mkdir(parents=True, exist_ok=True)
+    RESULT.write_text(json.dumps(result, indent=2) + "\n")
+    print(f"{result['jobs_per_s']} jobs/s ({args.jobs} jobs in {elapsed:.2f} s, worker startup included); "
+          f"steady state {result['steady_jobs_per_s']} jobs/s -> {RESULT.relative_to(ROOT)}")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()

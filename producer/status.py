@@ -1,0 +1,118 @@
+"""A snapshot of one namespace: what is queued, running, finished, failed, stuck."""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import redis
+from rq.worker import Worker
+
+from models.keys import Keys
+
+
+@dataclass
+class Snapshot:
+    """Counts for ``rollq status``; ``counters`` is the raw stats hash (outcomes by mode, requeues, durations)."""
+
+    namespace: str
+    queued: int
+    in_flight: int
+    in_flight_by_worker: dict[str, int]
+    stale_attempts: int
+    succeeded: int
+    failed: int
+    dead_letter: int
+    superseded: int
+    requeued: dict[str, int]
+    results_stream_length: int
+    consumer_groups: list[dict[str, Any]]
+    resource_versions: list[str]
+    latest_resources: str | None
+    workers: list[dict[str, Any]]
+    counters: dict[str, float] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _groups(connection: redis.Redis, keys: Keys) -> list[dict[str, Any]]:
+    try:
+        groups = connection.xinfo_groups(keys.results)
+    except redis.ResponseError:  # no stream yet
+        return []
+    return [
+        {"name": g["name"].decode(), "pending": g["pending"], "lag": g.get("lag"), "consumers": g["consumers"]}
+        for g in groups
+    ]
+
+
+def snapshot(connection: redis.Redis, keys: Keys, now: float | None = None) -> Snapshot:
+    """Read everything ``rollq status`` shows, in two pipelined round trips plus one per consumer-group query."""
+    now = time.time() if now is None else now
+    pipe = connection.pipeline(transaction=False)
+    pipe.llen(keys.rq_queue)
+    pipe.zrange(keys.inflight, 0, -1)
+    pipe.zcount(keys.inflight, "-inf", now)
+    pipe.zcard(keys.dead_letter)
+    pipe.hgetall(keys.stats)
+    pipe.xlen(keys.results)
+    pipe.zrange(keys.resources_versions, 0, -1)
+    pipe.get(keys.resources_latest)
+    queued, inflight, stale, dead, stats, xlen, versions, latest = pipe.execute()
+
+    pipe = connection.pipeline(transaction=False)
+    for member in inflight:
+        pipe.hget(keys.task(member.decode().rpartition("|")[0]), "worker")
+    by_worker = Counter((w or b"?").decode() for w in pipe.execute())
+
+    counters = {k.decode(): float(v) for k, v in stats.items()}
+    total = lambda prefix: int(sum(v for k, v in counters.items() if k.startswith(prefix)))  # noqa: E731
+    workers = [
+        {"name": w.name, "state": w.get_state(), "current_job": w.get_current_job_id()}
+        for w in Worker.all(connection=connection)
+        if keys.queue_name in w.queue_names()
+    ]
+    return Snapshot(
+        namespace=keys.namespace,
+        queued=int(queued),
+        in_flight=len(inflight),
+        in_flight_by_worker=dict(by_worker),
+        stale_attempts=int(stale),
+        succeeded=total("succeeded:"),
+        failed=total("failed:"),
+        dead_letter=int(dead),
+        superseded=int(counters.get("superseded", 0)),
+        requeued={k.split(":", 1)[1]: int(v) for k, v in counters.items() if k.startswith("requeued:")},
+        results_stream_length=int(xlen),
+        consumer_groups=_groups(connection, keys),
+        resource_versions=[v.decode() for v in versions],
+        latest_resources=latest.decode() if latest else None,
+        workers=workers,
+        counters=counters,
+    )
+
+
+def render_text(s: Snapshot) -> str:
+    """The human-readable form ``rollq status`` prints."""
+    lines = [
+        f"namespace {s.namespace}",
+        f"  queued            {s.queued}",
+        f"  in flight         {s.in_flight}" + (f"  ({', '.join(f'{w}: {n}' for w, n in sorted(s.in_flight_by_worker.items()))})" if s.in_flight_by_worker else ""),
+        f"  stale attempts    {s.stale_attempts}",
+        f"  succeeded         {s.succeeded}",
+        f"  failed            {s.failed}",
+        f"  dead-letter       {s.dead_letter}",
+        f"  superseded        {s.superseded}",
+        f"  requeued          {', '.join(f'{k}: {v}' for k, v in sorted(s.requeued.items())) or 0}",
+        f"  results stream    {s.results_stream_length} entries",
+    ]
+    for g in s.consumer_groups:
+        lines.append(f"    group {g['name']}: lag {g['lag']}, pending {g['pending']}, {g['consumers']} consumer(s)")
+    lines.append(f"  resources         {', '.join(s.resource_versions) or 'none'} (latest {s.latest_resources or '-'})")
+    lines.append(f"  workers           {len(s.workers)}")
+    for w in s.workers:
+        lines.append(f"    {w['name']}: {w['state']}" + (f" (job {w['current_job']})" if w["current_job"] else ""))
+    return "\n".join(lines)

@@ -1,0 +1,133 @@
+"""Real processes for integration tests: a private redis-server and rq worker subprocesses.
+
+Every server is started by the test on a free port in a temporary directory, so
+tests never touch a Redis they did not start.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import redis
+
+REPO = Path(__file__).resolve().parent.parent
+RQ = str(Path(sys.executable).parent / "rq")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def require_redis_server() -> str:
+    """The redis-server binary; under CI a missing one fails the test instead of skipping it."""
+    binary = shutil.which("redis-server")
+    if binary is None:
+        message = "redis-server is not installed (apt-get install redis-server)"
+        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
+            pytest.fail(message + "; CI must not skip Redis tests")
+        pytest.skip(message)
+    return binary
+
+
+class RedisServer:
+    """A redis-server of the test's own: free port, private directory, optional password and AOF."""
+
+    def __init__(self, directory: Path, *, password: str | None = None, appendonly: bool = False) -> None:
+        self.binary = require_redis_server()
+        self.directory = directory
+        self.password = password
+        self.appendonly = appendonly
+        self.port = free_port()
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        auth = f":{self.password}@" if self.password else ""
+        return f"redis://{auth}127.0.0.1:{self.port}/0"
+
+    def client(self) -> redis.Redis:
+        return redis.Redis(host="127.0.0.1", port=self.port, password=self.password)
+
+    def start(self) -> RedisServer:
+        args = [
+            self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(self.directory),
+            "--save", "", "--appendonly", "yes" if self.appendonly else "no", "--appendfsync", "always",
+            "--logfile", str(self.directory / "redis.log"),
+        ]
+        if self.password:
+            args += ["--requirepass", self.password]
+        self.process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            try:
+                if self.client().ping():
+                    return self
+            except redis.ConnectionError:
+                time.sleep(0.05)
+        raise RuntimeError(f"redis-server on port {self.port} did not start; see {self.directory / 'redis.log'}")
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)  # a clean shutdown flushes the AOF
+            try:
+                self.process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        self.process = None
+
+    def restart(self, down_seconds: float = 0.0) -> None:
+        self.stop()
+        time.sleep(down_seconds)
+        self.start()
+
+
+class WorkerProcess:
+    """A stock ``rq worker -w worker.RolloutWorker`` subprocess with its output in a log file."""
+
+    def __init__(self, url: str, namespace: str, log_path: Path, *, env: dict[str, str], args: list[str] | None = None) -> None:
+        self.log_path = log_path
+        self._log = open(log_path, "wb")  # noqa: SIM115  # closed in wait()
+        full_env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
+                    "PYTHONUNBUFFERED": "1", **env}
+        self.process = subprocess.Popen(
+            [RQ, "worker", "-w", "worker.RolloutWorker", "--url", url, *(args or []), namespace],
+            stdout=self._log, stderr=subprocess.STDOUT, env=full_env, cwd=REPO,
+        )
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def signal(self, sig: int) -> None:
+        if self.process.poll() is None:
+            self.process.send_signal(sig)
+
+    def wait(self, timeout: float = 60) -> int:
+        try:
+            return self.process.wait(timeout=timeout)
+        finally:
+            self._log.close()
+
+    def stop(self, timeout: float = 60) -> int | None:
+        if self.process.poll() is None:
+            self.signal(signal.SIGTERM)
+            try:
+                return self.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+        self._log.close()
+        return self.process.wait()
