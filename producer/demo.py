@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from rq import Queue, Worker
 from tqdm import tqdm
 
 from models.connection import describe
@@ -91,6 +92,16 @@ def worker_processes(url: str, namespace: str, count: int, concurrency: int, log
                 proc.kill()
 
 
+def _await_workers(producer: Producer, count: int, timeout: float) -> None:
+    # Workers take a second or two to import; the clock starts once they listen.
+    queue = Queue(producer.keys.queue_name, connection=producer.connection)
+    deadline = time.monotonic() + timeout
+    while Worker.count(connection=producer.connection, queue=queue) < count:
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"workers did not start within {timeout:.0f}s")
+        time.sleep(0.1)
+
+
 def run_demo(
     redis_url: str | None = None,
     *,
@@ -110,6 +121,7 @@ def run_demo(
         echo(f"resources {resources_id}: LLM 'sim-arith-1' + f-string prompt template")
         with worker_processes(url, namespace, workers, concurrency, log_dir):
             echo(f"{workers} worker processes x concurrency {concurrency}; logs in {log_dir}")
+            _await_workers(producer, workers, timeout=60)
             started = time.monotonic()
             inputs = sample_inputs(tasks)
             queued = producer.enqueue_many(inputs[: tasks // 2], mode="train") + producer.enqueue_many(inputs[tasks // 2 :], mode="val")

@@ -34,6 +34,7 @@ from rq.logutils import setup_loghandlers
 from rq.queue import Queue
 from rq.serializers import JSONSerializer
 from rq.timeouts import BaseDeathPenalty
+from rq.utils import now
 from rq.worker import SimpleWorker, WorkerStatus
 
 from models.contract import Hook
@@ -112,6 +113,7 @@ class RolloutWorker(SimpleWorker):
         self._busy_lock = threading.Lock()
         self._dequeuing = False
         self._force_stop = False
+        self._next_suspension_check = 0.0
 
     # RQ keeps the running job's Execution on the worker; with several jobs at
     # once each pool thread needs its own.
@@ -168,11 +170,30 @@ class RolloutWorker(SimpleWorker):
         if self._busy:
             self.heartbeat()
 
+    def heartbeat(self, timeout: int | None = None, pipeline: Any = None) -> None:
+        # RQ refreshes the worker key up to four times per job, two round trips
+        # each; at hundreds of jobs a second, once a second is plenty for a key
+        # that lives worker_ttl + 60 seconds.
+        recent = self.last_heartbeat is not None and (now() - self.last_heartbeat).total_seconds() < 1.0
+        if pipeline is None and timeout is None and recent:
+            return
+        super().heartbeat(timeout, pipeline)
+
+    def check_for_suspension(self, burst: bool) -> None:
+        # One EXISTS per dequeue otherwise; `rq suspend` still takes effect within a second.
+        if time.monotonic() >= self._next_suspension_check:
+            self._next_suspension_check = time.monotonic() + 1.0
+            super().check_for_suspension(burst)
+
     def set_state(self, state: str, pipeline: Any = None) -> None:
         # RQ marks the worker idle before every dequeue; with rollouts still running it is not.
         if state == WorkerStatus.IDLE and self._busy:
             state = WorkerStatus.BUSY
         super().set_state(state, pipeline=pipeline)
+
+    def get_state(self) -> str:
+        # RQ decides between "stop after the current job" and "stop now" by this.
+        return WorkerStatus.BUSY if self._busy else super().get_state()
 
     def request_stop(self, signum: int, frame: Any) -> None:
         super().request_stop(signum, frame)
@@ -215,7 +236,6 @@ class RolloutWorker(SimpleWorker):
             return
         with self._busy_lock:
             self._busy += 1
-        self.set_state(WorkerStatus.BUSY)
         self._jobs.submit(self._perform, job, queue)
 
     def _perform(self, job: Job, queue: Queue) -> None:
