@@ -133,6 +133,7 @@ class ResultReader:
         self.batch = batch
         self._start = start
         self._unacked: list[bytes] = []
+        self._next_claim_check = 0.0
 
     def _ensure_group(self) -> None:
         try:
@@ -146,17 +147,26 @@ class ResultReader:
             self.connection.xack(self.keys.results, self.group, *self._unacked)
             self._unacked = []
 
+    def _claim_abandoned(self, force: bool = False) -> list[tuple[bytes, dict[bytes, bytes]]]:
+        # Checked a few times per claim_idle period, so entries a dead reader left
+        # are taken over even while new entries keep arriving.
+        if not force and time.monotonic() < self._next_claim_check:
+            return []
+        self._next_claim_check = time.monotonic() + self.claim_idle_ms / 4000
+        claimed: Any = self.connection.xautoclaim(
+            self.keys.results, self.group, self.consumer, self.claim_idle_ms, count=self.batch
+        )
+        entries = [e for e in claimed[1] if e[1]]
+        if entries:
+            log.info("took over %d rollout(s) a dead reader of group %r left unacknowledged", len(entries), self.group)
+        return entries
+
     def _next_batch(self, block_ms: int) -> list[tuple[bytes, dict[bytes, bytes]]]:
         k = self.keys
         # Our own unacknowledged entries first (a restart under the same name), then those of dead readers.
         mine = self.connection.xreadgroup(self.group, self.consumer, {k.results: "0"}, count=self.batch)
-        entries = [e for _, es in mine or [] for e in es if e[1]]
+        entries = [e for _, es in mine or [] for e in es if e[1]] or self._claim_abandoned()
         if entries:
-            return entries
-        claimed: Any = self.connection.xautoclaim(k.results, self.group, self.consumer, self.claim_idle_ms, count=self.batch)
-        entries = [e for e in claimed[1] if e[1]]
-        if entries:
-            log.info("took over %d rollout(s) a dead reader of group %r left unacknowledged", len(entries), self.group)
             return entries
         new = self.connection.xreadgroup(self.group, self.consumer, {k.results: ">"}, count=self.batch, block=block_ms)
         return [e for _, es in new or [] for e in es]
@@ -171,8 +181,11 @@ class ResultReader:
                 entries = self._next_batch(int(block_s * 1000))
                 if not entries:
                     if self.idle_timeout is not None and time.monotonic() - idle_since >= self.idle_timeout:
-                        return
-                    continue
+                        entries = self._claim_abandoned(force=True)
+                        if not entries:
+                            return
+                    else:
+                        continue
                 idle_since = time.monotonic()
                 for entry_id, fields in entries:
                     self._unacked.append(entry_id)

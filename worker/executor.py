@@ -16,6 +16,8 @@ from collections.abc import Callable
 from concurrent.futures import Future, InvalidStateError
 from typing import Any
 
+from models.errors import AgentTimeoutError
+
 
 def _settle(future: Future[Any], result: Any = None, error: BaseException | None = None) -> None:
     # The waiting side may already have settled it (timeout, hand-back); the late outcome is dropped.
@@ -53,12 +55,20 @@ class AgentExecutor:
         if self._loop is not None:
             self._loop.call_soon_threadsafe(self._loop.stop)
 
-    def submit(self, fn: Callable[..., Any], args: tuple[Any, ...], context: contextvars.Context, is_async: bool) -> Future[Any]:
-        """Start ``fn(*args)`` inside ``context``; the Future settles with its return value or exception."""
+    def submit(
+        self, fn: Callable[..., Any], args: tuple[Any, ...], context: contextvars.Context, is_async: bool, timeout: float
+    ) -> Future[Any]:
+        """Start ``fn(*args)`` inside ``context``.
+
+        The Future settles with the return value or exception, or with
+        :class:`AgentTimeoutError` after ``timeout`` seconds (an async agent is
+        then cancelled). Nothing waits on it: add a done callback.
+        """
+        assert self._loop is not None, "AgentExecutor.start() was not called"
         future: Future[Any] = Future()
         future.set_running_or_notify_cancel()
+        self._loop.call_soon_threadsafe(self._arm_timeout, future, timeout)
         if is_async:
-            assert self._loop is not None, "AgentExecutor.start() was not called"
             self._loop.call_soon_threadsafe(self._spawn, fn, args, context, future)
         else:
             def target() -> None:
@@ -89,6 +99,15 @@ class AgentExecutor:
                 _settle(future, t.result())
 
         task.add_done_callback(done)
+
+    def _arm_timeout(self, future: Future[Any], timeout: float) -> None:
+        assert self._loop is not None
+        timer = self._loop.call_later(timeout, self._expire, future, timeout)
+        future.add_done_callback(lambda _: self._loop.call_soon_threadsafe(timer.cancel))  # type: ignore[union-attr]
+
+    def _expire(self, future: Future[Any], timeout: float) -> None:
+        _settle(future, error=AgentTimeoutError(f"ran past its {timeout:g}s limit"))
+        self._cancel_task(future)
 
     def cancel(self, future: Future[Any]) -> None:
         """Stop the async agent behind ``future`` (a sync one cannot be stopped; its thread is abandoned)."""

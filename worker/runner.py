@@ -1,11 +1,14 @@
 """Running one claimed task: resources, hooks, tracer, agent, and publishing the outcome.
 
-``AgentRunner.run`` is called from an RQ job thread. It claims the task (one
-Lua call), runs the agent through the :class:`AgentExecutor` with the attempt's
-time limit, turns the return value into a Rollout, and then either publishes
-it (one Lua call, refused if a newer attempt took over) or requeues the task
-for a retry. Redis errors while publishing are retried until Redis is back, so
-a finished rollout is not lost to an outage.
+An attempt has two halves so that no thread waits while the agent runs.
+:meth:`AgentRunner.begin` claims the task (one Lua call), runs the start hooks
+and hands the agent to the :class:`AgentExecutor`, returning a
+:class:`Pending` whose future settles when the agent is done, timed out or
+handed back. :meth:`AgentRunner.complete` turns the outcome into a Rollout,
+runs the end hooks, and either publishes it (one Lua call, refused if a newer
+attempt took over) or requeues the task for a retry. Redis errors while
+publishing are retried until Redis is back, so a finished rollout is not lost
+to an outage.
 """
 
 from __future__ import annotations
@@ -32,31 +35,28 @@ from .executor import AgentExecutor
 from .hooks import HookSet
 from .normalize import to_rollout
 from .resource_cache import ResourceCache
-from .tracer import BaseTracer
+from .tracer import BaseTracer, RolloutTrace
 
 log = logging.getLogger(__name__)
-
-# Errors about the task itself: running it again cannot help, whatever the policy says.
-_NEVER_RETRIED = (InvalidTaskError, UnknownResourcesError)
-
 
 class AttemptReleased(Exception):
     """Set on a running attempt's future when the worker stops before the attempt finished."""
 
 
 @dataclass
-class _Running:
-    unresponsive_seconds: float
-    future: concurrent.futures.Future[Any] | None = None
+class Pending:
+    """An attempt whose agent is running; ``future`` settles with its outcome."""
 
-
-@dataclass
-class _Outcome:
-    rollout: Rollout
-    error: BaseException | None = None
-    kind: FailureKind | None = None
-    released: bool = False
+    task: Task
+    policy: RolloutPolicy
+    claim: Claim
+    trace: RolloutTrace
+    future: concurrent.futures.Future[Any]
     started: float = field(default_factory=time.monotonic)
+
+    @property
+    def member(self) -> str:
+        return f"{self.task.rollout_id}|{self.claim.attempt}"
 
 
 class AgentRunner:
@@ -82,18 +82,18 @@ class AgentRunner:
         self.executor = executor
         self.settings = settings
         self.worker_name = worker_name
-        self._running: dict[str, _Running] = {}
+        self._running: dict[str, Pending] = {}
         self._lock = threading.Lock()
 
     def heartbeat_deadlines(self, now: float) -> dict[str, float]:
         """The new heartbeat deadline of every attempt running here (``rollout_id|attempt`` -> time)."""
         with self._lock:
-            return {member: now + r.unresponsive_seconds for member, r in self._running.items()}
+            return {member: now + p.policy.unresponsive_seconds for member, p in self._running.items()}
 
     def release_all(self) -> int:
         """Ask every running attempt to hand its task back to the queue; returns how many were asked."""
         with self._lock:
-            futures = [r.future for r in self._running.values() if r.future is not None]
+            futures = [p.future for p in self._running.values()]
         for future in futures:
             try:
                 future.set_exception(AttemptReleased())
@@ -102,14 +102,13 @@ class AgentRunner:
             self.executor.cancel(future)
         return len(futures)
 
-    def run(self, rollout_id: str, job_id: str) -> dict[str, Any]:
-        """Claim and run ``rollout_id``; the returned dict is the RQ job's result."""
+    def begin(self, rollout_id: str, job_id: str) -> Pending | dict[str, Any]:
+        """Claim ``rollout_id`` and start its agent; a dict (the RQ job result) when there is nothing to run."""
         claimed_at = time.time()
         claim = self.lifecycle.claim(rollout_id, job_id, self.worker_name, claimed_at)
         if isinstance(claim, ClaimRefused):
             log.warning("skipped job %s: task %s is %s", job_id, rollout_id, claim.reason + (f" ({claim.state})" if claim.state else ""))
             return {"rollout_id": rollout_id, "status": "skipped", "reason": claim.reason}
-        member = f"{rollout_id}|{claim.attempt}"
         try:
             task = Task.model_validate_json(claim.task_json).model_copy(
                 update={"num_claims": claim.attempt, "last_claim_time": claimed_at}
@@ -120,68 +119,63 @@ class AgentRunner:
             log.error("%s", error)
             rollout = failed_rollout(rollout_id, attempt=claim.attempt, worker=self.worker_name, error=error)
             return self._publish(rollout_id, claim.attempt, rollout, failed=True, duration=None)
-        with self._lock:
-            self._running[member] = running = _Running(policy.unresponsive_seconds)
-        try:
-            outcome = self._attempt(task, policy, claim, running)
-            if outcome.released:
-                self._requeue(task, claim.attempt, policy, "released")
-                log.info("handed %s back to the queue (attempt %d)", rollout_id, claim.attempt)
-                return {"rollout_id": rollout_id, "attempt": claim.attempt, "status": "released"}
-            error = outcome.error
-            if error is not None and outcome.kind is not None and not isinstance(error, _NEVER_RETRIED):
-                if policy.retries(outcome.kind, claim.attempts_used):
-                    self._requeue(task, claim.attempt, policy, "retry")
-                    log.warning(
-                        "attempt %d/%d of %s failed (%s: %s); retrying",
-                        claim.attempts_used, policy.max_attempts, rollout_id, type(error).__name__, error,
-                    )
-                    return {"rollout_id": rollout_id, "attempt": claim.attempt, "status": "retrying"}
-            duration = time.monotonic() - outcome.started
-            return self._publish(rollout_id, claim.attempt, outcome.rollout, failed=error is not None, duration=duration)
-        finally:
-            with self._lock:
-                self._running.pop(member, None)
-
-    def _attempt(self, task: Task, policy: RolloutPolicy, claim: Claim, running: _Running) -> _Outcome:
-        rid, attempt = task.rollout_id, claim.attempt
         try:
             resources = self._resources(task, claim)
         except UnknownResourcesError as exc:
-            log.error("task %s: %s", rid, exc)
-            return _Outcome(self._stamp(Rollout(rollout_id=rid), attempt, exc), exc, "exception")
-        rollout_trace = self.tracer.start_rollout(rid, attempt)
+            log.error("task %s: %s", rollout_id, exc)
+            rollout = self._stamp(Rollout(rollout_id=rollout_id), claim.attempt, exc)
+            return self._publish(rollout_id, claim.attempt, rollout, failed=True, duration=None)
+        rollout_trace = self.tracer.start_rollout(rollout_id, claim.attempt)
         self.hooks.rollout_start(task, self, self.tracer, rollout_trace.context)
-        call = self.agent.rollout_call(task.mode)
         with self._lock:
-            running.future = self.executor.submit(
-                call, (task.input, rid, resources), rollout_trace.context, self.agent.is_async
+            future = self.executor.submit(
+                self.agent.rollout_call(task.mode), (task.input, rollout_id, resources),
+                rollout_trace.context, self.agent.is_async, policy.timeout_seconds,
             )
-        error: BaseException | None = None
-        kind: FailureKind | None = None
-        raw: Any = None
+            pending = self._running[f"{rollout_id}|{claim.attempt}"] = Pending(task, policy, claim, rollout_trace, future)
+        return pending
+
+    def complete(self, pending: Pending) -> dict[str, Any]:
+        """Publish, retry or hand back the attempt whose agent has finished; returns the RQ job result."""
+        task, policy, claim = pending.task, pending.policy, pending.claim
+        rid, attempt = task.rollout_id, claim.attempt
         try:
-            raw = running.future.result(timeout=policy.timeout_seconds)
-        except AttemptReleased:
-            rollout_trace.finish()
-            return _Outcome(Rollout(rollout_id=rid), released=True)
-        except concurrent.futures.TimeoutError:
-            self.executor.cancel(running.future)
-            error, kind = AgentTimeoutError(f"attempt {attempt} ran past its {policy.timeout_seconds:g}s limit"), "timeout"
-        except Exception as exc:
-            error, kind = exc, "exception"
-        spans = rollout_trace.finish()
-        if error is None:
+            error: BaseException | None = None
+            kind: FailureKind | None = None
+            raw: Any = None
             try:
-                rollout = to_rollout(rid, raw, spans)
+                raw = pending.future.result(timeout=0)
+            except AttemptReleased:
+                pending.trace.finish()
+                self._requeue(task, attempt, policy, "released")
+                log.info("handed %s back to the queue (attempt %d)", rid, attempt)
+                return {"rollout_id": rid, "attempt": attempt, "status": "released"}
+            except AgentTimeoutError as exc:
+                error, kind = AgentTimeoutError(f"attempt {attempt} {exc}"), "timeout"
             except Exception as exc:
                 error, kind = exc, "exception"
-        if error is not None:
-            log.error("task %s attempt %d failed: %s: %s", rid, attempt, type(error).__name__, error)
-            rollout = to_rollout(rid, None, spans)
-        rollout = self._stamp(rollout, attempt, error)
-        self.hooks.rollout_end(task, rollout, self, self.tracer, rollout_trace.context)
-        return _Outcome(rollout, error, kind)
+            spans = pending.trace.finish()
+            if error is None:
+                try:
+                    rollout = to_rollout(rid, raw, spans)
+                except Exception as exc:
+                    error, kind = exc, "exception"
+            if error is not None:
+                log.error("task %s attempt %d failed: %s: %s", rid, attempt, type(error).__name__, error)
+                rollout = to_rollout(rid, None, spans)
+            rollout = self._stamp(rollout, attempt, error)
+            self.hooks.rollout_end(task, rollout, self, self.tracer, pending.trace.context)
+            if error is not None and kind is not None and policy.retries(kind, claim.attempts_used):
+                self._requeue(task, attempt, policy, "retry")
+                log.warning(
+                    "attempt %d/%d of %s failed (%s: %s); retrying",
+                    claim.attempts_used, policy.max_attempts, rid, type(error).__name__, error,
+                )
+                return {"rollout_id": rid, "attempt": attempt, "status": "retrying"}
+            return self._publish(rid, attempt, rollout, failed=error is not None, duration=time.monotonic() - pending.started)
+        finally:
+            with self._lock:
+                self._running.pop(pending.member, None)
 
     def _resources(self, task: Task, claim: Claim) -> NamedResources:
         resources_id = task.resources_id or claim.latest_resources_id

@@ -29,6 +29,10 @@ log = logging.getLogger(__name__)
 REWARD_SPAN = "reward"
 REWARD_ATTRIBUTE = "rollq.reward"
 
+# A proxy that follows whichever provider is global when a span starts; looking
+# a tracer up on every call cost more than the span itself.
+_agent_tracer = trace.get_tracer("rollq.agent")
+
 
 class _RoutingProcessor(SpanProcessor):
     """Hands each finished span to the rollout whose trace it belongs to."""
@@ -130,19 +134,17 @@ def llm_call_span(model: str, prompt: Any, *, system: str = "rollq", operation: 
     Set the answer with ``span.set_attribute("gen_ai.completion", text)``; rollq
     turns such spans into triplets when the agent returns none.
     """
-    tracer = trace.get_tracer("rollq.agent")
     attributes = {
         "gen_ai.operation.name": operation,
         "gen_ai.system": system,
         "gen_ai.request.model": model,
         "gen_ai.prompt": prompt if isinstance(prompt, str) else str(prompt),
     }
-    with tracer.start_as_current_span(f"{operation} {model}", attributes=attributes) as span:
+    with _agent_tracer.start_as_current_span(f"{operation} {model}", attributes=attributes) as span:
         yield span
 
 
 def emit_reward(value: float) -> None:
     """Record a reward for the turn just taken, as a span rollq reads back into triplets."""
-    tracer = trace.get_tracer("rollq.agent")
-    with tracer.start_as_current_span(REWARD_SPAN, attributes={REWARD_ATTRIBUTE: float(value)}):
+    with _agent_tracer.start_as_current_span(REWARD_SPAN, attributes={REWARD_ATTRIBUTE: float(value)}):
         pass

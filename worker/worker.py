@@ -4,14 +4,15 @@ Start it like any RQ worker, naming the rollq namespace as the queue::
 
     ROLLQ_AGENT=myproject.agents:MathAgent rq worker -w worker.RolloutWorker --url redis://host:6379 rollq
 
-It differs from RQ's ``SimpleWorker`` in four ways:
+It differs from RQ's ``SimpleWorker`` in these ways:
 
 - up to ``concurrency`` jobs run at once. The main thread keeps RQ's loop
-  (dequeue, maintenance, signals); each job's RQ bookkeeping runs on a pool
-  thread, with RQ's per-job ``execution`` made thread-local so the started and
-  finished registries stay right for every job;
+  (dequeue, maintenance, signals); each job's start and end bookkeeping (RQ's
+  started/finished registries, status, result) runs on a small pool, with RQ's
+  per-job ``execution`` carried from one to the other, and no thread waits
+  while an agent runs;
 - it refuses, without importing anything, any job that is not a rollq job, and
-  always uses the JSON serializer;
+  always uses the JSON serializer; it never calls the job's function;
 - attempts heartbeat and a reaper runs beside the loop (:mod:`worker.heartbeat`);
 - on the first SIGTERM/SIGINT it stops taking jobs, lets running rollouts finish
   for ``grace_seconds``, then hands the rest back to the queue; a second signal
@@ -24,12 +25,13 @@ import logging
 import signal
 import threading
 import time
+import traceback
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from rq.exceptions import StopRequested
-from rq.job import Job
+from rq.job import Job, JobStatus
 from rq.logutils import setup_loghandlers
 from rq.queue import Queue
 from rq.serializers import JSONSerializer
@@ -44,7 +46,6 @@ from models.keys import Keys
 from models.lifecycle import Lifecycle
 from models.resources import ResourceStore
 
-from . import jobs
 from .agent import LitAgent
 from .config import WorkerSettings
 from .executor import AgentExecutor
@@ -52,7 +53,7 @@ from .heartbeat import Heartbeat
 from .hooks import HookSet
 from .loader import load_object
 from .resource_cache import ResourceCache
-from .runner import AgentRunner
+from .runner import AgentRunner, Pending
 from .tracer import BaseTracer, OtelTracer
 
 log = logging.getLogger(__name__)
@@ -108,7 +109,8 @@ class RolloutWorker(SimpleWorker):
         self._heartbeat: Heartbeat | None = None
         self._executor = AgentExecutor()
         self._slots = threading.BoundedSemaphore(self.settings.concurrency)
-        self._jobs = ThreadPoolExecutor(max_workers=self.settings.concurrency, thread_name_prefix="rollq-job")
+        # Redis round trips for job bookkeeping overlap on a few threads; more would only contend for the GIL.
+        self._bookkeeping = ThreadPoolExecutor(max_workers=min(self.settings.concurrency, 8), thread_name_prefix="rollq-job")
         self._busy = 0
         self._busy_lock = threading.Lock()
         self._dequeuing = False
@@ -148,7 +150,6 @@ class RolloutWorker(SimpleWorker):
             settings=self.settings,
             worker_name=self.name,
         )
-        jobs.bind(self.runner)
         self.hook_set.init_worker(self.worker_id)
         self._heartbeat = Heartbeat(
             lifecycle,
@@ -229,19 +230,58 @@ class RolloutWorker(SimpleWorker):
 
     def execute_job(self, job: Job, queue: Queue) -> None:
         try:
-            rollout_id_of(job)
+            rollout_id = rollout_id_of(job)
         except InvalidTaskError as exc:
             self._refuse(job, queue, exc)
             self._slots.release()
             return
         with self._busy_lock:
             self._busy += 1
-        self._jobs.submit(self._perform, job, queue)
+        self._bookkeeping.submit(self._start, job, queue, rollout_id)
 
-    def _perform(self, job: Job, queue: Queue) -> None:
+    # RQ's perform_job holds a thread for the whole job. rollq splits it: RQ's
+    # start-of-job bookkeeping and the claim on a pool thread, the agent on the
+    # executor, and RQ's end-of-job bookkeeping on a pool thread again once the
+    # agent's future settles, so a few threads serve any number of rollouts.
+
+    def _start(self, job: Job, queue: Queue, rollout_id: str) -> None:
+        assert self.runner is not None
         try:
             self.prepare_execution(job)
-            self.perform_job(job, queue)
+            self.prepare_job_execution(job, remove_from_intermediate_queue=True)
+            job.started_at = now()
+            outcome = self.runner.begin(rollout_id, job.id)
+        except Exception:
+            self._end_job(job, queue, self.execution, error=traceback.format_exc())
+            return
+        execution = self.execution
+        if isinstance(outcome, dict):
+            self._end_job(job, queue, execution, result=outcome)
+            return
+        outcome.future.add_done_callback(lambda _: self._bookkeeping.submit(self._finish, job, queue, execution, outcome))
+
+    def _finish(self, job: Job, queue: Queue, execution: Any, pending: Pending) -> None:
+        assert self.runner is not None
+        try:
+            result = self.runner.complete(pending)
+        except Exception:
+            self._end_job(job, queue, execution, error=traceback.format_exc())
+            return
+        self._end_job(job, queue, execution, result=result)
+
+    def _end_job(self, job: Job, queue: Queue, execution: Any, *, result: Any = None, error: str | None = None) -> None:
+        """RQ's end-of-job bookkeeping (status, finished/failed registry, result), then free the slot."""
+        self.execution = execution
+        job.ended_at = now()
+        try:
+            if error is None:
+                job._result = result
+                job._status = JobStatus.FINISHED
+                self.handle_job_success(job=job, queue=queue, started_job_registry=queue.started_job_registry)
+            else:
+                self.log.error("job %s failed: %s", job.id, error)
+                job._status = JobStatus.FAILED
+                self.handle_job_failure(job, queue, started_job_registry=queue.started_job_registry, exc_string=error)
         except Exception:
             self.log.exception("job %s: RQ bookkeeping failed", job.id)
         finally:
@@ -269,9 +309,8 @@ class RolloutWorker(SimpleWorker):
                 self._heartbeat.stop()
             if self.worker_id is not None:
                 self.hook_set.teardown_worker(self.worker_id)
-            jobs.bind(None)
             self._executor.stop()
-            self._jobs.shutdown(wait=False)
+            self._bookkeeping.shutdown(wait=False)
             self.runner = None
         super().teardown()
 
