@@ -24,8 +24,8 @@ from .contract import (
 from .errors import (
     InvalidTaskError,
     PayloadTooLargeError,
-    RollqError,
     RolloutTimeoutError,
+    RollqError,
     UnknownResourcesError,
     UnknownTaskError,
 )

@@ -10,6 +10,7 @@ of that name in the process. With no URL, ``ROLLQ_REDIS_URL`` is used, then
 from __future__ import annotations
 
 import os
+import re
 import threading
 from urllib.parse import urlsplit
 
@@ -53,7 +54,11 @@ def connect(url: str | None = None) -> redis.Redis:
     if scheme == "memory":
         return fakeredis.FakeRedis(server=memory_server(urlsplit(url).netloc))
     if scheme not in ("redis", "rediss", "unix"):
-        raise ValueError(f"unsupported Redis URL scheme {scheme!r} in {url!r}: use redis://, rediss://, unix:// or memory://")
+        raise ValueError(
+            f"unsupported Redis URL scheme {scheme!r} in {describe(url)!r}: use redis://, rediss://, unix:// or memory://"
+        )
+    # TCP keepalive is a TCP socket option; redis-py's unix socket connection refuses it.
+    tcp_only = {} if scheme == "unix" else {"socket_keepalive": True}
     return redis.Redis.from_url(
         url,
         retry=Retry(ExponentialBackoff(cap=_BACKOFF_CAP_SECONDS, base=0.05), _RETRIES),
@@ -61,14 +66,14 @@ def connect(url: str | None = None) -> redis.Redis:
         socket_timeout=_SOCKET_TIMEOUT_SECONDS,
         socket_connect_timeout=5.0,
         health_check_interval=30,
-        socket_keepalive=True,
+        **tcp_only,
     )
 
 
 def describe(url: str) -> str:
     """``url`` with any password replaced by ``***``, for logs and error messages."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    netloc = parts.netloc.replace(":" + parts.password + "@", ":***@", 1)
-    return parts._replace(netloc=netloc).geturl()
+    password = urlsplit(url).password
+    if password is not None:
+        url = url.replace(":" + password + "@", ":***@", 1)
+    # unix:// URLs carry the password as a query parameter.
+    return re.sub(r"([?&])password=[^&#]*", r"\1password=***", url)

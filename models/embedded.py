@@ -1,12 +1,12 @@
 """An embedded Redis: a fakeredis ``FakeServer`` served over TCP on loopback, so that other processes (a stock
-``rq worker``, redis-cli) can use it where no real Redis is installed. fakeredis ships a TCP server for this, but as
-shipped it stalls every pipeline on Nagle's algorithm (~44 ms each), hangs up on a client after some errors, and keeps
-the process alive while clients are connected; the small subclasses below fix that and nothing else.
+``rq worker``, redis-cli) can use it where no real Redis is installed. fakeredis ships a TCP server, but as shipped it
+stalls every pipeline ~44 ms on Nagle's algorithm, hangs up when a command crashes inside fakeredis, keeps the process
+alive while clients are connected, and feeds its parser a line at a time; small subclasses fix just that.
 """
 
 from __future__ import annotations
 
-import inspect
+import contextlib
 import select
 import socket
 import threading
@@ -15,21 +15,21 @@ from typing import Any
 import fakeredis
 import redis
 from fakeredis._clients._tcp_server import TCPFakeRequestHandler, TcpFakeServer, encode_reply
-from fakeredis._helpers import SimpleError
 from fakeredis._typing import RaiseErrorTypes
 
-# The Redis version the fake server emulates (command set, argument checks, error texts): production runs Redis 7.
+# The Redis version the fake server emulates (command set, argument checks, error texts); the same as memory:// URLs.
 #
-# fakeredis does not implement INFO, which is how clients read the version. RQ catches that error and assumes 5.0.9
-# (rq.utils.get_version), so its workers dequeue with BLPOP, which fakeredis blocks on properly. That is deliberate:
-# with a version >= 6.2 RQ would switch to BLMOVE, and fakeredis's BLMOVE never blocks (on a missing source key its
-# signature short-circuits to nil at once), so an idle worker would spin through heartbeat + BLMOVE at 100% CPU in
-# both processes. The cost of the fallback is one failing INFO per dequeue and no intermediate-queue (BLMOVE) path.
-REDIS_VERSION = (7, 0)
+# fakeredis does not implement INFO, which is how clients read the version, so RQ never sees it: rq.utils.get_version
+# catches the error and assumes 5.0.9, and its workers dequeue with BLPOP, on which fakeredis blocks properly. That is
+# what we want. With a version >= 6.2 RQ would dequeue with BLMOVE, which fakeredis never blocks on (on a missing
+# source key the command short-circuits to nil), so an idle worker would spin on heartbeat + BLMOVE at 100% CPU in
+# both processes. The price: one failing INFO per dequeue, and RQ's intermediate-queue (BLMOVE) path goes unused.
+_REDIS_VERSION = (7, 0)
 
 # How often a connection waiting for input also checks for replies pushed to it without a request (pub/sub messages)
 # and for server shutdown. Inbound commands wake it at once; only pushed replies can wait this long.
 _POLL_INTERVAL_S = 0.01
+_READ_SIZE = 64 * 1024
 
 
 class _RequestHandler(TCPFakeRequestHandler):
@@ -43,6 +43,21 @@ class _RequestHandler(TCPFakeRequestHandler):
         super().setup()
         with self.server.connections_lock:
             self.server.connections.add(self.connection)
+        # An exception raised by a command inside fakeredis (a fakeredis bug: Redis errors are replies already) would
+        # propagate out of the fake socket's parser generator and finish it, losing the commands pipelined behind it;
+        # the inherited loop then answers and hangs up. Redis keeps a connection after any error reply, so the failure
+        # becomes the command's error reply and the parser carries on.
+        fake_socket = self.current_client.get_socket()
+        process_command = fake_socket._process_command
+
+        def process_command_or_reply_error(fields: list[bytes]) -> None:
+            try:
+                process_command(fields)
+            except Exception as error:
+                # An error reply is a single line.
+                fake_socket.put_response(redis.ResponseError(" ".join(f"{type(error).__name__}: {error}".split())))
+
+        fake_socket._process_command = process_command_or_reply_error  # type: ignore[method-assign]
 
     def finish(self) -> None:
         with self.server.connections_lock:
@@ -50,10 +65,11 @@ class _RequestHandler(TCPFakeRequestHandler):
         super().finish()
 
     def handle(self) -> None:
-        # Replaces the inherited loop, which answers some errors (fakeredis protocol errors, a Python exception raised
-        # inside a command) and then hangs up. Redis keeps a connection after any error reply; this loop ends only on
-        # EOF, a socket error, CLIENT KILL, or server shutdown.
+        # Replaces the inherited loop, which feeds the parser one line per iteration, checking for replies after each:
+        # about a third of the server's CPU per RQ job. This one feeds it whatever has arrived in one go, and ends only
+        # on EOF, a socket error, CLIENT KILL, server shutdown, or input fakeredis cannot parse.
         client = self.current_client
+        fake_socket = client.get_socket()
         while not self.server.shutdown_requested():
             try:
                 while client.can_read():
@@ -62,37 +78,22 @@ class _RequestHandler(TCPFakeRequestHandler):
                     except RaiseErrorTypes as error:
                         reply = error
                     self.wfile.write(encode_reply(reply, self.protocol_version))
-                # Fed line by line, so that when a command fails the parser holds no other command to lose.
-                data = self.rfile.readline()
+                if not select.select([self.connection], [], [], _POLL_INTERVAL_S)[0]:
+                    continue
+                data = self.connection.recv(_READ_SIZE)
                 if not data:
-                    # The socket is non-blocking: empty means "nothing buffered" or EOF. Readable-yet-empty is EOF.
-                    if not select.select([self.connection], [], [], _POLL_INTERVAL_S)[0]:
-                        continue
-                    data = self.rfile.readline()
-                    if not data:
-                        return
-                client.get_socket().sendall(data)
+                    return
+                fake_socket.sendall(data)
             except (OSError, redis.ConnectionError):
                 # The peer is gone (OSError), or the fake connection was killed (CLIENT KILL) or the server stopped.
                 return
-            except Exception as error:
-                try:
-                    self._reply_internal_error(error)
-                except OSError:
-                    return
-
-    def _reply_internal_error(self, error: Exception) -> None:
-        """Answer an exception that escaped fakeredis's command parser, and leave the connection usable."""
-        text = error.value if isinstance(error, SimpleError) else f"ERR {type(error).__name__}: {error}"
-        # A RESP error is a single line.
-        self.wfile.write(b"-" + " ".join(text.split()).encode() + b"\r\n")
-        fake_socket = self.current_client.get_socket()
-        # The exception ran through fakeredis's parser generator and finished it, and the fake socket would answer
-        # every later command with StopIteration. A fresh parser starts on a command boundary: input is fed one line
-        # at a time and the failing command's last line was the one just fed.
-        if inspect.getgeneratorstate(fake_socket._parser) == inspect.GEN_CLOSED:
-            fake_socket._parser = fake_socket._parse_commands()
-            fake_socket._parser.send(None)
+            except Exception:
+                # Only input the parser cannot frame as RESP (e.g. an inline command) gets here, as command failures
+                # are replies (see setup), and it has finished the parser. Redis answers a protocol error and closes
+                # the connection; so does this.
+                with contextlib.suppress(OSError):
+                    self.wfile.write(b"-ERR Protocol error: expected an array of bulk strings\r\n")
+                return
 
 
 class _TCPServer(TcpFakeServer):
@@ -104,8 +105,8 @@ class _TCPServer(TcpFakeServer):
         # One thread per connection. Daemon threads let the process exit while clients (e.g. an idle rq worker parked
         # in BLPOP) are still connected, and keep server_close() from joining them.
         self.daemon_threads = True
-        # Open client sockets, so stop() can close them as a real server would; otherwise a client blocked in BLPOP
-        # would not notice the server went away until its timeout expires.
+        # Open client sockets, so that stop() can close them as a real server would; otherwise a client blocked in
+        # BLPOP would not notice the server had gone until its timeout expired.
         self.connections: set[socket.socket] = set()
         self.connections_lock = threading.Lock()
 
@@ -115,10 +116,8 @@ class _TCPServer(TcpFakeServer):
     def close_connections(self) -> None:
         with self.connections_lock:
             for connection in self.connections:
-                try:
+                with contextlib.suppress(OSError):  # already closed by the peer
                     connection.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass  # Already closed by the peer.
 
 
 class EmbeddedRedis:
@@ -127,42 +126,45 @@ class EmbeddedRedis:
     def __init__(self, host: str = "127.0.0.1", port: int = 0, server: fakeredis.FakeServer | None = None) -> None:
         self._host = host
         self._port = port
-        self._fake_server = server if server is not None else fakeredis.FakeServer(version=REDIS_VERSION)
+        self._fake_server = server if server is not None else fakeredis.FakeServer(version=_REDIS_VERSION)
         self._tcp_server: _TCPServer | None = None
         self._thread: threading.Thread | None = None
 
     @property
     def url(self) -> str:
+        """``redis://host:port/0``; with port 0, known once started."""
         if self._port == 0:
-            raise RuntimeError("EmbeddedRedis picks its port when started; call start() first")
+            raise RuntimeError("EmbeddedRedis picks its port when started: call start() first")
         return f"redis://{self._host}:{self._port}/0"
 
     @property
     def fake_server(self) -> fakeredis.FakeServer:
+        """The data behind the TCP server: ``fakeredis.FakeRedis(server=...)`` clients in this process share it."""
         return self._fake_server
 
     def start(self) -> EmbeddedRedis:
+        """Listen (port 0: a free port) and serve from a daemon thread. The data outlives stop() and a restart."""
         if self._tcp_server is not None:
             raise RuntimeError("EmbeddedRedis is already started")
-        tcp_server = _TCPServer((self._host, self._port), self._fake_server)
-        self._port = tcp_server.server_address[1]
+        self._tcp_server = _TCPServer((self._host, self._port), self._fake_server)
+        # A port picked by the OS is kept, so that a restart serves the same URL.
+        self._port = self._tcp_server.server_address[1]
         # A short poll interval so that stop() returns promptly; serve_forever otherwise notices shutdown every 0.5 s.
         self._thread = threading.Thread(
-            target=tcp_server.serve_forever, kwargs={"poll_interval": 0.05}, name="embedded-redis", daemon=True
+            target=self._tcp_server.serve_forever, kwargs={"poll_interval": 0.05}, name="embedded-redis", daemon=True
         )
-        self._tcp_server = tcp_server
         self._thread.start()
         return self
 
     def stop(self) -> None:
-        tcp_server, self._tcp_server = self._tcp_server, None
-        if tcp_server is None:
+        """Stop listening and disconnect every client, as a Redis shutting down would. A no-op if not started."""
+        if self._tcp_server is None or self._thread is None:
             return
-        tcp_server.shutdown()
-        tcp_server.close_connections()
-        tcp_server.server_close()
-        assert self._thread is not None
+        self._tcp_server.shutdown()
+        self._tcp_server.close_connections()
+        self._tcp_server.server_close()
         self._thread.join()
+        self._tcp_server = self._thread = None
 
     def __enter__(self) -> EmbeddedRedis:
         return self.start()

@@ -14,7 +14,9 @@ class UnknownResourcesError(RollqError, KeyError):
 
     def __init__(self, resources_id: str | None, namespace: str) -> None:
         self.resources_id = resources_id
-        what = "no resources have been published yet" if resources_id is None else f"unknown resources id {resources_id!r}"
+        what = (
+            "no resources have been published yet" if resources_id is None else f"unknown resources id {resources_id!r}"
+        )
         super().__init__(f"{what} in namespace {namespace!r}")
 
     def __str__(self) -> str:  # KeyError would quote the message

@@ -122,5 +122,7 @@ def job_id(rollout_id: str, after_attempt: int = 0) -> str:
 
     RQ accepts only ``[A-Za-z0-9_-]`` in job ids, so other rollout ids are hashed.
     """
-    base = rollout_id if _RQ_JOB_ID.fullmatch(rollout_id) else "h" + hashlib.sha256(rollout_id.encode()).hexdigest()[:40]
+    base = (
+        rollout_id if _RQ_JOB_ID.fullmatch(rollout_id) else "h" + hashlib.sha256(rollout_id.encode()).hexdigest()[:40]
+    )
     return base if after_attempt == 0 else f"{base}-r{after_attempt}"

@@ -18,7 +18,9 @@ def error_info(exc: BaseException) -> dict[str, str]:
     return {"type": type(exc).__name__, "message": str(exc)}
 
 
-def stamp(rollout: Rollout, *, status: RolloutStatus, attempt: int, worker: str, error: BaseException | None = None) -> Rollout:
+def stamp(
+    rollout: Rollout, *, status: RolloutStatus, attempt: int, worker: str, error: BaseException | None = None
+) -> Rollout:
     """``rollout`` with rollq's outcome keys added to its metadata (the agent's own keys are kept)."""
     extra: dict[str, Any] = {"status": status.value, "attempt": attempt, "worker": worker}
     if error is not None:
@@ -28,4 +30,6 @@ def stamp(rollout: Rollout, *, status: RolloutStatus, attempt: int, worker: str,
 
 def failed_rollout(rollout_id: str, *, attempt: int, worker: str, error: BaseException) -> Rollout:
     """A rollout that carries only the failure."""
-    return stamp(Rollout(rollout_id=rollout_id), status=RolloutStatus.FAILED, attempt=attempt, worker=worker, error=error)
+    return stamp(
+        Rollout(rollout_id=rollout_id), status=RolloutStatus.FAILED, attempt=attempt, worker=worker, error=error
+    )

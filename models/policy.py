@@ -48,7 +48,7 @@ class RolloutPolicy(BaseModel):
     max_attempts: int = Field(default=3, ge=1)
     retry_on: frozenset[FailureKind] = Field(
         default=frozenset({"timeout", "unresponsive"}),
-        description="Failures that lead to another attempt; agent exceptions are often deterministic, so not by default.",
+        description="Failures that lead to another attempt (agent exceptions are often deterministic).",
     )
 
     def retries(self, kind: FailureKind, attempts_used: int) -> bool:

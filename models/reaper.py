@@ -54,15 +54,24 @@ def reap(lifecycle: Lifecycle, *, now: float, results_maxlen: int, limit: int = 
         if record.policy.retries("unresponsive", record.attempts_used):
             if lifecycle.requeue(record.task, attempt, record.policy, "unresponsive", stale_before=now) == 1:
                 report.requeued += 1
-                log.warning("requeued %s: attempt %d on %s sent no heartbeat for %.0fs", rid, attempt, record.worker, silent_for)
+                log.warning(
+                    "requeued %s: attempt %d on %s sent no heartbeat for %.0fs", rid, attempt, record.worker, silent_for
+                )
             continue
         error = WorkerUnresponsiveError(
-            f"worker {record.worker} sent no heartbeat for {silent_for:.0f}s on attempt {attempt} of {record.policy.max_attempts}"
+            f"worker {record.worker} sent no heartbeat for {silent_for:.0f}s "
+            f"on attempt {attempt} of {record.policy.max_attempts}"
         )
         rollout = failed_rollout(rid, attempt=attempt, worker=record.worker or "", error=error)
         outcome = lifecycle.finish(
-            rid, attempt, rollout.model_dump_json(), "failed",
-            results_maxlen=results_maxlen, dead_letter=True, now=now, stale_before=now,
+            rid,
+            attempt,
+            rollout.model_dump_json(),
+            "failed",
+            results_maxlen=results_maxlen,
+            dead_letter=True,
+            now=now,
+            stale_before=now,
         )
         if isinstance(outcome, str):
             report.failed += 1

@@ -52,7 +52,7 @@ def read_records(connection: redis.Redis, keys: Keys, rollout_ids: list[str]) ->
     pipe = connection.pipeline(transaction=False)
     for rid in rollout_ids:
         pipe.hmget(keys.task(rid), _FIELDS)
-    return {rid: TaskRecord.parse(v) for rid, v in zip(rollout_ids, pipe.execute()) if v[0] is not None}
+    return {rid: TaskRecord.parse(v) for rid, v in zip(rollout_ids, pipe.execute(), strict=True) if v[0] is not None}
 
 
 def read_record(connection: redis.Redis, keys: Keys, rollout_id: str) -> TaskRecord:

@@ -55,11 +55,22 @@ def _producer(ctx: click.Context) -> Producer:
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
-@click.option("--url", envvar=["ROLLQ_REDIS_URL", "REDIS_URL"], default=None, metavar="URL",
-              help="Redis URL: redis://[:password@]host:port/db, rediss:// (TLS), unix://path, memory:// "
-                   "[env: ROLLQ_REDIS_URL, then REDIS_URL].")
-@click.option("--namespace", "-n", envvar="ROLLQ_NAMESPACE", default=DEFAULT_NAMESPACE, show_default=True,
-              help="Namespace (and RQ queue name) to work in [env: ROLLQ_NAMESPACE].")
+@click.option(
+    "--url",
+    envvar=["ROLLQ_REDIS_URL", "REDIS_URL"],
+    default=None,
+    metavar="URL",
+    help="Redis URL: redis://[:password@]host:port/db, rediss:// (TLS), unix://path, memory:// "
+    "[env: ROLLQ_REDIS_URL, then REDIS_URL].",
+)
+@click.option(
+    "--namespace",
+    "-n",
+    envvar="ROLLQ_NAMESPACE",
+    default=DEFAULT_NAMESPACE,
+    show_default=True,
+    help="Namespace (and RQ queue name) to work in [env: ROLLQ_NAMESPACE].",
+)
 @click.version_option(package_name="rollq")
 def main(url: str | None, namespace: str) -> None:
     """rollq: agent rollouts for RL training on Redis + RQ.
@@ -70,7 +81,12 @@ def main(url: str | None, namespace: str) -> None:
 
 
 @main.command()
-@click.option("--redis-url", default=None, metavar="URL", help="Run against this Redis with real worker processes (default: embedded fake Redis).")
+@click.option(
+    "--redis-url",
+    default=None,
+    metavar="URL",
+    help="Run against this Redis with real worker processes (default: embedded fake Redis).",
+)
 @click.option("--tasks", default=300, show_default=True, help="Tasks to queue.")
 @click.option("--workers", default=3, show_default=True, help="Worker processes to start.")
 @click.option("--concurrency", default=16, show_default=True, help="Rollouts in flight per worker.")
@@ -80,17 +96,35 @@ def demo(redis_url: str | None, tasks: int, workers: int, concurrency: int, time
     """Run the sample agent end to end and print a summary."""
     from .demo import run_demo
 
-    summary = run_demo(redis_url, tasks=tasks, workers=workers, concurrency=concurrency, timeout=timeout, echo=click.echo)
+    summary = run_demo(
+        redis_url, tasks=tasks, workers=workers, concurrency=concurrency, timeout=timeout, echo=click.echo
+    )
     click.echo(summary.render())
 
 
 @main.command()
 @click.option("--agent", envvar="ROLLQ_AGENT", metavar="MODULE:CLASS", help="The LitAgent to run [env: ROLLQ_AGENT].")
-@click.option("--hook", "hooks", multiple=True, metavar="MODULE:CLASS", help="A Hook to run around each rollout; repeatable [env: ROLLQ_HOOKS, comma-separated].")
-@click.option("--concurrency", "-c", type=int, default=None, help="Rollouts in flight at once [env: ROLLQ_CONCURRENCY; default 1].")
-@click.option("--grace-seconds", type=float, default=None, help="On SIGTERM, how long running rollouts may finish [default 30].")
+@click.option(
+    "--hook",
+    "hooks",
+    multiple=True,
+    metavar="MODULE:CLASS",
+    help="A Hook to run around each rollout; repeatable [env: ROLLQ_HOOKS, comma-separated].",
+)
+@click.option(
+    "--concurrency",
+    "-c",
+    type=int,
+    default=None,
+    help="Rollouts in flight at once [env: ROLLQ_CONCURRENCY; default 1].",
+)
+@click.option(
+    "--grace-seconds", type=float, default=None, help="On SIGTERM, how long running rollouts may finish [default 30]."
+)
 @click.option("--heartbeat-seconds", type=float, default=None, help="Heartbeat and reaper interval [default 5].")
-@click.option("--results-maxlen", type=int, default=None, help="Approximate bound of the results stream [default 100000].")
+@click.option(
+    "--results-maxlen", type=int, default=None, help="Approximate bound of the results stream [default 100000]."
+)
 @click.option("--max-result-bytes", type=int, default=None, help="Largest rollout JSON published [default 8 MiB].")
 @click.option("--burst", is_flag=True, help="Quit once the queue is empty.")
 @click.option("--name", default=None, help="Worker name (default: RQ's random one).")
@@ -98,9 +132,20 @@ def demo(redis_url: str | None, tasks: int, workers: int, concurrency: int, time
 @click.option("--logging-level", default="INFO", show_default=True)
 @click.pass_context
 @_one_line_errors
-def worker(ctx: click.Context, agent: str | None, hooks: tuple[str, ...], concurrency: int | None, grace_seconds: float | None,
-           heartbeat_seconds: float | None, results_maxlen: int | None, max_result_bytes: int | None, burst: bool,
-           name: str | None, worker_ttl: int | None, logging_level: str) -> None:
+def worker(
+    ctx: click.Context,
+    agent: str | None,
+    hooks: tuple[str, ...],
+    concurrency: int | None,
+    grace_seconds: float | None,
+    heartbeat_seconds: float | None,
+    results_maxlen: int | None,
+    max_result_bytes: int | None,
+    burst: bool,
+    name: str | None,
+    worker_ttl: int | None,
+    logging_level: str,
+) -> None:
     """Start a worker: the same as `rq worker -w worker.RolloutWorker --url URL NAMESPACE`."""
     import logging
 
@@ -108,8 +153,13 @@ def worker(ctx: click.Context, agent: str | None, hooks: tuple[str, ...], concur
 
     root = ctx.find_root().params
     settings = WorkerSettings.from_env(
-        agent=agent, hooks=hooks or None, concurrency=concurrency, grace_seconds=grace_seconds,
-        heartbeat_seconds=heartbeat_seconds, results_maxlen=results_maxlen, max_result_bytes=max_result_bytes,
+        agent=agent,
+        hooks=hooks or None,
+        concurrency=concurrency,
+        grace_seconds=grace_seconds,
+        heartbeat_seconds=heartbeat_seconds,
+        results_maxlen=results_maxlen,
+        max_result_bytes=max_result_bytes,
     )
     logging.basicConfig(level=logging_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     kwargs: dict[str, Any] = {"name": name} if name else {}
@@ -137,12 +187,18 @@ def _jsonl(stream: IO[str]) -> Iterator[tuple[int, dict[str, Any]]]:
 
 @main.command()
 @click.argument("source", type=click.File("r"), default="-")
-@click.option("--mode", type=click.Choice(["train", "val", "test"]), default=None, help="Mode for lines that give none.")
-@click.option("--resources-id", default=None, help="Resources version for lines that give none (default: latest at run time).")
+@click.option(
+    "--mode", type=click.Choice(["train", "val", "test"]), default=None, help="Mode for lines that give none."
+)
+@click.option(
+    "--resources-id", default=None, help="Resources version for lines that give none (default: latest at run time)."
+)
 @click.pass_context
 @_one_line_errors
 def enqueue(ctx: click.Context, source: IO[str], mode: str | None, resources_id: str | None) -> None:
-    """Queue tasks from a JSONL file (or stdin): one {"input": ..., "rollout_id"?, "mode"?, "resources_id"?, "metadata"?} per line.
+    """Queue tasks from a JSONL file (or stdin), one object per line.
+
+    Each line: {"input": ..., "rollout_id"?, "mode"?, "resources_id"?, "metadata"?}.
 
     Prints the rollout id of each task queued.
     """
@@ -151,8 +207,11 @@ def enqueue(ctx: click.Context, source: IO[str], mode: str | None, resources_id:
     with tqdm(total=len(entries), desc="enqueue", unit="task", file=sys.stderr, disable=len(entries) < 1000) as bar:
         for entry in entries:
             task = producer.enqueue(
-                entry["input"], mode=entry.get("mode", mode), resources_id=entry.get("resources_id", resources_id),
-                metadata=entry.get("metadata"), rollout_id=entry.get("rollout_id"),
+                entry["input"],
+                mode=entry.get("mode", mode),
+                resources_id=entry.get("resources_id", resources_id),
+                metadata=entry.get("metadata"),
+                rollout_id=entry.get("rollout_id"),
             )
             click.echo(task.rollout_id)
             bar.update()
@@ -228,7 +287,11 @@ def rollouts() -> None:
 
 
 @rollouts.command("tail")
-@click.option("--group", default=None, help="Read as a member of this consumer group (acknowledged, shared); default: just follow the stream.")
+@click.option(
+    "--group",
+    default=None,
+    help="Read as a member of this consumer group (acknowledged, shared); default: just follow the stream.",
+)
 @click.option("--from-start", is_flag=True, help="Start at the oldest entry instead of new ones.")
 @click.option("--count", type=int, default=None, help="Stop after this many rollouts.")
 @click.pass_context
@@ -290,7 +353,12 @@ def dead_letter_requeue(ctx: click.Context, rollout_ids: tuple[str, ...], requeu
 
 
 @main.command()
-@click.option("--bind", default="127.0.0.1", show_default=True, help="Address to listen on (keep it local; the dashboard has no auth).")
+@click.option(
+    "--bind",
+    default="127.0.0.1",
+    show_default=True,
+    help="Address to listen on (keep it local; the dashboard has no auth).",
+)
 @click.option("--port", default=9181, show_default=True)
 @click.pass_context
 @_one_line_errors

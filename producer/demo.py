@@ -50,12 +50,15 @@ class DemoSummary:
 
     def render(self) -> str:
         claims = ", ".join(f"{n} claim(s): {count}" for n, count in sorted(self.claims.items()))
-        return "\n".join([
-            f"rollouts   {self.succeeded + self.failed} of {self.tasks} tasks ({self.succeeded} succeeded, {self.failed} failed)",
-            f"reward     mean {self.reward_mean:.3f}, min {self.reward_min:.2f}, max {self.reward_max:.2f}",
-            f"throughput {self.rollouts_per_second:.1f} rollouts/s end to end ({self.seconds:.2f}s)",
-            f"claims     {claims}",
-        ])
+        return "\n".join(
+            [
+                f"rollouts   {self.succeeded + self.failed} of {self.tasks} tasks "
+                f"({self.succeeded} succeeded, {self.failed} failed)",
+                f"reward     mean {self.reward_mean:.3f}, min {self.reward_min:.2f}, max {self.reward_max:.2f}",
+                f"throughput {self.rollouts_per_second:.1f} rollouts/s end to end ({self.seconds:.2f}s)",
+                f"claims     {claims}",
+            ]
+        )
 
 
 @contextlib.contextmanager
@@ -70,16 +73,34 @@ def _redis(url: str | None) -> Iterator[str]:
 
 
 @contextlib.contextmanager
-def worker_processes(url: str, namespace: str, count: int, concurrency: int, log_dir: Path) -> Iterator[list[subprocess.Popen[bytes]]]:
+def worker_processes(
+    url: str, namespace: str, count: int, concurrency: int, log_dir: Path
+) -> Iterator[list[subprocess.Popen[bytes]]]:
     """``count`` ``rollq worker`` processes running the sample agent; SIGTERM (a graceful stop) on exit."""
     procs = []
     for i in range(count):
         log_file = open(log_dir / f"worker-{i}.log", "wb")  # noqa: SIM115  # closed with the process below
-        procs.append(subprocess.Popen(
-            [sys.executable, "-m", "producer", "--url", url, "--namespace", namespace, "worker",
-             "--agent", SAMPLE_AGENT, "--concurrency", str(concurrency)],
-            stdout=log_file, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"},
-        ))
+        procs.append(
+            subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "producer",
+                    "--url",
+                    url,
+                    "--namespace",
+                    namespace,
+                    "worker",
+                    "--agent",
+                    SAMPLE_AGENT,
+                    "--concurrency",
+                    str(concurrency),
+                ],
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+                env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            )
+        )
     try:
         yield procs
     finally:
@@ -124,7 +145,9 @@ def run_demo(
             _await_workers(producer, workers, timeout=60)
             started = time.monotonic()
             inputs = sample_inputs(tasks)
-            queued = producer.enqueue_many(inputs[: tasks // 2], mode="train") + producer.enqueue_many(inputs[tasks // 2 :], mode="val")
+            queued = producer.enqueue_many(inputs[: tasks // 2], mode="train") + producer.enqueue_many(
+                inputs[tasks // 2 :], mode="val"
+            )
             ids = [t.rollout_id for t in queued]
             with tqdm(total=len(ids), desc="rollouts", unit="rollout", file=sys.stderr) as bar:
                 rollouts = producer.wait(ids, timeout=timeout, on_progress=bar.update)

@@ -24,12 +24,25 @@ def render_prometheus(s: Snapshot) -> str:
 
     metric("rollq_queue_depth", "gauge", "Tasks waiting in the queue.", [({"namespace": ns}, s.queued)])
     metric(
-        "rollq_in_flight", "gauge", "Attempts running now, by worker.",
-        [({"namespace": ns, "worker": w}, n) for w, n in sorted(s.in_flight_by_worker.items())] or [({"namespace": ns, "worker": ""}, 0)],
+        "rollq_in_flight",
+        "gauge",
+        "Attempts running now, by worker.",
+        [({"namespace": ns, "worker": w}, n) for w, n in sorted(s.in_flight_by_worker.items())]
+        or [({"namespace": ns, "worker": ""}, 0)],
     )
-    metric("rollq_stale_attempts", "gauge", "Running attempts past their heartbeat deadline.", [({"namespace": ns}, s.stale_attempts)])
+    metric(
+        "rollq_stale_attempts",
+        "gauge",
+        "Running attempts past their heartbeat deadline.",
+        [({"namespace": ns}, s.stale_attempts)],
+    )
     metric("rollq_dead_letter", "gauge", "Tasks that failed for good.", [({"namespace": ns}, s.dead_letter)])
-    metric("rollq_results_stream_length", "gauge", "Entries in the results stream.", [({"namespace": ns}, s.results_stream_length)])
+    metric(
+        "rollq_results_stream_length",
+        "gauge",
+        "Entries in the results stream.",
+        [({"namespace": ns}, s.results_stream_length)],
+    )
     outcomes = []
     for key, value in sorted(s.counters.items()):
         status, sep, mode = key.partition(":")
@@ -37,10 +50,17 @@ def render_prometheus(s: Snapshot) -> str:
             outcomes.append(({"namespace": ns, "status": status, "mode": mode or "none"}, value))
     metric("rollq_rollouts_total", "counter", "Final rollouts published, by status and mode.", outcomes)
     metric(
-        "rollq_requeues_total", "counter", "Attempts sent back to the queue, by reason.",
+        "rollq_requeues_total",
+        "counter",
+        "Attempts sent back to the queue, by reason.",
         [({"namespace": ns, "reason": r}, n) for r, n in sorted(s.requeued.items())],
     )
-    metric("rollq_superseded_total", "counter", "Results from attempts that were no longer current.", [({"namespace": ns}, s.superseded)])
+    metric(
+        "rollq_superseded_total",
+        "counter",
+        "Results from attempts that were no longer current.",
+        [({"namespace": ns}, s.superseded)],
+    )
 
     out.append("# HELP rollq_rollout_duration_seconds Time from claim to publish of final rollouts.")
     out.append("# TYPE rollq_rollout_duration_seconds histogram")

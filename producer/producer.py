@@ -56,7 +56,7 @@ class Producer:
 
     @classmethod
     def from_url(cls, url: str | None = None, namespace: str = DEFAULT_NAMESPACE, **kwargs: Any) -> Producer:
-        """A producer on ``url`` (see :func:`models.connection.connect`; None reads ``ROLLQ_REDIS_URL``/``REDIS_URL``)."""
+        """A producer on ``url``; see :func:`models.connection.connect` (None: ``ROLLQ_REDIS_URL``, ``REDIS_URL``)."""
         return cls(connect(url), namespace, **kwargs)
 
     @property
@@ -76,8 +76,12 @@ class Producer:
     ) -> Task:
         """Queue one task and return it; a ``rollout_id`` already known is not queued again (its task is returned)."""
         return self.enqueue_many(
-            [input], mode=mode, resources_id=resources_id, metadata=metadata,
-            rollout_ids=None if rollout_id is None else [rollout_id], policy=policy,
+            [input],
+            mode=mode,
+            resources_id=resources_id,
+            metadata=metadata,
+            rollout_ids=None if rollout_id is None else [rollout_id],
+            policy=policy,
         )[0]
 
     def enqueue_many(
@@ -126,7 +130,7 @@ class Producer:
                 on_progress(len(chunk))
         if -1 in codes:  # the version was pruned between the check above and the enqueue
             raise UnknownResourcesError(resources_id, self.namespace)
-        known = [task.rollout_id for task, code in zip(tasks, codes) if code == 0]
+        known = [task.rollout_id for task, code in zip(tasks, codes, strict=True) if code == 0]
         if known:
             stored = read_records(self.connection, self.keys, known)
             tasks = [stored[t.rollout_id].task if t.rollout_id in stored else t for t in tasks]
@@ -171,12 +175,14 @@ class Producer:
         return [m.decode() for m in self.connection.zrange(self.keys.dead_letter, 0, -1)]
 
     def requeue_dead(self, rollout_ids: Sequence[str] | None = None) -> list[str]:
-        """Queue dead-lettered tasks again with a fresh attempt budget (all of them with None); returns those requeued."""
+        """Queue dead-lettered tasks again with a fresh attempt budget (None: all); returns those requeued."""
         ids = list(rollout_ids) if rollout_ids is not None else self.dead_letter()
         records = read_records(self.connection, self.keys, ids)
         return [
-            rid for rid in ids
-            if rid in records and self.lifecycle.revive(records[rid].task, records[rid].policy, records[rid].task.num_claims or 0)
+            rid
+            for rid in ids
+            if rid in records
+            and self.lifecycle.revive(records[rid].task, records[rid].policy, records[rid].task.num_claims or 0)
         ]
 
     def reap(self) -> ReapReport:

@@ -58,7 +58,7 @@ def wait(
         pipe.hget(keys.task(rid), "result")
     last, *entry_ids = pipe.execute()
     cursor = last[0][0] if last else b"0-0"
-    found = _fetch_known(connection, keys, {rid: eid for rid, eid in zip(wanted, entry_ids) if eid})
+    found = _fetch_known(connection, keys, {rid: eid for rid, eid in zip(wanted, entry_ids, strict=True) if eid})
     if on_progress and found:
         on_progress(len(found))
     missing = {rid for rid in wanted if rid not in found}
@@ -91,7 +91,7 @@ def _fetch_known(connection: redis.Redis, keys: Keys, entry_ids: dict[str, bytes
     for entry_id in entry_ids.values():
         pipe.xrange(keys.results, min=entry_id, max=entry_id)
     found: dict[str, Rollout] = {}
-    for rid, entries in zip(entry_ids, pipe.execute()):
+    for rid, entries in zip(entry_ids, pipe.execute(), strict=True):
         if not entries:
             raise RolloutTrimmedError(rid)
         found[rid] = _parse(entries[0][1])

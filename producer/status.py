@@ -100,7 +100,12 @@ def render_text(s: Snapshot) -> str:
     lines = [
         f"namespace {s.namespace}",
         f"  queued            {s.queued}",
-        f"  in flight         {s.in_flight}" + (f"  ({', '.join(f'{w}: {n}' for w, n in sorted(s.in_flight_by_worker.items()))})" if s.in_flight_by_worker else ""),
+        f"  in flight         {s.in_flight}"
+        + (
+            f"  ({', '.join(f'{w}: {n}' for w, n in sorted(s.in_flight_by_worker.items()))})"
+            if s.in_flight_by_worker
+            else ""
+        ),
         f"  stale attempts    {s.stale_attempts}",
         f"  succeeded         {s.succeeded}",
         f"  failed            {s.failed}",

@@ -22,7 +22,9 @@ class LitAgent:
     """
 
     def training_rollout(self, task_input: TaskInput, rollout_id: str, resources: NamedResources) -> RolloutRawResult:
-        raise NotImplementedError(f"{type(self).__name__} implements neither training_rollout nor training_rollout_async")
+        raise NotImplementedError(
+            f"{type(self).__name__} implements neither training_rollout nor training_rollout_async"
+        )
 
     def validation_rollout(self, task_input: TaskInput, rollout_id: str, resources: NamedResources) -> RolloutRawResult:
         return self.training_rollout(task_input, rollout_id, resources)
@@ -30,7 +32,9 @@ class LitAgent:
     async def training_rollout_async(
         self, task_input: TaskInput, rollout_id: str, resources: NamedResources
     ) -> RolloutRawResult:
-        raise NotImplementedError(f"{type(self).__name__} implements neither training_rollout nor training_rollout_async")
+        raise NotImplementedError(
+            f"{type(self).__name__} implements neither training_rollout nor training_rollout_async"
+        )
 
     async def validation_rollout_async(
         self, task_input: TaskInput, rollout_id: str, resources: NamedResources

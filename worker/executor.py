@@ -56,7 +56,12 @@ class AgentExecutor:
             self._loop.call_soon_threadsafe(self._loop.stop)
 
     def submit(
-        self, fn: Callable[..., Any], args: tuple[Any, ...], context: contextvars.Context, is_async: bool, timeout: float
+        self,
+        fn: Callable[..., Any],
+        args: tuple[Any, ...],
+        context: contextvars.Context,
+        is_async: bool,
+        timeout: float,
     ) -> Future[Any]:
         """Start ``fn(*args)`` inside ``context``.
 
@@ -71,6 +76,7 @@ class AgentExecutor:
         if is_async:
             self._loop.call_soon_threadsafe(self._spawn, fn, args, context, future)
         else:
+
             def target() -> None:
                 try:
                     _settle(future, context.run(fn, *args))
@@ -80,7 +86,9 @@ class AgentExecutor:
             threading.Thread(target=target, name="rollq-sync-agent", daemon=True).start()
         return future
 
-    def _spawn(self, fn: Callable[..., Any], args: tuple[Any, ...], context: contextvars.Context, future: Future[Any]) -> None:
+    def _spawn(
+        self, fn: Callable[..., Any], args: tuple[Any, ...], context: contextvars.Context, future: Future[Any]
+    ) -> None:
         assert self._loop is not None
         try:
             task = self._loop.create_task(fn(*args), context=context)

@@ -38,9 +38,7 @@ class HookSet:
         for hook in self.hooks:
             self._call(hook, "teardown_worker", worker_id)
 
-    def rollout_start(
-        self, task: Task, runner: AgentRunner, tracer: BaseTracer, context: contextvars.Context
-    ) -> None:
+    def rollout_start(self, task: Task, runner: AgentRunner, tracer: BaseTracer, context: contextvars.Context) -> None:
         for hook in self.hooks:
             self._call(hook, "on_rollout_start", task, runner, tracer, context=context)
 

@@ -111,7 +111,9 @@ def to_rollout(rollout_id: str, raw: Any, captured: list[ReadableSpan]) -> Rollo
         rollout = Rollout(rollout_id=rollout_id, final_reward=float(raw))
     elif isinstance(raw, Rollout):
         if raw.rollout_id != rollout_id:
-            log.warning("agent returned a Rollout for %r while running %r; using %r", raw.rollout_id, rollout_id, rollout_id)
+            log.warning(
+                "agent returned a Rollout for %r while running %r; using %r", raw.rollout_id, rollout_id, rollout_id
+            )
         rollout = raw.model_copy(update={"rollout_id": rollout_id})
     elif isinstance(raw, list):
         rollout = _from_list(rollout_id, raw)

@@ -18,7 +18,7 @@ import logging
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 import redis
 from pydantic import ValidationError
@@ -38,6 +38,7 @@ from .resource_cache import ResourceCache
 from .tracer import BaseTracer, RolloutTrace
 
 log = logging.getLogger(__name__)
+
 
 class AttemptReleased(Exception):
     """Set on a running attempt's future when the worker stops before the attempt finished."""
@@ -107,7 +108,12 @@ class AgentRunner:
         claimed_at = time.time()
         claim = self.lifecycle.claim(rollout_id, job_id, self.worker_name, claimed_at)
         if isinstance(claim, ClaimRefused):
-            log.warning("skipped job %s: task %s is %s", job_id, rollout_id, claim.reason + (f" ({claim.state})" if claim.state else ""))
+            log.warning(
+                "skipped job %s: task %s is %s",
+                job_id,
+                rollout_id,
+                claim.reason + (f" ({claim.state})" if claim.state else ""),
+            )
             return {"rollout_id": rollout_id, "status": "skipped", "reason": claim.reason}
         try:
             task = Task.model_validate_json(claim.task_json).model_copy(
@@ -129,10 +135,15 @@ class AgentRunner:
         self.hooks.rollout_start(task, self, self.tracer, rollout_trace.context)
         with self._lock:
             future = self.executor.submit(
-                self.agent.rollout_call(task.mode), (task.input, rollout_id, resources),
-                rollout_trace.context, self.agent.is_async, policy.timeout_seconds,
+                self.agent.rollout_call(task.mode),
+                (task.input, rollout_id, resources),
+                rollout_trace.context,
+                self.agent.is_async,
+                policy.timeout_seconds,
             )
-            pending = self._running[f"{rollout_id}|{claim.attempt}"] = Pending(task, policy, claim, rollout_trace, future)
+            pending = self._running[f"{rollout_id}|{claim.attempt}"] = Pending(
+                task, policy, claim, rollout_trace, future
+            )
         return pending
 
     def complete(self, pending: Pending) -> dict[str, Any]:
@@ -169,10 +180,16 @@ class AgentRunner:
                 self._requeue(task, attempt, policy, "retry")
                 log.warning(
                     "attempt %d/%d of %s failed (%s: %s); retrying",
-                    claim.attempts_used, policy.max_attempts, rid, type(error).__name__, error,
+                    claim.attempts_used,
+                    policy.max_attempts,
+                    rid,
+                    type(error).__name__,
+                    error,
                 )
                 return {"rollout_id": rid, "attempt": attempt, "status": "retrying"}
-            return self._publish(rid, attempt, rollout, failed=error is not None, duration=time.monotonic() - pending.started)
+            return self._publish(
+                rid, attempt, rollout, failed=error is not None, duration=time.monotonic() - pending.started
+            )
         finally:
             with self._lock:
                 self._running.pop(pending.member, None)
@@ -187,7 +204,9 @@ class AgentRunner:
         status = RolloutStatus.FAILED if error is not None else RolloutStatus.SUCCEEDED
         return stamp(rollout, status=status, attempt=attempt, worker=self.worker_name, error=error)
 
-    def _publish(self, rollout_id: str, attempt: int, rollout: Rollout, *, failed: bool, duration: float | None) -> dict[str, Any]:
+    def _publish(
+        self, rollout_id: str, attempt: int, rollout: Rollout, *, failed: bool, duration: float | None
+    ) -> dict[str, Any]:
         data = rollout.model_dump_json()
         if len(data) > self.settings.max_result_bytes:
             error = PayloadTooLargeError(f"rollout {rollout_id}", len(data), self.settings.max_result_bytes)
@@ -198,7 +217,10 @@ class AgentRunner:
         reply = self._with_redis(
             f"publishing {rollout_id}",
             lambda: self.lifecycle.finish(
-                rollout_id, attempt, data, status.value,
+                rollout_id,
+                attempt,
+                data,
+                status.value,
                 results_maxlen=self.settings.results_maxlen,
                 dead_letter=failed,
                 now=time.time(),
@@ -207,7 +229,11 @@ class AgentRunner:
             ),
         )
         if reply == 0:
-            log.warning("result of %s attempt %d arrived after a newer attempt took over; kept as superseded", rollout_id, attempt)
+            log.warning(
+                "result of %s attempt %d arrived after a newer attempt took over; kept as superseded",
+                rollout_id,
+                attempt,
+            )
             return {"rollout_id": rollout_id, "attempt": attempt, "status": "superseded"}
         return {"rollout_id": rollout_id, "attempt": attempt, "status": status.value}
 

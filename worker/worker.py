@@ -80,7 +80,7 @@ class RolloutWorker(SimpleWorker):
 
     def __init__(
         self,
-        queues: Sequence[Queue | str] | Queue | str,
+        queues: str | Queue | Sequence[str] | Sequence[Queue],
         *args: Any,
         settings: WorkerSettings | None = None,
         agent: LitAgent | None = None,
@@ -110,7 +110,9 @@ class RolloutWorker(SimpleWorker):
         self._executor = AgentExecutor()
         self._slots = threading.BoundedSemaphore(self.settings.concurrency)
         # Redis round trips for job bookkeeping overlap on a few threads; more would only contend for the GIL.
-        self._bookkeeping = ThreadPoolExecutor(max_workers=min(self.settings.concurrency, 8), thread_name_prefix="rollq-job")
+        self._bookkeeping = ThreadPoolExecutor(
+            max_workers=min(self.settings.concurrency, 8), thread_name_prefix="rollq-job"
+        )
         self._busy = 0
         self._busy_lock = threading.Lock()
         self._dequeuing = False
@@ -161,8 +163,12 @@ class RolloutWorker(SimpleWorker):
         self._heartbeat.start()
         self.log.info(
             "rollq worker %s (id %d): agent %s, %d hook(s), concurrency %d, namespace %r",
-            self.name, self.worker_id, type(self.agent).__name__, len(self.hook_set.hooks),
-            self.settings.concurrency, self.keys.namespace,
+            self.name,
+            self.worker_id,
+            type(self.agent).__name__,
+            len(self.hook_set.hooks),
+            self.settings.concurrency,
+            self.keys.namespace,
         )
 
     def _beat_while_busy(self) -> None:
@@ -207,7 +213,9 @@ class RolloutWorker(SimpleWorker):
         self._force_stop = True
         super().request_force_stop(signum, frame)
 
-    def dequeue_job_and_maintain_ttl(self, timeout: int | None, max_idle_time: int | None = None) -> tuple[Job, Queue] | None:
+    def dequeue_job_and_maintain_ttl(
+        self, timeout: int | None, max_idle_time: int | None = None
+    ) -> tuple[Job, Queue] | None:
         # Take a slot before taking a job, so a job never waits inside a busy worker.
         self._dequeuing = True
         try:
@@ -258,7 +266,9 @@ class RolloutWorker(SimpleWorker):
         if isinstance(outcome, dict):
             self._end_job(job, queue, execution, result=outcome)
             return
-        outcome.future.add_done_callback(lambda _: self._bookkeeping.submit(self._finish, job, queue, execution, outcome))
+        outcome.future.add_done_callback(
+            lambda _: self._bookkeeping.submit(self._finish, job, queue, execution, outcome)
+        )
 
     def _finish(self, job: Job, queue: Queue, execution: Any, pending: Pending) -> None:
         assert self.runner is not None
@@ -315,11 +325,12 @@ class RolloutWorker(SimpleWorker):
         super().teardown()
 
     def _drain(self) -> None:
-        """Let running rollouts finish for ``grace_seconds`` (a second signal cuts it short), then hand back the rest."""
+        """Let running rollouts finish for ``grace_seconds`` (a second signal cuts it short); hand back the rest."""
         assert self.runner is not None
         on_main = threading.current_thread() is threading.main_thread()
-        previous: dict[int, Any] = {}
+        previous: dict[signal.Signals, Any] = {}
         if on_main:
+
             def force(signum: int, frame: Any) -> None:
                 self._force_stop = True
 
@@ -327,7 +338,9 @@ class RolloutWorker(SimpleWorker):
                 previous[sig] = signal.signal(sig, force)
         try:
             if self._busy:
-                self.log.info("waiting up to %.0fs for %d rollout(s) in flight", self.settings.grace_seconds, self._busy)
+                self.log.info(
+                    "waiting up to %.0fs for %d rollout(s) in flight", self.settings.grace_seconds, self._busy
+                )
             deadline = time.monotonic() + self.settings.grace_seconds
             while self._busy and not self._force_stop and time.monotonic() < deadline:
                 time.sleep(0.05)
