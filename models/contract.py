@@ -7,7 +7,7 @@ the contract; what rollq adds (attempts, statuses, policy) lives in
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Annotated, Any, Literal, Union
+from typing import TYPE_CHECKING, Annotated, Any, Dict, List, Literal, Optional, Union
 
 from opentelemetry.sdk.trace import ReadableSpan
 from pydantic import BaseModel, Field
@@ -40,8 +40,8 @@ class Triplet(BaseModel):
 
     prompt: Any
     response: Any
-    reward: float | None = None
-    metadata: dict[str, Any] = Field(default_factory=dict)
+    reward: Optional[float] = None
+    metadata: Dict[str, Any] = Field(default_factory=dict)
 
 
 class Rollout(BaseModel):
@@ -53,14 +53,14 @@ class Rollout(BaseModel):
     """
 
     rollout_id: str
-    final_reward: float | None = None
-    triplets: list[Triplet] | None = None
-    trace: list[dict[str, Any]] | None = Field(
+    final_reward: Optional[float] = None
+    triplets: Optional[List[Triplet]] = None
+    trace: Optional[List[Dict[str, Any]]] = Field(
         default=None,
         description="Spans in OpenTelemetry JSON form, i.e. json.loads(readable_span.to_json()) per span.",
     )
-    logs: list[str] | None = None
-    metadata: dict[str, Any] = Field(default_factory=dict)
+    logs: Optional[List[str]] = None
+    metadata: Dict[str, Any] = Field(default_factory=dict)
 
 
 TaskInput = Any
@@ -78,23 +78,22 @@ class Task(BaseModel):
 
     rollout_id: str
     input: TaskInput
-    mode: Literal["train", "val", "test"] | None = None
-    resources_id: str | None = None
-    create_time: float | None = None
-    last_claim_time: float | None = None
-    num_claims: int | None = None
-    metadata: dict[str, Any] = Field(default_factory=dict)
+    mode: Optional[Literal["train", "val", "test"]] = None
+    resources_id: Optional[str] = None
+    create_time: Optional[float] = None
+    last_claim_time: Optional[float] = None
+    num_claims: Optional[int] = None
+    metadata: Dict[str, Any] = Field(default_factory=dict)
 
 
 class TaskIfAny(BaseModel):
     """A poll answer: a task, or word that none is available."""
 
     is_available: bool
-    task: Task | None = None
+    task: Optional[Task] = None
 
 
-# A runtime alias (it is used in isinstance-free annotations and docs), spelled as the contract spells it.
-RolloutRawResult = Union[None, float, list[Triplet], list[dict[str, Any]], list[ReadableSpan], Rollout]  # noqa: UP007
+RolloutRawResult = Union[None, float, List[Triplet], List[Dict[str, Any]], List[ReadableSpan], Rollout]
 """What an agent may return; the worker turns each case into a :class:`Rollout`."""
 
 
@@ -110,7 +109,7 @@ class LLM(Resource):
     resource_type: Literal["llm"] = "llm"
     endpoint: str
     model: str
-    sampling_parameters: dict[str, Any] = Field(default_factory=dict)
+    sampling_parameters: Dict[str, Any] = Field(default_factory=dict)
 
 
 class PromptTemplate(Resource):
@@ -121,8 +120,8 @@ class PromptTemplate(Resource):
     engine: Literal["jinja", "f-string", "poml"]
 
 
-ResourceUnion = Annotated[LLM | PromptTemplate, Field(discriminator="resource_type")]
-NamedResources = dict[str, ResourceUnion]
+ResourceUnion = Annotated[Union[LLM, PromptTemplate], Field(discriminator="resource_type")]
+NamedResources = Dict[str, ResourceUnion]
 """Resources by name, e.g. ``{"main_llm": LLM(...), "system_prompt": PromptTemplate(...)}``."""
 
 
@@ -137,8 +136,8 @@ class GenericResponse(BaseModel):
     """A status reply with an optional message and payload."""
 
     status: str = "success"
-    message: str | None = None
-    data: dict[str, Any] | None = None
+    message: Optional[str] = None
+    data: Optional[Dict[str, Any]] = None
 
 
 class ParallelWorkerBase:
@@ -150,7 +149,7 @@ class ParallelWorkerBase:
     """
 
     def __init__(self) -> None:
-        self.worker_id: int | None = None
+        self.worker_id: Optional[int] = None
 
     def init(self, *args: Any, **kwargs: Any) -> None:
         pass
