@@ -1,0 +1,121 @@
+"""Many rollouts in flight in one worker process, each still a proper RQ job."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import uuid
+
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import Link, Status, StatusCode
+from rq.registry import FinishedJobRegistry, StartedJobRegistry
+from rq.serializers import JSONSerializer
+
+from models import RolloutPolicy
+from producer import Producer
+from worker import LitAgent, RolloutWorker, WorkerSettings
+from worker.normalize import span_json
+
+
+class Gauge:
+    """Counts rollouts in flight and remembers the most at once."""
+
+    def __init__(self) -> None:
+        self.now = 0
+        self.most = 0
+        self.threads_seen = 0
+        self.lock = threading.Lock()
+
+    def enter(self) -> None:
+        with self.lock:
+            self.now += 1
+            self.most = max(self.most, self.now)
+            self.threads_seen = max(self.threads_seen, threading.active_count())
+
+    def leave(self) -> None:
+        with self.lock:
+            self.now -= 1
+
+
+class SlowAsyncAgent(LitAgent):
+    def __init__(self, gauge: Gauge) -> None:
+        self.gauge = gauge
+
+    async def training_rollout_async(self, task_input, rollout_id, resources):  # type: ignore[no-untyped-def]
+        self.gauge.enter()
+        try:
+            await asyncio.sleep(0.3)
+        finally:
+            self.gauge.leave()
+        return float(task_input["i"])
+
+
+def _producer() -> Producer:
+    return Producer.from_url(f"memory://{uuid.uuid4().hex}", namespace="conc")
+
+
+def test_one_worker_runs_its_concurrency_in_flight_without_a_thread_each() -> None:
+    producer = _producer()
+    tasks = producer.enqueue_many([{"i": i} for i in range(120)], mode="train")
+    gauge = Gauge()
+    worker = RolloutWorker(
+        ["conc"], connection=producer.connection, agent=SlowAsyncAgent(gauge), settings=WorkerSettings(concurrency=60)
+    )
+    worker.work(burst=True, logging_level="WARNING")
+    rollouts = producer.wait([t.rollout_id for t in tasks], timeout=30)
+    assert [r.final_reward for r in rollouts] == [float(i) for i in range(120)]
+    assert gauge.most == 60
+    # 60 rollouts in flight on a handful of threads: loop, heartbeat, bookkeeping pool, main.
+    assert gauge.threads_seen < 20
+
+
+def test_every_rollout_is_a_finished_rq_job_and_none_stays_started() -> None:
+    producer = _producer()
+    tasks = producer.enqueue_many([{"i": i} for i in range(30)], mode="train")
+    worker = RolloutWorker(
+        ["conc"], connection=producer.connection, agent=SlowAsyncAgent(Gauge()), settings=WorkerSettings(concurrency=10)
+    )
+    worker.work(burst=True, logging_level="WARNING")
+    producer.wait([t.rollout_id for t in tasks], timeout=30)
+    finished = FinishedJobRegistry("conc", connection=producer.connection, serializer=JSONSerializer)
+    started = StartedJobRegistry("conc", connection=producer.connection, serializer=JSONSerializer)
+    assert set(finished.get_job_ids(cleanup=False)) == {t.rollout_id for t in tasks}
+    assert started.get_job_ids(cleanup=False) == []
+
+
+def test_span_json_equals_the_sdk_json_round_trip() -> None:
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    tracer = provider.get_tracer("test")
+    with tracer.start_as_current_span("outer", attributes={"seq": (1, 2), "s": "v"}) as outer:
+        outer.add_event("event", {"xs": (1.5,)})
+        with tracer.start_as_current_span("inner", links=[Link(outer.get_span_context(), {"l": 1})]) as inner:
+            inner.set_status(Status(StatusCode.ERROR, "boom"))
+    spans = exporter.get_finished_spans()
+    assert len(spans) == 2
+    for span in spans:
+        assert span_json(span) == json.loads(span.to_json())
+
+
+def test_a_timed_out_async_agent_is_cancelled_and_no_thread_waits_for_it() -> None:
+    cancelled = threading.Event()
+
+    class Hangs(LitAgent):
+        async def training_rollout_async(self, task_input, rollout_id, resources):  # type: ignore[no-untyped-def]
+            try:
+                await asyncio.sleep(60)
+            except asyncio.CancelledError:
+                cancelled.set()
+                raise
+
+    producer = _producer()
+    task = producer.enqueue({}, mode="train", policy=RolloutPolicy(timeout_seconds=0.5, max_attempts=1))
+    RolloutWorker(["conc"], connection=producer.connection, agent=Hangs()).work(burst=True, logging_level="WARNING")
+    (rollout,) = producer.wait([task.rollout_id], timeout=30)
+    assert rollout.metadata["status"] == "failed"
+    assert rollout.metadata["error"]["type"] == "AgentTimeoutError"
+    assert cancelled.wait(5)
