@@ -44,7 +44,9 @@ def main() -> None:
             sys.executable, "-m", "rq.cli", "worker", "--burst", "--url", embedded.url,
             "-S", "rq.serializers.JSONSerializer", "-w", "rq.worker.SimpleWorker", "--quiet", QUEUE,
         ]  # fmt: skip
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")])}
+        # The job function lives in tests/embedded_jobs.py; tests/ is not a package.
+        path = [str(ROOT / "tests"), *filter(None, [os.environ.get("PYTHONPATH")])]
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(path)}
         started = time.perf_counter()
         subprocess.run(command, env=env, check=True, timeout=600)
         elapsed = time.perf_counter() - started
@@ -64,7 +66,7 @@ def main() -> None:
         "steady_jobs_per_s": round(args.jobs / steady, 1),
         "seconds": round(elapsed, 3),
         "worker": "rq.worker.SimpleWorker, JSONSerializer, one `rq worker --burst` subprocess",
-        "command": " ".join(command[:5] + ["redis://127.0.0.1:<port>/0"] + command[6:]),
+        "command": " ".join(command[:6] + ["redis://127.0.0.1:<port>/0"] + command[7:]),
     }
     RESULT.parent.mkdir(parents=True, exist_ok=True)
     RESULT.write_text(json.dumps(result, indent=2) + "\n")

@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import re
 import threading
+from typing import Any
 from urllib.parse import urlsplit
 
 import fakeredis
@@ -31,6 +32,20 @@ _RETRIES = 12
 _BACKOFF_CAP_SECONDS = 2.0
 
 
+class _Retry(Retry):
+    """Retry connection errors with backoff, but not a refused password.
+
+    redis-py files AuthenticationError under ConnectionError; waiting will not
+    fix a wrong password, so the caller hears at once instead of after ~20 s.
+    """
+
+    def call_with_retry(self, do: Any, fail: Any, is_retryable: Any = None, with_failure_count: bool = False) -> Any:
+        def retryable(error: Exception) -> bool:
+            return not isinstance(error, redis.AuthenticationError) and (is_retryable is None or is_retryable(error))
+
+        return super().call_with_retry(do, fail, retryable, with_failure_count)
+
+
 def resolve_url(url: str | None = None) -> str:
     """The URL to use: the one given, else ``ROLLQ_REDIS_URL``, ``REDIS_URL``, ``memory://``."""
     return url or os.environ.get("ROLLQ_REDIS_URL") or os.environ.get("REDIS_URL") or "memory://"
@@ -44,10 +59,11 @@ def memory_server(name: str = "") -> fakeredis.FakeServer:
         return _MEMORY_SERVERS[name]
 
 
-def connect(url: str | None = None) -> redis.Redis:
+def connect(url: str | None = None, *, retries: int = _RETRIES) -> redis.Redis:
     """A client for ``url`` (see the module docstring), retrying with backoff on connection errors.
 
-    Replies are bytes, as RQ requires.
+    ``retries`` defaults to riding out a restart (about 20 s); a command-line
+    tool that should answer at once passes fewer. Replies are bytes, as RQ requires.
     """
     url = resolve_url(url)
     scheme = urlsplit(url).scheme
@@ -61,7 +77,7 @@ def connect(url: str | None = None) -> redis.Redis:
     tcp_only = {} if scheme == "unix" else {"socket_keepalive": True}
     return redis.Redis.from_url(
         url,
-        retry=Retry(ExponentialBackoff(cap=_BACKOFF_CAP_SECONDS, base=0.05), _RETRIES),
+        retry=_Retry(ExponentialBackoff(cap=_BACKOFF_CAP_SECONDS, base=0.05), retries),
         retry_on_error=[redis.ConnectionError, redis.TimeoutError],
         socket_timeout=_SOCKET_TIMEOUT_SECONDS,
         socket_connect_timeout=5.0,

@@ -66,7 +66,7 @@ class _RequestHandler(TCPFakeRequestHandler):
 
     def handle(self) -> None:
         # Replaces the inherited loop, which feeds the parser one line per iteration, checking for replies after each:
-        # about a third of the server's CPU per RQ job. This one feeds it whatever has arrived in one go, and ends only
+        # 20-30% of the server's CPU per RQ job. This one feeds it whatever has arrived in one go, and ends only
         # on EOF, a socket error, CLIENT KILL, server shutdown, or input fakeredis cannot parse.
         client = self.current_client
         fake_socket = client.get_socket()

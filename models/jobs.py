@@ -20,9 +20,12 @@ from .errors import InvalidTaskError
 
 ROLLOUT_FUNC = "worker.jobs.run_rollout"
 
-# RQ keeps finished job hashes this long; enough for rq-dashboard to show recent
-# work, short enough that memory stays flat at hundreds of rollouts per second.
+# RQ keeps finished job hashes this long (the worker's default result TTL; rollq
+# jobs carry none of their own): enough for rq-dashboard to show recent work,
+# short enough that memory stays flat at hundreds of rollouts per second.
 DEFAULT_RESULT_TTL = 60
+# A job RQ marks failed is kept a day for inspection (RQ's own default is a year).
+_FAILURE_TTL = 24 * 3600
 # Beyond the policy timeout, so RQ's registry cleanup never flags a live attempt;
 # rollq enforces the real limit itself.
 _RQ_TIMEOUT_MARGIN = 60
@@ -36,7 +39,6 @@ def job_fields(
     queue_name: str,
     timeout_seconds: float,
     description: str,
-    result_ttl: int = DEFAULT_RESULT_TTL,
 ) -> list[Any]:
     """The RQ job hash for one queued attempt, flattened as field/value pairs for a Lua ``HSET``.
 
@@ -50,8 +52,7 @@ def job_fields(
         origin=queue_name,
         description=description,
         timeout=math.ceil(timeout_seconds) + _RQ_TIMEOUT_MARGIN,
-        result_ttl=result_ttl,
-        failure_ttl=result_ttl * 10,
+        failure_ttl=_FAILURE_TTL,
         serializer=JSONSerializer,
         status=JobStatus.QUEUED,
     )
