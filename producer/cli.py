@@ -35,12 +35,12 @@ def _one_line_errors(fn: F) -> F:
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
             return fn(*args, **kwargs)
+        except redis.AuthenticationError as exc:  # before ConnectionError, its base class
+            click.echo(f"rollq: Redis refused the credentials: {exc}", err=True)
+            sys.exit(EXIT_REDIS)
         except (redis.ConnectionError, redis.TimeoutError) as exc:
             url = click.get_current_context().find_root().params.get("url")
             click.echo(f"rollq: cannot reach Redis at {describe(resolve_url(url))}: {exc}", err=True)
-            sys.exit(EXIT_REDIS)
-        except redis.AuthenticationError as exc:
-            click.echo(f"rollq: Redis refused the credentials: {exc}", err=True)
             sys.exit(EXIT_REDIS)
         except (RollqError, ValueError, redis.ResponseError) as exc:
             click.echo(f"rollq: {exc}", err=True)
@@ -51,7 +51,8 @@ def _one_line_errors(fn: F) -> F:
 
 def _producer(ctx: click.Context) -> Producer:
     root = ctx.find_root().params
-    return Producer(connect(root["url"]), root["namespace"])
+    # One quick retry: someone at a terminal wants "Redis is down" now, not in 20 s.
+    return Producer(connect(root["url"], retries=1), root["namespace"])
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})

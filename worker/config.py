@@ -36,7 +36,7 @@ class WorkerSettings:
     keep_seconds: int = 7 * 24 * 3600
     """How long a succeeded task's record is kept (0 = forever); failed ones stay for the dead-letter list."""
     result_ttl: int = DEFAULT_RESULT_TTL
-    """How long RQ keeps a finished job for rq-dashboard."""
+    """How long RQ keeps a finished job, for rq-dashboard (replaces ``rq worker --results-ttl``)."""
 
     def __post_init__(self) -> None:
         if self.concurrency < 1:

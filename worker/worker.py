@@ -95,6 +95,8 @@ class RolloutWorker(SimpleWorker):
             raise ValueError("a RolloutWorker serves one rollq namespace: name exactly one queue")
         self.keys = Keys(self.queues[0].name)
         self.settings = settings or WorkerSettings.from_env()
+        # rollq jobs carry no result TTL of their own, so this decides for all of them.
+        self.default_result_ttl = self.settings.result_ttl
         if agent is None:
             if not self.settings.agent:
                 raise ValueError("no agent configured: set ROLLQ_AGENT=package.module:AgentClass or pass --agent")
@@ -114,6 +116,7 @@ class RolloutWorker(SimpleWorker):
             max_workers=min(self.settings.concurrency, 8), thread_name_prefix="rollq-job"
         )
         self._busy = 0
+        self._running_jobs: dict[str, None] = {}  # job ids in start order, for the "current job" shown
         self._busy_lock = threading.Lock()
         self._dequeuing = False
         self._force_stop = False
@@ -192,6 +195,14 @@ class RolloutWorker(SimpleWorker):
             self._next_suspension_check = time.monotonic() + 1.0
             super().check_for_suspension(burst)
 
+    def set_current_job_id(self, job_id: str | None = None, pipeline: Any = None) -> None:
+        # RQ shows one current job per worker and clears it when a job ends; with
+        # others still running, show one of those instead of an idle worker.
+        if job_id is None:
+            with self._busy_lock:
+                job_id = next(iter(self._running_jobs), None)
+        super().set_current_job_id(job_id, pipeline)
+
     def set_state(self, state: str, pipeline: Any = None) -> None:
         # RQ marks the worker idle before every dequeue; with rollouts still running it is not.
         if state == WorkerStatus.IDLE and self._busy:
@@ -245,6 +256,7 @@ class RolloutWorker(SimpleWorker):
             return
         with self._busy_lock:
             self._busy += 1
+            self._running_jobs[job.id] = None
         self._bookkeeping.submit(self._start, job, queue, rollout_id)
 
     # RQ's perform_job holds a thread for the whole job. rollq splits it: RQ's
@@ -283,6 +295,8 @@ class RolloutWorker(SimpleWorker):
         """RQ's end-of-job bookkeeping (status, finished/failed registry, result), then free the slot."""
         self.execution = execution
         job.ended_at = now()
+        with self._busy_lock:
+            self._running_jobs.pop(job.id, None)
         try:
             if error is None:
                 job._result = result

@@ -1,0 +1,18 @@
+# The rollq image compose.yaml runs as worker, dashboard and sample producer.
+FROM python:3.11-slim
+
+ENV PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
+WORKDIR /app
+
+COPY pyproject.toml README.md ./
+COPY models models
+COPY producer producer
+COPY worker worker
+RUN pip install ".[dashboard]"
+COPY examples examples
+
+# Rollouts run user agents: no reason for them to run as root.
+RUN useradd --create-home --uid 10001 rollq
+USER rollq
+
+CMD ["rollq", "--help"]

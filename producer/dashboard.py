@@ -1,0 +1,122 @@
+"""``rollq dashboard``: rq-dashboard 0.9.0 on a rollq Redis, with the JSON serializer and its 0.9.0 bugs patched.
+
+rollq's RQ jobs are JSON-serialised (never pickle), so the dashboard must decode
+them as JSON. Two pages of rq-dashboard 0.9.0 fail with RQ 2.x; :func:`create_app`
+patches both at startup (see :func:`_patch_rq_dashboard`). The dashboard has no
+authentication: keep it on 127.0.0.1 (the default) or behind a proxy that adds some.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
+
+from rq.exceptions import NoSuchJobError
+from rq.job import Job
+from rq.serializers import JSONSerializer
+from rq.worker import Worker
+
+from models.connection import describe
+from models.errors import RollqError
+
+if TYPE_CHECKING:
+    from flask import Flask
+
+DEFAULT_PORT = 9181
+
+
+class _DependencyId(str):
+    """A job id that also answers ``.decode()``, as rq-dashboard 0.9.0 expects of dependency ids (RQ 1.x gave bytes)."""
+
+    def decode(self, encoding: str = "utf-8", errors: str = "strict") -> str:
+        return str(self)
+
+
+class _DashboardJob(Job):
+    # RQ 2.x returns dependency ids as str; rq-dashboard's job view calls .decode()
+    # on each, so the page of any job with dependencies was a 500.
+    @property
+    def dependency_ids(self) -> list[str]:
+        return [_DependencyId(job_id) for job_id in super().dependency_ids]
+
+
+class _DashboardWorker(Worker):
+    """``Worker.all`` as rq-dashboard calls it, reading workers with the dashboard's serializer.
+
+    rq-dashboard 0.9.0 lists workers with ``Worker.all(connection=...)``, so each
+    worker object gets RQ's default (pickle) serializer; ``get_current_job()``
+    then fetches the busy worker's JSON job with pickle and ``get_call_string()``
+    fails with ``DeserializationError``: the workers view was a 500 whenever a
+    rollq worker was busy.
+    """
+
+    @classmethod
+    def all(
+        cls,
+        connection: Any = None,
+        job_class: Any = None,
+        queue_class: Any = None,
+        queue: Any = None,
+        serializer: Any = None,
+    ) -> list[Any]:
+        from rq_dashboard.web import config
+
+        return super().all(
+            connection=connection,
+            job_class=job_class or _DashboardJob,
+            queue_class=queue_class,
+            queue=queue,
+            serializer=serializer or config.serializer,
+        )
+
+    def get_current_job(self) -> Job | None:
+        # The worker hash and the job hash are read one after the other; a job that
+        # finished in between (and whose hash RQ deleted) means "no current job", not a 500.
+        try:
+            return super().get_current_job()
+        except NoSuchJobError:
+            return None
+
+
+def _patch_rq_dashboard() -> None:
+    import rq_dashboard.web as web
+
+    web.config.serializer = JSONSerializer
+    web.Worker = _DashboardWorker
+    web.Job = _DashboardJob
+
+
+def create_app(redis_url: str) -> Flask:
+    """The rq-dashboard Flask app on ``redis_url`` (redis://, rediss://, unix://), patched for rollq."""
+    try:
+        from rq_dashboard.cli import make_flask_app
+        from rq_dashboard.web import setup_rq_connection
+    except ImportError as exc:  # rq-dashboard itself, or six/arrow/flask it imports
+        missing = (exc.name or "rq_dashboard").split(".")[0]
+        raise RollqError(
+            f"the dashboard needs rq-dashboard and its imports ({missing} is missing): pip install 'rollq[dashboard]'"
+        ) from exc
+    if urlsplit(redis_url).scheme == "memory":
+        raise RollqError(
+            "the dashboard needs a Redis server; memory:// exists only inside one process: pass --url redis://..."
+        )
+    _patch_rq_dashboard()
+    app = make_flask_app(None, None, None, "")
+    app.config["RQ_DASHBOARD_REDIS_URL"] = redis_url
+    setup_rq_connection(app)
+    return app
+
+
+def serve(redis_url: str, *, bind: str = "127.0.0.1", port: int = DEFAULT_PORT) -> None:
+    """Serve rq-dashboard on ``bind:port`` until interrupted (Flask's threaded server; enough for a few viewers)."""
+    app = create_app(redis_url)
+    # Werkzeug logs every request at INFO, and the pages poll every 2.5 s.
+    logging.getLogger("werkzeug").setLevel(logging.WARNING)
+    print(
+        f"rq-dashboard on http://{bind}:{port}/ for {describe(redis_url)} (JSON serializer)",
+        file=sys.stderr,
+        flush=True,
+    )
+    app.run(host=bind, port=port, debug=False, use_reloader=False, threaded=True)
