@@ -106,9 +106,9 @@ def default_consumer_name() -> str:
 class ResultReader:
     """Iterate over finished rollouts as one member of a consumer group.
 
-    An entry is acknowledged when the loop asks for the next one or ends; if the
-    process dies before that, another reader of the group claims the entry after
-    ``claim_idle_seconds``. Iteration stops after ``idle_timeout`` seconds with
+    Entries are fetched in batches and acknowledged when the reader fetches its
+    next batch or the loop ends; if the process dies before that, another reader
+    of the group claims them after ``claim_idle_seconds`` (at-least-once). Iteration stops after ``idle_timeout`` seconds with
     nothing new (None: never).
     """
 

@@ -1,0 +1,157 @@
+"""Key layout (one hash slot per namespace, no sharing between namespaces, RQ-valid job ids) and connect()."""
+
+from __future__ import annotations
+
+import inspect
+import uuid
+
+import pytest
+import redis
+from redis.crc import key_slot
+from rq.job import validate_job_id
+
+from models.connection import connect, describe, resolve_url
+from models.keys import Keys, job_id
+
+
+def rollq_keys(keys: Keys) -> list[str]:
+    """Every key name ``Keys`` hands out for rollq's own data (RQ's keys, named ``rq_*``, excluded).
+
+    Found by introspection, so a key added later is covered without touching this test.
+    """
+    names: list[str] = []
+    for attr, member in inspect.getmembers(type(keys)):
+        if attr.startswith("_") or attr.startswith("rq_") or attr in ("namespace", "queue_name"):
+            continue
+        if isinstance(member, property):
+            names.append(getattr(keys, attr))
+        elif inspect.isfunction(member):
+            names.append(getattr(keys, attr)("some-id"))
+    return names
+
+
+def test_keys_cover_every_kind_of_rollq_data() -> None:
+    # Guards rollq_keys itself: were introspection to find nothing, the tests below would pass vacuously.
+    keys = Keys("ns")
+    found = set(rollq_keys(keys))
+    assert {keys.task("some-id"), keys.results, keys.inflight, keys.resources("some-id")} <= found
+    assert len(found) >= 12
+
+
+@pytest.mark.parametrize("namespace", ["rollq", "a", "team-1.exp_2", "X" * 64])
+def test_every_rollq_key_of_a_namespace_shares_its_hash_tag(namespace: str) -> None:
+    keys = rollq_keys(Keys(namespace))
+    assert all(k.startswith("{" + namespace + "}:") for k in keys), keys
+    assert {key_slot(k.encode()) for k in keys} == {key_slot(namespace.encode())}
+
+
+def test_two_namespaces_share_no_keys() -> None:
+    a, b = Keys("exp"), Keys("exp-2")
+    assert not set(rollq_keys(a)) & set(rollq_keys(b))
+    assert a.rq_queue != b.rq_queue
+    assert a.queue_name == "exp" and b.queue_name == "exp-2"
+
+
+@pytest.mark.parametrize("namespace", ["", "a b", "a{b}", "{a}", "a:b", "a/b", "ns\n", "é", "x" * 65])
+def test_invalid_namespaces_are_rejected(namespace: str) -> None:
+    with pytest.raises(ValueError, match="namespace"):
+        Keys(namespace)
+
+
+ODD_ROLLOUT_IDS = ["a b", "a:b", "a.b", "ünïcode", "x" * 200, "", "slash/and?query", "{tag}", "r-1|2"]
+
+
+@pytest.mark.parametrize("rollout_id", ODD_ROLLOUT_IDS + ["plain-id_1"])
+def test_job_ids_are_valid_for_rq_and_distinct_per_requeue(rollout_id: str) -> None:
+    ids = [job_id(rollout_id, after_attempt=n) for n in range(4)]
+    for jid in ids:
+        validate_job_id(jid)
+        assert len(jid) <= 100
+    assert len(set(ids)) == len(ids)
+    assert job_id(rollout_id) == ids[0]
+
+
+def test_plain_rollout_ids_are_their_own_job_ids_and_odd_ones_do_not_collide() -> None:
+    assert job_id("rollout-abc_1") == "rollout-abc_1"
+    odd = [job_id(r) for r in ODD_ROLLOUT_IDS] + [job_id("a_b"), job_id("ab")]
+    assert len(set(odd)) == len(odd)
+
+
+def test_redis_url_gives_a_tcp_pool_with_retries_and_no_connection_yet() -> None:
+    client = connect("redis://user:secret@db.example:6380/3")
+    pool = client.connection_pool
+    assert pool.connection_class is redis.Connection
+    kwargs = pool.connection_kwargs
+    assert (kwargs["host"], kwargs["port"], kwargs["db"]) == ("db.example", 6380, 3)
+    assert (kwargs["username"], kwargs["password"]) == ("user", "secret")
+    assert kwargs["retry"] is not None and kwargs["socket_keepalive"] is True
+    pool.make_connection()  # the pool can build its connections
+
+
+def test_rediss_url_gives_a_tls_pool_and_passes_ssl_options_through() -> None:
+    pool = connect("rediss://:secret@db.example:6390/0?ssl_cert_reqs=none").connection_pool
+    assert pool.connection_class is redis.SSLConnection
+    assert pool.connection_kwargs["ssl_cert_reqs"] == "none"
+    assert pool.connection_kwargs["port"] == 6390
+    pool.make_connection()
+
+
+def test_unix_url_gives_a_socket_pool_that_can_build_its_connections() -> None:
+    pool = connect("unix:///run/redis/redis.sock?password=secret&db=2").connection_pool
+    assert pool.connection_class is redis.UnixDomainSocketConnection
+    kwargs = pool.connection_kwargs
+    assert (kwargs["path"], kwargs["password"], kwargs["db"]) == ("/run/redis/redis.sock", "secret", 2)
+    connection = pool.make_connection()
+    assert connection.path == "/run/redis/redis.sock"
+
+
+def test_memory_urls_share_one_fake_server_per_name() -> None:
+    name = uuid.uuid4().hex
+    connect(f"memory://{name}").set("k", "v")
+    assert connect(f"memory://{name}").get("k") == b"v"
+    assert connect(f"memory://{name}-other").get("k") is None
+
+
+def test_unknown_url_scheme_is_rejected_naming_it_and_the_supported_ones() -> None:
+    with pytest.raises(ValueError) as exc:
+        connect("http://:hunter2@db.example:6379")
+    message = str(exc.value)
+    assert "'http'" in message
+    for scheme in ("redis://", "rediss://", "unix://", "memory://"):
+        assert scheme in message
+    assert "hunter2" not in message
+
+
+def test_rollq_redis_url_beats_redis_url(monkeypatch: pytest.MonkeyPatch) -> None:
+    ours, generic = f"memory://ours-{uuid.uuid4().hex}", f"memory://generic-{uuid.uuid4().hex}"
+    monkeypatch.setenv("ROLLQ_REDIS_URL", ours)
+    monkeypatch.setenv("REDIS_URL", generic)
+    assert resolve_url() == ours
+    connect().set("written", "1")
+    assert connect(ours).get("written") == b"1"
+    assert connect(generic).get("written") is None
+    assert resolve_url("redis://explicit:1") == "redis://explicit:1"
+
+    monkeypatch.delenv("ROLLQ_REDIS_URL")
+    assert resolve_url() == generic
+    monkeypatch.delenv("REDIS_URL")
+    assert resolve_url() == "memory://"
+
+
+@pytest.mark.parametrize(
+    ("url", "shown"),
+    [
+        ("redis://:s3cret@host:6379/0", "redis://:***@host:6379/0"),
+        ("redis://user:s3cret@host:6379", "redis://user:***@host:6379"),
+        (
+            "rediss://default:s3cret@host:6380/1?ssl_cert_reqs=none",
+            "rediss://default:***@host:6380/1?ssl_cert_reqs=none",
+        ),
+        ("unix:///run/redis.sock?db=1&password=s3cret", "unix:///run/redis.sock?db=1&password=***"),
+        ("redis://host:6379/0", "redis://host:6379/0"),
+        ("memory://name", "memory://name"),
+    ],
+)
+def test_describe_hides_passwords(url: str, shown: str) -> None:
+    assert describe(url) == shown
+    assert "s3cret" not in describe(url)

@@ -1,0 +1,195 @@
+"""Every RolloutRawResult case becomes the right Rollout; triplets and the final reward come from spans when absent."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+
+from models.contract import Rollout, Triplet
+from models.errors import UnsupportedResultError
+from worker.normalize import to_rollout
+from worker.tracer import REWARD_ATTRIBUTE
+
+RID = "rollout-under-test"
+
+
+@pytest.fixture
+def make_span() -> Any:
+    """Finished SDK spans from a provider of the test's own, started one after another."""
+    tracer = TracerProvider().get_tracer("tests.normalize")
+
+    def make(name: str, **attributes: Any) -> ReadableSpan:
+        with tracer.start_as_current_span(name, attributes=attributes) as span:
+            pass
+        assert isinstance(span, ReadableSpan)
+        return span
+
+    return make
+
+
+def as_json(spans: list[ReadableSpan]) -> list[dict[str, Any]]:
+    return [json.loads(s.to_json()) for s in spans]
+
+
+def test_none_makes_the_captured_spans_the_trace(make_span: Any) -> None:
+    captured = [make_span("rollout"), make_span("tool call", tool="search")]
+    rollout = to_rollout(RID, None, captured)
+    assert rollout.rollout_id == RID
+    assert rollout.trace == as_json(captured)
+    assert rollout.final_reward is None and rollout.triplets is None
+
+
+def test_none_without_captured_spans_is_an_empty_rollout() -> None:
+    assert to_rollout(RID, None, []) == Rollout(rollout_id=RID)
+
+
+def test_float_is_the_final_reward_and_captured_spans_still_become_the_trace(make_span: Any) -> None:
+    captured = [make_span("rollout")]
+    rollout = to_rollout(RID, 0.25, captured)
+    assert rollout.final_reward == 0.25
+    assert rollout.trace == as_json(captured)
+
+
+def test_int_is_a_float_final_reward() -> None:
+    rollout = to_rollout(RID, 3, [])
+    assert rollout.final_reward == 3.0 and isinstance(rollout.final_reward, float)
+
+
+@pytest.mark.parametrize("value", [True, False])
+def test_bool_is_refused(value: bool) -> None:
+    with pytest.raises(UnsupportedResultError, match="bool"):
+        to_rollout(RID, value, [])
+
+
+def test_list_of_triplets_are_the_triplets_and_the_last_reward_is_final() -> None:
+    triplets = [Triplet(prompt="p1", response="r1", reward=0.0), Triplet(prompt="p2", response="r2", reward=0.5)]
+    rollout = to_rollout(RID, triplets, [])
+    assert rollout.triplets == triplets
+    assert rollout.final_reward == 0.5
+
+
+def test_triplets_without_a_last_reward_leave_the_final_reward_unset() -> None:
+    rollout = to_rollout(RID, [Triplet(prompt="p", response="r", reward=1.0), Triplet(prompt="p", response="r")], [])
+    assert rollout.final_reward is None
+
+
+def test_list_of_dicts_is_the_trace_as_given(make_span: Any) -> None:
+    spans = [{"name": "a", "attributes": {"x": 1}}, {"name": "b"}]
+    rollout = to_rollout(RID, spans, [make_span("captured, not used")])
+    assert rollout.trace == spans
+    assert rollout.triplets is None
+
+
+def test_list_of_readable_spans_is_the_trace_in_otel_json(make_span: Any) -> None:
+    returned = [make_span("first", step=1), make_span("second", step=2)]
+    rollout = to_rollout(RID, returned, [make_span("captured, not used")])
+    assert rollout.trace == as_json(returned)
+    assert [s["name"] for s in rollout.trace] == ["first", "second"]
+
+
+def test_rollout_is_taken_as_is_with_the_task_rollout_id(make_span: Any) -> None:
+    returned = Rollout(
+        rollout_id="someone-else",
+        final_reward=0.75,
+        logs=["l"],
+        metadata={"k": "v"},
+        triplets=[Triplet(prompt="p", response="r", reward=0.1)],
+        trace=[{"name": "own"}],
+    )
+    rollout = to_rollout(RID, returned, [make_span("captured, not used")])
+    assert rollout.rollout_id == RID
+    assert rollout.model_dump(exclude={"rollout_id"}) == returned.model_dump(exclude={"rollout_id"})
+
+
+def test_empty_list_keeps_only_the_captured_spans(make_span: Any) -> None:
+    captured = [make_span("rollout")]
+    rollout = to_rollout(RID, [], captured)
+    assert rollout.trace == as_json(captured)
+    assert rollout.triplets is None and rollout.final_reward is None
+
+
+@pytest.mark.parametrize(
+    ("value", "named"),
+    [("a string", "str"), ({0.5}, "set"), ({"reward": 1.0}, "dict"), ((0.5,), "tuple"), (object(), "object")],
+)
+def test_other_types_are_refused_naming_the_type(value: Any, named: str) -> None:
+    with pytest.raises(UnsupportedResultError, match=rf"\b{named}\b"):
+        to_rollout(RID, value, [])
+
+
+def test_a_list_mixing_kinds_is_refused_naming_them() -> None:
+    with pytest.raises(UnsupportedResultError) as exc:
+        to_rollout(RID, [Triplet(prompt="p", response="r"), {"name": "span"}], [])
+    assert "Triplet" in str(exc.value) and "dict" in str(exc.value)
+
+
+def test_legacy_genai_prompt_and_completion_spans_become_triplets_with_rewards(make_span: Any) -> None:
+    captured = [
+        make_span("rollout"),
+        make_span("chat m", **{"gen_ai.system": "openai", "gen_ai.prompt": "2+2?", "gen_ai.completion": "5"}),
+        make_span("reward", **{REWARD_ATTRIBUTE: 0.0}),
+        make_span("chat m", **{"gen_ai.system": "openai", "gen_ai.prompt": "again: 2+2?", "gen_ai.completion": "4"}),
+        make_span("reward", **{REWARD_ATTRIBUTE: 1.0}),
+    ]
+    rollout = to_rollout(RID, None, captured)
+    assert [(t.prompt, t.response, t.reward) for t in rollout.triplets or []] == [
+        ("2+2?", "5", 0.0),
+        ("again: 2+2?", "4", 1.0),
+    ]
+    assert rollout.final_reward == 1.0
+    assert rollout.trace == as_json(captured)
+
+
+def test_genai_input_and_output_messages_become_the_prompt_and_response(make_span: Any) -> None:
+    messages_in = json.dumps([{"role": "user", "content": "hi"}])
+    messages_out = json.dumps([{"role": "assistant", "content": "hello"}])
+    captured = [
+        make_span(
+            "chat m",
+            **{
+                "gen_ai.operation.name": "chat",
+                "gen_ai.input.messages": messages_in,
+                "gen_ai.output.messages": messages_out,
+            },
+        ),
+        make_span("reward", reward=0.5),
+    ]
+    [triplet] = to_rollout(RID, None, captured).triplets or []
+    assert (triplet.prompt, triplet.response, triplet.reward) == (messages_in, messages_out, 0.5)
+
+
+def test_indexed_genai_prompt_contents_are_collected_in_index_order(make_span: Any) -> None:
+    attributes = {f"gen_ai.prompt.{i}.content": f"message {i}" for i in (10, 2, 0, 1)}
+    attributes |= {"gen_ai.request.model": "m", "gen_ai.completion.0.content": "answer"}
+    [triplet] = to_rollout(RID, None, [make_span("chat m", **attributes)]).triplets or []
+    assert triplet.prompt == ["message 0", "message 1", "message 2", "message 10"]
+    assert triplet.response == ["answer"]
+    assert triplet.reward is None
+
+
+def test_spans_without_llm_calls_give_no_triplets(make_span: Any) -> None:
+    rollout = to_rollout(RID, None, [make_span("rollout"), make_span("reward", **{REWARD_ATTRIBUTE: 1.0})])
+    assert rollout.triplets is None and rollout.final_reward is None
+
+
+def test_a_returned_reward_is_not_overridden_by_span_rewards(make_span: Any) -> None:
+    captured = [
+        make_span("chat", **{"gen_ai.system": "s", "gen_ai.prompt": "p"}),
+        make_span("reward", **{REWARD_ATTRIBUTE: 1.0}),
+    ]
+    rollout = to_rollout(RID, 0.25, captured)
+    assert rollout.final_reward == 0.25
+    assert [t.reward for t in rollout.triplets or []] == [1.0]
+
+
+def test_returned_triplets_are_not_replaced_by_derived_ones(make_span: Any) -> None:
+    own = [Triplet(prompt="own", response="own", reward=0.3)]
+    captured = [
+        make_span("chat", **{"gen_ai.system": "s", "gen_ai.prompt": "p"}),
+        make_span("reward", **{REWARD_ATTRIBUTE: 1.0}),
+    ]
+    rollout = to_rollout(RID, own, captured)
+    assert rollout.triplets == own and rollout.final_reward == 0.3

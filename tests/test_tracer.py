@@ -1,0 +1,117 @@
+"""Per-rollout span capture: rollouts overlapping in one process each get exactly their own spans."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+from opentelemetry import trace
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+
+from worker.normalize import to_rollout
+from worker.tracer import REWARD_ATTRIBUTE, OtelTracer, RolloutTrace, emit_reward, llm_call_span
+
+ROLLOUTS = 20
+STEPS = 3
+
+
+def assert_only_own_spans(traces: dict[int, RolloutTrace], spans_per_rollout: int) -> None:
+    for marker, rollout_trace in traces.items():
+        spans = rollout_trace.finish()
+        root, *others = spans
+        assert root.name == "rollout"
+        assert root.attributes is not None and root.attributes["rollq.rollout_id"] == f"r{marker}"
+        assert len(others) == spans_per_rollout, [s.name for s in spans]
+        assert {s.attributes["marker"] for s in others if s.attributes is not None} == {marker}
+        assert {s.context.trace_id for s in spans if s.context is not None} == {root.context.trace_id}
+
+
+def test_overlapping_async_rollouts_on_one_loop_capture_only_their_own_spans() -> None:
+    provider = TracerProvider()
+    rollq_tracer = OtelTracer(provider)
+    tracer = provider.get_tracer("tests.tracer")
+
+    async def agent(marker: int, barrier: asyncio.Barrier) -> None:
+        for step in range(STEPS):
+            with tracer.start_as_current_span(f"step {step}", attributes={"marker": marker}):
+                with tracer.start_as_current_span("child", attributes={"marker": marker}):
+                    # Every rollout holds open spans here at the same time.
+                    await barrier.wait()
+
+    async def main() -> dict[int, RolloutTrace]:
+        barrier = asyncio.Barrier(ROLLOUTS)
+        traces = {i: rollq_tracer.start_rollout(f"r{i}", attempt=1) for i in range(ROLLOUTS)}
+        tasks = [asyncio.create_task(agent(i, barrier), context=t.context) for i, t in traces.items()]
+        await asyncio.gather(*tasks)
+        return traces
+
+    assert_only_own_spans(asyncio.run(main()), spans_per_rollout=2 * STEPS)
+
+
+def test_overlapping_sync_rollouts_in_threads_capture_only_their_own_spans() -> None:
+    provider = TracerProvider()
+    rollq_tracer = OtelTracer(provider)
+    tracer = provider.get_tracer("tests.tracer")
+    barrier = threading.Barrier(ROLLOUTS, timeout=30)
+
+    def agent(marker: int) -> None:
+        for step in range(STEPS):
+            with tracer.start_as_current_span(f"step {step}", attributes={"marker": marker}):
+                barrier.wait()
+
+    traces = {i: rollq_tracer.start_rollout(f"r{i}", attempt=1) for i in range(ROLLOUTS)}
+    with ThreadPoolExecutor(max_workers=ROLLOUTS) as pool:
+        for future in [pool.submit(t.context.run, agent, i) for i, t in traces.items()]:
+            future.result()
+    assert_only_own_spans(traces, spans_per_rollout=STEPS)
+
+
+def test_spans_outside_any_rollout_are_captured_by_none() -> None:
+    provider = TracerProvider()
+    rollq_tracer = OtelTracer(provider)
+    tracer = provider.get_tracer("tests.tracer")
+    rollout_trace = rollq_tracer.start_rollout("r0", attempt=1)
+    with tracer.start_as_current_span("stray", attributes={"marker": -1}):
+        pass
+    # A thread the agent starts without carrying the context over starts a trace of its own.
+    stray_thread = threading.Thread(target=lambda: tracer.start_span("stray thread").end())
+    rollout_trace.context.run(stray_thread.start)
+    stray_thread.join()
+    rollout_trace.context.run(lambda: tracer.start_span("own", attributes={"marker": 0}).end())
+    assert [s.name for s in rollout_trace.finish()] == ["rollout", "own"]
+
+
+def test_a_second_attempt_of_a_rollout_gets_a_trace_of_its_own() -> None:
+    provider = TracerProvider()
+    rollq_tracer = OtelTracer(provider)
+    tracer = provider.get_tracer("tests.tracer")
+    first = rollq_tracer.start_rollout("r", attempt=1)
+    second = rollq_tracer.start_rollout("r", attempt=2)
+    first.context.run(lambda: tracer.start_span("first", attributes={"marker": 1}).end())
+    second.context.run(lambda: tracer.start_span("second", attributes={"marker": 2}).end())
+    assert [s.name for s in first.finish()] == ["rollout", "first"]
+    assert [s.name for s in second.finish()] == ["rollout", "second"]
+
+
+def test_genai_helpers_report_through_the_global_provider_into_the_rollout() -> None:
+    rollq_tracer = OtelTracer()
+    assert isinstance(trace.get_tracer_provider(), TracerProvider)
+
+    async def agent(marker: int) -> None:
+        with llm_call_span("m", f"question {marker}") as span:
+            await asyncio.sleep(0)
+            span.set_attribute("gen_ai.completion", f"answer {marker}")
+        emit_reward(marker / 10)
+
+    async def main() -> dict[int, list[ReadableSpan]]:
+        traces = {i: rollq_tracer.start_rollout(f"r{i}", attempt=1) for i in range(ROLLOUTS)}
+        await asyncio.gather(*(asyncio.create_task(agent(i), context=t.context) for i, t in traces.items()))
+        return {i: t.finish() for i, t in traces.items()}
+
+    for marker, spans in asyncio.run(main()).items():
+        assert [s.name for s in spans] == ["rollout", "chat m", "reward"]
+        assert spans[2].attributes is not None and spans[2].attributes[REWARD_ATTRIBUTE] == marker / 10
+        rollout = to_rollout(f"r{marker}", None, spans)
+        assert [(t.prompt, t.response) for t in rollout.triplets or []] == [(f"question {marker}", f"answer {marker}")]
+        assert rollout.final_reward == marker / 10
