@@ -59,6 +59,11 @@ def memory_server(name: str = "") -> fakeredis.FakeServer:
         return _MEMORY_SERVERS[name]
 
 
+def retry_policy(retries: int = _RETRIES) -> Retry:
+    """Backoff (capped at 2 s) on connection errors and timeouts, never on a refused password; -1 retries until Redis answers."""
+    return _Retry(ExponentialBackoff(cap=_BACKOFF_CAP_SECONDS, base=0.05), retries)
+
+
 def connect(url: str | None = None, *, retries: int = _RETRIES) -> redis.Redis:
     """A client for ``url`` (see the module docstring), retrying with backoff on connection errors.
 
@@ -77,7 +82,7 @@ def connect(url: str | None = None, *, retries: int = _RETRIES) -> redis.Redis:
     tcp_only = {} if scheme == "unix" else {"socket_keepalive": True}
     return redis.Redis.from_url(
         url,
-        retry=_Retry(ExponentialBackoff(cap=_BACKOFF_CAP_SECONDS, base=0.05), retries),
+        retry=retry_policy(retries),
         retry_on_error=[redis.ConnectionError, redis.TimeoutError],
         socket_timeout=_SOCKET_TIMEOUT_SECONDS,
         socket_connect_timeout=5.0,

@@ -13,6 +13,7 @@ import hashlib
 import re
 from dataclasses import dataclass
 
+from rq.intermediate_queue import IntermediateQueue
 from rq.job import Job
 from rq.queue import Queue
 
@@ -105,6 +106,15 @@ class Keys:
     def rq_queue(self) -> str:
         """RQ's list of queued job ids for this namespace."""
         return Queue.redis_queue_namespace_prefix + self.queue_name
+
+    @property
+    def rq_intermediate(self) -> str:
+        """RQ's list of job ids a worker has taken off the queue but not yet started."""
+        return IntermediateQueue.get_intermediate_queue_key(self.rq_queue)
+
+    def stranded(self, job_id: str) -> str:
+        """When a reaper first saw ``job_id`` left in the intermediate list while its task waited for it."""
+        return f"{self._tag}:stranded:{job_id}"
 
     @staticmethod
     def rq_queues() -> str:

@@ -69,6 +69,7 @@ class Lifecycle:
         self._finish = _load(connection, "finish")
         self._requeue = _load(connection, "requeue")
         self._revive = _load(connection, "revive")
+        self._restore = _load(connection, "restore")
 
     def _job(self, jid: str, rollout_id: str, mode: str | None, policy: RolloutPolicy) -> list[Any]:
         return job_fields(
@@ -206,6 +207,13 @@ class Lifecycle:
             keys=[k.task(task.rollout_id), k.dead_letter, k.rq_queue, k.rq_queues(), k.rq_job(jid), k.resources_refs],
             args=[task.rollout_id, jid, *self._job(jid, task.rollout_id, task.mode, policy)],
         )
+        return bool(reply)
+
+    def restore(self, rollout_id: str, job_id: str, now: float) -> bool:
+        """Push ``job_id`` back on the queue if it has been stranded in RQ's intermediate list for
+        ``unresponsive_seconds`` while its task waits for it (see ``lua/restore.lua``); True if it was."""
+        k = self.keys
+        reply = self._restore(keys=[k.task(rollout_id), k.rq_intermediate, k.rq_queue, k.stranded(job_id)], args=[job_id, now])
         return bool(reply)
 
     def heartbeat(self, deadlines: dict[str, float]) -> None:

@@ -6,6 +6,9 @@ rollout in the dead-letter set. Every decision is a Lua transition guarded by
 the attempt number and the deadline, so any number of reapers (every worker and
 every producer run one) can race safely: one wins, the rest see "not current",
 and a worker that heartbeats at the last moment keeps its attempt.
+
+A reaper also puts back jobs stranded in RQ's intermediate list: taken off the
+queue by a worker that never started them (see ``lua/restore.lua``).
 """
 
 from __future__ import annotations
@@ -14,8 +17,11 @@ import logging
 from dataclasses import dataclass
 
 import redis
+from rq.job import Job
+from rq.serializers import JSONSerializer
 
-from .errors import WorkerUnresponsiveError
+from .errors import InvalidTaskError, WorkerUnresponsiveError
+from .jobs import rollout_id_of
 from .keys import Keys
 from .lifecycle import Lifecycle
 from .outcomes import failed_rollout
@@ -31,13 +37,14 @@ class ReapReport:
 
     requeued: int = 0
     failed: int = 0
+    restored: int = 0
 
 
 def reap(lifecycle: Lifecycle, *, now: float, results_maxlen: int, limit: int = 200) -> ReapReport:
-    """Handle up to ``limit`` attempts whose heartbeat deadline is before ``now``."""
+    """Handle up to ``limit`` attempts whose heartbeat deadline is before ``now``, and put back stranded jobs."""
     connection: redis.Redis = lifecycle.connection
     keys: Keys = lifecycle.keys
-    report = ReapReport()
+    report = ReapReport(restored=_restore_stranded(lifecycle, now=now, limit=limit))
     members = [m.decode() for m in connection.zrangebyscore(keys.inflight, "-inf", now, start=0, num=limit)]
     if not members:
         return report
@@ -77,3 +84,22 @@ def reap(lifecycle: Lifecycle, *, now: float, results_maxlen: int, limit: int = 
             report.failed += 1
             log.error("failed %s for good: %s", rid, error)
     return report
+
+
+def _restore_stranded(lifecycle: Lifecycle, *, now: float, limit: int) -> int:
+    connection: redis.Redis = lifecycle.connection
+    job_ids = [j.decode() for j in connection.lrange(lifecycle.keys.rq_intermediate, 0, limit - 1)]
+    if not job_ids:
+        return 0
+    restored = 0
+    for job in Job.fetch_many(job_ids, connection=connection, serializer=JSONSerializer):
+        if job is None:
+            continue
+        try:
+            rid = rollout_id_of(job)
+        except InvalidTaskError:
+            continue  # not a rollq job; RQ's own maintenance deals with it
+        if lifecycle.restore(rid, job.id, now):
+            restored += 1
+            log.warning("put job %s of %s back on the queue: a worker took it off but never started it", job.id, rid)
+    return restored

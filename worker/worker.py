@@ -39,6 +39,7 @@ from rq.timeouts import BaseDeathPenalty
 from rq.utils import now
 from rq.worker import SimpleWorker, WorkerStatus
 
+from models.connection import retry_policy
 from models.contract import Hook
 from models.errors import InvalidTaskError
 from models.jobs import rollout_id_of
@@ -139,6 +140,9 @@ class RolloutWorker(SimpleWorker):
 
     def bootstrap(self, *args: Any, **kwargs: Any) -> None:
         super().bootstrap(*args, **kwargs)
+        # The client RQ builds from --url gives up at once when Redis is away, and RQ's
+        # loop quits on most such errors; a worker should wait for Redis to come back.
+        self.connection.set_retry(retry_policy(retries=-1))
         level = args[0] if args else kwargs.get("logging_level", "INFO")
         for name in ("worker", "models"):
             setup_loghandlers(level, name=name)
