@@ -10,15 +10,16 @@ in the dead-letter set.
 from __future__ import annotations
 
 import bisect
+from collections.abc import Sequence
 from dataclasses import dataclass
 from importlib import resources as package_files
-from typing import Any, Literal
+from typing import Literal
 
 import redis
 from redis.commands.core import Script
 
 from .contract import Task
-from .jobs import job_fields
+from .jobs import JobTemplate
 from .keys import Keys, job_id
 from .policy import RolloutPolicy
 
@@ -71,24 +72,23 @@ class Lifecycle:
         self._revive = _load(connection, "revive")
         self._restore = _load(connection, "restore")
 
-    def _job(self, jid: str, rollout_id: str, mode: str | None, policy: RolloutPolicy) -> list[Any]:
-        return job_fields(
-            self.connection,
-            job_id=jid,
-            rollout_id=rollout_id,
-            queue_name=self.keys.queue_name,
-            timeout_seconds=policy.timeout_seconds,
-            description=f"rollout {rollout_id} ({mode or 'no mode'})",
-        )
+    def _template(self, policy: RolloutPolicy) -> JobTemplate:
+        return JobTemplate(self.connection, queue_name=self.keys.queue_name, timeout_seconds=policy.timeout_seconds)
 
-    def enqueue_many(self, tasks: list[tuple[Task, RolloutPolicy]]) -> list[int]:
-        """Queue each task unless its rollout id is known: one pipelined round trip for the batch.
+    @staticmethod
+    def _description(task: Task) -> str:
+        return f"rollout {task.rollout_id} ({task.mode or 'no mode'})"
+
+    def enqueue_many(self, tasks: Sequence[tuple[Task, str]], policy: RolloutPolicy) -> list[int]:
+        """Queue each ``(task, task_json)`` unless its rollout id is known, in one pipelined round trip.
 
         Returns one code per task: 1 queued, 0 already known, -1 unknown resources id.
         """
         k = self.keys
+        template = self._template(policy)
+        policy_json = policy.model_dump_json()
         pipe = self.connection.pipeline(transaction=False)
-        for task, policy in tasks:
+        for task, task_json in tasks:
             jid = job_id(task.rollout_id)
             pinned = task.resources_id or ""
             self._enqueue(
@@ -101,13 +101,13 @@ class Lifecycle:
                     k.resources(pinned) if pinned else k.task(task.rollout_id),
                 ],
                 args=[
-                    task.model_dump_json(),
-                    policy.model_dump_json(),
+                    task_json,
+                    policy_json,
                     policy.unresponsive_seconds,
                     jid,
                     pinned,
                     task.mode or "",
-                    *self._job(jid, task.rollout_id, task.mode, policy),
+                    *template.fields(task.rollout_id, self._description(task)),
                 ],
                 client=pipe,
             )
@@ -194,7 +194,7 @@ class Lifecycle:
                 reason,
                 "" if stale_before is None else stale_before,
                 int(reason == "released"),
-                *self._job(jid, task.rollout_id, task.mode, policy),
+                *self._template(policy).fields(task.rollout_id, self._description(task)),
             ],
         )
         return int(reply)
@@ -205,7 +205,7 @@ class Lifecycle:
         jid = job_id(task.rollout_id, after_attempt=claims)
         reply = self._revive(
             keys=[k.task(task.rollout_id), k.dead_letter, k.rq_queue, k.rq_queues(), k.rq_job(jid), k.resources_refs],
-            args=[task.rollout_id, jid, *self._job(jid, task.rollout_id, task.mode, policy)],
+            args=[task.rollout_id, jid, *self._template(policy).fields(task.rollout_id, self._description(task))],
         )
         return bool(reply)
 
@@ -213,7 +213,9 @@ class Lifecycle:
         """Push ``job_id`` back on the queue if it has been stranded in RQ's intermediate list for
         ``unresponsive_seconds`` while its task waits for it (see ``lua/restore.lua``); True if it was."""
         k = self.keys
-        reply = self._restore(keys=[k.task(rollout_id), k.rq_intermediate, k.rq_queue, k.stranded(job_id)], args=[job_id, now])
+        reply = self._restore(
+            keys=[k.task(rollout_id), k.rq_intermediate, k.rq_queue, k.stranded(job_id)], args=[job_id, now]
+        )
         return bool(reply)
 
     def heartbeat(self, deadlines: dict[str, float]) -> None:

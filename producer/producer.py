@@ -106,26 +106,28 @@ class Producer:
         inputs = list(inputs)
         if rollout_ids is not None and len(rollout_ids) != len(inputs):
             raise ValueError(f"{len(inputs)} inputs but {len(rollout_ids)} rollout ids")
+        if rollout_ids is not None and not all(isinstance(rid, str) and rid for rid in rollout_ids):
+            raise ValueError("rollout ids must be non-empty strings")
+        # Validate what the batch shares once; each task then only adds its id and input.
+        shared = Task(rollout_id="-", input=None, mode=mode, resources_id=resources_id, create_time=now, num_claims=0)  # type: ignore[arg-type]
+        fields = shared.model_dump(exclude={"rollout_id", "input", "metadata"})
         tasks = [
-            Task(
+            Task.model_construct(
                 rollout_id=rollout_ids[i] if rollout_ids is not None else f"rollout-{uuid.uuid4().hex}",
                 input=value,
-                mode=mode,  # type: ignore[arg-type]  # pydantic validates the literal
-                resources_id=resources_id,
-                create_time=now,
-                num_claims=0,
                 metadata=dict(metadata or {}),
+                **fields,
             )
             for i, value in enumerate(inputs)
         ]
-        for task in tasks:
-            size = len(task.model_dump_json())
-            if size > self.max_task_bytes:
-                raise PayloadTooLargeError(f"task {task.rollout_id}", size, self.max_task_bytes)
+        serialized = [(task, task.model_dump_json()) for task in tasks]
+        for task, data in serialized:
+            if len(data) > self.max_task_bytes:
+                raise PayloadTooLargeError(f"task {task.rollout_id}", len(data), self.max_task_bytes)
         codes: list[int] = []
-        for start in range(0, len(tasks), _ENQUEUE_CHUNK):
-            chunk = tasks[start : start + _ENQUEUE_CHUNK]
-            codes += self.lifecycle.enqueue_many([(task, policy) for task in chunk])
+        for start in range(0, len(serialized), _ENQUEUE_CHUNK):
+            chunk = serialized[start : start + _ENQUEUE_CHUNK]
+            codes += self.lifecycle.enqueue_many(chunk, policy)
             if on_progress:
                 on_progress(len(chunk))
         if -1 in codes:  # the version was pruned between the check above and the enqueue

@@ -119,3 +119,23 @@ def test_a_timed_out_async_agent_is_cancelled_and_no_thread_waits_for_it() -> No
     assert rollout.metadata["status"] == "failed"
     assert rollout.metadata["error"]["type"] == "AgentTimeoutError"
     assert cancelled.wait(5)
+
+
+def test_job_template_payload_is_what_rq_itself_writes() -> None:
+    from rq.job import Job
+
+    from models.jobs import ROLLOUT_FUNC, JobTemplate
+
+    producer = _producer()
+    template = JobTemplate(producer.connection, queue_name="conc", timeout_seconds=5)
+    fields = template.fields("rollout-x", "rollout rollout-x (train)")
+    producer.connection.hset("rq:job:tpl-check", mapping=dict(zip(fields[::2], fields[1::2], strict=True)))
+    job = Job.fetch("tpl-check", connection=producer.connection, serializer=JSONSerializer)
+    reference = Job.create(ROLLOUT_FUNC, args=["rollout-x"], connection=producer.connection, serializer=JSONSerializer)
+    assert (job.func_name, job.args, job.kwargs) == (ROLLOUT_FUNC, ["rollout-x"], {})
+    assert job.data == reference.data
+    assert (job.origin, job.description, job.get_status(refresh=False)) == (
+        "conc",
+        "rollout rollout-x (train)",
+        "queued",
+    )
