@@ -60,7 +60,10 @@ def memory_server(name: str = "") -> fakeredis.FakeServer:
 
 
 def retry_policy(retries: int = _RETRIES) -> Retry:
-    """Backoff (capped at 2 s) on connection errors and timeouts, never on a refused password; -1 retries until Redis answers."""
+    """Backoff (capped at 2 s) on connection errors and timeouts, not on a refused password.
+
+    ``retries=-1`` retries until Redis answers.
+    """
     return _Retry(ExponentialBackoff(cap=_BACKOFF_CAP_SECONDS, base=0.05), retries)
 
 

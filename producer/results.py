@@ -108,8 +108,8 @@ class ResultReader:
 
     Entries are fetched in batches and acknowledged when the reader fetches its
     next batch or the loop ends; if the process dies before that, another reader
-    of the group claims them after ``claim_idle_seconds`` (at-least-once). Iteration stops after ``idle_timeout`` seconds with
-    nothing new (None: never).
+    of the group claims them after ``claim_idle_seconds`` (at-least-once).
+    Iteration stops after ``idle_timeout`` seconds with nothing new (None: never).
     """
 
     def __init__(
