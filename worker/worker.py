@@ -27,7 +27,6 @@ import threading
 import time
 import traceback
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from rq.exceptions import StopRequested
@@ -48,6 +47,7 @@ from models.lifecycle import Lifecycle
 from models.resources import ResourceStore
 
 from .agent import LitAgent
+from .bookkeeping import Bookkeeping
 from .config import WorkerSettings
 from .executor import AgentExecutor
 from .heartbeat import Heartbeat
@@ -112,10 +112,7 @@ class RolloutWorker(SimpleWorker):
         self._heartbeat: Heartbeat | None = None
         self._executor = AgentExecutor()
         self._slots = threading.BoundedSemaphore(self.settings.concurrency)
-        # Redis round trips for job bookkeeping overlap on a few threads; more would only contend for the GIL.
-        self._bookkeeping = ThreadPoolExecutor(
-            max_workers=min(self.settings.concurrency, 8), thread_name_prefix="rollq-job"
-        )
+        self._bookkeeping: Bookkeeping | None = None
         self._busy = 0
         self._running_jobs: dict[str, None] = {}  # job ids in start order, for the "current job" shown
         self._busy_lock = threading.Lock()
@@ -149,6 +146,8 @@ class RolloutWorker(SimpleWorker):
         self.worker_id = int(self.connection.incr(self.keys.worker_seq))
         lifecycle = Lifecycle(self.connection, self.keys)
         self._executor.start()
+        # Redis round trips for job bookkeeping overlap on a few threads; more would only contend for the GIL.
+        self._bookkeeping = Bookkeeping(min(self.settings.concurrency, 8))
         self.runner = AgentRunner(
             lifecycle=lifecycle,
             resources=ResourceCache(ResourceStore(self.connection, self.keys)),
@@ -261,6 +260,7 @@ class RolloutWorker(SimpleWorker):
         with self._busy_lock:
             self._busy += 1
             self._running_jobs[job.id] = None
+        assert self._bookkeeping is not None
         self._bookkeeping.submit(self._start, job, queue, rollout_id)
 
     # RQ's perform_job holds a thread for the whole job. rollq splits it: RQ's
@@ -278,13 +278,12 @@ class RolloutWorker(SimpleWorker):
         except Exception:
             self._end_job(job, queue, self.execution, error=traceback.format_exc())
             return
-        execution = self.execution
+        execution, bookkeeping = self.execution, self._bookkeeping
+        assert bookkeeping is not None
         if isinstance(outcome, dict):
             self._end_job(job, queue, execution, result=outcome)
             return
-        outcome.future.add_done_callback(
-            lambda _: self._bookkeeping.submit(self._finish, job, queue, execution, outcome)
-        )
+        outcome.future.add_done_callback(lambda _: bookkeeping.submit(self._finish, job, queue, execution, outcome))
 
     def _finish(self, job: Job, queue: Queue, execution: Any, pending: Pending) -> None:
         assert self.runner is not None
@@ -338,7 +337,8 @@ class RolloutWorker(SimpleWorker):
             if self.worker_id is not None:
                 self.hook_set.teardown_worker(self.worker_id)
             self._executor.stop()
-            self._bookkeeping.shutdown(wait=False)
+            if self._bookkeeping is not None:
+                self._bookkeeping.shutdown()
             self.runner = None
         super().teardown()
 
