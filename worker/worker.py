@@ -210,6 +210,8 @@ class RolloutWorker(SimpleWorker):
         # RQ marks the worker idle before every dequeue; with rollouts still running it is not.
         if state == WorkerStatus.IDLE and self._busy:
             state = WorkerStatus.BUSY
+        if pipeline is None and state == self._state:
+            return  # already so in Redis: saves a round trip per dequeue while rollouts run
         super().set_state(state, pipeline=pipeline)
 
     def get_state(self) -> str:
