@@ -214,7 +214,7 @@ class Lifecycle:
         ``unresponsive_seconds`` while its task waits for it (see ``lua/restore.lua``); True if it was."""
         k = self.keys
         reply = self._restore(
-            keys=[k.task(rollout_id), k.rq_intermediate, k.rq_queue, k.stranded(job_id)], args=[job_id, now]
+            keys=[k.task(rollout_id), k.rq_intermediate, k.rq_queue, k.stranded(job_id), k.stats], args=[job_id, now]
         )
         return bool(reply)
 
