@@ -3,9 +3,13 @@
 -- KEYS: task, inflight, resources_latest
 -- ARGV: rollout_id, job_id, worker_name, now
 -- Returns {'missing'} | {'stale', state} | {'ok', attempt, task_json, policy_json, latest_resources_id|'', attempts_used}
-local t = redis.call('HMGET', KEYS[1], 'task', 'policy', 'state', 'job', 'unresponsive')
+local t = redis.call('HMGET', KEYS[1], 'task', 'policy', 'state', 'job', 'unresponsive', 'worker', 'attempt', 'attempts')
 if not t[1] then
   return {'missing'}
+end
+if t[3] == 'running' and t[4] == ARGV[2] and t[6] == ARGV[3] then
+  -- This worker's own claim, sent again because a connection drop swallowed the reply.
+  return {'ok', tonumber(t[7]), t[1], t[2], redis.call('GET', KEYS[3]) or '', tonumber(t[8])}
 end
 if t[3] ~= 'queued' or t[4] ~= ARGV[2] then
   return {'stale', t[3] or ''}

@@ -6,8 +6,16 @@
 -- Returns the results stream id, 0 when the attempt is not current, -1 when stale_before is set
 -- and the attempt heartbeated after it (the reaper lost the race to a live worker).
 local member = ARGV[1] .. '|' .. ARGV[2]
-local t = redis.call('HMGET', KEYS[1], 'state', 'attempt', 'mode', 'resources_id')
+local t = redis.call('HMGET', KEYS[1], 'state', 'attempt', 'mode', 'resources_id', 'result')
 if t[1] ~= 'running' or t[2] ~= ARGV[2] then
+  if ARGV[8] == '' and t[2] == ARGV[2] and t[5] then
+    -- This attempt already published: if it was this very rollout (sent again because a
+    -- connection drop swallowed the reply), answer as the first time did.
+    local entry = redis.call('XRANGE', KEYS[3], t[5], t[5])
+    if entry[1] and entry[1][2][4] == ARGV[3] then
+      return t[5]
+    end
+  end
   if ARGV[8] == '' then
     redis.call('XADD', KEYS[4], 'MAXLEN', '~', ARGV[5], '*', 'rollout_id', ARGV[1], 'attempt', ARGV[2], 'rollout', ARGV[3])
     redis.call('HINCRBY', KEYS[7], 'superseded', 1)

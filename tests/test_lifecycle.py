@@ -1,0 +1,56 @@
+"""The Lua transitions answer a call sent twice (a reply lost to a connection drop) as they did the first time."""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+import pytest
+
+from models.connection import connect
+from models.contract import Task
+from models.keys import Keys
+from models.lifecycle import Claim, ClaimRefused, Lifecycle
+from models.policy import RolloutPolicy
+
+
+@pytest.fixture
+def lifecycle() -> Lifecycle:
+    lc = Lifecycle(connect(f"memory://{uuid.uuid4().hex}"), Keys("lc"))
+    task = Task(rollout_id="r1", input={}, create_time=time.time(), num_claims=0)
+    assert lc.enqueue_many([(task, task.model_dump_json())], RolloutPolicy()) == [1]
+    return lc
+
+
+def _publish(lc: Lifecycle, rollout_json: str) -> str | int | None:
+    return lc.finish("r1", 1, rollout_json, "succeeded", results_maxlen=100, dead_letter=False, now=time.time())
+
+
+def test_a_claim_sent_again_by_the_same_worker_gets_the_same_attempt(lifecycle: Lifecycle) -> None:
+    first = lifecycle.claim("r1", "r1", "worker-a", time.time())
+    again = lifecycle.claim("r1", "r1", "worker-a", time.time())
+    assert isinstance(first, Claim) and isinstance(again, Claim)
+    assert (again.attempt, again.attempts_used) == (first.attempt, first.attempts_used) == (1, 1)
+    assert lifecycle.connection.hget(lifecycle.keys.task("r1"), "claims") == b"1"
+
+
+def test_another_worker_cannot_claim_a_running_task(lifecycle: Lifecycle) -> None:
+    lifecycle.claim("r1", "r1", "worker-a", time.time())
+    assert lifecycle.claim("r1", "r1", "worker-b", time.time()) == ClaimRefused("stale", "running")
+
+
+def test_a_publish_sent_again_returns_the_first_entry_and_records_nothing_superseded(lifecycle: Lifecycle) -> None:
+    lifecycle.claim("r1", "r1", "worker-a", time.time())
+    first = _publish(lifecycle, '{"rollout_id": "r1"}')
+    assert isinstance(first, str)
+    assert _publish(lifecycle, '{"rollout_id": "r1"}') == first
+    keys = lifecycle.keys
+    assert (lifecycle.connection.xlen(keys.results), lifecycle.connection.xlen(keys.superseded)) == (1, 0)
+
+
+def test_a_different_result_from_an_attempt_that_already_published_is_superseded(lifecycle: Lifecycle) -> None:
+    lifecycle.claim("r1", "r1", "worker-a", time.time())
+    _publish(lifecycle, '{"rollout_id": "r1", "final_reward": 1.0}')
+    assert _publish(lifecycle, '{"rollout_id": "r1", "final_reward": 0.0}') == 0
+    keys = lifecycle.keys
+    assert (lifecycle.connection.xlen(keys.results), lifecycle.connection.xlen(keys.superseded)) == (1, 1)
