@@ -1,0 +1,44 @@
+"""The agents rollq workers run in the benchmarks (their plain RQ twins are in :mod:`bench.rq_jobs`).
+
+Worker subprocesses import these as ``bench.agents:NoopAgent``; the benchmarks
+put the repository root on their PYTHONPATH.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from typing import Any
+
+from worker import LitAgent, emit_reward, llm_call_span
+
+TURNS = 3
+TURN_SECONDS = (0.1, 0.5)
+MODEL = "mock-llm"
+
+
+class NoopAgent(LitAgent):
+    """Returns a reward at once: what is left is rollq's own cost per rollout."""
+
+    async def training_rollout_async(self, task_input: Any, rollout_id: str, resources: Any) -> float:
+        return 1.0
+
+
+class SyncNoopAgent(LitAgent):
+    """The sync flavour of :class:`NoopAgent` (each rollout runs on a thread of its own)."""
+
+    def training_rollout(self, task_input: Any, rollout_id: str, resources: Any) -> float:
+        return 1.0
+
+
+class MockLLMAgent(LitAgent):
+    """Three turns, each an LLM call that takes 0.1-0.5 s, traced as an LLM-call span plus a reward span."""
+
+    async def training_rollout_async(self, task_input: Any, rollout_id: str, resources: Any) -> None:
+        for turn in range(TURNS):
+            with llm_call_span(MODEL, f"turn {turn} of {task_input}") as span:
+                await asyncio.sleep(random.uniform(*TURN_SECONDS))
+                span.set_attribute("gen_ai.completion", f"answer {turn}")
+            emit_reward(0.5 * turn)
+        # None: rollq builds the rollout (trace, triplets, final reward) from the captured spans.
+        return None

@@ -1,0 +1,310 @@
+"""What every benchmark shares: a private redis-server, worker subprocesses, measuring them, writing results.
+
+Every benchmark starts its own redis-server on a free port in a temporary
+directory and never talks to any other Redis.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import json
+import os
+import platform
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psutil
+import redis
+from redis.connection import Connection
+
+from models.keys import Keys
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "bench" / "results"
+RQ = str(Path(sys.executable).parent / "rq")
+RQ_JSON = "rq.serializers.JSONSerializer"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class RedisServer:
+    """A redis-server of the benchmark's own: free port, temporary directory, no persistence."""
+
+    directory: Path
+    port: int = field(default_factory=free_port)
+    process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def client(self, **kwargs: Any) -> redis.Redis:
+        return redis.Redis(host="127.0.0.1", port=self.port, **kwargs)
+
+    def start(self) -> RedisServer:
+        binary = shutil.which("redis-server")
+        if binary is None:
+            sys.exit("redis-server is not installed (apt-get install redis-server)")
+        self.process = subprocess.Popen(
+            [
+                binary,
+                "--port",
+                str(self.port),
+                "--bind",
+                "127.0.0.1",
+                "--dir",
+                str(self.directory),
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--logfile",
+                str(self.directory / "redis.log"),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            try:
+                if self.client().ping():
+                    return self
+            except redis.ConnectionError:
+                time.sleep(0.05)
+        raise RuntimeError(f"redis-server on port {self.port} did not start")
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+            self.process.wait(timeout=30)
+
+
+@contextmanager
+def private_redis() -> Iterator[RedisServer]:
+    with tempfile.TemporaryDirectory(prefix="rollq-bench-") as directory:
+        server = RedisServer(Path(directory)).start()
+        try:
+            yield server
+        finally:
+            server.stop()
+
+
+def worker_env(**extra: str) -> dict[str, str]:
+    """The environment of a worker subprocess: the repository root importable, so ``bench.agents`` is."""
+    path = os.pathsep.join(p for p in [str(ROOT), os.environ.get("PYTHONPATH", "")] if p)
+    return {**os.environ, "PYTHONPATH": path, "PYTHONUNBUFFERED": "1", **extra}
+
+
+class Workers:
+    """Worker subprocesses of one kind, their logs in a temporary directory."""
+
+    def __init__(self, commands: Sequence[list[str]], env: dict[str, str], log_dir: Path) -> None:
+        self.logs = [log_dir / f"worker-{i}-{time.monotonic_ns()}.log" for i in range(len(commands))]
+        self.processes = []
+        for command, log in zip(commands, self.logs, strict=True):
+            with open(log, "wb") as out:
+                self.processes.append(
+                    subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
+                )
+        self.ps = [psutil.Process(p.pid) for p in self.processes]
+
+    def wait_registered(
+        self, connection: redis.Redis, queue: str, expected: int | None = None, timeout: float = 180
+    ) -> None:
+        """Until ``expected`` workers (default: one per process) have registered; they are then about to dequeue."""
+        deadline = time.monotonic() + timeout
+        while connection.scard(f"rq:workers:{queue}") < (expected or len(self.processes)):
+            self.check_alive()
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"workers did not register within {timeout}s; logs: {self.logs[0].parent}")
+            time.sleep(0.1)
+
+    def check_alive(self) -> None:
+        for p, log in zip(self.processes, self.logs, strict=True):
+            if p.poll() is not None:
+                raise RuntimeError(f"worker {p.pid} exited with {p.returncode}:\n{log.read_text()[-3000:]}")
+
+    def cpu_seconds(self) -> float:
+        """User + system CPU of the workers and their reaped children (RQ's forked work horses)."""
+        total = 0.0
+        for p in self.ps:
+            try:
+                t = p.cpu_times()
+            except psutil.NoSuchProcess:
+                continue
+            total += t.user + t.system + t.children_user + t.children_system
+        return total
+
+    def rss_bytes(self) -> int:
+        total = 0
+        for p in self.ps:
+            try:
+                total += p.memory_info().rss
+            except psutil.NoSuchProcess:
+                continue
+        return total
+
+    def stop(self, timeout: float = 60) -> None:
+        for p in self.processes:
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + timeout
+        for p in self.processes:
+            try:
+                p.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+
+
+def rollq_workers(
+    url: str,
+    namespace: str,
+    count: int,
+    *,
+    agent: str,
+    concurrency: int,
+    log_dir: Path,
+    extra_env: dict[str, str] | None = None,
+) -> Workers:
+    """``count`` stock ``rq worker -w worker.RolloutWorker`` processes."""
+    command = [RQ, "worker", "-w", "worker.RolloutWorker", "--url", url, "--quiet", namespace]
+    env = worker_env(ROLLQ_AGENT=agent, ROLLQ_CONCURRENCY=str(concurrency), **(extra_env or {}))
+    return Workers([command] * count, env, log_dir)
+
+
+def rq_workers(url: str, queue: str, count: int, *, worker_class: str, log_dir: Path) -> Workers:
+    """``count`` stock ``rq worker`` processes of ``worker_class`` with the JSON serializer."""
+    command = [RQ, "worker", "-w", worker_class, "-S", RQ_JSON, "--url", url, "--quiet", queue]
+    return Workers([command] * count, worker_env(), log_dir)
+
+
+def outcomes(connection: redis.Redis, namespace: str) -> tuple[int, int]:
+    """(succeeded, failed) rollouts of a rollq namespace so far, from its stats hash."""
+    stats: dict[bytes, bytes] = connection.hgetall(Keys(namespace).stats)  # type: ignore[assignment]
+    succeeded = sum(int(v) for k, v in stats.items() if k.startswith(b"succeeded:"))
+    failed = sum(int(v) for k, v in stats.items() if k.startswith(b"failed:"))
+    return succeeded, failed
+
+
+def commandstats(connection: redis.Redis) -> dict[str, int]:
+    """Calls per command since the server started (commands run by Lua scripts included)."""
+    info = connection.info("commandstats")
+    return {name.removeprefix("cmdstat_"): int(stats["calls"]) for name, stats in info.items()}
+
+
+def commands_between(before: dict[str, int], after: dict[str, int]) -> dict[str, int]:
+    """Commands run between two :func:`commandstats` readings, minus the INFO call that took the second one."""
+    delta = {k: v - before.get(k, 0) for k, v in after.items() if v - before.get(k, 0) > 0}
+    delta["info"] = delta.get("info", 0) - 1
+    return {k: v for k, v in sorted(delta.items(), key=lambda kv: -kv[1]) if v > 0}
+
+
+_COMMAND = re.compile(rb"\*\d+\r\n\$\d+\r\n([A-Za-z]+)\r\n(?:\$\d+\r\n([0-9a-f]{40})\r\n)?")
+_SCRIPTS = {hashlib.sha1(f.read_bytes()).hexdigest().encode(): f.stem for f in (ROOT / "models" / "lua").glob("*.lua")}
+
+
+class CountingConnection(Connection):
+    """A redis-py connection that counts round trips: every packed send is one (a pipeline sends once).
+
+    Each is also tallied by what it was: the command, the rollq Lua script, or
+    ``pipeline(...)`` with the first command of the batch.
+    """
+
+    round_trips = 0
+    by_label: Counter[str] = Counter()
+    _single = threading.local()
+
+    @classmethod
+    def reset(cls) -> None:
+        cls.round_trips = 0
+        cls.by_label = Counter()
+
+    def send_command(self, *args: Any, **kwargs: Any) -> None:
+        CountingConnection._single.on = True
+        try:
+            super().send_command(*args, **kwargs)
+        finally:
+            CountingConnection._single.on = False
+
+    def send_packed_command(self, command: Any, check_health: bool = True) -> None:
+        CountingConnection.round_trips += 1
+        first = command if isinstance(command, (bytes, str)) else command[0]
+        match = _COMMAND.match(first.encode() if isinstance(first, str) else bytes(first))
+        name = match.group(1).decode().upper() if match else "?"
+        if match and name == "EVALSHA" and match.group(2):
+            name = f"EVALSHA {_SCRIPTS.get(match.group(2), 'other')}.lua"
+        single = getattr(CountingConnection._single, "on", False)
+        CountingConnection.by_label[name if single else f"pipeline({name} ...)"] += 1
+        super().send_packed_command(command, check_health)
+
+
+def counting_client(port: int) -> redis.Redis:
+    pool = redis.ConnectionPool(connection_class=CountingConnection, host="127.0.0.1", port=port)
+    return redis.Redis(connection_pool=pool)
+
+
+def machine() -> dict[str, Any]:
+    """What the figures were measured on."""
+    model = ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    import redis as redis_py
+    import rq
+
+    server = subprocess.run(["redis-server", "--version"], capture_output=True, text=True).stdout.split()
+    return {
+        "cpu": model or platform.processor(),
+        "cores": psutil.cpu_count(logical=True),
+        "memory_gb": round(psutil.virtual_memory().total / 2**30, 1),
+        "os": f"{platform.system()} {platform.release()}",
+        "python": platform.python_version(),
+        "redis_server": next((w.split("=", 1)[1] for w in server if w.startswith("v=")), "?"),
+        "rq": rq.__version__,
+        "redis_py": redis_py.__version__,
+    }
+
+
+def write_result(name: str, data: dict[str, Any], argv: Sequence[str] = ()) -> Path:
+    """``bench/results/<name>.json`` with the date, the machine and the command that reproduces it."""
+    path = RESULTS / f"{name}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    document = {
+        "benchmark": name,
+        "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "command": " ".join(["python", f"bench/{name}.py", *argv]),
+        "machine": machine(),
+        **data,
+    }
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(document, indent=2) + "\n")
+    tmp.replace(path)
+    return path
+
+
+def rate(count: float, seconds: float) -> float:
+    return round(count / seconds, 1) if seconds > 0 else 0.0
