@@ -7,6 +7,7 @@ import json
 import threading
 import uuid
 
+import pytest
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
@@ -15,6 +16,7 @@ from rq.registry import FinishedJobRegistry, StartedJobRegistry
 from rq.serializers import JSONSerializer
 
 from models import RolloutPolicy
+from models.connection import connect
 from producer import Producer
 from worker import LitAgent, RolloutWorker, WorkerSettings
 from worker.normalize import span_json
@@ -139,3 +141,24 @@ def test_job_template_payload_is_what_rq_itself_writes() -> None:
         "rollout rollout-x (train)",
         "queued",
     )
+
+
+@pytest.mark.redis
+def test_jobs_taken_ahead_but_not_started_go_back_to_the_head_of_the_queue(redis_server, namespace) -> None:  # type: ignore[no-untyped-def]
+    producer = Producer.from_url(redis_server.url, namespace)
+    ids = [t.rollout_id for t in producer.enqueue_many([{"i": i} for i in range(10)], mode="train")]
+    worker = RolloutWorker(
+        [namespace],
+        connection=connect(redis_server.url),
+        agent=SlowAsyncAgent(Gauge()),
+        settings=WorkerSettings(concurrency=4),
+    )
+    keys, client = producer.keys, producer.connection
+    dequeued = worker.dequeue_job_and_maintain_ttl(1)
+    assert dequeued is not None and dequeued[0].id == ids[0]
+    # One dequeue took as many jobs as there were free slots, the way RQ's own dequeue moves them.
+    assert [j.decode() for j in client.lrange(keys.rq_intermediate, 0, -1)] == ids[:4]
+
+    worker._give_back_taken()
+    assert [j.decode() for j in client.lrange(keys.rq_queue, 0, -1)] == ids[1:]
+    assert [j.decode() for j in client.lrange(keys.rq_intermediate, 0, -1)] == ids[:1]
