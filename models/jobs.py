@@ -58,12 +58,24 @@ class JobTemplate:
         # ones out halves what every enqueue sends.
         self._fields = {k: v for k, v in job.to_dict().items() if v != ""}
 
+    @property
+    def shared(self) -> list[Any]:
+        """The fields every job of this template has, flattened as field/value items for a Lua ``HSET``."""
+        return [
+            item
+            for name, value in self._fields.items()
+            if name not in ("data", "description")
+            for item in (name, value)
+        ]
+
+    @staticmethod
+    def payload(rollout_id: str) -> bytes:
+        """RQ's ``data`` field for a job at ``rollout_id``: (function, instance, args, kwargs) as compressed JSON."""
+        return zlib.compress(JSONSerializer.dumps((ROLLOUT_FUNC, None, [rollout_id], {})))
+
     def fields(self, rollout_id: str, description: str) -> list[Any]:
-        """The job hash for an attempt at ``rollout_id``, flattened as field/value pairs for a Lua ``HSET``."""
-        # RQ's payload: the JSON of (function, instance, args, kwargs), zlib-compressed.
-        payload = zlib.compress(JSONSerializer.dumps((ROLLOUT_FUNC, None, [rollout_id], {})))
-        fields = {**self._fields, "data": payload, "description": description}
-        return [item for pair in fields.items() for item in pair]
+        """The whole job hash for an attempt at ``rollout_id``, flattened for a Lua ``HSET``."""
+        return ["data", self.payload(rollout_id), "description", description, *self.shared]
 
 
 def rollout_id_of(job: Job) -> str:

@@ -10,6 +10,7 @@ in the dead-letter set.
 from __future__ import annotations
 
 import bisect
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from importlib import resources as package_files
@@ -24,6 +25,10 @@ from .keys import Keys, job_id
 from .policy import RolloutPolicy
 
 RequeueReason = Literal["retry", "unresponsive", "released"]
+
+# Tasks per enqueue Lua call: big enough to share the per-call cost, small enough
+# that one call never holds Redis for long.
+_ENQUEUE_BATCH = 100
 
 DURATION_BUCKETS = (0.1, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0)
 """Upper bounds (seconds) of the rollout duration histogram kept in the stats hash."""
@@ -82,36 +87,31 @@ class Lifecycle:
     def enqueue_many(self, tasks: Sequence[tuple[Task, str]], policy: RolloutPolicy) -> list[int]:
         """Queue each ``(task, task_json)`` unless its rollout id is known, in one pipelined round trip.
 
-        Returns one code per task: 1 queued, 0 already known, -1 unknown resources id.
+        Tasks that share a mode and a resources pin go in Lua calls of up to
+        100, the job template sent once per call. Returns one code per task:
+        1 queued, 0 already known, -1 unknown resources id.
         """
         k = self.keys
         template = self._template(policy)
-        policy_json = policy.model_dump_json()
+        shared = [policy.model_dump_json(), policy.unresponsive_seconds]
         pipe = self.connection.pipeline(transaction=False)
-        for task, task_json in tasks:
-            jid = job_id(task.rollout_id)
-            pinned = task.resources_id or ""
-            self._enqueue(
-                keys=[
-                    k.task(task.rollout_id),
-                    k.rq_queue,
-                    k.rq_queues(),
-                    k.rq_job(jid),
-                    k.resources_refs,
-                    k.resources(pinned) if pinned else k.task(task.rollout_id),
-                ],
-                args=[
-                    task_json,
-                    policy_json,
-                    policy.unresponsive_seconds,
-                    jid,
-                    pinned,
-                    task.mode or "",
-                    *template.fields(task.rollout_id, self._description(task)),
-                ],
-                client=pipe,
-            )
-        return [int(code) for code in pipe.execute()]
+        sizes = []
+        for (mode, pinned), group in itertools.groupby(tasks, key=lambda t: (t[0].mode or "", t[0].resources_id or "")):
+            items = list(group)
+            for start in range(0, len(items), _ENQUEUE_BATCH):
+                batch = items[start : start + _ENQUEUE_BATCH]
+                keys = [k.rq_queue, k.rq_queues(), k.resources_refs, k.resources(pinned) if pinned else k.rq_queue]
+                args = [*shared, pinned, mode, len(template.shared), *template.shared]
+                for task, task_json in batch:
+                    jid = job_id(task.rollout_id)
+                    keys += [k.task(task.rollout_id), k.rq_job(jid)]
+                    args += [task_json, jid, template.payload(task.rollout_id), self._description(task)]
+                self._enqueue(keys=keys, args=args, client=pipe)
+                sizes.append(len(batch))
+        codes: list[int] = []
+        for size, reply in zip(sizes, pipe.execute(), strict=True):
+            codes += [int(code) for code in reply] if isinstance(reply, list) else [int(reply)] * size
+        return codes
 
     def claim(self, rollout_id: str, job_id: str, worker_name: str, now: float) -> Claim | ClaimRefused:
         """Start an attempt: count the claim and stamp its time, atomically."""

@@ -1,19 +1,37 @@
--- Queue a new task once: its record, its RQ job and the queue push happen together or not at all.
--- KEYS: task, rq_queue, rq_queues, rq_job, resources_refs, resources_version (task again when unpinned)
--- ARGV: task_json, policy_json, unresponsive_seconds, job_id, resources_id|'', mode|'', job hash field/value pairs...
--- Returns 1 queued, 0 already known (the id is queued once), -1 unknown resources id.
-if redis.call('EXISTS', KEYS[1]) == 1 then
-  return 0
+-- Queue a batch of new tasks that share a mode, a resources pin and a policy. Each task is queued once:
+-- its record, its RQ job and the queue push happen together or not at all; a known rollout id is skipped.
+-- KEYS: rq_queue, rq_queues, resources_refs, resources_version (rq_queue again when unpinned),
+--       then per task: task, rq_job
+-- ARGV: policy_json, unresponsive_seconds, resources_id|'', mode|'', n, n job-template field/value items,
+--       then per task: task_json, job_id, job payload, job description
+-- Returns one code per task: 1 queued, 0 already known; or -1 for the whole batch when the pinned
+-- resources version does not exist.
+local pinned = ARGV[3]
+if pinned ~= '' and redis.call('EXISTS', KEYS[4]) == 0 then
+  return -1
 end
-if ARGV[5] ~= '' then
-  if redis.call('EXISTS', KEYS[6]) == 0 then
-    return -1
+local n = tonumber(ARGV[5])
+local template = {unpack(ARGV, 6, 5 + n)}
+local first = 6 + n
+local codes, pushed = {}, {}
+for i = 1, (#KEYS - 4) / 2 do
+  local task_key, job_key = KEYS[3 + 2 * i], KEYS[4 + 2 * i]
+  local a = first + 4 * (i - 1)
+  if redis.call('EXISTS', task_key) == 1 then
+    codes[i] = 0
+  else
+    redis.call('HSET', task_key, 'task', ARGV[a], 'policy', ARGV[1], 'unresponsive', ARGV[2], 'job', ARGV[a + 1],
+      'resources_id', pinned, 'mode', ARGV[4], 'state', 'queued', 'claims', 0, 'attempts', 0)
+    redis.call('HSET', job_key, 'data', ARGV[a + 2], 'description', ARGV[a + 3], unpack(template))
+    if pinned ~= '' then
+      redis.call('HINCRBY', KEYS[3], pinned, 1)
+    end
+    pushed[#pushed + 1] = ARGV[a + 1]
+    codes[i] = 1
   end
-  redis.call('HINCRBY', KEYS[5], ARGV[5], 1)
 end
-redis.call('HSET', KEYS[1], 'task', ARGV[1], 'policy', ARGV[2], 'unresponsive', ARGV[3], 'job', ARGV[4],
-  'resources_id', ARGV[5], 'mode', ARGV[6], 'state', 'queued', 'claims', 0, 'attempts', 0)
-redis.call('HSET', KEYS[4], unpack(ARGV, 7))
-redis.call('RPUSH', KEYS[2], ARGV[4])
-redis.call('SADD', KEYS[3], KEYS[2])
-return 1
+if #pushed > 0 then
+  redis.call('RPUSH', KEYS[1], unpack(pushed))
+  redis.call('SADD', KEYS[2], KEYS[1])
+end
+return codes
