@@ -125,8 +125,8 @@ class RolloutWorker(SimpleWorker):
         self._force_stop = False
         self._next_suspension_check = 0.0
 
-    # RQ keeps the running job's Execution on the worker; with several jobs at
-    # once each pool thread needs its own.
+    # RQ keeps the running job's Execution on the worker. With several jobs at
+    # once it is per thread, and each bookkeeping call sets the one of its job.
     @property
     def execution(self) -> Any:
         return getattr(self._local, "execution", None)
