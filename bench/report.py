@@ -102,7 +102,6 @@ def plot(mock: dict[str, Any]) -> None:
             note, (max(levels), min(r["rollouts_per_s"] for r in rows)), color="C1", fontsize=8, ha="right"
         )
     rate_ax.plot([1000], [500], "r*", markersize=10, label="target at 1000 in flight: 500/s")
-    rss_ax.set_ylim(top=max(r["worker_rss_mb"] for r in rows) * 3)
     rate_ax.set_ylabel("rollouts / s (steady state)")
     rate_ax.set_title("Throughput")
     rss_ax.set_ylabel("worker memory, MB")
@@ -115,6 +114,8 @@ def plot(mock: dict[str, Any]) -> None:
         ax.set_xticklabels([str(x) for x in levels])
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=7, loc="upper left")
+    # After the log scale is set: limits set on a linear axis would carry a bottom of 0 over.
+    rss_ax.set_ylim(bottom=10, top=max(r["worker_rss_mb"] for r in rows) * 3)
     fig.suptitle("Mock LLM rollouts (3 turns of 0.1-0.5 s) on 2 cores: rollq beside plain RQ", fontsize=11)
     fig.tight_layout()
     fig.savefig(PLOT)

@@ -7,9 +7,11 @@ Exit codes: 0 done, 1 the operation failed (unknown id, timeout, bad input),
 from __future__ import annotations
 
 import functools
+import itertools
 import json
 import sys
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from typing import IO, Any, TypeVar
 
@@ -205,17 +207,24 @@ def enqueue(ctx: click.Context, source: IO[str], mode: str | None, resources_id:
     """
     producer = _producer(ctx)
     entries = [entry for _, entry in _jsonl(source)]
+
+    def batch_key(entry: dict[str, Any]) -> tuple[Any, ...]:
+        options = (entry.get("mode", mode), entry.get("resources_id", resources_id))
+        return (*options, json.dumps(entry.get("metadata"), sort_keys=True))
+
+    # Consecutive lines that share their options go out as one batch (one round trip per 2000).
     with tqdm(total=len(entries), desc="enqueue", unit="task", file=sys.stderr, disable=len(entries) < 1000) as bar:
-        for entry in entries:
-            task = producer.enqueue(
-                entry["input"],
-                mode=entry.get("mode", mode),
-                resources_id=entry.get("resources_id", resources_id),
-                metadata=entry.get("metadata"),
-                rollout_id=entry.get("rollout_id"),
+        for (line_mode, line_resources, _), group in itertools.groupby(entries, key=batch_key):
+            batch = list(group)
+            tasks = producer.enqueue_many(
+                [entry["input"] for entry in batch],
+                mode=line_mode,
+                resources_id=line_resources,
+                metadata=batch[0].get("metadata"),
+                rollout_ids=[entry.get("rollout_id") or f"rollout-{uuid.uuid4().hex}" for entry in batch],
             )
-            click.echo(task.rollout_id)
-            bar.update()
+            click.echo("\n".join(task.rollout_id for task in tasks))
+            bar.update(len(batch))
 
 
 @main.group()
