@@ -55,6 +55,7 @@ def main() -> None:
         rounds: dict[str, list[dict[str, Any]]] = {label: [] for label in systems}
         for i in range(args.rounds):
             for label, enqueue in systems.items():
+                # The server is this benchmark's own (private_redis): each round starts empty.
                 connection.flushall()
                 before, redis_cpu = commandstats(connection), sum(redis_proc.cpu_times()[:2])
                 cpu, started = time.process_time(), time.perf_counter()
