@@ -1,7 +1,8 @@
 -- Put back a job that a worker took off the queue but never started: its id is left in RQ's intermediate list
 -- (the reply to the worker's BLMOVE was lost to a Redis restart, or the worker died right after it) while the task
--- still waits for that job. The first pass that sees it only marks it; a pass unresponsive_seconds later pushes it
--- back. Pushing back is safe even if a slow worker starts the job after all: only one claim of a job can win.
+-- still waits for that job. The first pass that sees it only marks it; a pass unresponsive_seconds (at most 30 s)
+-- later pushes it back, well before RQ's own cleanup would fail the job. Pushing back is safe even if a slow worker
+-- starts the job after all: only one claim of a job can win.
 -- KEYS: task, rq_intermediate, rq_queue, marker, stats
 -- ARGV: job_id, now
 -- Returns 1 pushed back, 0 not (or not yet) stranded.
@@ -15,7 +16,7 @@ if not seen then
   redis.call('SET', KEYS[4], ARGV[2], 'EX', math.ceil(2 * tonumber(t[3])) + 60)
   return 0
 end
-if tonumber(ARGV[2]) - tonumber(seen) < tonumber(t[3]) then
+if tonumber(ARGV[2]) - tonumber(seen) < math.min(tonumber(t[3]), 30) then
   return 0
 end
 redis.call('DEL', KEYS[4])
