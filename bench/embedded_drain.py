@@ -60,7 +60,7 @@ def main() -> None:
         steady = (last_end - first_start).total_seconds()
 
     result = {
-        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "jobs": args.jobs,
         "jobs_per_s": round(args.jobs / elapsed, 1),
         "steady_jobs_per_s": round(args.jobs / steady, 1),

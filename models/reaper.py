@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from typing import cast
 
 import redis
 from rq.job import Job
@@ -45,7 +46,8 @@ def reap(lifecycle: Lifecycle, *, now: float, results_maxlen: int, limit: int = 
     connection: redis.Redis = lifecycle.connection
     keys: Keys = lifecycle.keys
     report = ReapReport(restored=_restore_stranded(lifecycle, now=now, limit=limit))
-    members = [m.decode() for m in connection.zrangebyscore(keys.inflight, "-inf", now, start=0, num=limit)]
+    stale = cast(list[bytes], connection.zrangebyscore(keys.inflight, "-inf", now, start=0, num=limit))
+    members = [m.decode() for m in stale]
     if not members:
         return report
     attempts = {rid: int(n) for rid, _, n in (m.rpartition("|") for m in members)}
@@ -88,7 +90,7 @@ def reap(lifecycle: Lifecycle, *, now: float, results_maxlen: int, limit: int = 
 
 def _restore_stranded(lifecycle: Lifecycle, *, now: float, limit: int) -> int:
     connection: redis.Redis = lifecycle.connection
-    job_ids = [j.decode() for j in connection.lrange(lifecycle.keys.rq_intermediate, 0, limit - 1)]
+    job_ids = [j.decode() for j in cast(list[bytes], connection.lrange(lifecycle.keys.rq_intermediate, 0, limit - 1))]
     if not job_ids:
         return 0
     restored = 0

@@ -9,7 +9,7 @@ unfinished task is pinned to.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, cast
 
 import redis
 from pydantic import TypeAdapter
@@ -51,7 +51,7 @@ class ResourceStore:
             latest = self.connection.get(self.keys.resources_latest)
             if latest is None:
                 raise UnknownResourcesError(None, self.keys.namespace)
-            resources_id = latest.decode()
+            resources_id = cast(bytes, latest).decode()
         raw = self.connection.get(self.keys.resources(resources_id))
         if raw is None:
             raise UnknownResourcesError(resources_id, self.keys.namespace)
@@ -59,12 +59,12 @@ class ResourceStore:
 
     def versions(self) -> list[str]:
         """Ids of the kept versions, oldest first."""
-        return [v.decode() for v in self.connection.zrange(self.keys.resources_versions, 0, -1)]
+        return [v.decode() for v in cast(list[bytes], self.connection.zrange(self.keys.resources_versions, 0, -1))]
 
     def latest_id(self) -> str | None:
         """The id of the latest version, if any."""
         latest = self.connection.get(self.keys.resources_latest)
-        return latest.decode() if latest else None
+        return cast(bytes, latest).decode() if latest else None
 
     def prune(self) -> list[str]:
         """Drop versions beyond ``keep_versions`` that no unfinished task is pinned to; return their ids."""
@@ -74,9 +74,10 @@ class ResourceStore:
                 try:
                     # Watching the refs hash makes a concurrent enqueue that pins a version abort this prune.
                     pipe.watch(k.resources_refs, k.resources_latest)
-                    candidates = [v.decode() for v in pipe.zrange(k.resources_versions, 0, -self.keep_versions - 1)]
-                    pinned = {v.decode() for v in pipe.hkeys(k.resources_refs)}
-                    latest = pipe.get(k.resources_latest)
+                    oldest = cast(list[bytes], pipe.zrange(k.resources_versions, 0, -self.keep_versions - 1))
+                    candidates = [v.decode() for v in oldest]
+                    pinned = {v.decode() for v in cast(list[bytes], pipe.hkeys(k.resources_refs))}
+                    latest = cast(bytes | None, pipe.get(k.resources_latest))
                     drop = [v for v in candidates if v not in pinned and (latest is None or v != latest.decode())]
                     pipe.multi()
                     for version in drop:

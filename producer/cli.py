@@ -319,7 +319,7 @@ def rollouts_tail(ctx: click.Context, group: str | None, from_start: bool, count
         cursor = "0-0" if from_start else "$"
         seen = 0
         while True:
-            reply = producer.connection.xread({producer.keys.results: cursor}, count=100, block=1000)
+            reply: Any = producer.connection.xread({producer.keys.results: cursor}, count=100, block=1000)
             for _, entries in reply or []:
                 for entry_id, fields in entries:
                     cursor = entry_id

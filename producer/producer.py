@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 import redis
 
@@ -174,7 +174,7 @@ class Producer:
 
     def dead_letter(self) -> list[str]:
         """Rollout ids that failed for good, oldest first."""
-        return [m.decode() for m in self.connection.zrange(self.keys.dead_letter, 0, -1)]
+        return [m.decode() for m in cast(list[bytes], self.connection.zrange(self.keys.dead_letter, 0, -1))]
 
     def requeue_dead(self, rollout_ids: Sequence[str] | None = None) -> list[str]:
         """Queue dead-lettered tasks again with a fresh attempt budget (None: all); returns those requeued."""

@@ -68,7 +68,7 @@ def wait(
         if remaining <= 0:
             raise RolloutTimeoutError([rid for rid in wanted if rid in missing], timeout)
         block_ms = max(1, int(min(remaining, REAP_EVERY_SECONDS) * 1000))
-        reply = connection.xread({keys.results: cursor}, count=1000, block=block_ms)
+        reply: Any = connection.xread({keys.results: cursor}, count=1000, block=block_ms)
         arrived = 0
         for _, entries in reply or []:
             for entry_id, fields in entries:
@@ -164,11 +164,13 @@ class ResultReader:
     def _next_batch(self, block_ms: int) -> list[tuple[bytes, dict[bytes, bytes]]]:
         k = self.keys
         # Our own unacknowledged entries first (a restart under the same name), then those of dead readers.
-        mine = self.connection.xreadgroup(self.group, self.consumer, {k.results: "0"}, count=self.batch)
+        mine: Any = self.connection.xreadgroup(self.group, self.consumer, {k.results: "0"}, count=self.batch)
         entries = [e for _, es in mine or [] for e in es if e[1]] or self._claim_abandoned()
         if entries:
             return entries
-        new = self.connection.xreadgroup(self.group, self.consumer, {k.results: ">"}, count=self.batch, block=block_ms)
+        new: Any = self.connection.xreadgroup(
+            self.group, self.consumer, {k.results: ">"}, count=self.batch, block=block_ms
+        )
         return [e for _, es in new or [] for e in es]
 
     def __iter__(self) -> Iterator[Rollout]:

@@ -7,7 +7,6 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-
 from servers import RedisServer, WorkerProcess
 
 
@@ -21,7 +20,7 @@ def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServ
 
 @pytest.fixture
 def own_redis(tmp_path: Path) -> Iterator[Callable[..., RedisServer]]:
-    """Start a redis-server of the test's own (for restarts, passwords, AOF): ``own_redis(password=..., appendonly=...)``."""
+    """A redis-server of the test's own, for restarts, passwords, AOF: ``own_redis(password=..., appendonly=...)``."""
     servers: list[RedisServer] = []
 
     def start(**kwargs: object) -> RedisServer:
@@ -50,7 +49,9 @@ def workers(tmp_path: Path) -> Iterator[Callable[..., WorkerProcess]]:
     """
     started: list[WorkerProcess] = []
 
-    def start(url: str, namespace: str, *, env: dict[str, str] | None = None, args: list[str] | None = None) -> WorkerProcess:
+    def start(
+        url: str, namespace: str, *, env: dict[str, str] | None = None, args: list[str] | None = None
+    ) -> WorkerProcess:
         proc = WorkerProcess(url, namespace, tmp_path / f"worker-{len(started)}.log", env=env or {}, args=args)
         started.append(proc)
         return proc

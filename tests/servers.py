@@ -60,9 +60,21 @@ class RedisServer:
 
     def start(self) -> RedisServer:
         args = [
-            self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(self.directory),
-            "--save", "", "--appendonly", "yes" if self.appendonly else "no", "--appendfsync", "always",
-            "--logfile", str(self.directory / "redis.log"),
+            self.binary,
+            "--port",
+            str(self.port),
+            "--bind",
+            "127.0.0.1",
+            "--dir",
+            str(self.directory),
+            "--save",
+            "",
+            "--appendonly",
+            "yes" if self.appendonly else "no",
+            "--appendfsync",
+            "always",
+            "--logfile",
+            str(self.directory / "redis.log"),
         ]
         if self.password:
             args += ["--requirepass", self.password]
@@ -95,14 +107,23 @@ class RedisServer:
 class WorkerProcess:
     """A stock ``rq worker -w worker.RolloutWorker`` subprocess with its output in a log file."""
 
-    def __init__(self, url: str, namespace: str, log_path: Path, *, env: dict[str, str], args: list[str] | None = None) -> None:
+    def __init__(
+        self, url: str, namespace: str, log_path: Path, *, env: dict[str, str], args: list[str] | None = None
+    ) -> None:
         self.log_path = log_path
         self._log = open(log_path, "wb")  # noqa: SIM115  # closed in wait()
-        full_env = {**os.environ, "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
-                    "PYTHONUNBUFFERED": "1", **env}
+        full_env = {
+            **os.environ,
+            "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
+            "PYTHONUNBUFFERED": "1",
+            **env,
+        }
         self.process = subprocess.Popen(
             [RQ, "worker", "-w", "worker.RolloutWorker", "--url", url, *(args or []), namespace],
-            stdout=self._log, stderr=subprocess.STDOUT, env=full_env, cwd=REPO,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            env=full_env,
+            cwd=REPO,
         )
 
     @property

@@ -28,7 +28,9 @@ from models.contract import (
 )
 
 # The spec sits beside the checkout, for developers and CI alike.
-SEED_PATH = Path(os.environ.get("ROLLQ_SEED_TYPES", Path(__file__).resolve().parents[2] / "shared" / "seed" / "types.py"))
+SEED_PATH = Path(
+    os.environ.get("ROLLQ_SEED_TYPES", Path(__file__).resolve().parents[2] / "shared" / "seed" / "types.py")
+)
 
 CONTRACT_MODELS = (
     "Triplet",

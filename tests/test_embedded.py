@@ -51,7 +51,7 @@ def worker_env() -> dict[str, str]:
 def test_url_names_the_port_picked_at_start() -> None:
     server = EmbeddedRedis()
     with pytest.raises(RuntimeError):
-        server.url
+        _ = server.url
     with server:
         assert server.url.startswith("redis://127.0.0.1:")
         assert server.url.endswith("/0")
