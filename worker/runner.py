@@ -6,9 +6,8 @@ and hands the agent to the :class:`AgentExecutor`, returning a
 :class:`Pending` whose future settles when the agent is done, timed out or
 handed back. :meth:`AgentRunner.complete` turns the outcome into a Rollout,
 runs the end hooks, and either publishes it (one Lua call, refused if a newer
-attempt took over) or requeues the task for a retry. Redis errors while
-publishing are retried until Redis is back, so a finished rollout is not lost
-to an outage.
+attempt took over) or requeues the task for a retry. The worker's client
+retries until Redis is back, so a finished rollout is not lost to an outage.
 """
 
 from __future__ import annotations
@@ -20,12 +19,11 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-import redis
 from pydantic import ValidationError
 
 from models.contract import NamedResources, Rollout, Task
 from models.errors import AgentTimeoutError, InvalidTaskError, PayloadTooLargeError, UnknownResourcesError
-from models.lifecycle import Claim, ClaimRefused, Lifecycle, RequeueReason
+from models.lifecycle import Claim, ClaimRefused, Lifecycle
 from models.outcomes import failed_rollout, stamp
 from models.policy import FailureKind, RolloutPolicy, RolloutStatus
 
@@ -158,7 +156,7 @@ class AgentRunner:
                 raw = pending.future.result(timeout=0)
             except AttemptReleased:
                 pending.trace.finish()
-                self._requeue(task, attempt, policy, "released")
+                self.lifecycle.requeue(task, attempt, policy, "released")
                 log.info("handed %s back to the queue (attempt %d)", rid, attempt)
                 return {"rollout_id": rid, "attempt": attempt, "status": "released"}
             except AgentTimeoutError as exc:
@@ -177,7 +175,7 @@ class AgentRunner:
             rollout = self._stamp(rollout, attempt, error)
             self.hooks.rollout_end(task, rollout, self, self.tracer, pending.trace.context)
             if error is not None and kind is not None and policy.retries(kind, claim.attempts_used):
-                self._requeue(task, attempt, policy, "retry")
+                self.lifecycle.requeue(task, attempt, policy, "retry")
                 log.warning(
                     "attempt %d/%d of %s failed (%s: %s); retrying",
                     claim.attempts_used,
@@ -214,19 +212,16 @@ class AgentRunner:
             data = failed_rollout(rollout_id, attempt=attempt, worker=self.worker_name, error=error).model_dump_json()
             failed = True
         status = RolloutStatus.FAILED if failed else RolloutStatus.SUCCEEDED
-        reply = self._with_redis(
-            f"publishing {rollout_id}",
-            lambda: self.lifecycle.finish(
-                rollout_id,
-                attempt,
-                data,
-                status.value,
-                results_maxlen=self.settings.results_maxlen,
-                dead_letter=failed,
-                now=time.time(),
-                duration=duration,
-                keep_seconds=self.settings.keep_seconds,
-            ),
+        reply = self.lifecycle.finish(
+            rollout_id,
+            attempt,
+            data,
+            status.value,
+            results_maxlen=self.settings.results_maxlen,
+            dead_letter=failed,
+            now=time.time(),
+            duration=duration,
+            keep_seconds=self.settings.keep_seconds,
         )
         if reply == 0:
             log.warning(
@@ -236,17 +231,3 @@ class AgentRunner:
             )
             return {"rollout_id": rollout_id, "attempt": attempt, "status": "superseded"}
         return {"rollout_id": rollout_id, "attempt": attempt, "status": status.value}
-
-    def _requeue(self, task: Task, attempt: int, policy: RolloutPolicy, reason: RequeueReason) -> None:
-        self._with_redis(f"requeueing {task.rollout_id}", lambda: self.lifecycle.requeue(task, attempt, policy, reason))
-
-    def _with_redis(self, what: str, call: Any) -> Any:
-        """``call()``, retried across a Redis outage; the client already retried briefly before raising."""
-        delay = 0.5
-        while True:
-            try:
-                return call()
-            except (redis.ConnectionError, redis.TimeoutError) as exc:
-                log.error("Redis unavailable while %s (%s); retrying in %.1fs", what, exc, delay)
-                time.sleep(delay)
-                delay = min(delay * 2, 10.0)
