@@ -100,8 +100,6 @@ class Producer:
         ids already known are not queued again and their stored task is returned.
         """
         policy = policy or self.policy
-        if resources_id is not None and not self.connection.exists(self.keys.resources(resources_id)):
-            raise UnknownResourcesError(resources_id, self.namespace)
         now = time.time()
         inputs = list(inputs)
         if rollout_ids is not None and len(rollout_ids) != len(inputs):
@@ -127,11 +125,13 @@ class Producer:
         codes: list[int] = []
         for start in range(0, len(serialized), _ENQUEUE_CHUNK):
             chunk = serialized[start : start + _ENQUEUE_CHUNK]
-            codes += self.lifecycle.enqueue_many(chunk, policy)
+            chunk_codes = self.lifecycle.enqueue_many(chunk, policy)
+            # The enqueue script checks the pinned version atomically and queues none of a batch without it.
+            if -1 in chunk_codes:
+                raise UnknownResourcesError(resources_id, self.namespace)
+            codes += chunk_codes
             if on_progress:
                 on_progress(len(chunk))
-        if -1 in codes:  # the version was pruned between the check above and the enqueue
-            raise UnknownResourcesError(resources_id, self.namespace)
         known = [task.rollout_id for task, code in zip(tasks, codes, strict=True) if code == 0]
         if known:
             stored = read_records(self.connection, self.keys, known)
