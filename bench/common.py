@@ -21,7 +21,7 @@ import tempfile
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,6 +37,17 @@ ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
 RQ = str(Path(sys.executable).parent / "rq")
 RQ_JSON = "rq.serializers.JSONSerializer"
+
+
+def sum_over(processes: Sequence[psutil.Process], measure: Callable[[psutil.Process], float]) -> float:
+    """``measure`` summed over the processes still alive (a worker may exit between listing and reading)."""
+    total = 0.0
+    for p in processes:
+        try:
+            total += measure(p)
+        except psutil.NoSuchProcess:
+            continue
+    return total
 
 
 def free_port() -> int:
@@ -145,23 +156,10 @@ class Workers:
 
     def cpu_seconds(self) -> float:
         """User + system CPU of the workers and their reaped children (RQ's forked work horses)."""
-        total = 0.0
-        for p in self.ps:
-            try:
-                t = p.cpu_times()
-            except psutil.NoSuchProcess:
-                continue
-            total += t.user + t.system + t.children_user + t.children_system
-        return total
+        return sum_over(self.ps, lambda p: sum(p.cpu_times()[:4]))
 
     def rss_bytes(self) -> int:
-        total = 0
-        for p in self.ps:
-            try:
-                total += p.memory_info().rss
-            except psutil.NoSuchProcess:
-                continue
-        return total
+        return int(sum_over(self.ps, lambda p: p.memory_info().rss))
 
     def stop(self, timeout: float = 60) -> None:
         for p in self.processes:

@@ -49,6 +49,7 @@ from bench.common import (  # noqa: E402
     private_redis,
     rate,
     rollq_workers,
+    sum_over,
     worker_env,
     write_result,
 )
@@ -70,24 +71,10 @@ class Processes:
             self.ps += [p, *p.children(recursive=True)]
 
     def cpu_seconds(self) -> float:
-        total = 0.0
-        for p in self.ps:
-            try:
-                t = p.cpu_times()
-            except psutil.NoSuchProcess:
-                continue
-            total += t.user + t.system
-        return total
+        return sum_over(self.ps, lambda p: sum(p.cpu_times()[:2]))
 
     def context_switches(self) -> int:
-        total = 0
-        for p in self.ps:
-            try:
-                c = p.num_ctx_switches()
-            except psutil.NoSuchProcess:
-                continue
-            total += c.voluntary + c.involuntary
-        return total
+        return int(sum_over(self.ps, lambda p: sum(p.num_ctx_switches())))
 
     def memory(self) -> tuple[int, int]:
         """(RSS sum, USS sum) in bytes."""
