@@ -10,7 +10,7 @@ import asyncio
 import random
 from typing import Any
 
-from worker import LitAgent, emit_reward, llm_call_span
+from rollq.worker import LitAgent, emit_reward, llm_call_span
 
 TURNS = 3
 TURN_SECONDS = (0.1, 0.5)

@@ -31,7 +31,7 @@ import psutil
 import redis
 from redis.connection import Connection
 
-from models.keys import Keys
+from rollq.store.keys import Keys
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
@@ -184,8 +184,8 @@ def rollq_workers(
     log_dir: Path,
     extra_env: dict[str, str] | None = None,
 ) -> Workers:
-    """``count`` stock ``rq worker -w worker.RolloutWorker`` processes."""
-    command = [RQ, "worker", "-w", "worker.RolloutWorker", "--url", url, "--quiet", namespace]
+    """``count`` stock ``rq worker -w rollq.worker.RolloutWorker`` processes."""
+    command = [RQ, "worker", "-w", "rollq.worker.RolloutWorker", "--url", url, "--quiet", namespace]
     env = worker_env(ROLLQ_AGENT=agent, ROLLQ_CONCURRENCY=str(concurrency), **(extra_env or {}))
     return Workers([command] * count, env, log_dir)
 

@@ -23,7 +23,7 @@ from rq import Queue
 from rq.job import Job
 from rq.serializers import JSONSerializer
 
-from models.embedded import EmbeddedRedis
+from rollq.store.embedded import EmbeddedRedis
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULT = ROOT / "bench" / "results" / "embedded_drain.json"

@@ -26,7 +26,7 @@ from rq import Queue  # noqa: E402
 from rq.serializers import JSONSerializer  # noqa: E402
 
 from bench.common import commands_between, commandstats, private_redis, rate, write_result  # noqa: E402
-from producer import Producer  # noqa: E402
+from rollq.producer import Producer  # noqa: E402
 
 
 def main() -> None:

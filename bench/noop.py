@@ -54,8 +54,8 @@ from bench.common import (  # noqa: E402
     rq_workers,
     write_result,
 )
-from producer import Producer  # noqa: E402
-from worker import RolloutWorker, WorkerSettings  # noqa: E402
+from rollq.producer import Producer  # noqa: E402
+from rollq.worker import RolloutWorker, WorkerSettings  # noqa: E402
 
 WARMUP = 100
 NOOP_AGENT = "bench.agents:NoopAgent"

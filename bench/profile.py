@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import outcomes, private_redis, rollq_workers, write_result  # noqa: E402
 from bench.mock_llm import Feeder  # noqa: E402
-from producer import Producer  # noqa: E402
+from rollq.producer import Producer  # noqa: E402
 
 RATE_HZ = 100
 WARMUP_SECONDS = 8.0

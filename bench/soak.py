@@ -3,7 +3,7 @@
 Run: /work/venv/bin/python bench/soak.py [--duration 300] [--tasks 5000] [--workers 4] [--concurrency 8]
 
 A private redis-server (free port, temporary directory) and N ``rq worker -w
-worker.RolloutWorker`` processes whose agent sleeps 0.05-0.3 s. Every
+rollq.worker.RolloutWorker`` processes whose agent sleeps 0.05-0.3 s. Every
 ``--kill-every`` seconds a random worker is SIGKILLed and a new one started.
 Tasks are queued in batches until ``--duration`` has passed; then the script
 waits for every task's rollout and prints tasks in, delivered, lost,
@@ -33,9 +33,9 @@ from typing import Any
 
 import redis
 
-from models.policy import RolloutPolicy
-from producer.producer import Producer
-from worker.agent import LitAgent
+from rollq.models.policy import RolloutPolicy
+from rollq.producer.producer import Producer
+from rollq.worker.agent import LitAgent
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULT = ROOT / "bench" / "results" / "soak.json"
@@ -120,7 +120,7 @@ class Soak:
         }
         with open(self.log_dir / f"{name}.log", "wb") as log:
             self.workers[name] = subprocess.Popen(
-                [RQ, "worker", "-w", "worker.RolloutWorker", "--url", self.url, "--name", name, NAMESPACE],
+                [RQ, "worker", "-w", "rollq.worker.RolloutWorker", "--url", self.url, "--name", name, NAMESPACE],
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 env=env,

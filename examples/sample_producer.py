@@ -11,8 +11,8 @@ import argparse
 import os
 import statistics
 
-from producer import Producer
-from worker.sample_agent import sample_inputs, sample_resources
+from rollq.producer import Producer
+from rollq.worker.sample_agent import sample_inputs, sample_resources
 
 
 def main() -> None:

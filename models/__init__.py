@@ -1,7 +1,7 @@
-"""The rollq data contract and how it is laid out in Redis.
+"""The rollq data contract: the exchange types, rollq's policy types and its errors.
 
-``from models import Task, Rollout, LLM, ...`` gives the contract; rollq's own
-additions (policy, errors, keys) are importable from here too.
+``from rollq.models import Task, Rollout, LLM, ...`` gives the contract; rollq's own
+additions (policy, errors) are importable from here too. This layer imports no other part of rollq.
 """
 
 from .contract import (
@@ -29,7 +29,6 @@ from .errors import (
     UnknownResourcesError,
     UnknownTaskError,
 )
-from .keys import DEFAULT_NAMESPACE, Keys
 from .policy import RolloutPolicy, RolloutStatus, TaskState
 
 __all__ = [
@@ -51,8 +50,6 @@ __all__ = [
     "RolloutPolicy",
     "RolloutStatus",
     "TaskState",
-    "Keys",
-    "DEFAULT_NAMESPACE",
     "RollqError",
     "InvalidTaskError",
     "PayloadTooLargeError",

@@ -2,7 +2,7 @@
 
 Field names, types, defaults and the ``resource_type`` discriminator are fixed by
 the contract; what rollq adds (attempts, statuses, policy) lives in
-:mod:`models.policy` or in ``metadata``, never in these fields.
+:mod:`rollq.models.policy` or in ``metadata``, never in these fields.
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from opentelemetry.sdk.trace import ReadableSpan
 from pydantic import BaseModel, Field
 
 if TYPE_CHECKING:
-    from worker.runner import AgentRunner
-    from worker.tracer import BaseTracer
+    from rollq.worker.runner import AgentRunner
+    from rollq.worker.tracer import BaseTracer
 
 __all__ = [
     "Triplet",

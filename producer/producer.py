@@ -9,15 +9,15 @@ from typing import Any, cast
 
 import redis
 
-from models.connection import connect
-from models.contract import ResourcesUpdate, Rollout, Task, TaskInput
-from models.errors import PayloadTooLargeError, UnknownResourcesError
-from models.keys import DEFAULT_NAMESPACE, Keys
-from models.lifecycle import Lifecycle
-from models.policy import RolloutPolicy
-from models.reaper import ReapReport, reap
-from models.records import read_record, read_records
-from models.resources import ResourceStore
+from rollq.store.connection import connect
+from rollq.models.contract import ResourcesUpdate, Rollout, Task, TaskInput
+from rollq.models.errors import PayloadTooLargeError, UnknownResourcesError
+from rollq.store.keys import DEFAULT_NAMESPACE, Keys
+from rollq.store.transitions import Lifecycle
+from rollq.models.policy import RolloutPolicy
+from rollq.store.reaper import ReapReport, reap
+from rollq.store.records import read_record, read_records
+from rollq.store.resources import ResourceStore
 
 from .results import ResultReader, wait
 

@@ -17,11 +17,11 @@ from typing import Any
 
 import redis
 
-from models.contract import Rollout
-from models.errors import RolloutTimeoutError, RolloutTrimmedError
-from models.keys import Keys
-from models.lifecycle import Lifecycle
-from models.reaper import reap
+from rollq.models.contract import Rollout
+from rollq.models.errors import RolloutTimeoutError, RolloutTrimmedError
+from rollq.store.keys import Keys
+from rollq.store.transitions import Lifecycle
+from rollq.store.reaper import reap
 
 log = logging.getLogger(__name__)
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from models.contract import NamedResources
-from worker.agent import LitAgent
+from rollq.models.contract import NamedResources
+from rollq.worker.agent import LitAgent
 
 
 class HoldingAgent(LitAgent):

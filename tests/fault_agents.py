@@ -17,9 +17,9 @@ from typing import Any
 
 import redis
 
-from models.contract import Hook, NamedResources, Rollout, Task
-from models.keys import Keys
-from worker.agent import LitAgent
+from rollq.models.contract import Hook, NamedResources, Rollout, Task
+from rollq.store.keys import Keys
+from rollq.worker.agent import LitAgent
 
 
 class FaultAgent(LitAgent):

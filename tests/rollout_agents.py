@@ -18,9 +18,9 @@ from typing import Any
 import redis
 from opentelemetry import trace
 
-from models.contract import LLM, Hook, NamedResources, Rollout, Task, Triplet
-from worker.agent import LitAgent
-from worker.tracer import emit_reward, llm_call_span
+from rollq.models.contract import LLM, Hook, NamedResources, Rollout, Task, Triplet
+from rollq.worker.agent import LitAgent
+from rollq.worker.tracer import emit_reward, llm_call_span
 
 KINDS = ("none_spans", "float", "int", "triplets", "dicts", "spans", "rollout", "raise", "resources")
 """Values of ``task_input["kind"]``, each selecting one kind of result."""

@@ -105,7 +105,7 @@ class RedisServer:
 
 
 class WorkerProcess:
-    """A stock ``rq worker -w worker.RolloutWorker`` subprocess with its output in a log file."""
+    """A stock ``rq worker -w rollq.worker.RolloutWorker`` subprocess with its output in a log file."""
 
     def __init__(
         self, url: str, namespace: str, log_path: Path, *, env: dict[str, str], args: list[str] | None = None
@@ -119,7 +119,7 @@ class WorkerProcess:
             **env,
         }
         self.process = subprocess.Popen(
-            [RQ, "worker", "-w", "worker.RolloutWorker", "--url", url, *(args or []), namespace],
+            [RQ, "worker", "-w", "rollq.worker.RolloutWorker", "--url", url, *(args or []), namespace],
             stdout=self._log,
             stderr=subprocess.STDOUT,
             env=full_env,

@@ -17,12 +17,12 @@ from rq import Queue
 from rq.registry import FailedJobRegistry
 from rq.serializers import JSONSerializer
 
-from models.contract import LLM
-from models.errors import PayloadTooLargeError, UnknownResourcesError
-from models.jobs import ROLLOUT_FUNC
-from models.keys import Keys
-from models.policy import RolloutPolicy
-from producer.producer import Producer
+from rollq.models.contract import LLM
+from rollq.models.errors import PayloadTooLargeError, UnknownResourcesError
+from rollq.store.jobs import ROLLOUT_FUNC
+from rollq.store.keys import Keys
+from rollq.models.policy import RolloutPolicy
+from rollq.producer.producer import Producer
 
 pytestmark = pytest.mark.redis
 

@@ -21,13 +21,13 @@ import pytest
 from click.testing import CliRunner, Result
 from servers import RedisServer, free_port
 
-from models.connection import connect
-from models.contract import NamedResources, Rollout
-from producer import Producer
-from producer.cli import main
-from worker.agent import LitAgent
-from worker.config import WorkerSettings
-from worker.worker import RolloutWorker
+from rollq.store.connection import connect
+from rollq.models.contract import NamedResources, Rollout
+from rollq.producer import Producer
+from rollq.ops.cli import main
+from rollq.worker.agent import LitAgent
+from rollq.worker.config import WorkerSettings
+from rollq.worker.rq_worker import RolloutWorker
 
 ROLLQ = str(Path(sys.executable).parent / "rollq")
 PASSWORD = "cli-test-secret"

@@ -16,9 +16,9 @@ import pytest
 import yaml
 from servers import REPO, RedisServer, WorkerProcess
 
-from models.policy import RolloutPolicy
-from worker.agent import LitAgent
-from worker.loader import load_object
+from rollq.models.policy import RolloutPolicy
+from rollq.worker.agent import LitAgent
+from rollq.worker.loader import load_object
 
 COMPOSE = REPO / "compose.yaml"
 DOCKERFILE = REPO / "Dockerfile"

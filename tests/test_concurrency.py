@@ -15,11 +15,11 @@ from opentelemetry.trace import Link, Status, StatusCode
 from rq.registry import FinishedJobRegistry, StartedJobRegistry
 from rq.serializers import JSONSerializer
 
-from models import RolloutPolicy
-from models.connection import connect
-from producer import Producer
-from worker import LitAgent, RolloutWorker, WorkerSettings
-from worker.normalize import span_json
+from rollq.models import RolloutPolicy
+from rollq.store.connection import connect
+from rollq.producer import Producer
+from rollq.worker import LitAgent, RolloutWorker, WorkerSettings
+from rollq.worker.normalize import span_json
 
 
 class Gauge:
@@ -126,7 +126,7 @@ def test_a_timed_out_async_agent_is_cancelled_and_no_thread_waits_for_it() -> No
 def test_job_template_payload_is_what_rq_itself_writes() -> None:
     from rq.job import Job
 
-    from models.jobs import ROLLOUT_FUNC, JobTemplate
+    from rollq.store.jobs import ROLLOUT_FUNC, JobTemplate
 
     producer = _producer()
     template = JobTemplate(producer.connection, queue_name="conc", timeout_seconds=5)

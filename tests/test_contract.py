@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
-import models.contract as contract
-from models.contract import (
+import rollq.models.contract as contract
+from rollq.models.contract import (
     LLM,
     GenericResponse,
     NamedResources,

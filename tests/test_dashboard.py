@@ -22,9 +22,9 @@ from rq.serializers import JSONSerializer
 from rq.worker import Worker
 from servers import REPO, RedisServer, WorkerProcess, free_port
 
-from models.errors import RollqError
-from producer import Producer
-from producer.dashboard import create_app
+from rollq.models.errors import RollqError
+from rollq.producer import Producer
+from rollq.ops.dashboard import create_app
 
 ROLLQ = str(Path(sys.executable).parent / "rollq")
 SCREENSHOTS = REPO / "docs" / "screenshots"

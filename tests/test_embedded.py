@@ -24,7 +24,7 @@ from rq.registry import FinishedJobRegistry
 from rq.serializers import JSONSerializer
 from rq.worker import Worker, WorkerStatus
 
-from models.embedded import EmbeddedRedis
+from rollq.store.embedded import EmbeddedRedis
 
 # tests/ is not a package: the rq worker subprocess imports the job functions as `embedded_jobs.<name>`.
 JOBS_DIR = Path(__file__).resolve().parent

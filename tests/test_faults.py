@@ -11,10 +11,10 @@ import signal
 import pytest
 from fault_agents import assert_exactly_once, published, wait_until
 
-from models.keys import Keys
-from models.policy import RolloutPolicy
-from models.records import read_record
-from producer.producer import Producer
+from rollq.store.keys import Keys
+from rollq.models.policy import RolloutPolicy
+from rollq.store.records import read_record
+from rollq.producer.producer import Producer
 
 pytestmark = pytest.mark.redis
 

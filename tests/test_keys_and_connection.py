@@ -10,8 +10,8 @@ import redis
 from redis.crc import key_slot
 from rq.job import validate_job_id
 
-from models.connection import connect, describe, resolve_url
-from models.keys import Keys, job_id
+from rollq.store.connection import connect, describe, resolve_url
+from rollq.store.keys import Keys, job_id
 
 
 def rollq_keys(keys: Keys) -> list[str]:

@@ -7,11 +7,11 @@ import uuid
 
 import pytest
 
-from models.connection import connect
-from models.contract import Task
-from models.keys import Keys
-from models.lifecycle import Claim, ClaimRefused, Lifecycle
-from models.policy import RolloutPolicy
+from rollq.store.connection import connect
+from rollq.models.contract import Task
+from rollq.store.keys import Keys
+from rollq.store.transitions import Claim, ClaimRefused, Lifecycle
+from rollq.models.policy import RolloutPolicy
 
 
 @pytest.fixture

@@ -8,10 +8,10 @@ from typing import Any
 import pytest
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 
-from models.contract import Rollout, Triplet
-from models.errors import UnsupportedResultError
-from worker.normalize import to_rollout
-from worker.tracer import REWARD_ATTRIBUTE
+from rollq.models.contract import Rollout, Triplet
+from rollq.models.errors import UnsupportedResultError
+from rollq.worker.normalize import to_rollout
+from rollq.worker.tracer import REWARD_ATTRIBUTE
 
 RID = "rollout-under-test"
 

@@ -7,7 +7,7 @@ from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExport
 from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
 
-from worker.tracer import _export_otlp_if_configured
+from rollq.worker.tracer import _export_otlp_if_configured
 
 
 def _exporters(provider: TracerProvider) -> list[object]:

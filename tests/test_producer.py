@@ -12,15 +12,15 @@ import pytest
 from rq.job import Job, JobStatus
 from rq.serializers import JSONSerializer
 
-from models.connection import connect
-from models.contract import LLM, Rollout
-from models.errors import RolloutTimeoutError, RolloutTrimmedError, UnknownResourcesError, UnknownTaskError
-from models.keys import job_id
-from producer import Producer
+from rollq.store.connection import connect
+from rollq.models.contract import LLM, Rollout
+from rollq.models.errors import RolloutTimeoutError, RolloutTrimmedError, UnknownResourcesError, UnknownTaskError
+from rollq.store.keys import job_id
+from rollq.producer import Producer
 from tests.rollout_agents import AsyncKindsAgent, SyncKindsAgent
-from worker.agent import LitAgent
-from worker.config import WorkerSettings
-from worker.worker import RolloutWorker
+from rollq.worker.agent import LitAgent
+from rollq.worker.config import WorkerSettings
+from rollq.worker.rq_worker import RolloutWorker
 
 WAIT = 60.0
 
@@ -133,7 +133,7 @@ def test_each_task_is_a_queued_rq_job_that_names_the_rollout_function(producer: 
     assert queued_job_ids(producer) == [job_id(t.rollout_id) for t in tasks]
     for task in tasks:
         job = Job.fetch(job_id(task.rollout_id), connection=producer.connection, serializer=JSONSerializer)
-        assert job.func_name == "worker.jobs.run_rollout"
+        assert job.func_name == "rollq.worker.jobs.run_rollout"
         assert job.args == [task.rollout_id] and job.kwargs == {}
         assert job.get_status() == JobStatus.QUEUED
         assert job.origin == namespace

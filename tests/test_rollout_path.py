@@ -1,4 +1,4 @@
-"""The rollout path end to end: a real redis-server, stock ``rq worker -w worker.RolloutWorker`` subprocesses.
+"""The rollout path end to end: a real redis-server, stock ``rq worker -w rollq.worker.RolloutWorker`` subprocesses.
 
 Agents and hooks come from ``tests/rollout_agents.py``; the hooks report to a
 Redis list what ran, in which process, so the test can check it from outside.
@@ -18,8 +18,8 @@ import pytest
 import redis
 from servers import RedisServer, WorkerProcess
 
-from models.contract import LLM, Rollout
-from producer import Producer
+from rollq.models.contract import LLM, Rollout
+from rollq.producer import Producer
 from tests.rollout_agents import read_events
 
 pytestmark = pytest.mark.redis

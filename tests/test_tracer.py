@@ -9,8 +9,8 @@ from concurrent.futures import ThreadPoolExecutor
 from opentelemetry import trace
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 
-from worker.normalize import to_rollout
-from worker.tracer import REWARD_ATTRIBUTE, OtelTracer, RolloutTrace, emit_reward, llm_call_span
+from rollq.worker.normalize import to_rollout
+from rollq.worker.tracer import REWARD_ATTRIBUTE, OtelTracer, RolloutTrace, emit_reward, llm_call_span
 
 ROLLOUTS = 20
 STEPS = 3

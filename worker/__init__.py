@@ -1,6 +1,6 @@
-"""The worker side of rollq: run with ``rq worker -w worker.RolloutWorker`` or ``rollq worker``.
+"""The worker side of rollq: run with ``rq worker -w rollq.worker.RolloutWorker`` or ``rollq worker``.
 
-Write an agent by subclassing :class:`LitAgent`; add :class:`models.Hook`
+Write an agent by subclassing :class:`LitAgent`; add :class:`rollq.models.Hook`
 subclasses for callbacks around each rollout.
 """
 
@@ -8,7 +8,7 @@ from .agent import LitAgent
 from .config import WorkerSettings
 from .runner import AgentRunner
 from .tracer import BaseTracer, OtelTracer, emit_reward, llm_call_span
-from .worker import RolloutWorker
+from .rq_worker import RolloutWorker
 
 __all__ = [
     "AgentRunner",

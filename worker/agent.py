@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from models.contract import NamedResources, RolloutRawResult, TaskInput
+from rollq.models.contract import NamedResources, RolloutRawResult, TaskInput
 
 
 class LitAgent:

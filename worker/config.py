@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
-from models.jobs import DEFAULT_RESULT_TTL
+from rollq.store.jobs import DEFAULT_RESULT_TTL
 
 
 @dataclass(frozen=True)

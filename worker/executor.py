@@ -16,7 +16,7 @@ from collections.abc import Callable
 from concurrent.futures import Future, InvalidStateError
 from typing import Any
 
-from models.errors import AgentTimeoutError
+from rollq.models.errors import AgentTimeoutError
 
 
 def _settle(future: Future[Any], result: Any = None, error: BaseException | None = None) -> None:

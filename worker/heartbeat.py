@@ -14,8 +14,8 @@ from collections.abc import Callable
 
 import redis
 
-from models.lifecycle import Lifecycle
-from models.reaper import reap
+from rollq.store.transitions import Lifecycle
+from rollq.store.reaper import reap
 
 log = logging.getLogger(__name__)
 

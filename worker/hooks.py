@@ -7,7 +7,7 @@ import logging
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from models.contract import Hook, Rollout, Task
+from rollq.models.contract import Hook, Rollout, Task
 
 from .tracer import BaseTracer
 

@@ -1,6 +1,6 @@
 """The function every rollq RQ job names.
 
-:class:`worker.RolloutWorker` recognises rollq jobs by this name and runs them
+:class:`rollq.worker.RolloutWorker` recognises rollq jobs by this name and runs them
 itself, so the function body only runs when some other RQ worker picks a rollq
 job up: it fails with an error that says how to start the right one.
 """
@@ -11,8 +11,8 @@ from typing import Any
 
 
 def run_rollout(rollout_id: str) -> Any:
-    """Refuse to run outside :class:`worker.RolloutWorker`."""
+    """Refuse to run outside :class:`rollq.worker.RolloutWorker`."""
     raise RuntimeError(
-        f"rollq job for {rollout_id!r} must be run by worker.RolloutWorker: "
-        "rq worker -w worker.RolloutWorker --url URL NAMESPACE"
+        f"rollq job for {rollout_id!r} must be run by rollq.worker.RolloutWorker: "
+        "rq worker -w rollq.worker.RolloutWorker --url URL NAMESPACE"
     )

@@ -25,8 +25,8 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.util import ns_to_iso_str
 from opentelemetry.trace import SpanContext, format_span_id, format_trace_id
 
-from models.contract import Rollout, Triplet
-from models.errors import UnsupportedResultError
+from rollq.models.contract import Rollout, Triplet
+from rollq.models.errors import UnsupportedResultError
 
 from .triplets import triplets_from_trace
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 
-from models.contract import NamedResources
-from models.resources import ResourceStore
+from rollq.models.contract import NamedResources
+from rollq.store.resources import ResourceStore
 
 
 class ResourceCache:

@@ -21,11 +21,11 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from models.contract import NamedResources, Rollout, Task
-from models.errors import AgentTimeoutError, InvalidTaskError, PayloadTooLargeError, UnknownResourcesError
-from models.lifecycle import Claim, ClaimRefused, Lifecycle
-from models.outcomes import failed_rollout, stamp
-from models.policy import FailureKind, RolloutPolicy, RolloutStatus
+from rollq.models.contract import NamedResources, Rollout, Task
+from rollq.models.errors import AgentTimeoutError, InvalidTaskError, PayloadTooLargeError, UnknownResourcesError
+from rollq.store.transitions import Claim, ClaimRefused, Lifecycle
+from rollq.models.outcomes import failed_rollout, stamp
+from rollq.models.policy import FailureKind, RolloutPolicy, RolloutStatus
 
 from .agent import LitAgent
 from .config import WorkerSettings

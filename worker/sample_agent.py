@@ -13,7 +13,7 @@ import asyncio
 import random
 from typing import Any
 
-from models.contract import LLM, NamedResources, PromptTemplate
+from rollq.models.contract import LLM, NamedResources, PromptTemplate
 
 from .agent import LitAgent
 from .tracer import emit_reward, llm_call_span

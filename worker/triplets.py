@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from models.contract import Triplet
+from rollq.models.contract import Triplet
 
 from .tracer import REWARD_ATTRIBUTE, REWARD_SPAN
 

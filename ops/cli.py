@@ -19,11 +19,11 @@ import click
 import redis
 from tqdm import tqdm
 
-from models.connection import connect, describe, resolve_url
-from models.errors import RollqError
-from models.keys import DEFAULT_NAMESPACE
+from rollq.store.connection import connect, describe, resolve_url
+from rollq.models.errors import RollqError
+from rollq.store.keys import DEFAULT_NAMESPACE
 
-from .producer import Producer
+from rollq.producer import Producer
 
 EXIT_FAILED, EXIT_REDIS = 1, 3
 
@@ -149,10 +149,10 @@ def worker(
     worker_ttl: int | None,
     logging_level: str,
 ) -> None:
-    """Start a worker: the same as `rq worker -w worker.RolloutWorker --url URL NAMESPACE`."""
+    """Start a worker: the same as `rq worker -w rollq.worker.RolloutWorker --url URL NAMESPACE`."""
     import logging
 
-    from worker import RolloutWorker, WorkerSettings
+    from rollq.worker import RolloutWorker, WorkerSettings
 
     root = ctx.find_root().params
     settings = WorkerSettings.from_env(

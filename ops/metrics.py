@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from models.lifecycle import DURATION_BUCKETS
+from rollq.store.transitions import DURATION_BUCKETS
 
 from .status import Snapshot
 

@@ -23,14 +23,14 @@ from pathlib import Path
 from rq import Queue, Worker
 from tqdm import tqdm
 
-from models.connection import describe
-from models.policy import RolloutStatus
-from models.records import read_records
-from worker.sample_agent import sample_inputs, sample_resources
+from rollq.store.connection import describe
+from rollq.models.policy import RolloutStatus
+from rollq.store.records import read_records
+from rollq.worker.sample_agent import sample_inputs, sample_resources
 
-from .producer import Producer
+from rollq.producer import Producer
 
-SAMPLE_AGENT = "worker.sample_agent:SampleAgent"
+SAMPLE_AGENT = "rollq.worker.sample_agent:SampleAgent"
 
 
 @dataclass
@@ -66,7 +66,7 @@ def _redis(url: str | None) -> Iterator[str]:
     if url:
         yield url
         return
-    from models.embedded import EmbeddedRedis
+    from rollq.store.embedded import EmbeddedRedis
 
     with EmbeddedRedis() as embedded:
         yield embedded.url

@@ -6,10 +6,10 @@ from dataclasses import dataclass
 
 import redis
 
-from .contract import Task
-from .errors import UnknownTaskError
+from rollq.models.contract import Task
+from rollq.models.errors import UnknownTaskError
 from .keys import Keys
-from .policy import RolloutPolicy, TaskState
+from rollq.models.policy import RolloutPolicy, TaskState
 
 _FIELDS = ("task", "policy", "state", "claims", "last_claim", "attempt", "worker", "attempts", "result")
 

@@ -2,7 +2,7 @@
 
 Start it like any RQ worker, naming the rollq namespace as the queue::
 
-    ROLLQ_AGENT=myproject.agents:MathAgent rq worker -w worker.RolloutWorker --url redis://host:6379 rollq
+    ROLLQ_AGENT=myproject.agents:MathAgent rq worker -w rollq.worker.RolloutWorker --url redis://host:6379 rollq
 
 It differs from RQ's ``SimpleWorker`` in these ways:
 
@@ -39,13 +39,13 @@ from rq.timeouts import BaseDeathPenalty
 from rq.utils import get_version, now
 from rq.worker import SimpleWorker, WorkerStatus
 
-from models.connection import retry_policy
-from models.contract import Hook
-from models.errors import InvalidTaskError
-from models.jobs import rollout_id_of
-from models.keys import Keys
-from models.lifecycle import Lifecycle
-from models.resources import ResourceStore
+from rollq.store.connection import retry_policy
+from rollq.models.contract import Hook
+from rollq.models.errors import InvalidTaskError
+from rollq.store.jobs import rollout_id_of
+from rollq.store.keys import Keys
+from rollq.store.transitions import Lifecycle
+from rollq.store.resources import ResourceStore
 
 from .agent import LitAgent
 from .bookkeeping import Bookkeeping
@@ -146,7 +146,7 @@ class RolloutWorker(SimpleWorker):
         # loop quits on most such errors; a worker should wait for Redis to come back.
         self.connection.set_retry(retry_policy(retries=-1))
         level = args[0] if args else kwargs.get("logging_level", "INFO")
-        for name in ("worker", "models"):
+        for name in ("rollq",):
             setup_loghandlers(level, name=name)
         self.worker_id = int(self.connection.incr(self.keys.worker_seq))
         lifecycle = Lifecycle(self.connection, self.keys)

@@ -14,8 +14,8 @@ from typing import Any, cast
 import redis
 from pydantic import TypeAdapter
 
-from .contract import NamedResources, ResourcesUpdate
-from .errors import UnknownResourcesError
+from rollq.models.contract import NamedResources, ResourcesUpdate
+from rollq.models.errors import UnknownResourcesError
 from .keys import Keys
 
 _NAMED = TypeAdapter(NamedResources)

@@ -10,7 +10,7 @@ from typing import Any
 import redis
 from rq.worker import Worker
 
-from models.keys import Keys
+from rollq.store.keys import Keys
 
 
 @dataclass

@@ -17,9 +17,9 @@ from rq.job import Job, JobStatus
 from rq.serializers import JSONSerializer
 from rq.utils import now
 
-from .errors import InvalidTaskError
+from rollq.models.errors import InvalidTaskError
 
-ROLLOUT_FUNC = "worker.jobs.run_rollout"
+ROLLOUT_FUNC = "rollq.worker.jobs.run_rollout"
 
 # RQ keeps finished job hashes this long (the worker's default result TTL; rollq
 # jobs carry none of their own): enough for rq-dashboard to show recent work,

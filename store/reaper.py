@@ -21,12 +21,12 @@ import redis
 from rq.job import Job
 from rq.serializers import JSONSerializer
 
-from .errors import InvalidTaskError, WorkerUnresponsiveError
+from rollq.models.errors import InvalidTaskError, WorkerUnresponsiveError
 from .jobs import rollout_id_of
 from .keys import Keys
-from .lifecycle import Lifecycle
-from .outcomes import failed_rollout
-from .policy import TaskState
+from .transitions import Lifecycle
+from rollq.models.outcomes import failed_rollout
+from rollq.models.policy import TaskState
 from .records import read_records
 
 log = logging.getLogger(__name__)

@@ -19,10 +19,10 @@ from typing import Literal
 import redis
 from redis.commands.core import Script
 
-from .contract import Task
+from rollq.models.contract import Task
 from .jobs import JobTemplate
 from .keys import Keys, job_id
-from .policy import RolloutPolicy
+from rollq.models.policy import RolloutPolicy
 
 RequeueReason = Literal["retry", "unresponsive", "released"]
 
@@ -60,7 +60,7 @@ class ClaimRefused:
 
 
 def _load(connection: redis.Redis, name: str) -> Script:
-    source = package_files.files("models").joinpath("lua", f"{name}.lua").read_text()
+    source = package_files.files("rollq.store").joinpath("lua", f"{name}.lua").read_text()
     return connection.register_script(source)
 
 
