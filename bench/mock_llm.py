@@ -54,8 +54,8 @@ from bench.common import (  # noqa: E402
     write_result,
 )
 from bench.rq_jobs import TURN_SECONDS, TURNS  # noqa: E402
-from rollq.store.keys import Keys  # noqa: E402
 from rollq.producer import Producer  # noqa: E402
+from rollq.store.keys import Keys  # noqa: E402
 
 MEAN_ROLLOUT_SECONDS = TURNS * sum(TURN_SECONDS) / 2
 WORKER_PROCESSES = 2

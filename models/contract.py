@@ -7,14 +7,10 @@ the contract; what rollq adds (attempts, statuses, policy) lives in
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Annotated, Any, Dict, List, Literal, Optional, Union
+from typing import Annotated, Any, Dict, List, Literal, Optional, Protocol, Union
 
 from opentelemetry.sdk.trace import ReadableSpan
 from pydantic import BaseModel, Field
-
-if TYPE_CHECKING:
-    from rollq.worker.runner import AgentRunner
-    from rollq.worker.tracer import BaseTracer
 
 __all__ = [
     "Triplet",
@@ -138,6 +134,22 @@ class GenericResponse(BaseModel):
     status: str = "success"
     message: Optional[str] = None
     data: Optional[Dict[str, Any]] = None
+
+
+class AgentRunner(Protocol):
+    """What a hook may rely on of the runner that calls it (``rollq.worker.AgentRunner`` is one).
+
+    Declared here, beside the hooks that receive it, so that the contract names no worker module.
+    """
+
+    @property
+    def worker_name(self) -> str: ...
+
+
+class BaseTracer(Protocol):
+    """What a hook may rely on of the tracer that captures the rollout (``rollq.worker.BaseTracer`` is one)."""
+
+    def start_rollout(self, rollout_id: str, attempt: int) -> Any: ...
 
 
 class ParallelWorkerBase:

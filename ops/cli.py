@@ -19,11 +19,10 @@ import click
 import redis
 from tqdm import tqdm
 
-from rollq.store.connection import connect, describe, resolve_url
 from rollq.models.errors import RollqError
-from rollq.store.keys import DEFAULT_NAMESPACE
-
 from rollq.producer import Producer
+from rollq.store.connection import connect, describe, resolve_url
+from rollq.store.keys import DEFAULT_NAMESPACE
 
 EXIT_FAILED, EXIT_REDIS = 1, 3
 

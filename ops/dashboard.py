@@ -18,8 +18,8 @@ from rq.job import Job
 from rq.serializers import JSONSerializer
 from rq.worker import Worker
 
-from rollq.store.connection import describe
 from rollq.models.errors import RollqError
+from rollq.store.connection import describe
 
 if TYPE_CHECKING:
     from flask import Flask

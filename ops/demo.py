@@ -23,12 +23,11 @@ from pathlib import Path
 from rq import Queue, Worker
 from tqdm import tqdm
 
-from rollq.store.connection import describe
 from rollq.models.policy import RolloutStatus
+from rollq.producer import Producer
+from rollq.store.connection import describe
 from rollq.store.records import read_records
 from rollq.worker.sample_agent import sample_inputs, sample_resources
-
-from rollq.producer import Producer
 
 SAMPLE_AGENT = "rollq.worker.sample_agent:SampleAgent"
 

@@ -10,7 +10,7 @@ from typing import Any
 import redis
 from rq.worker import Worker
 
-from rollq.store.keys import Keys
+from rollq.store.keys import REQUEUED_PREFIX, Keys, TaskField, parse_inflight_member
 
 
 @dataclass
@@ -65,7 +65,7 @@ def snapshot(connection: redis.Redis, keys: Keys, now: float | None = None) -> S
 
     pipe = connection.pipeline(transaction=False)
     for member in inflight:
-        pipe.hget(keys.task(member.decode().rpartition("|")[0]), "worker")
+        pipe.hget(keys.task(parse_inflight_member(member)[0]), TaskField.WORKER)
     by_worker = Counter((w or b"?").decode() for w in pipe.execute())
 
     counters = {k.decode(): float(v) for k, v in stats.items()}
@@ -85,7 +85,9 @@ def snapshot(connection: redis.Redis, keys: Keys, now: float | None = None) -> S
         failed=total("failed:"),
         dead_letter=int(dead),
         superseded=int(counters.get("superseded", 0)),
-        requeued={k.split(":", 1)[1]: int(v) for k, v in counters.items() if k.startswith("requeued:")},
+        requeued={
+            k.removeprefix(REQUEUED_PREFIX): int(v) for k, v in counters.items() if k.startswith(REQUEUED_PREFIX)
+        },
         results_stream_length=int(xlen),
         consumer_groups=_groups(connection, keys),
         resource_versions=[v.decode() for v in versions],

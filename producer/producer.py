@@ -9,15 +9,15 @@ from typing import Any, cast
 
 import redis
 
-from rollq.store.connection import connect
 from rollq.models.contract import ResourcesUpdate, Rollout, Task, TaskInput
 from rollq.models.errors import PayloadTooLargeError, UnknownResourcesError
-from rollq.store.keys import DEFAULT_NAMESPACE, Keys
-from rollq.store.transitions import Lifecycle
 from rollq.models.policy import RolloutPolicy
+from rollq.store.connection import connect
+from rollq.store.keys import DEFAULT_NAMESPACE, Keys
 from rollq.store.reaper import ReapReport, reap
 from rollq.store.records import read_record, read_records
 from rollq.store.resources import ResourceStore
+from rollq.store.transitions import Enqueued, Lifecycle
 
 from .results import ResultReader, wait
 
@@ -122,17 +122,17 @@ class Producer:
         for task, data in serialized:
             if len(data) > self.max_task_bytes:
                 raise PayloadTooLargeError(f"task {task.rollout_id}", len(data), self.max_task_bytes)
-        codes: list[int] = []
+        outcomes: list[Enqueued] = []
         for start in range(0, len(serialized), _ENQUEUE_CHUNK):
             chunk = serialized[start : start + _ENQUEUE_CHUNK]
-            chunk_codes = self.lifecycle.enqueue_many(chunk, policy)
+            chunk_outcomes = self.lifecycle.enqueue_many(chunk, policy)
             # The enqueue script checks the pinned version atomically and queues none of a batch without it.
-            if -1 in chunk_codes:
+            if Enqueued.UNKNOWN_RESOURCES in chunk_outcomes:
                 raise UnknownResourcesError(resources_id, self.namespace)
-            codes += chunk_codes
+            outcomes += chunk_outcomes
             if on_progress:
                 on_progress(len(chunk))
-        known = [task.rollout_id for task, code in zip(tasks, codes, strict=True) if code == 0]
+        known = [task.rollout_id for task, outcome in zip(tasks, outcomes, strict=True) if outcome is Enqueued.KNOWN]
         if known:
             stored = read_records(self.connection, self.keys, known)
             tasks = [stored[t.rollout_id].task if t.rollout_id in stored else t for t in tasks]

@@ -20,8 +20,8 @@ import redis
 from rollq.models.contract import Rollout
 from rollq.models.errors import RolloutTimeoutError, RolloutTrimmedError
 from rollq.store.keys import Keys
-from rollq.store.transitions import Lifecycle
 from rollq.store.reaper import reap
+from rollq.store.transitions import Lifecycle
 
 log = logging.getLogger(__name__)
 

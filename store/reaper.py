@@ -22,12 +22,13 @@ from rq.job import Job
 from rq.serializers import JSONSerializer
 
 from rollq.models.errors import InvalidTaskError, WorkerUnresponsiveError
-from .jobs import rollout_id_of
-from .keys import Keys
-from .transitions import Lifecycle
 from rollq.models.outcomes import failed_rollout
 from rollq.models.policy import TaskState
+
+from .jobs import rollout_id_of
+from .keys import Keys, parse_inflight_member
 from .records import read_records
+from .transitions import Lifecycle, Published, Requeued
 
 log = logging.getLogger(__name__)
 
@@ -47,21 +48,19 @@ def reap(lifecycle: Lifecycle, *, now: float, results_maxlen: int, limit: int = 
     keys: Keys = lifecycle.keys
     report = ReapReport(restored=_restore_stranded(lifecycle, now=now, limit=limit))
     stale = cast(list[bytes], connection.zrangebyscore(keys.inflight, "-inf", now, start=0, num=limit))
-    members = [m.decode() for m in stale]
-    if not members:
+    if not stale:
         return report
-    attempts = {rid: int(n) for rid, _, n in (m.rpartition("|") for m in members)}
-    records = read_records(connection, keys, list(attempts))
-    for member in members:
-        rid, _, n = member.rpartition("|")
-        attempt = int(n)
+    members = [(member, *parse_inflight_member(member)) for member in stale]
+    records = read_records(connection, keys, list(dict.fromkeys(rid for _, rid, _ in members)))
+    for member, rid, attempt in members:
         record = records.get(rid)
         if record is None or record.state != TaskState.RUNNING or record.attempt != attempt:
             connection.zrem(keys.inflight, member)  # a leftover of an attempt that already ended
             continue
         silent_for = record.policy.unresponsive_seconds
         if record.policy.retries("unresponsive", record.attempts_used):
-            if lifecycle.requeue(record.task, attempt, record.policy, "unresponsive", stale_before=now) == 1:
+            reply = lifecycle.requeue(record.task, attempt, record.policy, "unresponsive", stale_before=now)
+            if isinstance(reply, Requeued):
                 report.requeued += 1
                 log.warning(
                     "requeued %s: attempt %d on %s sent no heartbeat for %.0fs", rid, attempt, record.worker, silent_for
@@ -82,7 +81,7 @@ def reap(lifecycle: Lifecycle, *, now: float, results_maxlen: int, limit: int = 
             now=now,
             stale_before=now,
         )
-        if isinstance(outcome, str):
+        if isinstance(outcome, Published):
             report.failed += 1
             log.error("failed %s for good: %s", rid, error)
     return report

@@ -16,6 +16,7 @@ from pydantic import TypeAdapter
 
 from rollq.models.contract import NamedResources, ResourcesUpdate
 from rollq.models.errors import UnknownResourcesError
+
 from .keys import Keys
 
 _NAMED = TypeAdapter(NamedResources)

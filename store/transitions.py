@@ -1,18 +1,21 @@
-"""A task's life as atomic Redis transitions: enqueue, claim, finish, requeue, revive.
+"""A task's life as atomic Redis transitions: enqueue, claim, finish, requeue, revive, restore.
 
-Each transition is one Lua script (``models/lua``), so producers, workers and
+Each transition is one Lua script (``store/lua``), so producers, workers and
 reapers on any number of machines can race and exactly one of them wins. A task
 moves ``queued -> running -> succeeded | failed``; ``requeue`` sends a running
 attempt back to ``queued`` as a new RQ job, ``revive`` does the same for a task
-in the dead-letter set.
+in the dead-letter set. Each script's reply comes back as a small type
+(:class:`Published`, :class:`Superseded`, :class:`StillAlive`, ...), never as a bare code.
 """
 
 from __future__ import annotations
 
 import bisect
+import functools
 import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
+from enum import StrEnum
 from importlib import resources as package_files
 from typing import Literal
 
@@ -20,9 +23,10 @@ import redis
 from redis.commands.core import Script
 
 from rollq.models.contract import Task
-from .jobs import JobTemplate
-from .keys import Keys, job_id
 from rollq.models.policy import RolloutPolicy
+
+from .jobs import JobTemplate
+from .keys import Keys, job_id, lua_header
 
 RequeueReason = Literal["retry", "unresponsive", "released"]
 
@@ -38,6 +42,47 @@ def duration_bucket(seconds: float) -> str:
     """The histogram bucket label (``le``) a rollout of ``seconds`` falls in."""
     i = bisect.bisect_left(DURATION_BUCKETS, seconds)
     return "+Inf" if i == len(DURATION_BUCKETS) else repr(DURATION_BUCKETS[i])
+
+
+class Enqueued(StrEnum):
+    """What enqueueing did with one task."""
+
+    QUEUED = "queued"
+    KNOWN = "known"  # the rollout id was known already; nothing was written for it
+    UNKNOWN_RESOURCES = "unknown_resources"  # the pinned version does not exist; nothing of the batch was written
+
+
+@dataclass(frozen=True)
+class Published:
+    """The rollout is on the results stream at ``entry_id``."""
+
+    entry_id: str
+
+
+@dataclass(frozen=True)
+class Requeued:
+    """The attempt ended and the task is queued again as a new RQ job."""
+
+
+@dataclass(frozen=True)
+class Superseded:
+    """The attempt is no longer the task's current one: a newer attempt took over, or the task ended."""
+
+
+@dataclass(frozen=True)
+class StillAlive:
+    """A reaper's transition lost the race: the attempt heartbeated after the reaper judged it stale."""
+
+
+FinishReply = Published | Superseded | StillAlive
+RequeueReply = Requeued | Superseded | StillAlive
+
+_SUPERSEDED, _STILL_ALIVE, _REQUEUED = Superseded(), StillAlive(), Requeued()
+_WORDS: dict[bytes, Superseded | StillAlive | Requeued] = {
+    b"superseded": _SUPERSEDED,
+    b"alive": _STILL_ALIVE,
+    b"requeued": _REQUEUED,
+}
 
 
 @dataclass(frozen=True)
@@ -59,9 +104,14 @@ class ClaimRefused:
     state: str = ""
 
 
+@functools.cache
+def _source(name: str) -> str:
+    # Every script starts with the generated names of fields and formats (see keys.lua_header).
+    return lua_header() + package_files.files("rollq.store").joinpath("lua", f"{name}.lua").read_text()
+
+
 def _load(connection: redis.Redis, name: str) -> Script:
-    source = package_files.files("rollq.store").joinpath("lua", f"{name}.lua").read_text()
-    return connection.register_script(source)
+    return connection.register_script(_source(name))
 
 
 class Lifecycle:
@@ -84,12 +134,11 @@ class Lifecycle:
     def _description(task: Task) -> str:
         return f"rollout {task.rollout_id} ({task.mode or 'no mode'})"
 
-    def enqueue_many(self, tasks: Sequence[tuple[Task, str]], policy: RolloutPolicy) -> list[int]:
+    def enqueue_many(self, tasks: Sequence[tuple[Task, str]], policy: RolloutPolicy) -> list[Enqueued]:
         """Queue each ``(task, task_json)`` unless its rollout id is known, in one pipelined round trip.
 
         Tasks that share a mode and a resources pin go in Lua calls of up to
-        100, the job template sent once per call. Returns one code per task:
-        1 queued, 0 already known, -1 unknown resources id.
+        100, the job template sent once per call. Returns what happened to each task.
         """
         k = self.keys
         template = self._template(policy)
@@ -108,10 +157,11 @@ class Lifecycle:
                     args += [task_json, jid, template.payload(task.rollout_id), self._description(task)]
                 self._enqueue(keys=keys, args=args, client=pipe)
                 sizes.append(len(batch))
-        codes: list[int] = []
+        outcomes: list[Enqueued] = []
         for size, reply in zip(sizes, pipe.execute(), strict=True):
-            codes += [int(code) for code in reply] if isinstance(reply, list) else [int(reply)] * size
-        return codes
+            words = reply if isinstance(reply, list) else [reply] * size
+            outcomes += [Enqueued(word.decode()) for word in words]
+        return outcomes
 
     def claim(self, rollout_id: str, job_id: str, worker_name: str, now: float) -> Claim | ClaimRefused:
         """Start an attempt: count the claim and stamp its time, atomically."""
@@ -119,7 +169,7 @@ class Lifecycle:
         reply = self._claim(
             keys=[k.task(rollout_id), k.inflight, k.resources_latest], args=[rollout_id, job_id, worker_name, now]
         )
-        if reply[0] != b"ok":
+        if reply[0] != b"claimed":
             return ClaimRefused(reply[0].decode(), reply[1].decode() if len(reply) > 1 else "")  # type: ignore[arg-type]
         _, attempt, task_json, policy_json, latest, used = reply
         return Claim(int(attempt), task_json, policy_json, latest.decode() or None, int(used))
@@ -137,14 +187,12 @@ class Lifecycle:
         duration: float | None = None,
         keep_seconds: int = 0,
         stale_before: float | None = None,
-        pipeline: redis.client.Pipeline | None = None,
-    ) -> str | int | None:
+    ) -> FinishReply:
         """Publish the final rollout if ``attempt`` is still current.
 
-        Returns the results-stream id; 0 when the attempt was superseded (the
-        rollout is kept in the superseded stream instead); -1 when
-        ``stale_before`` is given and the attempt heartbeated after it. With a
-        pipeline, returns None and the reply comes from ``pipeline.execute()``.
+        :class:`Superseded` when it is not (the rollout is kept on the superseded
+        stream instead); :class:`StillAlive` when ``stale_before`` is given and the
+        attempt heartbeated after it.
         """
         k = self.keys
         reply = self._finish(
@@ -162,11 +210,10 @@ class Lifecycle:
                 keep_seconds,
                 duration or 0,
             ],
-            client=pipeline,
         )
-        if pipeline is not None:
-            return None
-        return reply.decode() if isinstance(reply, bytes) else int(reply)
+        if reply[0] == b"published":
+            return Published(reply[1].decode())
+        return _WORDS[reply[0]]  # type: ignore[return-value]
 
     def requeue(
         self,
@@ -176,12 +223,12 @@ class Lifecycle:
         reason: RequeueReason,
         *,
         stale_before: float | None = None,
-    ) -> int:
+    ) -> RequeueReply:
         """End ``attempt`` without an outcome and queue the task again as a new RQ job.
 
         A hand-back (``released``) goes to the front of the queue and gives the
-        attempt back. Returns 1 requeued, 0 not current, -1 heartbeated after
-        ``stale_before``.
+        attempt back. :class:`Superseded` when the attempt is not current,
+        :class:`StillAlive` when it heartbeated after ``stale_before``.
         """
         k = self.keys
         jid = job_id(task.rollout_id, after_attempt=attempt)
@@ -197,7 +244,7 @@ class Lifecycle:
                 *self._template(policy).fields(task.rollout_id, self._description(task)),
             ],
         )
-        return int(reply)
+        return _WORDS[reply]  # type: ignore[return-value]
 
     def revive(self, task: Task, policy: RolloutPolicy, claims: int) -> bool:
         """Requeue a dead-lettered task with a fresh attempt budget; False if it was not dead-lettered."""

@@ -42,7 +42,7 @@ def namespace() -> str:
 
 @pytest.fixture
 def workers(tmp_path: Path) -> Iterator[Callable[..., WorkerProcess]]:
-    """Start ``rq worker -w rollq.worker.RolloutWorker`` subprocesses: ``workers(url, namespace, env={...}, args=[...])``.
+    """Start ``rq worker -w rollq.worker.RolloutWorker`` subprocesses: ``workers(url, namespace, env=, args=)``.
 
     Each is stopped (SIGTERM, then SIGKILL) at the end of the test; its log is
     printed when the test fails.

@@ -19,10 +19,10 @@ from rq.serializers import JSONSerializer
 
 from rollq.models.contract import LLM
 from rollq.models.errors import PayloadTooLargeError, UnknownResourcesError
-from rollq.store.jobs import ROLLOUT_FUNC
-from rollq.store.keys import Keys
 from rollq.models.policy import RolloutPolicy
 from rollq.producer.producer import Producer
+from rollq.store.jobs import ROLLOUT_FUNC
+from rollq.store.keys import Keys
 
 pytestmark = pytest.mark.redis
 

@@ -21,10 +21,10 @@ import pytest
 from click.testing import CliRunner, Result
 from servers import RedisServer, free_port
 
-from rollq.store.connection import connect
 from rollq.models.contract import NamedResources, Rollout
-from rollq.producer import Producer
 from rollq.ops.cli import main
+from rollq.producer import Producer
+from rollq.store.connection import connect
 from rollq.worker.agent import LitAgent
 from rollq.worker.config import WorkerSettings
 from rollq.worker.rq_worker import RolloutWorker

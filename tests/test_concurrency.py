@@ -16,8 +16,8 @@ from rq.registry import FinishedJobRegistry, StartedJobRegistry
 from rq.serializers import JSONSerializer
 
 from rollq.models import RolloutPolicy
-from rollq.store.connection import connect
 from rollq.producer import Producer
+from rollq.store.connection import connect
 from rollq.worker import LitAgent, RolloutWorker, WorkerSettings
 from rollq.worker.normalize import span_json
 

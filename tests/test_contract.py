@@ -1,17 +1,15 @@
-"""The data contract: models round-trip through JSON, reject bad input by field, and match the seed exactly."""
+"""The data contract: models round-trip through JSON, reject bad input by field, and match the specification
+(the committed snapshot of Agent Lightning's types) exactly."""
 
 from __future__ import annotations
 
-import importlib.util
-import inspect
-import os
-import sys
-import typing
+import json
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
+import contract_snapshot
 import pytest
+from contract_snapshot import CONTRACT_MODELS, LIFECYCLE_CLASSES, describe
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
 import rollq.models.contract as contract
@@ -27,22 +25,7 @@ from rollq.models.contract import (
     Triplet,
 )
 
-# The spec sits beside the checkout, for developers and CI alike.
-SEED_PATH = Path(
-    os.environ.get("ROLLQ_SEED_TYPES", Path(__file__).resolve().parents[2] / "shared" / "seed" / "types.py")
-)
-
-CONTRACT_MODELS = (
-    "Triplet",
-    "Rollout",
-    "Task",
-    "TaskIfAny",
-    "Resource",
-    "LLM",
-    "PromptTemplate",
-    "ResourcesUpdate",
-    "GenericResponse",
-)
+SNAPSHOT = Path(__file__).resolve().parent / "contract_snapshot.json"
 
 _LLM = LLM(endpoint="http://llm:8000/v1", model="m-7b", sampling_parameters={"temperature": 0.7, "top_p": 0.9})
 _PROMPT = PromptTemplate(template="Solve {question}", engine="f-string")
@@ -133,91 +116,54 @@ def test_missing_rollout_id_is_rejected_naming_rollout_id(model: type[BaseModel]
 
 
 @pytest.fixture(scope="module")
-def seed() -> ModuleType:
-    if not SEED_PATH.exists():
-        message = f"the seed contract {SEED_PATH} is not here (set ROLLQ_SEED_TYPES to its path)"
-        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
-            pytest.fail(message)
-        pytest.skip(message)
-    name = "rollq_seed_types"
-    spec = importlib.util.spec_from_file_location(name, SEED_PATH)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    # pydantic resolves the seed's postponed annotations through sys.modules.
-    sys.modules[name] = module
-    try:
-        spec.loader.exec_module(module)
-    except BaseException:
-        del sys.modules[name]
-        raise
-    return module
+def snapshot() -> dict[str, Any]:
+    """The specification as JSON, committed beside this file (see contract_snapshot.py for how it is made)."""
+    return json.loads(SNAPSHOT.read_text())
 
 
-def _shape(annotation: Any) -> Any:
-    """An annotation with classes replaced by their names, so seed and rollq types compare equal."""
-    origin = typing.get_origin(annotation)
-    if origin is None:
-        return getattr(annotation, "__name__", repr(annotation))
-    return (repr(origin), tuple(_shape(arg) for arg in typing.get_args(annotation)))
+@pytest.fixture(scope="module")
+def ours() -> dict[str, Any]:
+    # A JSON round trip, so that tuples and lists compare as the committed file has them.
+    return json.loads(json.dumps(describe(contract)))
 
 
-def _allows_none(annotation: Any) -> bool:
-    return annotation is None or type(None) in typing.get_args(annotation)
-
-
-def test_contract_exports_the_seed_names(seed: ModuleType) -> None:
-    assert contract.__all__ == seed.__all__
+def test_contract_exports_the_specified_names(ours: dict[str, Any], snapshot: dict[str, Any]) -> None:
+    assert ours["all"] == snapshot["all"]
 
 
 @pytest.mark.parametrize("name", CONTRACT_MODELS)
-def test_model_fields_match_the_seed(seed: ModuleType, name: str) -> None:
-    ours: type[BaseModel] = getattr(contract, name)
-    theirs: type[BaseModel] = getattr(seed, name)
-    assert list(ours.model_fields) == list(theirs.model_fields)
-    for field_name, expected in theirs.model_fields.items():
-        actual = ours.model_fields[field_name]
-        where = f"{name}.{field_name}"
-        assert actual.is_required() == expected.is_required(), where
-        assert actual.get_default(call_default_factory=True) == expected.get_default(call_default_factory=True), where
-        assert (actual.default_factory is None) == (expected.default_factory is None), where
-        assert _allows_none(actual.annotation) == _allows_none(expected.annotation), where
-        assert _shape(actual.annotation) == _shape(expected.annotation), where
-
-
-def _strip_docs(schema: Any) -> Any:
-    if isinstance(schema, dict):
-        return {k: _strip_docs(v) for k, v in schema.items() if k not in ("description", "title")}
-    if isinstance(schema, list):
-        return [_strip_docs(v) for v in schema]
-    return schema
+def test_model_fields_match_the_specification(ours: dict[str, Any], snapshot: dict[str, Any], name: str) -> None:
+    assert ours["models"][name]["fields"] == snapshot["models"][name]["fields"]
 
 
 @pytest.mark.parametrize("name", CONTRACT_MODELS)
-def test_json_schema_matches_the_seed_apart_from_docs(seed: ModuleType, name: str) -> None:
-    ours: type[BaseModel] = getattr(contract, name)
-    theirs: type[BaseModel] = getattr(seed, name)
-    for mode in ("validation", "serialization"):
-        assert _strip_docs(ours.model_json_schema(mode=mode)) == _strip_docs(theirs.model_json_schema(mode=mode))
+def test_json_schema_matches_the_specification_apart_from_docs(
+    ours: dict[str, Any], snapshot: dict[str, Any], name: str
+) -> None:
+    assert ours["models"][name]["schema"] == snapshot["models"][name]["schema"]
 
 
-def test_named_resources_schema_matches_the_seed(seed: ModuleType) -> None:
-    assert _strip_docs(TypeAdapter(NamedResources).json_schema()) == _strip_docs(
-        TypeAdapter(seed.NamedResources).json_schema()
-    )
+def test_named_resources_schema_matches_the_specification(ours: dict[str, Any], snapshot: dict[str, Any]) -> None:
+    assert ours["named_resources_schema"] == snapshot["named_resources_schema"]
 
 
-def _signature(fn: Any) -> list[tuple[str, Any, Any]]:
-    return [(p.name, p.kind, p.default) for p in inspect.signature(fn).parameters.values()]
+@pytest.mark.parametrize("name", LIFECYCLE_CLASSES)
+def test_lifecycle_classes_keep_the_specified_methods_and_signatures(
+    ours: dict[str, Any], snapshot: dict[str, Any], name: str
+) -> None:
+    assert snapshot["lifecycle"][name]["methods"], f"the snapshot's {name} defines no methods"
+    for method, signature in snapshot["lifecycle"][name]["methods"].items():
+        assert ours["lifecycle"][name]["methods"].get(method) == signature, f"{name}.{method}"
+    assert ours["lifecycle"][name]["mro"] == snapshot["lifecycle"][name]["mro"]
 
 
-@pytest.mark.parametrize("name", ["ParallelWorkerBase", "Hook"])
-def test_lifecycle_classes_keep_the_seed_methods_and_signatures(seed: ModuleType, name: str) -> None:
-    ours, theirs = getattr(contract, name), getattr(seed, name)
-    methods = [m for m, fn in vars(theirs).items() if inspect.isfunction(fn)]
-    assert methods, f"the seed's {name} defines no methods"
-    for method in methods:
-        assert _signature(getattr(ours, method)) == _signature(getattr(theirs, method)), f"{name}.{method}"
-    assert [c.__name__ for c in ours.__mro__] == [c.__name__ for c in theirs.__mro__]
+def test_a_changed_field_default_shows_in_the_description() -> None:
+    # The comparison above is only as good as describe(): a drifted default must change it.
+    class Drifted(Triplet):
+        reward: float | None = 0.0
+
+    before = json.dumps(describe(contract)["models"]["Triplet"]["fields"])
+    assert before != json.dumps(contract_snapshot._fields(Drifted))
 
 
 def test_parallel_worker_base_starts_without_a_worker_id_and_init_worker_sets_it() -> None:

@@ -23,8 +23,8 @@ from rq.worker import Worker
 from servers import REPO, RedisServer, WorkerProcess, free_port
 
 from rollq.models.errors import RollqError
-from rollq.producer import Producer
 from rollq.ops.dashboard import create_app
+from rollq.producer import Producer
 
 ROLLQ = str(Path(sys.executable).parent / "rollq")
 SCREENSHOTS = REPO / "docs" / "screenshots"

@@ -11,10 +11,10 @@ import signal
 import pytest
 from fault_agents import assert_exactly_once, published, wait_until
 
-from rollq.store.keys import Keys
 from rollq.models.policy import RolloutPolicy
-from rollq.store.records import read_record
 from rollq.producer.producer import Producer
+from rollq.store.keys import Keys
+from rollq.store.records import read_record
 
 pytestmark = pytest.mark.redis
 

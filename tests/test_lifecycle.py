@@ -4,25 +4,26 @@ from __future__ import annotations
 
 import time
 import uuid
+from pathlib import Path
 
 import pytest
 
-from rollq.store.connection import connect
 from rollq.models.contract import Task
-from rollq.store.keys import Keys
-from rollq.store.transitions import Claim, ClaimRefused, Lifecycle
 from rollq.models.policy import RolloutPolicy
+from rollq.store.connection import connect
+from rollq.store.keys import Keys, lua_header
+from rollq.store.transitions import Claim, ClaimRefused, Enqueued, FinishReply, Lifecycle, Published, Superseded
 
 
 @pytest.fixture
 def lifecycle() -> Lifecycle:
     lc = Lifecycle(connect(f"memory://{uuid.uuid4().hex}"), Keys("lc"))
     task = Task(rollout_id="r1", input={}, create_time=time.time(), num_claims=0)
-    assert lc.enqueue_many([(task, task.model_dump_json())], RolloutPolicy()) == [1]
+    assert lc.enqueue_many([(task, task.model_dump_json())], RolloutPolicy()) == [Enqueued.QUEUED]
     return lc
 
 
-def _publish(lc: Lifecycle, rollout_json: str) -> str | int | None:
+def _publish(lc: Lifecycle, rollout_json: str) -> FinishReply:
     return lc.finish("r1", 1, rollout_json, "succeeded", results_maxlen=100, dead_letter=False, now=time.time())
 
 
@@ -42,7 +43,7 @@ def test_another_worker_cannot_claim_a_running_task(lifecycle: Lifecycle) -> Non
 def test_a_publish_sent_again_returns_the_first_entry_and_records_nothing_superseded(lifecycle: Lifecycle) -> None:
     lifecycle.claim("r1", "r1", "worker-a", time.time())
     first = _publish(lifecycle, '{"rollout_id": "r1"}')
-    assert isinstance(first, str)
+    assert isinstance(first, Published)
     assert _publish(lifecycle, '{"rollout_id": "r1"}') == first
     keys = lifecycle.keys
     assert (lifecycle.connection.xlen(keys.results), lifecycle.connection.xlen(keys.superseded)) == (1, 0)
@@ -51,6 +52,24 @@ def test_a_publish_sent_again_returns_the_first_entry_and_records_nothing_supers
 def test_a_different_result_from_an_attempt_that_already_published_is_superseded(lifecycle: Lifecycle) -> None:
     lifecycle.claim("r1", "r1", "worker-a", time.time())
     _publish(lifecycle, '{"rollout_id": "r1", "final_reward": 1.0}')
-    assert _publish(lifecycle, '{"rollout_id": "r1", "final_reward": 0.0}') == 0
+    assert _publish(lifecycle, '{"rollout_id": "r1", "final_reward": 0.0}') == Superseded()
     keys = lifecycle.keys
     assert (lifecycle.connection.xlen(keys.results), lifecycle.connection.xlen(keys.superseded)) == (1, 1)
+
+
+def test_enqueueing_a_known_rollout_id_writes_nothing_and_says_known(lifecycle: Lifecycle) -> None:
+    again = Task(rollout_id="r1", input={"other": True}, create_time=time.time(), num_claims=0)
+    assert lifecycle.enqueue_many([(again, again.model_dump_json())], RolloutPolicy()) == [Enqueued.KNOWN]
+    assert lifecycle.connection.llen(lifecycle.keys.rq_queue) == 1
+
+
+def test_every_field_name_the_scripts_use_comes_from_the_generated_header() -> None:
+    # The scripts spell no field of a task hash or stream themselves: each reads them from F.* / S.*.
+    header = lua_header()
+    for field in ("task", "policy", "state", "claims", "attempt", "attempts", "worker", "result", "job"):
+        assert f"{field} = '{field}'" in header
+    for name in ("claim", "enqueue", "finish", "requeue", "restore", "revive"):
+        source = (Path(__file__).resolve().parent.parent / "store" / "lua" / f"{name}.lua").read_text()
+        code = "\n".join(line for line in source.splitlines() if not line.lstrip().startswith("--"))
+        for field in ("'task'", "'policy'", "'claims'", "'attempt'", "'attempts'", "'worker'", "'result'", "'job'"):
+            assert field not in code, f"{name}.lua spells {field}"

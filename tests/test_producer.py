@@ -12,15 +12,15 @@ import pytest
 from rq.job import Job, JobStatus
 from rq.serializers import JSONSerializer
 
-from rollq.store.connection import connect
 from rollq.models.contract import LLM, Rollout
 from rollq.models.errors import RolloutTimeoutError, RolloutTrimmedError, UnknownResourcesError, UnknownTaskError
-from rollq.store.keys import job_id
 from rollq.producer import Producer
-from tests.rollout_agents import AsyncKindsAgent, SyncKindsAgent
+from rollq.store.connection import connect
+from rollq.store.keys import job_id
 from rollq.worker.agent import LitAgent
 from rollq.worker.config import WorkerSettings
 from rollq.worker.rq_worker import RolloutWorker
+from tests.rollout_agents import AsyncKindsAgent, SyncKindsAgent
 
 WAIT = 60.0
 

@@ -21,10 +21,10 @@ import redis
 from fault_agents import assert_exactly_once, wait_until
 from servers import free_port, require_redis_server
 
-from rollq.store.jobs import ROLLOUT_FUNC
-from rollq.store.keys import Keys
 from rollq.models.policy import RolloutPolicy
 from rollq.producer.producer import Producer
+from rollq.store.jobs import ROLLOUT_FUNC
+from rollq.store.keys import Keys
 
 pytestmark = pytest.mark.redis
 

@@ -6,9 +6,9 @@ subclasses for callbacks around each rollout.
 
 from .agent import LitAgent
 from .config import WorkerSettings
+from .rq_worker import RolloutWorker
 from .runner import AgentRunner
 from .tracer import BaseTracer, OtelTracer, emit_reward, llm_call_span
-from .rq_worker import RolloutWorker
 
 __all__ = [
     "AgentRunner",

@@ -14,8 +14,8 @@ from collections.abc import Callable
 
 import redis
 
-from rollq.store.transitions import Lifecycle
 from rollq.store.reaper import reap
+from rollq.store.transitions import Lifecycle
 
 log = logging.getLogger(__name__)
 

@@ -5,14 +5,8 @@ from __future__ import annotations
 import contextvars
 import logging
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
-from rollq.models.contract import Hook, Rollout, Task
-
-from .tracer import BaseTracer
-
-if TYPE_CHECKING:
-    from .runner import AgentRunner
+from rollq.models.contract import AgentRunner, BaseTracer, Hook, Rollout, Task
 
 log = logging.getLogger(__name__)
 

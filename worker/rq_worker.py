@@ -39,13 +39,13 @@ from rq.timeouts import BaseDeathPenalty
 from rq.utils import get_version, now
 from rq.worker import SimpleWorker, WorkerStatus
 
-from rollq.store.connection import retry_policy
 from rollq.models.contract import Hook
 from rollq.models.errors import InvalidTaskError
+from rollq.store.connection import retry_policy
 from rollq.store.jobs import rollout_id_of
 from rollq.store.keys import Keys
-from rollq.store.transitions import Lifecycle
 from rollq.store.resources import ResourceStore
+from rollq.store.transitions import Lifecycle
 
 from .agent import LitAgent
 from .bookkeeping import Bookkeeping
@@ -55,7 +55,7 @@ from .heartbeat import Heartbeat
 from .hooks import HookSet
 from .loader import load_object
 from .resource_cache import ResourceCache
-from .runner import AgentRunner, Pending
+from .runner import AgentRunner, AttemptResult, Pending
 from .tracer import BaseTracer, OtelTracer
 
 log = logging.getLogger(__name__)
@@ -338,7 +338,7 @@ class RolloutWorker(SimpleWorker):
             return
         execution, bookkeeping = self.execution, self._bookkeeping
         assert bookkeeping is not None
-        if isinstance(outcome, dict):
+        if isinstance(outcome, AttemptResult):
             self._end_job(job, queue, execution, result=outcome)
             return
         outcome.future.add_done_callback(lambda _: bookkeeping.submit(self._finish, job, queue, execution, outcome))
@@ -352,7 +352,9 @@ class RolloutWorker(SimpleWorker):
             return
         self._end_job(job, queue, execution, result=result)
 
-    def _end_job(self, job: Job, queue: Queue, execution: Any, *, result: Any = None, error: str | None = None) -> None:
+    def _end_job(
+        self, job: Job, queue: Queue, execution: Any, *, result: AttemptResult | None = None, error: str | None = None
+    ) -> None:
         """RQ's end-of-job bookkeeping (status, finished/failed registry, result), then free the slot."""
         self.execution = execution
         job.ended_at = now()
@@ -360,7 +362,7 @@ class RolloutWorker(SimpleWorker):
             self._running_jobs.pop(job.id, None)
         try:
             if error is None:
-                job._result = result
+                job._result = result.to_json() if result is not None else None
                 job._status = JobStatus.FINISHED
                 self.handle_job_success(job=job, queue=queue, started_job_registry=queue.started_job_registry)
             else:

@@ -16,16 +16,17 @@ import concurrent.futures
 import logging
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
+from enum import StrEnum
 from typing import Any
-
-from pydantic import ValidationError
 
 from rollq.models.contract import NamedResources, Rollout, Task
 from rollq.models.errors import AgentTimeoutError, InvalidTaskError, PayloadTooLargeError, UnknownResourcesError
-from rollq.store.transitions import Claim, ClaimRefused, Lifecycle
 from rollq.models.outcomes import failed_rollout, stamp
 from rollq.models.policy import FailureKind, RolloutPolicy, RolloutStatus
+from rollq.store.keys import inflight_member
+from rollq.store.records import parse_task
+from rollq.store.transitions import Claim, ClaimRefused, Lifecycle, Superseded
 
 from .agent import LitAgent
 from .config import WorkerSettings
@@ -36,6 +37,31 @@ from .resource_cache import ResourceCache
 from .tracer import BaseTracer, RolloutTrace
 
 log = logging.getLogger(__name__)
+
+
+class AttemptStatus(StrEnum):
+    """How an attempt ended, as far as this worker is concerned."""
+
+    SUCCEEDED = "succeeded"  # published a succeeded rollout
+    FAILED = "failed"  # published a failed rollout
+    RETRYING = "retrying"  # failed, and the task is queued again for another attempt
+    RELEASED = "released"  # handed back to the queue on a graceful stop
+    SUPERSEDED = "superseded"  # a newer attempt took over; the result was kept aside, not delivered
+    SKIPPED = "skipped"  # the job no longer stands for its task; nothing ran
+
+
+@dataclass(frozen=True)
+class AttemptResult:
+    """What running one RQ job did; the job's result in RQ (rq-dashboard shows it)."""
+
+    rollout_id: str
+    status: AttemptStatus
+    attempt: int | None = None
+    reason: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        """The JSON form RQ stores (its JSON serializer cannot store a dataclass)."""
+        return {k: v for k, v in asdict(self).items() if v is not None}
 
 
 class AttemptReleased(Exception):
@@ -55,7 +81,7 @@ class Pending:
 
     @property
     def member(self) -> str:
-        return f"{self.task.rollout_id}|{self.claim.attempt}"
+        return inflight_member(self.task.rollout_id, self.claim.attempt)
 
 
 class AgentRunner:
@@ -101,8 +127,8 @@ class AgentRunner:
             self.executor.cancel(future)
         return len(futures)
 
-    def begin(self, rollout_id: str, job_id: str) -> Pending | dict[str, Any]:
-        """Claim ``rollout_id`` and start its agent; a dict (the RQ job result) when there is nothing to run."""
+    def begin(self, rollout_id: str, job_id: str) -> Pending | AttemptResult:
+        """Claim ``rollout_id`` and start its agent; the result at once when there is nothing to run."""
         claimed_at = time.time()
         claim = self.lifecycle.claim(rollout_id, job_id, self.worker_name, claimed_at)
         if isinstance(claim, ClaimRefused):
@@ -112,14 +138,12 @@ class AgentRunner:
                 rollout_id,
                 claim.reason + (f" ({claim.state})" if claim.state else ""),
             )
-            return {"rollout_id": rollout_id, "status": "skipped", "reason": claim.reason}
+            return AttemptResult(rollout_id, AttemptStatus.SKIPPED, reason=claim.reason)
         try:
-            task = Task.model_validate_json(claim.task_json).model_copy(
-                update={"num_claims": claim.attempt, "last_claim_time": claimed_at}
+            task, policy = parse_task(
+                rollout_id, claim.task_json, claim.policy_json, claims=claim.attempt, last_claim=claimed_at
             )
-            policy = RolloutPolicy.model_validate_json(claim.policy_json)
-        except ValidationError as exc:
-            error = InvalidTaskError(f"task {rollout_id} is not a valid rollq task: {exc}")
+        except InvalidTaskError as error:
             log.error("%s", error)
             rollout = failed_rollout(rollout_id, attempt=claim.attempt, worker=self.worker_name, error=error)
             return self._publish(rollout_id, claim.attempt, rollout, failed=True, duration=None)
@@ -144,7 +168,7 @@ class AgentRunner:
             )
         return pending
 
-    def complete(self, pending: Pending) -> dict[str, Any]:
+    def complete(self, pending: Pending) -> AttemptResult:
         """Publish, retry or hand back the attempt whose agent has finished; returns the RQ job result."""
         task, policy, claim = pending.task, pending.policy, pending.claim
         rid, attempt = task.rollout_id, claim.attempt
@@ -158,7 +182,7 @@ class AgentRunner:
                 pending.trace.finish()
                 self.lifecycle.requeue(task, attempt, policy, "released")
                 log.info("handed %s back to the queue (attempt %d)", rid, attempt)
-                return {"rollout_id": rid, "attempt": attempt, "status": "released"}
+                return AttemptResult(rid, AttemptStatus.RELEASED, attempt)
             except AgentTimeoutError as exc:
                 error, kind = AgentTimeoutError(f"attempt {attempt} {exc}"), "timeout"
             except Exception as exc:
@@ -184,7 +208,7 @@ class AgentRunner:
                     type(error).__name__,
                     error,
                 )
-                return {"rollout_id": rid, "attempt": attempt, "status": "retrying"}
+                return AttemptResult(rid, AttemptStatus.RETRYING, attempt)
             return self._publish(
                 rid, attempt, rollout, failed=error is not None, duration=time.monotonic() - pending.started
             )
@@ -204,7 +228,7 @@ class AgentRunner:
 
     def _publish(
         self, rollout_id: str, attempt: int, rollout: Rollout, *, failed: bool, duration: float | None
-    ) -> dict[str, Any]:
+    ) -> AttemptResult:
         data = rollout.model_dump_json()
         if len(data) > self.settings.max_result_bytes:
             error = PayloadTooLargeError(f"rollout {rollout_id}", len(data), self.settings.max_result_bytes)
@@ -223,11 +247,11 @@ class AgentRunner:
             duration=duration,
             keep_seconds=self.settings.keep_seconds,
         )
-        if reply == 0:
+        if isinstance(reply, Superseded):
             log.warning(
                 "result of %s attempt %d arrived after a newer attempt took over; kept as superseded",
                 rollout_id,
                 attempt,
             )
-            return {"rollout_id": rollout_id, "attempt": attempt, "status": "superseded"}
-        return {"rollout_id": rollout_id, "attempt": attempt, "status": status.value}
+            return AttemptResult(rollout_id, AttemptStatus.SUPERSEDED, attempt)
+        return AttemptResult(rollout_id, AttemptStatus(status.value), attempt)

@@ -6,7 +6,7 @@
 -- KEYS: task, rq_intermediate, rq_queue, marker, stats
 -- ARGV: job_id, now
 -- Returns 1 pushed back, 0 not (or not yet) stranded.
-local t = redis.call('HMGET', KEYS[1], 'state', 'job', 'unresponsive')
+local t = redis.call('HMGET', KEYS[1], F.state, F.job, F.unresponsive)
 if t[1] ~= 'queued' or t[2] ~= ARGV[1] then
   redis.call('DEL', KEYS[4])
   return 0
@@ -24,5 +24,5 @@ if redis.call('LREM', KEYS[2], 1, ARGV[1]) == 0 then
   return 0
 end
 redis.call('LPUSH', KEYS[3], ARGV[1])
-redis.call('HINCRBY', KEYS[5], 'requeued:stranded', 1)
+redis.call('HINCRBY', KEYS[5], requeue_stat('stranded'), 1)
 return 1

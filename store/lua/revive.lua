@@ -5,12 +5,12 @@
 if redis.call('ZREM', KEYS[2], ARGV[1]) == 0 then
   return 0
 end
-local rid = redis.call('HGET', KEYS[1], 'resources_id')
+local rid = redis.call('HGET', KEYS[1], F.resources_id)
 if rid and rid ~= '' then
   redis.call('HINCRBY', KEYS[6], rid, 1)
 end
-redis.call('HSET', KEYS[1], 'state', 'queued', 'job', ARGV[2], 'attempts', 0)
-redis.call('HDEL', KEYS[1], 'result', 'ended')
+redis.call('HSET', KEYS[1], F.state, 'queued', F.job, ARGV[2], F.attempts, 0)
+redis.call('HDEL', KEYS[1], F.result, F.ended)
 redis.call('PERSIST', KEYS[1])
 redis.call('HSET', KEYS[5], unpack(ARGV, 3))
 redis.call('RPUSH', KEYS[3], ARGV[2])
