@@ -5,9 +5,13 @@ ENV PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 WORKDIR /app
 
 COPY pyproject.toml README.md ./
+# rollq/ holds links to the layer folders beside it; pip follows them when it builds the wheel.
+COPY rollq rollq
 COPY models models
+COPY store store
 COPY producer producer
 COPY worker worker
+COPY ops ops
 RUN pip install ".[dashboard]"
 COPY examples examples
 

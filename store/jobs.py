@@ -1,5 +1,8 @@
 """How a rollq task looks as an RQ job, and how a worker checks one before running it.
 
+With ``worker/rq_worker.py`` this is one of the two modules that touch RQ (tests/test_rq_contract.py pins what
+they use): the job hash format, RQ's key names, and fetching jobs.
+
 Each queued attempt of a task is a real RQ job (JSON serializer) so rq-dashboard
 and RQ's registries see it. The job names rollq's job function and carries only
 the rollout id; the task itself lives in the task record. A worker refuses any
@@ -13,7 +16,9 @@ import zlib
 from typing import Any
 
 import redis
+from rq.intermediate_queue import IntermediateQueue
 from rq.job import Job, JobStatus
+from rq.queue import Queue
 from rq.serializers import JSONSerializer
 from rq.utils import now
 
@@ -30,6 +35,30 @@ _FAILURE_TTL = 24 * 3600
 # Beyond the policy timeout, so RQ's registry cleanup never flags a live attempt;
 # rollq enforces the real limit itself.
 _RQ_TIMEOUT_MARGIN = 60
+
+
+RQ_QUEUES_KEY: str = Queue.redis_queues_keys
+"""RQ's set of known queues (rq-dashboard lists queues from it)."""
+
+
+def rq_queue_key(queue_name: str) -> str:
+    """RQ's list of queued job ids for ``queue_name``."""
+    return Queue.redis_queue_namespace_prefix + queue_name
+
+
+def rq_intermediate_key(queue_key: str) -> str:
+    """RQ's list of job ids a worker has taken off ``queue_key`` but not yet started."""
+    return IntermediateQueue.get_intermediate_queue_key(queue_key)
+
+
+def rq_job_key(job_id: str) -> str:
+    """RQ's hash for one job."""
+    return Job.redis_job_namespace_prefix + job_id
+
+
+def fetch_jobs(connection: redis.Redis, job_ids: list[str]) -> list[Job | None]:
+    """The jobs of ``job_ids`` (None where a hash is gone), decoded with the JSON serializer, in one round trip."""
+    return Job.fetch_many(job_ids, connection=connection, serializer=JSONSerializer)
 
 
 class JobTemplate:

@@ -14,9 +14,7 @@ import re
 from dataclasses import dataclass
 from enum import StrEnum
 
-from rq.intermediate_queue import IntermediateQueue
-from rq.job import Job
-from rq.queue import Queue
+from .jobs import RQ_QUEUES_KEY, rq_intermediate_key, rq_job_key, rq_queue_key
 
 DEFAULT_NAMESPACE = "rollq"
 
@@ -106,12 +104,12 @@ class Keys:
     @property
     def rq_queue(self) -> str:
         """RQ's list of queued job ids for this namespace."""
-        return Queue.redis_queue_namespace_prefix + self.queue_name
+        return rq_queue_key(self.queue_name)
 
     @property
     def rq_intermediate(self) -> str:
         """RQ's list of job ids a worker has taken off the queue but not yet started."""
-        return IntermediateQueue.get_intermediate_queue_key(self.rq_queue)
+        return rq_intermediate_key(self.rq_queue)
 
     def stranded(self, job_id: str) -> str:
         """When a reaper first saw ``job_id`` left in the intermediate list while its task waited for it."""
@@ -120,12 +118,12 @@ class Keys:
     @staticmethod
     def rq_queues() -> str:
         """RQ's set of known queues (rq-dashboard lists queues from it)."""
-        return Queue.redis_queues_keys
+        return RQ_QUEUES_KEY
 
     @staticmethod
     def rq_job(job_id: str) -> str:
         """RQ's hash for one job."""
-        return Job.redis_job_namespace_prefix + job_id
+        return rq_job_key(job_id)
 
 
 class TaskField(StrEnum):

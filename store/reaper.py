@@ -18,14 +18,12 @@ from dataclasses import dataclass
 from typing import cast
 
 import redis
-from rq.job import Job
-from rq.serializers import JSONSerializer
 
 from rollq.models.errors import InvalidTaskError, WorkerUnresponsiveError
 from rollq.models.outcomes import failed_rollout
 from rollq.models.policy import TaskState
 
-from .jobs import rollout_id_of
+from .jobs import fetch_jobs, rollout_id_of
 from .keys import Keys, parse_inflight_member
 from .records import read_records
 from .transitions import Lifecycle, Published, Requeued
@@ -93,7 +91,7 @@ def _restore_stranded(lifecycle: Lifecycle, *, now: float, limit: int) -> int:
     if not job_ids:
         return 0
     restored = 0
-    for job in Job.fetch_many(job_ids, connection=connection, serializer=JSONSerializer):
+    for job in fetch_jobs(connection, job_ids):
         if job is None:
             continue
         try:

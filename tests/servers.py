@@ -108,22 +108,31 @@ class WorkerProcess:
     """A stock ``rq worker -w rollq.worker.RolloutWorker`` subprocess with its output in a log file."""
 
     def __init__(
-        self, url: str, namespace: str, log_path: Path, *, env: dict[str, str], args: list[str] | None = None
+        self,
+        url: str,
+        namespace: str,
+        log_path: Path,
+        *,
+        env: dict[str, str],
+        args: list[str] | None = None,
+        cwd: Path | None = None,
     ) -> None:
         self.log_path = log_path
         self._log = open(log_path, "wb")  # noqa: SIM115  # closed in wait()
-        full_env = {
-            **os.environ,
-            "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
-            "PYTHONUNBUFFERED": "1",
-            **env,
-        }
+        # From the repository (the default) the test agents import as tests.*; from another directory, as a
+        # user's worker would start, only that directory and the installed rollq are on the path.
+        path = (
+            os.environ.get("PYTHONPATH", "")
+            if cwd is not None
+            else f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"
+        )
+        full_env = {**os.environ, "PYTHONPATH": path, "PYTHONUNBUFFERED": "1", **env}
         self.process = subprocess.Popen(
             [RQ, "worker", "-w", "rollq.worker.RolloutWorker", "--url", url, *(args or []), namespace],
             stdout=self._log,
             stderr=subprocess.STDOUT,
             env=full_env,
-            cwd=REPO,
+            cwd=cwd or REPO,
         )
 
     @property

@@ -1,0 +1,134 @@
+"""Pins every RQ name rollq overrides, calls or reads beyond RQ's documented API.
+
+rollq's RQ contact is fenced in two modules: ``store/jobs.py`` (the job hash format and RQ's key names, used by
+producers and reapers) and ``worker/rq_worker.py`` (the RolloutWorker subclass). An RQ upgrade that changes one of
+these signatures or attributes fails here, at install time, instead of in a running worker. Parameters are
+compared by name, kind and default (annotations may change spelling between releases without harm).
+
+When an RQ upgrade changes one: read the new RQ code path, adapt the fenced module, then update the entry here.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+from typing import Any
+
+import fakeredis
+import pytest
+import rq
+from rq.queue import Queue
+from rq.worker import SimpleWorker
+
+# name -> parameters as "name=default", "*args", "**kwargs", "*" before keyword-only ones.
+PINNED: dict[str, str] = {
+    "rq.worker.Worker.__init__": (
+        "self, queues, name=None, default_result_ttl=500, connection=None, exception_handlers=None,"
+        " maintenance_interval=600, default_worker_ttl=None, worker_ttl=None, job_class=None, queue_class=None,"
+        " log_job_description=True, job_monitoring_interval=30, disable_default_exception_handler=False,"
+        " prepare_for_work=True, serializer=None, work_horse_killed_handler=None"
+    ),
+    "rq.worker.Worker.bootstrap": (
+        "self, logging_level='INFO', date_format='%H:%M:%S', log_format='%(asctime)s %(message)s'"
+    ),
+    "rq.worker.Worker.heartbeat": "self, timeout=None, pipeline=None",
+    "rq.worker.Worker.check_for_suspension": "self, burst",
+    "rq.worker.Worker.set_current_job_id": "self, job_id=None, pipeline=None",
+    "rq.worker.Worker.set_state": "self, state, pipeline=None",
+    "rq.worker.Worker.get_state": "self",
+    "rq.worker.Worker.request_stop": "self, signum, frame",
+    "rq.worker.Worker.request_force_stop": "self, signum, frame",
+    "rq.worker.Worker.dequeue_job_and_maintain_ttl": "self, timeout, max_idle_time=None",
+    "rq.worker.SimpleWorker.execute_job": "self, job, queue",
+    "rq.worker.Worker.teardown": "self",
+    "rq.worker.Worker.prepare_execution": "self, job",
+    "rq.worker.Worker.prepare_job_execution": "self, job, remove_from_intermediate_queue=False",
+    "rq.worker.Worker.handle_job_success": "self, job, queue, started_job_registry",
+    "rq.worker.Worker.handle_job_failure": "self, job, queue, started_job_registry=None, exc_string=''",
+    "rq.worker.Worker.work": (
+        "self, burst=False, logging_level=None, date_format='%H:%M:%S', log_format='%(asctime)s %(message)s',"
+        " max_jobs=None, max_idle_time=None, with_scheduler=False,"
+        " dequeue_strategy=<DequeueStrategy.DEFAULT: 'default'>"
+    ),
+    "rq.timeouts.BaseDeathPenalty.setup_death_penalty": "self",
+    "rq.timeouts.BaseDeathPenalty.cancel_death_penalty": "self",
+    "rq.job.Job.create": (
+        "func, args=None, kwargs=None, connection=None, result_ttl=None, ttl=None, status=None, description=None,"
+        " depends_on=None, timeout=None, retry=None, id=None, origin='', meta=None, failure_ttl=None, serializer=None,"
+        " group_id=None, *, on_success=None, on_failure=None, on_stopped=None, webhooks=None"
+    ),
+    "rq.job.Job.to_dict": "self, include_meta=True, include_result=True",
+    "rq.job.Job.fetch_many": "job_ids, connection, serializer=None",
+    "rq.intermediate_queue.IntermediateQueue.get_intermediate_queue_key": "queue_key",
+    "rq.utils.get_version": "connection",
+    "rq.logutils.setup_loghandlers": (
+        "level=None, date_format='%H:%M:%S', log_format='%(asctime)s %(message)s', name='rq.worker'"
+    ),
+}
+
+# Attributes rollq reads or sets: on classes, and on a worker instance (set by RQ's __init__).
+CLASS_ATTRIBUTES = [
+    (Queue, "redis_queue_namespace_prefix"),
+    (Queue, "redis_queues_keys"),
+    (rq.job.Job, "redis_job_namespace_prefix"),
+    (SimpleWorker, "dequeue_timeout"),
+]
+WORKER_ATTRIBUTES = ["execution", "_stop_requested", "_state", "last_heartbeat", "default_result_ttl", "queues", "log"]
+
+
+def _resolve(name: str) -> Any:
+    parts = name.split(".")
+    for i in range(len(parts), 0, -1):
+        try:
+            obj: Any = importlib.import_module(".".join(parts[:i]))
+            break
+        except ImportError:
+            continue
+    for attribute in parts[i:]:
+        obj = getattr(obj, attribute)
+    return obj
+
+
+def render(fn: Any) -> str:
+    """A signature as parameter names, kinds and defaults only."""
+    out: list[str] = []
+    star_done = False
+    for p in inspect.signature(fn).parameters.values():
+        if p.kind is p.VAR_POSITIONAL:
+            out.append(f"*{p.name}")
+            star_done = True
+        elif p.kind is p.VAR_KEYWORD:
+            out.append(f"**{p.name}")
+        else:
+            if p.kind is p.KEYWORD_ONLY and not star_done:
+                out.append("*")
+                star_done = True
+            out.append(p.name if p.default is p.empty else f"{p.name}={p.default!r}")
+    return ", ".join(out)
+
+
+def test_rq_is_the_major_version_rollq_was_built_against() -> None:
+    assert rq.__version__.split(".")[0] == "2", "RQ 3 changed perform_job/handle_job_* signatures: see README"
+
+
+@pytest.mark.parametrize("name", sorted(PINNED))
+def test_rq_signature_rollq_relies_on_is_unchanged(name: str) -> None:
+    assert render(_resolve(name)) == PINNED[name]
+
+
+@pytest.mark.parametrize(("cls", "attribute"), CLASS_ATTRIBUTES, ids=lambda v: getattr(v, "__name__", v))
+def test_rq_class_attribute_rollq_reads_exists(cls: type, attribute: str) -> None:
+    assert hasattr(cls, attribute)
+
+
+def test_rq_worker_attributes_rollq_reads_are_set_by_its_constructor() -> None:
+    worker = SimpleWorker(["q"], connection=fakeredis.FakeRedis())
+    missing = [a for a in WORKER_ATTRIBUTES if not hasattr(worker, a)]
+    assert not missing
+
+
+def test_render_notices_a_changed_default() -> None:
+    def before(self: Any, job: Any, remove_from_intermediate_queue: bool = False) -> None: ...
+    def after(self: Any, job: Any, remove_from_intermediate_queue: bool = True) -> None: ...
+
+    assert render(before) != render(after)
