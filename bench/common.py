@@ -32,6 +32,7 @@ import redis
 from redis.connection import Connection
 
 from rollq.store.keys import Keys
+from rollq.store.transitions import script_source
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
@@ -218,7 +219,11 @@ def commands_between(before: dict[str, int], after: dict[str, int]) -> dict[str,
 
 
 _COMMAND = re.compile(rb"\*\d+\r\n\$\d+\r\n([A-Za-z]+)\r\n(?:\$\d+\r\n([0-9a-f]{40})\r\n)?")
-_SCRIPTS = {hashlib.sha1(f.read_bytes()).hexdigest().encode(): f.stem for f in (ROOT / "models" / "lua").glob("*.lua")}
+# The SHA Redis knows each script by: its source as rollq loads it, with the generated header.
+_SCRIPTS = {
+    hashlib.sha1(script_source(f.stem).encode()).hexdigest().encode(): f.stem
+    for f in (ROOT / "store" / "lua").glob("*.lua")
+}
 
 
 class CountingConnection(Connection):

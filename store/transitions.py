@@ -105,13 +105,14 @@ class ClaimRefused:
 
 
 @functools.cache
-def _source(name: str) -> str:
+def script_source(name: str) -> str:
+    """The source of ``store/lua/<name>.lua`` as Redis receives it."""
     # Every script starts with the generated names of fields and formats (see keys.lua_header).
     return lua_header() + package_files.files("rollq.store").joinpath("lua", f"{name}.lua").read_text()
 
 
 def _load(connection: redis.Redis, name: str) -> Script:
-    return connection.register_script(_source(name))
+    return connection.register_script(script_source(name))
 
 
 class Lifecycle:
