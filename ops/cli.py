@@ -22,7 +22,7 @@ from tqdm import tqdm
 from rollq.models.errors import RollqError
 from rollq.producer import Producer
 from rollq.store.connection import connect, describe, resolve_url
-from rollq.store.keys import DEFAULT_NAMESPACE
+from rollq.store.keys import DEFAULT_NAMESPACE, StreamField
 
 EXIT_FAILED, EXIT_REDIS = 1, 3
 
@@ -322,7 +322,7 @@ def rollouts_tail(ctx: click.Context, group: str | None, from_start: bool, count
             for _, entries in reply or []:
                 for entry_id, fields in entries:
                     cursor = entry_id
-                    click.echo(fields[b"rollout"].decode())
+                    click.echo(fields[StreamField.ROLLOUT.encode()].decode())
                     seen += 1
                     if count and seen >= count:
                         return

@@ -19,7 +19,7 @@ import redis
 
 from rollq.models.contract import Rollout
 from rollq.models.errors import RolloutTimeoutError, RolloutTrimmedError
-from rollq.store.keys import Keys
+from rollq.store.keys import Keys, StreamField, TaskField
 from rollq.store.reaper import reap
 from rollq.store.transitions import Lifecycle
 
@@ -31,7 +31,7 @@ REAP_EVERY_SECONDS = 5.0
 
 
 def _parse(fields: dict[bytes, bytes]) -> Rollout:
-    return Rollout.model_validate_json(fields[b"rollout"])
+    return Rollout.model_validate_json(fields[StreamField.ROLLOUT.encode()])
 
 
 def wait(
@@ -55,7 +55,7 @@ def wait(
     pipe = connection.pipeline(transaction=False)
     pipe.xrevrange(keys.results, count=1)
     for rid in wanted:
-        pipe.hget(keys.task(rid), "result")
+        pipe.hget(keys.task(rid), TaskField.RESULT)
     last, *entry_ids = pipe.execute()
     cursor = last[0][0] if last else b"0-0"
     found = _fetch_known(connection, keys, {rid: eid for rid, eid in zip(wanted, entry_ids, strict=True) if eid})
@@ -73,7 +73,7 @@ def wait(
         for _, entries in reply or []:
             for entry_id, fields in entries:
                 cursor = entry_id
-                rid = fields[b"rollout_id"].decode()
+                rid = fields[StreamField.ROLLOUT_ID.encode()].decode()
                 if rid in missing:
                     found[rid] = _parse(fields)
                     missing.discard(rid)
