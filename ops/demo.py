@@ -84,7 +84,7 @@ def worker_processes(
                 [
                     sys.executable,
                     "-m",
-                    "producer",
+                    "rollq",
                     "--url",
                     url,
                     "--namespace",
@@ -112,13 +112,17 @@ def worker_processes(
                 proc.kill()
 
 
-def _await_workers(producer: Producer, count: int, timeout: float) -> None:
+def _await_workers(producer: Producer, procs: list[subprocess.Popen[bytes]], log_dir: Path, timeout: float) -> None:
     # Workers take a second or two to import; the clock starts once they listen.
     queue = Queue(producer.keys.queue_name, connection=producer.connection)
     deadline = time.monotonic() + timeout
-    while Worker.count(connection=producer.connection, queue=queue) < count:
+    while Worker.count(connection=producer.connection, queue=queue) < len(procs):
+        for i, proc in enumerate(procs):
+            if proc.poll() is not None:
+                tail = (log_dir / f"worker-{i}.log").read_text(errors="replace").strip().splitlines()[-1:]
+                raise RuntimeError(f"worker {i} exited with code {proc.returncode}: {' '.join(tail) or 'no output'}")
         if time.monotonic() > deadline:
-            raise RuntimeError(f"workers did not start within {timeout:.0f}s")
+            raise RuntimeError(f"workers did not start within {timeout:.0f}s; logs in {log_dir}")
         time.sleep(0.1)
 
 
@@ -139,9 +143,9 @@ def run_demo(
         producer = Producer.from_url(url, namespace=namespace)
         resources_id = producer.update_resources(sample_resources())
         echo(f"resources {resources_id}: LLM 'sim-arith-1' + f-string prompt template")
-        with worker_processes(url, namespace, workers, concurrency, log_dir):
+        with worker_processes(url, namespace, workers, concurrency, log_dir) as procs:
             echo(f"{workers} worker processes x concurrency {concurrency}; logs in {log_dir}")
-            _await_workers(producer, workers, timeout=60)
+            _await_workers(producer, procs, log_dir, timeout=60)
             started = time.monotonic()
             inputs = sample_inputs(tasks)
             queued = producer.enqueue_many(inputs[: tasks // 2], mode="train") + producer.enqueue_many(
