@@ -398,6 +398,44 @@ sampled, {prof["worker_cpu_ms_per_rollout"]:.2f} ms of worker CPU per rollout (p
 """
 
 
+def soak_section(soak: dict[str, Any]) -> str:
+    """The kill storm: workers SIGKILLed under load, and what was lost or delivered twice (bench/soak.py)."""
+    p = soak["parameters"]
+    rows = [
+        ["tasks in", soak["tasks_in"]],
+        ["delivered (exactly once)", soak["delivered"]],
+        ["lost", soak["lost"]],
+        ["delivered twice", soak["duplicated"]],
+        ["succeeded / failed", f"{soak['succeeded']} / {soak['failed']}"],
+        ["superseded results (kept aside, not delivered)", soak["superseded"]],
+        ["requeues by reason", ", ".join(f"{k} {v}" for k, v in sorted(soak["requeued"].items())) or "none"],
+        ["SIGKILLs (with rollouts in flight)", f"{soak['kills']} ({soak['kills_with_tasks_in_flight']})"],
+        [
+            "kill to requeue of its last attempt, mean / max",
+            f"{soak['kill_to_requeue_mean_s']} s / {soak['kill_to_requeue_max_s']} s",
+        ],
+        ["wall time, rollouts/s", f"{soak['elapsed_s']} s, {soak['rollouts_per_s']}"],
+    ]
+    settings = (
+        f"{p['workers']} workers x concurrency {p['concurrency']}, a random worker SIGKILLed and replaced every "
+        f"{p['kill_every']} s for {p['duration']:g} s, agent sleeping {p.get('sleep', '0.05-0.3')} s per task, "
+        f"unresponsive_seconds {p['unresponsive']:g}, heartbeat {p['heartbeat']:g} s, max_attempts {p['max_attempts']}"
+    )
+    return "\n\n".join(
+        [
+            "## Soak: a kill storm",
+            f"`{soak['command']}` ({soak['when']}, {soak['cpus']} CPUs): {settings}. Every task in must come out "
+            "exactly once; the script exits 1 otherwise.",
+            table(["measure", "value"], rows),
+            "Kill to requeue runs from a SIGKILL to the requeue of the last attempt the killed worker had in "
+            "flight: unresponsive_seconds, plus the wait for a reaper. Only the workers reap in this script (no "
+            "producer waits), and in a storm each lives a few seconds, part of it starting up, so stretches pass "
+            "with no reaper running; a trainer waiting on its rollouts reaps every 5 s as well. `stranded` "
+            "requeues are jobs a killed worker had taken off the queue (taken ahead) but not yet claimed.",
+        ]
+    )
+
+
 def targets_section(
     noop: dict[str, Any] | None, mock: dict[str, Any] | None, enq: dict[str, Any] | None, mem: dict[str, Any] | None
 ) -> tuple[str, list[str]]:
@@ -510,6 +548,7 @@ def targets_section(
 
 def main() -> None:
     noop, mock, enq, mem, prof = (load(n) for n in ("noop", "mock_llm", "enqueue", "memory", "profile"))
+    soak = load("soak")
     present = [d for d in (noop, mock, enq, mem, prof) if d]
     if not present:
         sys.exit("no results in bench/results/: run python bench/run_all.py")
@@ -549,6 +588,8 @@ def main() -> None:
         parts.append(memory_section(mem))
     if prof:
         parts.append(profile_section(prof))
+    if soak:
+        parts.append(soak_section(soak))
     DOCS.mkdir(exist_ok=True)
     PAGE.write_text("\n\n".join(p.strip() for p in parts) + "\n")
     print(f"wrote {PAGE.relative_to(ROOT)}" + (f" and {PLOT.relative_to(ROOT)}" if mock else ""))

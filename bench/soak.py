@@ -1,14 +1,21 @@
 """Soak: worker processes SIGKILLed at random under steady load, and nothing lost or delivered twice.
 
-Run: /work/venv/bin/python bench/soak.py [--duration 300] [--tasks 5000] [--workers 4] [--concurrency 8]
+Run: python bench/soak.py [--duration 300] [--tasks 5000] [--workers 4] [--concurrency 8]
+
+Kill storm (issue 11; the figures in docs/benchmarks.md):
+    python bench/soak.py --workers 3 --concurrency 64 --kill-every 1-2 --sleep 0.01-0.05 \
+        --tasks 20000 --total 20000 --duration 60
 
 A private redis-server (free port, temporary directory) and N ``rq worker -w
-rollq.worker.RolloutWorker`` processes whose agent sleeps 0.05-0.3 s. Every
-``--kill-every`` seconds a random worker is SIGKILLed and a new one started.
-Tasks are queued in batches until ``--duration`` has passed; then the script
-waits for every task's rollout and prints tasks in, delivered, lost,
-duplicated, superseded, and the longest time from a kill to the requeue of the
-last task the killed worker had in flight. Writes bench/results/soak.json.
+rollq.worker.RolloutWorker`` processes whose agent sleeps ``--sleep`` seconds
+(default 0.05-0.3). Every ``--kill-every`` seconds (a number, or a range
+``lo-hi`` drawn from uniformly) a random worker is SIGKILLed and a new one
+started. Tasks are queued in batches until ``--duration`` has passed (or
+``--total`` tasks were queued); then the script waits for every task's rollout
+and prints tasks in, delivered, lost, duplicated, superseded, and the longest
+time from a kill to the requeue of the last task the killed worker had in
+flight. Writes bench/results/soak.json with the settings; exits 1 if a task was
+lost or delivered twice.
 """
 
 from __future__ import annotations
@@ -45,11 +52,20 @@ SLEEP_SECONDS = (0.05, 0.3)
 BATCH = 1000
 
 
+def seconds_range(text: str) -> tuple[float, float]:
+    """``"1.5"`` -> (1.5, 1.5); ``"1-2"`` -> (1.0, 2.0)."""
+    lo, _, hi = text.partition("-")
+    return float(lo), float(hi or lo)
+
+
 class SoakAgent(LitAgent):
-    """Sleeps 0.05-0.3 s, then returns a reward; imported by the workers as ``bench.soak:SoakAgent``."""
+    """Sleeps ``SOAK_SLEEP`` (default 0.05-0.3) seconds, then returns a reward; imported by the workers as
+    ``bench.soak:SoakAgent``."""
+
+    sleep = seconds_range(os.environ.get("SOAK_SLEEP", "")) if os.environ.get("SOAK_SLEEP") else SLEEP_SECONDS
 
     async def training_rollout_async(self, task_input: Any, rollout_id: str, resources: Any) -> float:
-        await asyncio.sleep(random.uniform(*SLEEP_SECONDS))
+        await asyncio.sleep(random.uniform(*self.sleep))
         return 1.0
 
 
@@ -117,6 +133,7 @@ class Soak:
             "ROLLQ_CONCURRENCY": str(self.args.concurrency),
             "ROLLQ_HEARTBEAT_SECONDS": str(self.args.heartbeat),
             "ROLLQ_RESULTS_MAXLEN": "10000000",
+            "SOAK_SLEEP": self.args.sleep,
         }
         with open(self.log_dir / f"{name}.log", "wb") as log:
             self.workers[name] = subprocess.Popen(
@@ -177,7 +194,8 @@ class Soak:
             self.start_worker()
         began = time.monotonic()
         self.enqueue(args.tasks)
-        next_kill = began + args.kill_every
+        kill_every = seconds_range(args.kill_every)
+        next_kill = began + random.uniform(*kill_every)
         deadline = began + args.duration + args.drain_timeout
         last_report = began
         while time.monotonic() < deadline:
@@ -185,9 +203,10 @@ class Soak:
             running = now - began < args.duration
             if running and now >= next_kill:
                 self.kill_one()
-                next_kill = now + args.kill_every
-            if running and self.producer.connection.llen(self.producer.keys.rq_queue) < BATCH:
-                self.enqueue(BATCH)
+                next_kill = now + random.uniform(*kill_every)
+            room = args.total - len(self.ids) if args.total else BATCH
+            if running and room > 0 and self.producer.connection.llen(self.producer.keys.rq_queue) < BATCH:
+                self.enqueue(min(BATCH, room))
             self.read_results()
             self.watch_kills()
             if now - last_report >= 30:
@@ -248,7 +267,9 @@ def main() -> None:
     parser.add_argument("--tasks", type=int, default=5000, help="tasks queued at the start (default 5000)")
     parser.add_argument("--workers", type=int, default=4)
     parser.add_argument("--concurrency", type=int, default=8)
-    parser.add_argument("--kill-every", type=float, default=5, help="seconds between SIGKILLs (default 5)")
+    parser.add_argument("--kill-every", default="5", help="seconds between SIGKILLs, or a range lo-hi (default 5)")
+    parser.add_argument("--sleep", default="0.05-0.3", help="the agent's sleep per task, lo-hi seconds")
+    parser.add_argument("--total", type=int, default=0, help="queue no more than this many tasks (0: no cap)")
     parser.add_argument("--unresponsive", type=float, default=5, help="the policy's unresponsive_seconds (default 5)")
     parser.add_argument("--heartbeat", type=float, default=1, help="ROLLQ_HEARTBEAT_SECONDS (default 1)")
     parser.add_argument("--max-attempts", type=int, default=20, help="high, so that repeated kills do not fail tasks")
@@ -259,8 +280,9 @@ def main() -> None:
         redis_process, url = start_redis(Path(directory))
         soak = Soak(args, url, Path(directory))
         try:
-            print(f"soak: {args.workers} workers x {args.concurrency}, a SIGKILL every {args.kill_every:g}s "
-                  f"for {args.duration:g}s; unresponsive after {args.unresponsive:g}s", flush=True)  # fmt: skip
+            print(f"soak: {args.workers} workers x {args.concurrency}, a SIGKILL every {args.kill_every}s "
+                  f"for {args.duration:g}s; tasks sleep {args.sleep}s; unresponsive after {args.unresponsive:g}s",
+                  flush=True)  # fmt: skip
             summary = soak.run()
         finally:
             soak.stop()

@@ -74,3 +74,24 @@ class WorkerUnresponsiveError(RollqError):
 
 class UnsupportedResultError(RollqError, TypeError):
     """An agent returned something that is not a RolloutRawResult."""
+
+
+class JobIdTakenError(RollqError):
+    """A task's RQ job id holds a job hash that stands for something else; rollq never overwrites it."""
+
+    def __init__(self, job_id: str, rollout_id: str) -> None:
+        self.job_id, self.rollout_id = job_id, rollout_id
+        super().__init__(f"RQ job {job_id} of rollout {rollout_id!r} already exists and stands for another job")
+
+
+class AgentExitError(RollqError):
+    """An agent raised a BaseException that is not an Exception (SystemExit, KeyboardInterrupt, GeneratorExit):
+    the rollout fails with it, and the worker carries on."""
+
+
+class UnserializableResultError(RollqError, TypeError):
+    """A rollout that cannot be turned into JSON (an object of a type JSON cannot hold, somewhere inside)."""
+
+
+class EventLoopBlockedError(RollqError):
+    """The worker's agent event loop stopped turning (an async agent made a blocking call)."""

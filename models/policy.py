@@ -39,7 +39,9 @@ class RolloutPolicy(BaseModel):
     back by a worker that was stopped gracefully does not use one up.
     """
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # A newer rollq may add fields: an older one reads such a policy, ignoring them (store/records.py warns),
+    # so that a mixed fleet during an upgrade keeps running.
+    model_config = ConfigDict(extra="ignore", frozen=True)
 
     timeout_seconds: float = Field(default=300.0, gt=0, description="Hard limit on one attempt.")
     unresponsive_seconds: float = Field(

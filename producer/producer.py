@@ -10,10 +10,10 @@ from typing import Any, cast
 import redis
 
 from rollq.models.contract import ResourcesUpdate, Rollout, Task, TaskInput
-from rollq.models.errors import PayloadTooLargeError, UnknownResourcesError
+from rollq.models.errors import JobIdTakenError, PayloadTooLargeError, UnknownResourcesError
 from rollq.models.policy import RolloutPolicy
 from rollq.store.connection import connect
-from rollq.store.keys import DEFAULT_NAMESPACE, Keys
+from rollq.store.keys import DEFAULT_NAMESPACE, Keys, job_id
 from rollq.store.reaper import ReapReport, reap
 from rollq.store.records import read_record, read_records
 from rollq.store.resources import ResourceStore
@@ -132,6 +132,12 @@ class Producer:
             outcomes += chunk_outcomes
             if on_progress:
                 on_progress(len(chunk))
+        taken = [
+            task.rollout_id for task, outcome in zip(tasks, outcomes, strict=True) if outcome is Enqueued.JOB_TAKEN
+        ]
+        if taken:
+            # The others of the batch are queued; these would have overwritten a job that is not theirs.
+            raise JobIdTakenError(job_id(taken[0]), taken[0])
         known = [task.rollout_id for task, outcome in zip(tasks, outcomes, strict=True) if outcome is Enqueued.KNOWN]
         if known:
             stored = read_records(self.connection, self.keys, known)
@@ -189,4 +195,4 @@ class Producer:
 
     def reap(self) -> ReapReport:
         """Requeue or fail attempts whose worker stopped heartbeating (workers do this too)."""
-        return reap(self.lifecycle, now=time.time(), results_maxlen=self.results_maxlen)
+        return reap(self.lifecycle, results_maxlen=self.results_maxlen)

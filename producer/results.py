@@ -18,7 +18,8 @@ from typing import Any
 import redis
 
 from rollq.models.contract import Rollout
-from rollq.models.errors import RolloutTimeoutError, RolloutTrimmedError
+from rollq.models.errors import InvalidTaskError, RolloutTimeoutError, RolloutTrimmedError
+from rollq.models.outcomes import failed_rollout
 from rollq.store.keys import Keys, StreamField, TaskField
 from rollq.store.reaper import reap
 from rollq.store.transitions import Lifecycle
@@ -31,7 +32,14 @@ REAP_EVERY_SECONDS = 5.0
 
 
 def _parse(fields: dict[bytes, bytes]) -> Rollout:
-    return Rollout.model_validate_json(fields[StreamField.ROLLOUT.encode()])
+    # One entry that is not a Rollout (corrupt, or written by something else) becomes a failed rollout naming
+    # the problem, rather than an error that stops the caller reading every other rollout.
+    rid = fields.get(StreamField.ROLLOUT_ID.encode(), b"").decode(errors="replace")
+    try:
+        return Rollout.model_validate_json(fields[StreamField.ROLLOUT.encode()])
+    except (KeyError, ValueError) as exc:
+        error = InvalidTaskError(f"the results entry of {rid} is not a valid Rollout: {exc}")
+        return failed_rollout(rid, attempt=0, worker="", error=error)
 
 
 def wait(
@@ -81,7 +89,7 @@ def wait(
         if on_progress and arrived:
             on_progress(arrived)
         if time.monotonic() >= next_reap:
-            reap(lifecycle, now=time.time(), results_maxlen=results_maxlen)
+            reap(lifecycle, results_maxlen=results_maxlen, within=REAP_EVERY_SECONDS)
             next_reap = time.monotonic() + REAP_EVERY_SECONDS
     return [found[rid] for rid in wanted]
 

@@ -121,3 +121,35 @@ def rollout_id_of(job: Job) -> str:
     if kwargs or len(args) != 1 or not isinstance(args[0], str):
         raise InvalidTaskError(f"job {job.id}: expected one rollout id argument, got args={args!r} kwargs={kwargs!r}")
     return args[0]
+
+
+def read_rollq_jobs(connection: redis.Redis, job_ids: list[str]) -> dict[str, Job | InvalidTaskError | None]:
+    """Each of ``job_ids`` as a Job if it is a well-formed rollq job, else the InvalidTaskError saying why, or None
+    when it has no hash; in one round trip.
+
+    RQ's own ``Job.fetch``/``fetch_many`` raise on the first malformed hash (a bad
+    ``status``, ``created_at`` or ``dependency_ids``), which would stop a whole
+    pass over a list for one foreign entry; here each job is judged on its own.
+    """
+    pipe = connection.pipeline(transaction=False)
+    for job_id in job_ids:
+        pipe.hgetall(Job.key_for(job_id))
+    found: dict[str, Job | InvalidTaskError | None] = {}
+    for job_id, raw in zip(job_ids, pipe.execute(), strict=True):
+        if not raw:
+            found[job_id] = None
+            continue
+        job = Job(job_id, connection=connection, serializer=JSONSerializer)
+        try:
+            job.restore(raw)
+            job.get_status(refresh=False)
+            _ = job.dependency_ids
+            rollout_id_of(job)
+        except InvalidTaskError as exc:
+            found[job_id] = exc
+            continue
+        except Exception as exc:  # anything RQ cannot read back is not a well-formed rollq job
+            found[job_id] = InvalidTaskError(f"job {job_id}: RQ cannot read its hash ({type(exc).__name__}: {exc})")
+            continue
+        found[job_id] = job
+    return found

@@ -19,7 +19,6 @@ from .jobs import RQ_QUEUES_KEY, rq_intermediate_key, rq_job_key, rq_queue_key
 DEFAULT_NAMESPACE = "rollq"
 
 _NAMESPACE = re.compile(r"[A-Za-z0-9_.-]{1,64}")
-_RQ_JOB_ID = re.compile(r"[A-Za-z0-9_-]{1,100}")
 
 
 @dataclass(frozen=True)
@@ -115,6 +114,36 @@ class Keys:
         """When a reaper first saw ``job_id`` left in the intermediate list while its task waited for it."""
         return f"{self._tag}:stranded:{job_id}"
 
+    @property
+    def quarantine(self) -> str:
+        """List of job ids found on this namespace's RQ lists that are not well-formed rollq jobs, moved aside."""
+        return f"{self._tag}:quarantine"
+
+    @property
+    def clock(self) -> str:
+        """Hash: the Redis time by which the next heartbeat or reap pass is due, and until when reaping waits
+        after a stall (see ``lua/clock.lua``)."""
+        return f"{self._tag}:clock"
+
+    @property
+    def audit_cursor(self) -> str:
+        """Where the reapers' sweep over task records (looking for queued tasks whose RQ job vanished) stands."""
+        return f"{self._tag}:audit-cursor"
+
+    @property
+    def audit_lock(self) -> str:
+        """Held for a second by the reaper that sweeps task records, so the namespace is swept once a second."""
+        return f"{self._tag}:audit-lock"
+
+    @property
+    def task_pattern(self) -> str:
+        """``SCAN MATCH`` pattern of every task record of the namespace."""
+        return f"{self._tag}:task:*"
+
+    def orphaned(self, job_id: str) -> str:
+        """When a reaper first saw that the queued task's ``job_id`` was on none of RQ's lists."""
+        return f"{self._tag}:orphaned:{job_id}"
+
     @staticmethod
     def rq_queues() -> str:
         """RQ's set of known queues (rq-dashboard lists queues from it)."""
@@ -199,7 +228,8 @@ def lua_header() -> str:
     """Lua source that every rollq script starts with: the names above, so that no script spells them.
 
     ``F.<field>`` for task record fields, ``S.<field>`` for stream fields, ``member(rid, attempt)`` for an
-    in-flight member, ``outcome_stat``/``requeue_stat``/``duration_stat`` and ``STATS_*`` for the stats hash.
+    in-flight member, ``outcome_stat``/``requeue_stat``/``duration_stat`` and ``STATS_*`` for the stats hash,
+    ``count(key, field, by)`` to add to a counter without failing on a corrupt one.
     """
 
     def table(fields: type[StrEnum]) -> str:
@@ -215,17 +245,29 @@ def lua_header() -> str:
             "local function outcome_stat(status, mode) return status .. ':' .. (mode or '') end",
             f"local function requeue_stat(reason) return '{REQUEUED_PREFIX}' .. reason end",
             f"local function duration_stat(bucket) return '{DURATION_PREFIX}' .. bucket end",
+            # A counter that is not a whole number (a corrupt or foreign value) is left alone and reads as 0:
+            # a failed HINCRBY half way through a script would leave its earlier writes in place.
+            "local function count(key, field, by)",
+            "  local v = redis.call('HGET', key, field)",
+            "  if v and not string.match(v, '^%-?%d+$') then return 0 end",
+            "  return redis.call('HINCRBY', key, field, by)",
+            "end",
             "",
         ]
     )
 
 
-def job_id(rollout_id: str, after_attempt: int = 0) -> str:
+_JOB_PREFIX = "rollq-"
+
+
+def job_id(rollout_id: str, after_attempt: int = 0, *, reissue: bool = False) -> str:
     """The RQ job id that queues ``rollout_id``; each requeue gets a job of its own.
 
-    RQ accepts only ``[A-Za-z0-9_-]`` in job ids, so other rollout ids are hashed.
+    ``rollq-<sha256 of the rollout id, 40 hex>-<n>``, where ``n`` is the attempt the
+    job follows (0 for the first job), prefixed ``q`` for a job the reaper
+    issued again after the previous one vanished. No rollout id appears in a job
+    id, so no rollout id can produce another task's job id (short of a SHA-256
+    collision); the rollout id is in the job's description for rq-dashboard.
     """
-    base = (
-        rollout_id if _RQ_JOB_ID.fullmatch(rollout_id) else "h" + hashlib.sha256(rollout_id.encode()).hexdigest()[:40]
-    )
-    return base if after_attempt == 0 else f"{base}-r{after_attempt}"
+    digest = hashlib.sha256(rollout_id.encode()).hexdigest()[:40]
+    return f"{_JOB_PREFIX}{digest}-{'q' if reissue else ''}{after_attempt}"

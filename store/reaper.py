@@ -7,15 +7,30 @@ the attempt number and the deadline, so any number of reapers (every worker and
 every producer run one) can race safely: one wins, the rest see "not current",
 and a worker that heartbeats at the last moment keeps its attempt.
 
-A reaper also puts back jobs stranded in RQ's intermediate list: taken off the
-queue by a worker that never started them (see ``lua/restore.lua``).
+Deadlines are judged on Redis's clock, and after Redis was stalled or out of
+reach of every client the reapers hold off for a full heartbeat interval (see
+``lua/beat.lua``), so that no live attempt looks dead because Redis was away.
+
+A reaper also:
+
+- puts back jobs stranded in RQ's intermediate list (taken off the queue by a
+  worker that never started them, see ``lua/restore.lua``), and moves anything
+  there that is not a well-formed rollq job into the quarantine list;
+- sweeps the task records for queued tasks whose RQ job vanished (deleted from
+  rq-dashboard, ``rq empty``, a flushed list) and queues them again
+  (``lua/reissue.lua``), at a bounded cost: see :func:`_audit`. A whole sweep
+  takes (keys in the database) / ``AUDIT_SCAN`` seconds.
+
+One record that cannot be parsed ends as a failed rollout naming
+:class:`InvalidTaskError`; it never stops a pass.
 """
 
 from __future__ import annotations
 
 import logging
+import random
 from dataclasses import dataclass
-from typing import cast
+from typing import Any, cast
 
 import redis
 
@@ -23,12 +38,17 @@ from rollq.models.errors import InvalidTaskError, WorkerUnresponsiveError
 from rollq.models.outcomes import failed_rollout
 from rollq.models.policy import TaskState
 
-from .jobs import fetch_jobs, rollout_id_of
-from .keys import Keys, parse_inflight_member
-from .records import read_records
-from .transitions import Lifecycle, Published, Requeued
+from .jobs import read_rollq_jobs, rollout_id_of
+from .keys import Keys, TaskField, parse_inflight_member
+from .records import read_records_or_errors
+from .transitions import Clock, JobTaken, Lifecycle, Published, Requeued
 
 log = logging.getLogger(__name__)
+
+AUDIT_SCAN = 1000
+"""Keys one sweep pass reads (``SCAN COUNT``) looking for queued tasks whose RQ job vanished."""
+AUDIT_DEEP = 20
+"""Queued tasks per sweep pass whose job is looked for on RQ's lists (two ``LPOS`` each)."""
 
 
 @dataclass
@@ -38,19 +58,42 @@ class ReapReport:
     requeued: int = 0
     failed: int = 0
     restored: int = 0
+    quarantined: int = 0
+    reissued: int = 0
+    waited: bool = False  # the pass judged no deadline: Redis was just stalled or out of reach
 
 
-def reap(lifecycle: Lifecycle, *, now: float, results_maxlen: int, limit: int = 200) -> ReapReport:
-    """Handle up to ``limit`` attempts whose heartbeat deadline is before ``now``, and put back stranded jobs."""
+def reap(lifecycle: Lifecycle, *, results_maxlen: int, limit: int = 200, within: float = 0) -> ReapReport:
+    """Handle up to ``limit`` attempts whose heartbeat deadline has passed on Redis's clock, put back stranded
+    jobs, move malformed ones aside, and sweep a few records for vanished jobs.
+
+    ``within`` promises the caller's next pass within that many seconds (see :meth:`Lifecycle.beat`).
+    """
+    clock = lifecycle.beat(within=within)
+    report = ReapReport(waited=clock.in_grace)
+    if clock.in_grace:
+        wait = (clock.grace_until or clock.now) - clock.now
+        log.warning("Redis was stalled or out of reach: judging no deadline for another %.1fs", wait)
+        return report
+    report.restored, report.quarantined = _restore_stranded(lifecycle, now=clock.now, limit=limit)
+    report.reissued = _audit(lifecycle, clock)
+    _reap_stale(lifecycle, clock, results_maxlen=results_maxlen, limit=limit, report=report)
+    return report
+
+
+def _reap_stale(lifecycle: Lifecycle, clock: Clock, *, results_maxlen: int, limit: int, report: ReapReport) -> None:
     connection: redis.Redis = lifecycle.connection
     keys: Keys = lifecycle.keys
-    report = ReapReport(restored=_restore_stranded(lifecycle, now=now, limit=limit))
+    now = clock.now
     stale = cast(list[bytes], connection.zrangebyscore(keys.inflight, "-inf", now, start=0, num=limit))
     if not stale:
-        return report
+        return
     members = [(member, *parse_inflight_member(member)) for member in stale]
-    records = read_records(connection, keys, list(dict.fromkeys(rid for _, rid, _ in members)))
+    records, invalid = read_records_or_errors(connection, keys, list(dict.fromkeys(rid for _, rid, _ in members)))
     for member, rid, attempt in members:
+        if rid in invalid:
+            _fail(lifecycle, rid, attempt, "", invalid[rid], results_maxlen=results_maxlen, now=now, report=report)
+            continue
         record = records.get(rid)
         if record is None or record.state != TaskState.RUNNING or record.attempt != attempt:
             connection.zrem(keys.inflight, member)  # a leftover of an attempt that already ended
@@ -63,42 +106,111 @@ def reap(lifecycle: Lifecycle, *, now: float, results_maxlen: int, limit: int = 
                 log.warning(
                     "requeued %s: attempt %d on %s sent no heartbeat for %.0fs", rid, attempt, record.worker, silent_for
                 )
+            elif isinstance(reply, JobTaken):
+                log.error("could not requeue %s: the RQ job id of its next attempt is taken by another job", rid)
             continue
         error = WorkerUnresponsiveError(
             f"worker {record.worker} sent no heartbeat for {silent_for:.0f}s "
             f"on attempt {attempt} of {record.policy.max_attempts}"
         )
-        rollout = failed_rollout(rid, attempt=attempt, worker=record.worker or "", error=error)
-        outcome = lifecycle.finish(
-            rid,
-            attempt,
-            rollout.model_dump_json(),
-            "failed",
-            results_maxlen=results_maxlen,
-            dead_letter=True,
-            now=now,
-            stale_before=now,
+        _fail(
+            lifecycle, rid, attempt, record.worker or "", error, results_maxlen=results_maxlen, now=now, report=report
         )
-        if isinstance(outcome, Published):
-            report.failed += 1
-            log.error("failed %s for good: %s", rid, error)
-    return report
 
 
-def _restore_stranded(lifecycle: Lifecycle, *, now: float, limit: int) -> int:
+def _fail(
+    lifecycle: Lifecycle,
+    rid: str,
+    attempt: int,
+    worker: str,
+    error: Exception,
+    *,
+    results_maxlen: int,
+    now: float,
+    report: ReapReport,
+) -> None:
+    rollout = failed_rollout(rid, attempt=attempt, worker=worker, error=error)
+    outcome = lifecycle.finish(
+        rid,
+        attempt,
+        rollout.model_dump_json(),
+        "failed",
+        results_maxlen=results_maxlen,
+        dead_letter=True,
+        now=now,
+        stale_before=now,
+    )
+    if isinstance(outcome, Published):
+        report.failed += 1
+        log.error("failed %s for good: %s: %s", rid, type(error).__name__, error)
+
+
+def _restore_stranded(lifecycle: Lifecycle, *, now: float, limit: int) -> tuple[int, int]:
     connection: redis.Redis = lifecycle.connection
-    job_ids = [j.decode() for j in cast(list[bytes], connection.lrange(lifecycle.keys.rq_intermediate, 0, limit - 1))]
+    keys = lifecycle.keys
+    job_ids = [j.decode() for j in cast(list[bytes], connection.lrange(keys.rq_intermediate, 0, limit - 1))]
     if not job_ids:
-        return 0
-    restored = 0
-    for job in fetch_jobs(connection, job_ids):
-        if job is None:
+        return 0, 0
+    restored = quarantined = 0
+    for job_id, job in read_rollq_jobs(connection, list(dict.fromkeys(job_ids))).items():
+        if isinstance(job, InvalidTaskError):
+            if lifecycle.quarantine(keys.rq_intermediate, job_id):
+                quarantined += 1
+                log.error(
+                    "moved job %s from RQ's intermediate list to the quarantine list %s: %s",
+                    job_id,
+                    keys.quarantine,
+                    job,
+                )
             continue
-        try:
-            rid = rollout_id_of(job)
-        except InvalidTaskError:
-            continue  # not a rollq job; RQ's own maintenance deals with it
-        if lifecycle.restore(rid, job.id, now):
+        rid = rollout_id_of(job) if job is not None else ""
+        if lifecycle.restore(rid, job_id, now):
             restored += 1
-            log.warning("put job %s of %s back on the queue: a worker took it off but never started it", job.id, rid)
-    return restored
+            log.warning("put job %s of %s back on the queue: a worker took it off but never started it", job_id, rid)
+    return restored, quarantined
+
+
+def _audit(lifecycle: Lifecycle, clock: Clock) -> int:
+    """Sweep on over the task records for queued tasks whose RQ job vanished, and queue those again.
+
+    At most one pass a second per namespace, whichever reaper gets there first. A pass reads ``AUDIT_SCAN``
+    keys (``SCAN COUNT``, over the whole database), checks each queued task's job hash (O(1)), and looks for at
+    most ``AUDIT_DEEP`` jobs on RQ's lists (two ``LPOS``, linear in the lists' length): first those seen off the
+    lists before, then a random few.
+    """
+    connection: redis.Redis = lifecycle.connection
+    keys = lifecycle.keys
+    if not connection.set(keys.audit_lock, 1, nx=True, px=1000):
+        return 0
+    cursor = int(cast(Any, connection.get(keys.audit_cursor)) or 0)
+    cursor, names = cast(tuple[int, list[bytes]], connection.scan(cursor, match=keys.task_pattern, count=AUDIT_SCAN))
+    connection.set(keys.audit_cursor, cursor)
+    prefix = len(keys.task(""))
+    rids = [name.decode()[prefix:] for name in names]
+    if not rids:
+        return 0
+    pipe = connection.pipeline(transaction=False)
+    for rid in rids:
+        pipe.hmget(keys.task(rid), TaskField.STATE, TaskField.JOB)
+    jobs = {
+        rid: job.decode() for rid, (state, job) in zip(rids, pipe.execute(), strict=True) if state == b"queued" and job
+    }
+    if not jobs:
+        return 0
+    pipe = connection.pipeline(transaction=False)
+    for job in jobs.values():
+        pipe.exists(keys.orphaned(job))
+    marked = [rid for rid, seen in zip(jobs, pipe.execute(), strict=True) if seen]
+    rest = [rid for rid in jobs if rid not in set(marked)]
+    deep = set((marked + random.sample(rest, min(len(rest), AUDIT_DEEP)))[:AUDIT_DEEP])
+    records, _ = read_records_or_errors(connection, keys, list(jobs))
+    reissued = 0
+    for rid, record in records.items():
+        claims = record.task.num_claims or 0
+        outcome = lifecycle.reissue(record.task, record.policy, jobs[rid], claims, clock.now, deep=rid in deep)
+        if outcome == 1:
+            reissued += 1
+            log.warning("queued %s again: its RQ job %s vanished (deleted, or flushed from RQ's lists)", rid, jobs[rid])
+        elif outcome == -1:
+            log.error("could not queue %s again: the RQ job id for it is taken by another job", rid)
+    return reissued

@@ -2,16 +2,40 @@
 
 from __future__ import annotations
 
+import json
+import logging
 from dataclasses import dataclass
+from typing import Any
 
 import redis
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from rollq.models.contract import Task
 from rollq.models.errors import InvalidTaskError, UnknownTaskError
 from rollq.models.policy import RolloutPolicy, TaskState
 
 from .keys import Keys, TaskField
+
+log = logging.getLogger(__name__)
+
+_warned: set[tuple[str, frozenset[str]]] = set()
+
+
+def _validate(model: type[BaseModel], raw: bytes | str, what: str) -> Any:
+    """``model`` from JSON ``raw``; fields a newer rollq added are ignored, with one warning per set of them."""
+    data = json.loads(raw)
+    if isinstance(data, dict):
+        unknown = frozenset(data) - frozenset(model.model_fields)
+        if unknown and (model.__name__, unknown) not in _warned:
+            _warned.add((model.__name__, unknown))
+            log.warning(
+                "%s of %s has field(s) this rollq does not know, ignored (written by a newer version?): %s",
+                model.__name__,
+                what,
+                ", ".join(sorted(unknown)),
+            )
+    return model.model_validate(data)
+
 
 _FIELDS = (
     TaskField.TASK,
@@ -34,9 +58,9 @@ def parse_task(
     :class:`InvalidTaskError` names the rollout and the field when either JSON is not what rollq wrote.
     """
     try:
-        task = Task.model_validate_json(task_json)
-        policy = RolloutPolicy.model_validate_json(policy_json)
-    except ValidationError as exc:
+        task = _validate(Task, task_json, f"task {rollout_id}")
+        policy = _validate(RolloutPolicy, policy_json, f"task {rollout_id}")
+    except (ValidationError, ValueError) as exc:  # json.JSONDecodeError is a ValueError
         raise InvalidTaskError(f"task {rollout_id} is not a valid rollq task: {exc}") from exc
     return task.model_copy(update={"num_claims": claims, "last_claim_time": last_claim}), policy
 
@@ -55,34 +79,57 @@ class TaskRecord:
 
     @classmethod
     def parse(cls, rollout_id: str, values: list[bytes | None]) -> TaskRecord:
+        """The record from its fields; :class:`InvalidTaskError` naming the field that is not what rollq wrote."""
         task_json, policy_json, state, claims, last_claim, attempt, worker, used, result = values
-        assert task_json is not None and policy_json is not None
+        if task_json is None or policy_json is None:
+            raise InvalidTaskError(f"task {rollout_id} has no {TaskField.POLICY if task_json else TaskField.TASK}")
+        named = {TaskField.CLAIMS: claims, TaskField.ATTEMPT: attempt, TaskField.ATTEMPTS: used}
+        try:
+            numbers = {field: int(raw or 0) for field, raw in named.items()}
+            claimed_at = float(last_claim) if last_claim else None
+            task_state = TaskState((state or b"queued").decode())
+        except ValueError as exc:
+            raise InvalidTaskError(f"task {rollout_id} has a field that is not what rollq wrote: {exc}") from exc
         task, policy = parse_task(
-            rollout_id,
-            task_json,
-            policy_json,
-            claims=int(claims or 0),
-            last_claim=float(last_claim) if last_claim else None,
+            rollout_id, task_json, policy_json, claims=numbers[TaskField.CLAIMS], last_claim=claimed_at
         )
         return cls(
             task=task,
             policy=policy,
-            state=TaskState((state or b"queued").decode()),
-            attempt=int(attempt or 0),
-            attempts_used=int(used or 0),
+            state=task_state,
+            attempt=numbers[TaskField.ATTEMPT],
+            attempts_used=numbers[TaskField.ATTEMPTS],
             worker=worker.decode() if worker else None,
             result_id=result.decode() if result else None,
         )
 
 
-def read_records(connection: redis.Redis, keys: Keys, rollout_ids: list[str]) -> dict[str, TaskRecord]:
-    """The records of ``rollout_ids`` that exist, in one round trip."""
+def read_records_or_errors(
+    connection: redis.Redis, keys: Keys, rollout_ids: list[str]
+) -> tuple[dict[str, TaskRecord], dict[str, InvalidTaskError]]:
+    """The records of ``rollout_ids`` that exist, in one round trip, and apart from them the error of each that
+    cannot be parsed: one bad record must not stop the caller from handling the others."""
     pipe = connection.pipeline(transaction=False)
     for rid in rollout_ids:
         pipe.hmget(keys.task(rid), _FIELDS)
-    return {
-        rid: TaskRecord.parse(rid, v) for rid, v in zip(rollout_ids, pipe.execute(), strict=True) if v[0] is not None
-    }
+    records: dict[str, TaskRecord] = {}
+    errors: dict[str, InvalidTaskError] = {}
+    for rid, values in zip(rollout_ids, pipe.execute(), strict=True):
+        if values[0] is None and values[1] is None:
+            continue
+        try:
+            records[rid] = TaskRecord.parse(rid, values)
+        except InvalidTaskError as exc:
+            errors[rid] = exc
+    return records, errors
+
+
+def read_records(connection: redis.Redis, keys: Keys, rollout_ids: list[str]) -> dict[str, TaskRecord]:
+    """The records of ``rollout_ids`` that exist, in one round trip; :class:`InvalidTaskError` if one is invalid."""
+    records, errors = read_records_or_errors(connection, keys, rollout_ids)
+    if errors:
+        raise next(iter(errors.values()))
+    return records
 
 
 def read_record(connection: redis.Redis, keys: Keys, rollout_id: str) -> TaskRecord:

@@ -23,6 +23,7 @@ import redis
 from redis.commands.core import Script
 
 from rollq.models.contract import Task
+from rollq.models.errors import JobIdTakenError
 from rollq.models.policy import RolloutPolicy
 
 from .jobs import JobTemplate
@@ -50,6 +51,7 @@ class Enqueued(StrEnum):
     QUEUED = "queued"
     KNOWN = "known"  # the rollout id was known already; nothing was written for it
     UNKNOWN_RESOURCES = "unknown_resources"  # the pinned version does not exist; nothing of the batch was written
+    JOB_TAKEN = "job_taken"  # the task's job id holds a job hash that stands for something else; nothing written
 
 
 @dataclass(frozen=True)
@@ -74,15 +76,33 @@ class StillAlive:
     """A reaper's transition lost the race: the attempt heartbeated after the reaper judged it stale."""
 
 
+@dataclass(frozen=True)
+class JobTaken:
+    """Nothing was written: the new job id holds a job hash that stands for something else."""
+
+
 FinishReply = Published | Superseded | StillAlive
-RequeueReply = Requeued | Superseded | StillAlive
+RequeueReply = Requeued | Superseded | StillAlive | JobTaken
 
 _SUPERSEDED, _STILL_ALIVE, _REQUEUED = Superseded(), StillAlive(), Requeued()
-_WORDS: dict[bytes, Superseded | StillAlive | Requeued] = {
+_WORDS: dict[bytes, Superseded | StillAlive | Requeued | JobTaken] = {
     b"superseded": _SUPERSEDED,
     b"alive": _STILL_ALIVE,
     b"requeued": _REQUEUED,
+    b"conflict": JobTaken(),
 }
+
+
+@dataclass(frozen=True)
+class Clock:
+    """Redis's time, and until when reapers hold off because Redis was just stalled or out of reach."""
+
+    now: float
+    grace_until: float | None
+
+    @property
+    def in_grace(self) -> bool:
+        return self.grace_until is not None and self.now < self.grace_until
 
 
 @dataclass(frozen=True)
@@ -94,13 +114,15 @@ class Claim:
     policy_json: bytes
     latest_resources_id: str | None
     attempts_used: int
+    claimed_at: float  # Redis's time
 
 
 @dataclass(frozen=True)
 class ClaimRefused:
-    """Why a claim did not happen: the task record is missing, or the task is not waiting for this job."""
+    """Why a claim did not happen: the task record is missing, the task is not waiting for this job, or its
+    record holds a field that is not what rollq wrote (``state`` then says which; nothing was written)."""
 
-    reason: Literal["missing", "stale"]
+    reason: Literal["missing", "stale", "invalid"]
     state: str = ""
 
 
@@ -127,6 +149,10 @@ class Lifecycle:
         self._requeue = _load(connection, "requeue")
         self._revive = _load(connection, "revive")
         self._restore = _load(connection, "restore")
+        self._reject = _load(connection, "reject")
+        self._beat = _load(connection, "beat")
+        self._quarantine = _load(connection, "quarantine")
+        self._reissue = _load(connection, "reissue")
 
     def _template(self, policy: RolloutPolicy) -> JobTemplate:
         return JobTemplate(self.connection, queue_name=self.keys.queue_name, timeout_seconds=policy.timeout_seconds)
@@ -164,16 +190,28 @@ class Lifecycle:
             outcomes += [Enqueued(word.decode()) for word in words]
         return outcomes
 
-    def claim(self, rollout_id: str, job_id: str, worker_name: str, now: float) -> Claim | ClaimRefused:
-        """Start an attempt: count the claim and stamp its time, atomically."""
+    def claim(self, rollout_id: str, job_id: str, worker_name: str) -> Claim | ClaimRefused:
+        """Start an attempt: count the claim and stamp its time (Redis's), atomically."""
         k = self.keys
         reply = self._claim(
-            keys=[k.task(rollout_id), k.inflight, k.resources_latest], args=[rollout_id, job_id, worker_name, now]
+            keys=[k.task(rollout_id), k.inflight, k.resources_latest], args=[rollout_id, job_id, worker_name]
         )
         if reply[0] != b"claimed":
             return ClaimRefused(reply[0].decode(), reply[1].decode() if len(reply) > 1 else "")  # type: ignore[arg-type]
-        _, attempt, task_json, policy_json, latest, used = reply
-        return Claim(int(attempt), task_json, policy_json, latest.decode() or None, int(used))
+        _, attempt, task_json, policy_json, latest, used, claimed_at = reply
+        return Claim(int(attempt), task_json, policy_json, latest.decode() or None, int(used), float(claimed_at))
+
+    def reject(
+        self, rollout_id: str, job_id: str, rollout_json: str, *, results_maxlen: int, now: float
+    ) -> FinishReply:
+        """Fail a queued task whose record cannot be run, publishing ``rollout_json``; only ``job_id`` (the job
+        that stands for the task) may. :class:`Superseded` when the task no longer waits for that job."""
+        k = self.keys
+        reply = self._reject(
+            keys=[k.task(rollout_id), k.results, k.dead_letter, k.stats, k.resources_refs],
+            args=[rollout_id, job_id, rollout_json, results_maxlen, now],
+        )
+        return Published(reply[1].decode()) if reply[0] == b"published" else _SUPERSEDED
 
     def finish(
         self,
@@ -248,28 +286,79 @@ class Lifecycle:
         return _WORDS[reply]  # type: ignore[return-value]
 
     def revive(self, task: Task, policy: RolloutPolicy, claims: int) -> bool:
-        """Requeue a dead-lettered task with a fresh attempt budget; False if it was not dead-lettered."""
+        """Requeue a dead-lettered task with a fresh attempt budget; False if it was not dead-lettered.
+
+        :class:`JobIdTakenError` when the new job id holds another job's hash (nothing is written)."""
         k = self.keys
         jid = job_id(task.rollout_id, after_attempt=claims)
         reply = self._revive(
             keys=[k.task(task.rollout_id), k.dead_letter, k.rq_queue, k.rq_queues(), k.rq_job(jid), k.resources_refs],
             args=[task.rollout_id, jid, *self._template(policy).fields(task.rollout_id, self._description(task))],
         )
+        if reply == -1:
+            raise JobIdTakenError(jid, task.rollout_id)
         return bool(reply)
 
     def restore(self, rollout_id: str, job_id: str, now: float) -> bool:
         """Push ``job_id`` back on the queue if it has been stranded in RQ's intermediate list for
-        ``unresponsive_seconds`` while its task waits for it (see ``lua/restore.lua``); True if it was."""
+        ``unresponsive_seconds`` while its task waits for it (see ``lua/restore.lua``); True if it was.
+        A leftover whose task no longer waits for it is dropped from the list after 30 s."""
         k = self.keys
         reply = self._restore(
             keys=[k.task(rollout_id), k.rq_intermediate, k.rq_queue, k.stranded(job_id), k.stats], args=[job_id, now]
         )
-        return bool(reply)
+        return reply == 1
 
-    def heartbeat(self, deadlines: dict[str, float]) -> None:
-        """Push back the deadline of running attempts (``rollout_id|attempt`` -> deadline).
+    def beat(self, unresponsive: dict[str, float] | None = None, *, within: float = 0) -> Clock:
+        """Heartbeat running attempts (``rollout_id|attempt`` -> unresponsive_seconds) and keep the clock.
 
-        ``XX`` never re-adds an attempt that finished or was taken over meanwhile.
+        Each deadline is Redis's time on arrival plus the attempt's unresponsive_seconds (see ``lua/beat.lua``);
+        ``within`` promises the caller's next call within that many seconds (0: no promise). An attempt that
+        finished or was taken over meanwhile is never re-added.
         """
-        if deadlines:
-            self.connection.zadd(self.keys.inflight, deadlines, xx=True)
+        k = self.keys
+        args: list[str | float] = [within]
+        for member, seconds in (unresponsive or {}).items():
+            args += [member, seconds]
+        now, grace_until = self._beat(keys=[k.inflight, k.clock], args=args)
+        return Clock(float(now), float(grace_until) if grace_until else None)
+
+    def heartbeat(self, unresponsive: dict[str, float], *, within: float = 0) -> Clock:
+        """:meth:`beat` for running attempts."""
+        return self.beat(unresponsive, within=within)
+
+    def quarantine(self, source: str, job_id: str) -> bool:
+        """Move ``job_id`` from RQ list ``source`` of this namespace to the quarantine list; True if it moved."""
+        return bool(self._quarantine(keys=[source, self.keys.quarantine], args=[job_id]))
+
+    def reissue(
+        self, task: Task, policy: RolloutPolicy, old_job_id: str, claims: int, now: float, *, deep: bool
+    ) -> int:
+        """Queue ``task`` again as a new RQ job if its job ``old_job_id`` vanished (see ``lua/reissue.lua``);
+        ``deep`` also looks for the job on RQ's lists (linear in their length).
+
+        1 queued again, 0 not (or not yet), -1 the new job id is taken by another job.
+        """
+        k = self.keys
+        jid = job_id(task.rollout_id, after_attempt=claims, reissue=True)
+        reply = self._reissue(
+            keys=[
+                k.task(task.rollout_id),
+                k.rq_queue,
+                k.rq_intermediate,
+                k.rq_queues(),
+                k.rq_job(old_job_id),
+                k.rq_job(jid),
+                k.orphaned(old_job_id),
+                k.stats,
+            ],
+            args=[
+                task.rollout_id,
+                old_job_id,
+                jid,
+                now,
+                int(deep),
+                *self._template(policy).fields(task.rollout_id, self._description(task)),
+            ],
+        )
+        return int(reply)

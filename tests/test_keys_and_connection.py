@@ -71,10 +71,12 @@ def test_job_ids_are_valid_for_rq_and_distinct_per_requeue(rollout_id: str) -> N
     assert job_id(rollout_id) == ids[0]
 
 
-def test_plain_rollout_ids_are_their_own_job_ids_and_odd_ones_do_not_collide() -> None:
-    assert job_id("rollout-abc_1") == "rollout-abc_1"
-    odd = [job_id(r) for r in ODD_ROLLOUT_IDS] + [job_id("a_b"), job_id("ab")]
-    assert len(set(odd)) == len(odd)
+def test_no_rollout_id_produces_another_rollouts_job_id() -> None:
+    ids = ODD_ROLLOUT_IDS + ["a_b", "ab", "x", "x-r1", "x-1", "rollout-abc_1"]
+    jobs = [job_id(r, after_attempt=n, reissue=q) for r in ids for n in range(3) for q in (False, True)]
+    assert len(set(jobs)) == len(jobs)
+    # A rollout id that spells another's job id still gets a job id of its own.
+    assert job_id(job_id("x")) not in {job_id("x", n) for n in range(3)}
 
 
 def test_redis_url_gives_a_tcp_pool_with_retries_and_no_connection_yet() -> None:

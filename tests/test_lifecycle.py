@@ -11,8 +11,10 @@ import pytest
 from rollq.models.contract import Task
 from rollq.models.policy import RolloutPolicy
 from rollq.store.connection import connect
-from rollq.store.keys import Keys, lua_header
+from rollq.store.keys import Keys, job_id, lua_header
 from rollq.store.transitions import Claim, ClaimRefused, Enqueued, FinishReply, Lifecycle, Published, Superseded
+
+JOB = job_id("r1")
 
 
 @pytest.fixture
@@ -28,20 +30,20 @@ def _publish(lc: Lifecycle, rollout_json: str) -> FinishReply:
 
 
 def test_a_claim_sent_again_by_the_same_worker_gets_the_same_attempt(lifecycle: Lifecycle) -> None:
-    first = lifecycle.claim("r1", "r1", "worker-a", time.time())
-    again = lifecycle.claim("r1", "r1", "worker-a", time.time())
+    first = lifecycle.claim("r1", JOB, "worker-a")
+    again = lifecycle.claim("r1", JOB, "worker-a")
     assert isinstance(first, Claim) and isinstance(again, Claim)
     assert (again.attempt, again.attempts_used) == (first.attempt, first.attempts_used) == (1, 1)
     assert lifecycle.connection.hget(lifecycle.keys.task("r1"), "claims") == b"1"
 
 
 def test_another_worker_cannot_claim_a_running_task(lifecycle: Lifecycle) -> None:
-    lifecycle.claim("r1", "r1", "worker-a", time.time())
-    assert lifecycle.claim("r1", "r1", "worker-b", time.time()) == ClaimRefused("stale", "running")
+    lifecycle.claim("r1", JOB, "worker-a")
+    assert lifecycle.claim("r1", JOB, "worker-b") == ClaimRefused("stale", "running")
 
 
 def test_a_publish_sent_again_returns_the_first_entry_and_records_nothing_superseded(lifecycle: Lifecycle) -> None:
-    lifecycle.claim("r1", "r1", "worker-a", time.time())
+    lifecycle.claim("r1", JOB, "worker-a")
     first = _publish(lifecycle, '{"rollout_id": "r1"}')
     assert isinstance(first, Published)
     assert _publish(lifecycle, '{"rollout_id": "r1"}') == first
@@ -50,7 +52,7 @@ def test_a_publish_sent_again_returns_the_first_entry_and_records_nothing_supers
 
 
 def test_a_different_result_from_an_attempt_that_already_published_is_superseded(lifecycle: Lifecycle) -> None:
-    lifecycle.claim("r1", "r1", "worker-a", time.time())
+    lifecycle.claim("r1", JOB, "worker-a")
     _publish(lifecycle, '{"rollout_id": "r1", "final_reward": 1.0}')
     assert _publish(lifecycle, '{"rollout_id": "r1", "final_reward": 0.0}') == Superseded()
     keys = lifecycle.keys
@@ -68,7 +70,7 @@ def test_every_field_name_the_scripts_use_comes_from_the_generated_header() -> N
     header = lua_header()
     for field in ("task", "policy", "state", "claims", "attempt", "attempts", "worker", "result", "job"):
         assert f"{field} = '{field}'" in header
-    for name in ("claim", "enqueue", "finish", "requeue", "restore", "revive"):
+    for name in ("claim", "enqueue", "finish", "requeue", "restore", "revive", "reject", "reissue", "beat"):
         source = (Path(__file__).resolve().parent.parent / "store" / "lua" / f"{name}.lua").read_text()
         code = "\n".join(line for line in source.splitlines() if not line.lstrip().startswith("--"))
         for field in ("'task'", "'policy'", "'claims'", "'attempt'", "'attempts'", "'worker'", "'result'", "'job'"):

@@ -86,7 +86,7 @@ def test_enqueueing_a_known_rollout_id_again_queues_it_once(producer: Producer) 
     assert again == first and again.input == {"v": 1}
     batch = producer.enqueue_many([{"v": 3}, {"v": 4}], rollout_ids=["dup", "dup"])
     assert batch[0] == batch[1] and batch[1].input == {"v": 3}
-    assert queued_job_ids(producer) == ["fixed-id", "dup"]
+    assert queued_job_ids(producer) == [job_id("fixed-id"), job_id("dup")]
 
 
 @pytest.mark.parametrize(("count", "round_trips"), [(2000, 1), (2001, 2)])

@@ -24,7 +24,7 @@ from servers import free_port, require_redis_server
 from rollq.models.policy import RolloutPolicy
 from rollq.producer.producer import Producer
 from rollq.store.jobs import ROLLOUT_FUNC
-from rollq.store.keys import Keys
+from rollq.store.keys import Keys, job_id
 
 pytestmark = pytest.mark.redis
 
@@ -41,14 +41,14 @@ def test_jobs_task_records_and_results_are_json_never_pickle(redis_server, names
     producer.wait(ids, timeout=30)
     connection = producer.connection
 
-    job_ids = [ids[0], ids[1], f"{ids[1]}-r1"]
-    for job_id in job_ids:
-        data = zlib.decompress(connection.hget(Keys.rq_job(job_id), "data"))
-        assert not data.startswith(b"\x80"), f"job {job_id} is pickled"  # every pickle protocol >= 2 starts so
+    jobs = {job_id(ids[0]): ids[0], job_id(ids[1]): ids[1], job_id(ids[1], after_attempt=1): ids[1]}
+    for jid, rid in jobs.items():
+        data = zlib.decompress(connection.hget(Keys.rq_job(jid), "data"))
+        assert not data.startswith(b"\x80"), f"job {jid} is pickled"  # every pickle protocol >= 2 starts so
         func, _, args, kwargs = json.loads(data)
         assert (func, kwargs) == (ROLLOUT_FUNC, {})
-        assert args == [job_id.removesuffix("-r1")]
-        [(_, result)] = wait_until(lambda: connection.xrange(f"rq:results:{job_id}"), 10, f"RQ's result of {job_id}")  # noqa: B023
+        assert args == [rid]
+        [(_, result)] = wait_until(lambda: connection.xrange(f"rq:results:{jid}"), 10, f"RQ's result of {jid}")  # noqa: B023
         assert json.loads(base64.b64decode(result[b"return_value"]))["rollout_id"] == args[0]
     for rid in ids:
         record = connection.hgetall(producer.keys.task(rid))

@@ -29,7 +29,8 @@ class Bookkeeping:
             thread.start()
 
     def submit(self, fn: Callable[..., Any], *args: Any) -> None:
-        """Run ``fn(*args)`` on one of the threads; exceptions are logged (callers handle their own)."""
+        """Run ``fn(*args)`` on one of the threads; any exception is logged and the thread carries on (callers
+        handle their own)."""
         self._calls.put((fn, args))
 
     def shutdown(self) -> None:
@@ -42,5 +43,5 @@ class Bookkeeping:
             fn, args = call
             try:
                 fn(*args)
-            except Exception:
+            except BaseException:  # even SystemExit: a thread lost here is a slot lost for good
                 log.exception("bookkeeping call %s failed", getattr(fn, "__name__", fn))

@@ -5,18 +5,38 @@ lets a single worker keep hundreds of LLM calls in flight. A sync agent gets a
 daemon thread of its own per rollout: a hung sync agent cannot be interrupted,
 and a daemon thread at least never keeps the process from exiting once its
 attempt has been timed out or handed back.
+
+Time limits are kept by a watchdog thread, not by timers on the loop: an async
+agent that makes a blocking call stops the loop, and with it any timer on it.
+The loop stamps a tick every ``TICK_SECONDS``; the watchdog fails attempts past
+their limit whatever the loop does, names the rollout blocking the loop, and
+reports a loop blocked past the limit of every attempt it held (see
+:class:`AgentExecutor`). No exception an agent raises, BaseExceptions included,
+escapes to the loop or a thread of the worker: it settles the rollout's future.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextvars
+import logging
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import Future, InvalidStateError
+from dataclasses import dataclass
 from typing import Any
 
-from rollq.models.errors import AgentTimeoutError
+from rollq.models.errors import AgentExitError, AgentTimeoutError
+
+log = logging.getLogger(__name__)
+
+TICK_SECONDS = 0.1
+"""How often the loop stamps that it is turning."""
+WATCH_SECONDS = 0.2
+"""How often the watchdog looks."""
+STALLED_AFTER_SECONDS = 1.0
+"""A loop that has not ticked for this long is stalled: the watchdog warns, heartbeats stop vouching for it."""
 
 
 def _settle(future: Future[Any], result: Any = None, error: BaseException | None = None) -> None:
@@ -30,13 +50,48 @@ def _settle(future: Future[Any], result: Any = None, error: BaseException | None
         pass
 
 
-class AgentExecutor:
-    """Runs agent calls in a given context and hands back a Future for each."""
+def _contained(exc: BaseException, name: str) -> BaseException:
+    """``exc`` as the rollout's failure: a BaseException that is not an Exception (SystemExit, KeyboardInterrupt,
+    GeneratorExit) would stop the thread or loop that sees it, so it becomes an :class:`AgentExitError` naming it."""
+    if isinstance(exc, Exception | asyncio.CancelledError):
+        return exc
+    log.error(
+        "rollout %s: the agent raised %s(%s); failing the rollout, the worker carries on", name, type(exc).__name__, exc
+    )
+    error = AgentExitError(f"the agent raised {type(exc).__name__}: {exc}")
+    error.__cause__ = exc
+    return error
 
-    def __init__(self) -> None:
+
+@dataclass
+class _Running:
+    name: str
+    deadline: float  # time.monotonic()
+    timeout: float
+    is_async: bool
+    started: float
+
+
+class AgentExecutor:
+    """Runs agent calls in a given context and hands back a Future for each.
+
+    ``on_wedged(blocker, stalled_for)`` is called once (from the watchdog thread) when the loop has been blocked
+    for longer than the time limit of every async attempt it held when it stopped turning: nothing on it can
+    still finish in time, and only a new process can run async rollouts again.
+    """
+
+    def __init__(self, on_wedged: Callable[[str, float], None] | None = None) -> None:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._tasks: dict[Future[Any], asyncio.Task[Any]] = {}
+        self._running: dict[Future[Any], _Running] = {}
+        self._lock = threading.Lock()
+        self._tick = time.monotonic()
+        self._stopping = threading.Event()
+        self._warned_stall: float | None = None
+        self._stall_limit: float | None = None  # the last deadline among the attempts a stalled loop holds
+        self._wedged = False
+        self.on_wedged = on_wedged
 
     def start(self) -> None:
         ready = threading.Event()
@@ -44,16 +99,35 @@ class AgentExecutor:
         def serve() -> None:
             self._loop = asyncio.new_event_loop()
             asyncio.set_event_loop(self._loop)
+            self._loop.call_soon(self._stamp)
             ready.set()
-            self._loop.run_forever()
+            while not self._stopping.is_set():
+                try:
+                    self._loop.run_forever()
+                except BaseException:  # a callback let something through: log it and keep the loop turning
+                    log.exception("the agent event loop stopped on an exception; restarting it")
+                else:
+                    return
 
         self._thread = threading.Thread(target=serve, name="rollq-agent-loop", daemon=True)
         self._thread.start()
         ready.wait()
+        threading.Thread(target=self._watch, name="rollq-watchdog", daemon=True).start()
 
     def stop(self) -> None:
+        self._stopping.set()
         if self._loop is not None:
             self._loop.call_soon_threadsafe(self._loop.stop)
+
+    def _stamp(self) -> None:
+        assert self._loop is not None
+        self._tick = time.monotonic()
+        self._loop.call_later(TICK_SECONDS, self._stamp)
+
+    def stalled_for(self) -> float:
+        """Seconds since the loop last turned, when that is over ``STALLED_AFTER_SECONDS``; else 0."""
+        since = time.monotonic() - self._tick
+        return since if since > STALLED_AFTER_SECONDS else 0.0
 
     def submit(
         self,
@@ -62,38 +136,60 @@ class AgentExecutor:
         context: contextvars.Context,
         is_async: bool,
         timeout: float,
+        name: str = "",
     ) -> Future[Any]:
-        """Start ``fn(*args)`` inside ``context``.
+        """Start ``fn(*args)`` inside ``context``; ``name`` (the rollout) is what warnings call it.
 
         The Future settles with the return value or exception, or with
         :class:`AgentTimeoutError` after ``timeout`` seconds (an async agent is
-        then cancelled). Nothing waits on it: add a done callback.
+        then cancelled), even if the agent blocks the event loop. Nothing waits on it: add a done callback.
         """
         assert self._loop is not None, "AgentExecutor.start() was not called"
         future: Future[Any] = Future()
         future.set_running_or_notify_cancel()
-        self._loop.call_soon_threadsafe(self._arm_timeout, future, timeout)
+        started = time.monotonic()
+        with self._lock:
+            self._running[future] = _Running(name, started + timeout, timeout, is_async, started)
+        future.add_done_callback(self._forget)
         if is_async:
-            self._loop.call_soon_threadsafe(self._spawn, fn, args, context, future)
+            self._loop.call_soon_threadsafe(self._spawn, fn, args, context, future, name)
         else:
 
             def target() -> None:
                 try:
                     _settle(future, context.run(fn, *args))
                 except BaseException as exc:  # the agent's failure is the rollout's, not this thread's
-                    _settle(future, error=exc)
+                    _settle(future, error=_contained(exc, name))
 
             threading.Thread(target=target, name="rollq-sync-agent", daemon=True).start()
         return future
 
+    def _forget(self, future: Future[Any]) -> None:
+        with self._lock:
+            self._running.pop(future, None)
+
     def _spawn(
-        self, fn: Callable[..., Any], args: tuple[Any, ...], context: contextvars.Context, future: Future[Any]
+        self,
+        fn: Callable[..., Any],
+        args: tuple[Any, ...],
+        context: contextvars.Context,
+        future: Future[Any],
+        name: str,
     ) -> None:
         assert self._loop is not None
+        if future.done():
+            return  # timed out or handed back before the loop got to it
+
+        async def guarded() -> Any:
+            try:
+                return await fn(*args)
+            except BaseException as exc:
+                raise _contained(exc, name) from None
+
         try:
-            task = self._loop.create_task(fn(*args), context=context)
+            task = self._loop.create_task(guarded(), name=name or None, context=context)
         except BaseException as exc:
-            _settle(future, error=exc)
+            _settle(future, error=_contained(exc, name))
             return
         self._tasks[future] = task
 
@@ -108,15 +204,6 @@ class AgentExecutor:
 
         task.add_done_callback(done)
 
-    def _arm_timeout(self, future: Future[Any], timeout: float) -> None:
-        assert self._loop is not None
-        timer = self._loop.call_later(timeout, self._expire, future, timeout)
-        future.add_done_callback(lambda _: self._loop.call_soon_threadsafe(timer.cancel))  # type: ignore[union-attr]
-
-    def _expire(self, future: Future[Any], timeout: float) -> None:
-        _settle(future, error=AgentTimeoutError(f"ran past its {timeout:g}s limit"))
-        self._cancel_task(future)
-
     def cancel(self, future: Future[Any]) -> None:
         """Stop the async agent behind ``future`` (a sync one cannot be stopped; its thread is abandoned)."""
         if self._loop is not None:
@@ -126,3 +213,46 @@ class AgentExecutor:
         task = self._tasks.pop(future, None)
         if task is not None:
             task.cancel()
+
+    # -- the watchdog --------------------------------------------------------
+
+    def _watch(self) -> None:
+        while not self._stopping.wait(WATCH_SECONDS):
+            try:
+                self._check()
+            except Exception:
+                log.exception("watchdog check failed")
+
+    def _blocker(self) -> str:
+        task = asyncio.current_task(self._loop) if self._loop is not None else None
+        return task.get_name() if task is not None else "(none: a callback, not a rollout)"
+
+    def _check(self) -> None:
+        now = time.monotonic()
+        with self._lock:
+            running = list(self._running.items())
+        for future, r in running:
+            if now >= r.deadline and not future.done():
+                _settle(future, error=AgentTimeoutError(f"ran past its {r.timeout:g}s limit"))
+                self.cancel(future)
+        stalled = self.stalled_for()
+        if not stalled:
+            self._warned_stall = None
+            return
+        since = self._tick
+        if self._warned_stall != since:
+            # The limits of the attempts the loop holds, taken when the stall is first seen: the watchdog fails
+            # them one by one, and a failed attempt is forgotten; attempts started later are not waited for.
+            self._warned_stall = since
+            held = [r.deadline for _, r in running if r.is_async]
+            self._stall_limit = max(held) if held else None
+            log.warning(
+                "the agent event loop is blocked (%.1fs so far) by rollout %s: an async agent made a blocking call",
+                stalled,
+                self._blocker(),
+            )
+        # Past the deadline of every attempt the loop held: the loop above has failed each of them by now.
+        if self._stall_limit is not None and now >= self._stall_limit and not self._wedged:
+            self._wedged = True
+            if self.on_wedged is not None:
+                self.on_wedged(self._blocker(), stalled)

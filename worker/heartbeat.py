@@ -2,14 +2,15 @@
 
 It runs on its own thread so that neither a busy event loop nor a main thread
 blocked on RQ's dequeue can delay a heartbeat; a missed heartbeat is what makes
-another worker take the task over.
+another worker take the task over. Deadlines are computed by Redis when the
+heartbeat arrives (``store/lua/beat.lua``), so a heartbeat held up by a stalled
+Redis still counts in full.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections.abc import Callable
 
 import redis
@@ -21,12 +22,13 @@ log = logging.getLogger(__name__)
 
 
 class Heartbeat(threading.Thread):
-    """Every ``interval`` seconds: push back the deadlines of running attempts, then reap stale ones."""
+    """Every ``interval`` seconds: push back the deadlines of the attempts ``members()`` vouches for (``member`` ->
+    unresponsive_seconds), then reap stale ones."""
 
     def __init__(
         self,
         lifecycle: Lifecycle,
-        deadlines: Callable[[float], dict[str, float]],
+        members: Callable[[], dict[str, float]],
         *,
         interval: float,
         results_maxlen: int,
@@ -34,18 +36,17 @@ class Heartbeat(threading.Thread):
     ) -> None:
         super().__init__(name="rollq-heartbeat", daemon=True)
         self.lifecycle = lifecycle
-        self.deadlines = deadlines
+        self.members = members
         self.interval = interval
         self.results_maxlen = results_maxlen
         self.on_beat = on_beat
         self._stop_event = threading.Event()
 
     def beat(self) -> None:
-        now = time.time()
-        self.lifecycle.heartbeat(self.deadlines(now))
+        self.lifecycle.heartbeat(self.members(), within=self.interval)
         if self.on_beat is not None:
             self.on_beat()
-        reap(self.lifecycle, now=now, results_maxlen=self.results_maxlen)
+        reap(self.lifecycle, results_maxlen=self.results_maxlen, within=self.interval)
 
     def run(self) -> None:
         while not self._stop_event.wait(self.interval):

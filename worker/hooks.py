@@ -12,7 +12,8 @@ log = logging.getLogger(__name__)
 
 
 class HookSet:
-    """The hooks of one worker process, called in order; a hook that raises is logged by name and skipped."""
+    """The hooks of one worker process, called in order; a hook that raises anything (BaseExceptions included)
+    is logged by name and skipped."""
 
     def __init__(self, hooks: Sequence[Hook]) -> None:
         self.hooks = list(hooks)
@@ -21,8 +22,15 @@ class HookSet:
         try:
             fn = getattr(hook, method)
             context.run(fn, *args) if context is not None else fn(*args)
-        except Exception:
-            log.exception("hook %s.%s raised; carrying on", type(hook).__name__, method)
+        except BaseException as exc:  # SystemExit or KeyboardInterrupt from a hook must not end a worker thread
+            log.error(
+                "hook %s.%s raised %s(%s); carrying on",
+                type(hook).__name__,
+                method,
+                type(exc).__name__,
+                exc,
+                exc_info=True,
+            )
 
     def init_worker(self, worker_id: int) -> None:
         for hook in self.hooks:

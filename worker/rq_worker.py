@@ -22,13 +22,14 @@ It differs from RQ's ``SimpleWorker`` in these ways:
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import threading
 import time
 import traceback
 from collections import deque
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 from rq.exceptions import StopRequested
 from rq.job import Job, JobStatus
@@ -42,7 +43,7 @@ from rq.worker import SimpleWorker, WorkerStatus
 from rollq.models.contract import Hook
 from rollq.models.errors import InvalidTaskError
 from rollq.store.connection import retry_policy
-from rollq.store.jobs import rollout_id_of
+from rollq.store.jobs import read_rollq_jobs, rollout_id_of
 from rollq.store.keys import Keys
 from rollq.store.resources import ResourceStore
 from rollq.store.transitions import Lifecycle
@@ -51,6 +52,7 @@ from .agent import LitAgent
 from .bookkeeping import Bookkeeping
 from .config import WorkerSettings
 from .executor import AgentExecutor
+from .faults import crash_point
 from .heartbeat import Heartbeat
 from .hooks import HookSet
 from .loader import load_object
@@ -62,6 +64,9 @@ log = logging.getLogger(__name__)
 
 # The most jobs taken in one go; more would hold slots for a long pipeline.
 _TAKE_AHEAD = 64
+# The exit status of a worker whose agent event loop is wedged (see _on_loop_wedged): not 0, so that a
+# supervisor restarts it.
+EXIT_LOOP_WEDGED = 3
 
 
 class _NoDeathPenalty(BaseDeathPenalty):
@@ -114,7 +119,7 @@ class RolloutWorker(SimpleWorker):
         self.worker_id: int | None = None
         self.runner: AgentRunner | None = None
         self._heartbeat: Heartbeat | None = None
-        self._executor = AgentExecutor()
+        self._executor = AgentExecutor(on_wedged=self._on_loop_wedged)
         self._slots = threading.BoundedSemaphore(self.settings.concurrency)
         self._bookkeeping: Bookkeeping | None = None
         self._busy = 0
@@ -123,6 +128,7 @@ class RolloutWorker(SimpleWorker):
         self._dequeuing = False
         self._taken: deque[tuple[Job, Queue]] = deque()  # dequeued with a slot held, not started yet
         self._force_stop = False
+        self._loop_wedged = False
         self._next_suspension_check = 0.0
 
     # RQ keeps the running job's Execution on the worker. With several jobs at
@@ -166,7 +172,7 @@ class RolloutWorker(SimpleWorker):
         self.hook_set.init_worker(self.worker_id)
         self._heartbeat = Heartbeat(
             lifecycle,
-            self.runner.heartbeat_deadlines,
+            self.runner.heartbeat_members,
             interval=self.settings.heartbeat_seconds,
             results_maxlen=self.settings.results_maxlen,
             on_beat=self._beat_while_busy,
@@ -249,7 +255,7 @@ class RolloutWorker(SimpleWorker):
                 self._slots.release()
                 return None
             try:
-                result = super().dequeue_job_and_maintain_ttl(timeout, max_idle_time)
+                result = self._dequeue_well_formed(timeout, max_idle_time)
             except BaseException:
                 self._slots.release()
                 raise
@@ -260,6 +266,38 @@ class RolloutWorker(SimpleWorker):
             return result
         finally:
             self._dequeuing = False
+
+    def _dequeue_well_formed(self, timeout: int | None, max_idle_time: int | None) -> tuple[Job, Queue] | None:
+        """RQ's dequeue, moving aside any job RQ cannot read (bad status, created_at, dependency_ids) instead of
+        letting it end the worker's loop, which would leave it in the intermediate list for the next worker."""
+        while True:
+            try:
+                return super().dequeue_job_and_maintain_ttl(timeout, max_idle_time)
+            except Exception as exc:
+                job_id = getattr(exc, "job_id", None)
+                if job_id is None:
+                    raise
+                self._quarantine(job_id, f"RQ cannot read it: {type(exc).__name__}: {exc}")
+
+    def _quarantine(self, job_id: str, reason: str) -> None:
+        # Also called from RQ's bootstrap, before this worker's runner exists.
+        lifecycle = self.runner.lifecycle if self.runner is not None else Lifecycle(self.connection, self.keys)
+        for source in (self.keys.rq_intermediate, self.keys.rq_queue):
+            if lifecycle.quarantine(source, job_id):
+                self.log.error("moved job %s to the quarantine list %s: %s", job_id, self.keys.quarantine, reason)
+                return
+
+    def clean_registries(self) -> None:
+        # RQ's start-up and maintenance clean-up reads every job in the intermediate list with Job.fetch, which
+        # raises on a malformed hash: one such entry would make every worker die at start. Move those aside first.
+        ids = [j.decode() for j in cast(list[bytes], self.connection.lrange(self.keys.rq_intermediate, 0, -1))]
+        for job_id, job in read_rollq_jobs(self.connection, ids).items():
+            if isinstance(job, InvalidTaskError):
+                self._quarantine(job_id, str(job))
+        try:
+            super().clean_registries()
+        except Exception:
+            self.log.exception("RQ's registry clean-up failed; carrying on")
 
     def _take_ahead(self, queue: Queue) -> None:
         """Take as many more jobs as there are free slots, in two round trips instead of one dequeue each.
@@ -283,13 +321,18 @@ class RolloutWorker(SimpleWorker):
                 else:
                     pipe.lpop(queue.key)
             job_ids = [raw.decode() for raw in pipe.execute() if raw]
-            jobs = Job.fetch_many(job_ids, connection=self.connection, serializer=self.serializer) if job_ids else []
+            read = read_rollq_jobs(self.connection, job_ids) if job_ids else {}
         except Exception as exc:
             for _ in range(free):
                 self._slots.release()
             self.log.warning("could not take jobs ahead (%s); taking them one by one", exc)
             return
-        taken = [(job, queue) for job in jobs if job is not None]
+        taken = []
+        for job_id, job in read.items():
+            if isinstance(job, Job):
+                taken.append((job, queue))
+            elif isinstance(job, InvalidTaskError):
+                self._quarantine(job_id, str(job))
         self._taken.extend(taken)
         for _ in range(free - len(taken)):
             self._slots.release()
@@ -309,6 +352,12 @@ class RolloutWorker(SimpleWorker):
         self._taken.clear()
 
     def execute_job(self, job: Job, queue: Queue) -> None:
+        crash_point("dequeued")
+        if self._loop_wedged:
+            # Dequeued while this worker hands its rollouts back before exiting: nothing could run it here.
+            self._taken.appendleft((job, queue))
+            self._give_back_taken()
+            return
         try:
             rollout_id = rollout_id_of(job)
         except InvalidTaskError as exc:
@@ -327,13 +376,21 @@ class RolloutWorker(SimpleWorker):
     # agent's future settles, so a few threads serve any number of rollouts.
 
     def _start(self, job: Job, queue: Queue, rollout_id: str) -> None:
+        # The claim comes first: it moves the task from `queued` (its job still in RQ's intermediate list, where
+        # reapers look) to `running` with a heartbeat deadline (where reapers look too). RQ's start bookkeeping
+        # takes the job out of the intermediate list; done before the claim, a worker dying in between left the
+        # task queued with its job nowhere a reaper looked.
         assert self.runner is not None
         try:
+            claim = self.runner.claim(rollout_id, job.id)
+            crash_point("claimed")
             self.prepare_execution(job)
             self.prepare_job_execution(job, remove_from_intermediate_queue=True)
             job.started_at = now()
-            outcome = self.runner.begin(rollout_id, job.id)
-        except Exception:
+            crash_point("rq-started")
+            outcome = claim if isinstance(claim, AttemptResult) else self.runner.launch(rollout_id, claim)
+            crash_point("agent-started")
+        except BaseException:
             self._end_job(job, queue, self.execution, error=traceback.format_exc())
             return
         execution, bookkeeping = self.execution, self._bookkeeping
@@ -347,7 +404,7 @@ class RolloutWorker(SimpleWorker):
         assert self.runner is not None
         try:
             result = self.runner.complete(pending)
-        except Exception:
+        except BaseException:
             self._end_job(job, queue, execution, error=traceback.format_exc())
             return
         self._end_job(job, queue, execution, result=result)
@@ -381,6 +438,31 @@ class RolloutWorker(SimpleWorker):
                     self.set_state(WorkerStatus.IDLE)
                 except Exception as exc:
                     self.log.debug("could not mark the worker idle: %s", exc)
+
+    def _on_loop_wedged(self, blocker: str, stalled_for: float) -> None:
+        """The agent event loop has been blocked past the time limit of every attempt it held: no async rollout
+        can finish here any more. Hand the others back and exit non-zero, so that a supervisor restarts the
+        worker (a thread cannot be stopped from outside; only a new process frees the loop)."""
+        self.log.error(
+            "the agent event loop has been blocked for %.0fs by rollout %s, past every running attempt's time "
+            "limit: handing the other rollouts back and exiting with status %d",
+            stalled_for,
+            blocker,
+            EXIT_LOOP_WEDGED,
+        )
+        self._loop_wedged = True
+        self._stop_requested = True
+        if self.runner is not None:
+            self.log.warning("handing %d unfinished rollout(s) back to the queue", self.runner.release_all())
+        deadline = time.monotonic() + 15
+        while self._busy and time.monotonic() < deadline:
+            time.sleep(0.05)
+        try:
+            self.register_death()
+        except Exception as exc:
+            self.log.warning("could not unregister the worker: %s", exc)
+        logging.shutdown()
+        os._exit(EXIT_LOOP_WEDGED)
 
     def _refuse(self, job: Job, queue: Queue, error: InvalidTaskError) -> None:
         self.log.error("refused job %s from queue %s: %s", job.id, queue.name, error)

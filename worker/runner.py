@@ -21,7 +21,13 @@ from enum import StrEnum
 from typing import Any
 
 from rollq.models.contract import NamedResources, Rollout, Task
-from rollq.models.errors import AgentTimeoutError, InvalidTaskError, PayloadTooLargeError, UnknownResourcesError
+from rollq.models.errors import (
+    AgentTimeoutError,
+    InvalidTaskError,
+    PayloadTooLargeError,
+    UnknownResourcesError,
+    UnserializableResultError,
+)
 from rollq.models.outcomes import failed_rollout, stamp
 from rollq.models.policy import FailureKind, RolloutPolicy, RolloutStatus
 from rollq.store.keys import inflight_member
@@ -110,10 +116,20 @@ class AgentRunner:
         self._running: dict[str, Pending] = {}
         self._lock = threading.Lock()
 
-    def heartbeat_deadlines(self, now: float) -> dict[str, float]:
-        """The new heartbeat deadline of every attempt running here (``rollout_id|attempt`` -> time)."""
+    def heartbeat_members(self) -> dict[str, float]:
+        """The attempts this worker vouches for (``rollout_id|attempt`` -> unresponsive_seconds).
+
+        Async attempts are left out while the agent event loop is stalled: an
+        attempt on a loop that does not turn makes no progress, so its deadline
+        runs out and a reaper hands it to a worker that can run it.
+        """
+        loop_stalled = self.executor.stalled_for() > 0
         with self._lock:
-            return {member: now + p.policy.unresponsive_seconds for member, p in self._running.items()}
+            return {
+                member: p.policy.unresponsive_seconds
+                for member, p in self._running.items()
+                if not (loop_stalled and self.agent.is_async)
+            }
 
     def release_all(self) -> int:
         """Ask every running attempt to hand its task back to the queue; returns how many were asked."""
@@ -129,8 +145,25 @@ class AgentRunner:
 
     def begin(self, rollout_id: str, job_id: str) -> Pending | AttemptResult:
         """Claim ``rollout_id`` and start its agent; the result at once when there is nothing to run."""
-        claimed_at = time.time()
-        claim = self.lifecycle.claim(rollout_id, job_id, self.worker_name, claimed_at)
+        claim = self.claim(rollout_id, job_id)
+        return claim if isinstance(claim, AttemptResult) else self.launch(rollout_id, claim)
+
+    def claim(self, rollout_id: str, job_id: str) -> Claim | AttemptResult:
+        """Claim ``rollout_id`` for ``job_id``: from here the task is ``running`` with a heartbeat deadline, where
+        a reaper finds it whatever happens to this process. The result at once when there is nothing to run."""
+        claim = self.lifecycle.claim(rollout_id, job_id, self.worker_name)
+        if isinstance(claim, ClaimRefused) and claim.reason == "invalid":
+            error = InvalidTaskError(f"task {rollout_id} cannot be claimed: {claim.state}")
+            log.error("%s; failing it", error)
+            rollout = failed_rollout(rollout_id, attempt=0, worker=self.worker_name, error=error)
+            self.lifecycle.reject(
+                rollout_id,
+                job_id,
+                rollout.model_dump_json(),
+                results_maxlen=self.settings.results_maxlen,
+                now=time.time(),
+            )
+            return AttemptResult(rollout_id, AttemptStatus.FAILED, reason=str(error))
         if isinstance(claim, ClaimRefused):
             log.warning(
                 "skipped job %s: task %s is %s",
@@ -139,9 +172,13 @@ class AgentRunner:
                 claim.reason + (f" ({claim.state})" if claim.state else ""),
             )
             return AttemptResult(rollout_id, AttemptStatus.SKIPPED, reason=claim.reason)
+        return claim
+
+    def launch(self, rollout_id: str, claim: Claim) -> Pending | AttemptResult:
+        """Start the agent of a claimed attempt; the result at once when the task cannot run."""
         try:
             task, policy = parse_task(
-                rollout_id, claim.task_json, claim.policy_json, claims=claim.attempt, last_claim=claimed_at
+                rollout_id, claim.task_json, claim.policy_json, claims=claim.attempt, last_claim=claim.claimed_at
             )
         except InvalidTaskError as error:
             log.error("%s", error)
@@ -162,6 +199,7 @@ class AgentRunner:
                 rollout_trace.context,
                 self.agent.is_async,
                 policy.timeout_seconds,
+                rollout_id,
             )
             pending = self._running[f"{rollout_id}|{claim.attempt}"] = Pending(
                 task, policy, claim, rollout_trace, future
@@ -229,7 +267,13 @@ class AgentRunner:
     def _publish(
         self, rollout_id: str, attempt: int, rollout: Rollout, *, failed: bool, duration: float | None
     ) -> AttemptResult:
-        data = rollout.model_dump_json()
+        try:
+            data = rollout.model_dump_json()
+        except Exception as exc:  # pydantic's error names the type it could not serialise
+            error: Exception = UnserializableResultError(f"rollout {rollout_id} cannot be serialised: {exc}")
+            log.error("%s; publishing a failed rollout instead", error)
+            data = failed_rollout(rollout_id, attempt=attempt, worker=self.worker_name, error=error).model_dump_json()
+            failed = True
         if len(data) > self.settings.max_result_bytes:
             error = PayloadTooLargeError(f"rollout {rollout_id}", len(data), self.settings.max_result_bytes)
             log.error("%s; publishing a failed rollout instead", error)

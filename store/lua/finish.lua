@@ -6,6 +6,8 @@
 -- Returns {'published', entry_id}; {'superseded'} when the attempt is not current (its rollout is kept on the
 -- superseded stream); {'alive'} when stale_before is set and the attempt heartbeated after it (a reaper lost the
 -- race to a live worker).
+-- Counters are added to with count() (see the header), which leaves a corrupt counter alone instead of failing
+-- after the first write: Redis does not undo a script that fails part way.
 local t = redis.call('HMGET', KEYS[1], F.state, F.attempt, F.mode, F.resources_id, F.result)
 if t[1] ~= 'running' or t[2] ~= ARGV[2] then
   if ARGV[8] == '' and t[2] == ARGV[2] and t[5] then
@@ -18,7 +20,7 @@ if t[1] ~= 'running' or t[2] ~= ARGV[2] then
   end
   if ARGV[8] == '' then
     redis.call('XADD', KEYS[4], 'MAXLEN', '~', ARGV[5], '*', S.rollout_id, ARGV[1], S.attempt, ARGV[2], S.rollout, ARGV[3])
-    redis.call('HINCRBY', KEYS[7], STATS_SUPERSEDED, 1)
+    count(KEYS[7], STATS_SUPERSEDED, 1)
   end
   return {'superseded'}
 end
@@ -34,17 +36,19 @@ local id = redis.call('XADD', KEYS[3], 'MAXLEN', '~', ARGV[5], '*', S.rollout_id
 redis.call('HSET', KEYS[1], F.state, ARGV[4], F.result, id, F.ended, ARGV[6])
 redis.call('ZREM', KEYS[2], running)
 if t[4] and t[4] ~= '' then
-  if redis.call('HINCRBY', KEYS[6], t[4], -1) <= 0 then
+  if count(KEYS[6], t[4], -1) <= 0 then
     redis.call('HDEL', KEYS[6], t[4])
   end
 end
 if ARGV[7] == '1' then
   redis.call('ZADD', KEYS[5], ARGV[6], ARGV[1])
 end
-redis.call('HINCRBY', KEYS[7], outcome_stat(ARGV[4], t[3]), 1)
+count(KEYS[7], outcome_stat(ARGV[4], t[3]), 1)
 if ARGV[9] ~= '' then
-  redis.call('HINCRBY', KEYS[7], duration_stat(ARGV[9]), 1)
-  redis.call('HINCRBYFLOAT', KEYS[7], STATS_DURATION_SUM, ARGV[11])
+  count(KEYS[7], duration_stat(ARGV[9]), 1)
+  if tonumber(redis.call('HGET', KEYS[7], STATS_DURATION_SUM) or '0') then
+    redis.call('HINCRBYFLOAT', KEYS[7], STATS_DURATION_SUM, ARGV[11])
+  end
 end
 if ARGV[10] ~= '0' and ARGV[4] == 'succeeded' then
   redis.call('EXPIRE', KEYS[1], ARGV[10])

@@ -1,11 +1,13 @@
 -- End the current attempt without an outcome and queue the task again as a new RQ job:
 -- a retry after a failure, a requeue of an unresponsive attempt, or a hand-back on graceful stop.
+-- Nothing is written when the new job id holds a job hash that stands for something else.
 -- KEYS: task, inflight, rq_queue, rq_queues, rq_job (new), stats
 -- ARGV: rollout_id, attempt, new_job_id, reason, stale_before|'', at_front(0|1), job hash field/value pairs...
+--       (the first pair is 'data', payload)
 -- Returns 'requeued'; 'superseded' when the attempt is not current; 'alive' when stale_before is set and the
--- attempt heartbeated after it.
+-- attempt heartbeated after it; 'conflict' when the new job id is taken by another job.
 local running = member(ARGV[1], ARGV[2])
-local t = redis.call('HMGET', KEYS[1], F.state, F.attempt)
+local t = redis.call('HMGET', KEYS[1], F.state, F.attempt, F.attempts)
 if t[1] ~= 'running' or t[2] ~= ARGV[2] then
   return 'superseded'
 end
@@ -15,12 +17,16 @@ if ARGV[5] ~= '' then
     return 'alive'
   end
 end
+local taken = redis.call('HGET', KEYS[5], 'data')
+if taken and taken ~= ARGV[8] then
+  return 'conflict'
+end
 redis.call('ZREM', KEYS[2], running)
 redis.call('HSET', KEYS[1], F.state, 'queued', F.job, ARGV[3])
-if ARGV[4] == 'released' then
+if ARGV[4] == 'released' and t[3] and string.match(t[3], '^%d+$') then
   redis.call('HINCRBY', KEYS[1], F.attempts, -1)
 end
-redis.call('HINCRBY', KEYS[6], requeue_stat(ARGV[4]), 1)
+count(KEYS[6], requeue_stat(ARGV[4]), 1)
 redis.call('HSET', KEYS[5], unpack(ARGV, 7))
 if ARGV[6] == '1' then
   redis.call('LPUSH', KEYS[3], ARGV[3])

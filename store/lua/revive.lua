@@ -1,13 +1,19 @@
 -- Take a task off the dead-letter set and queue it again with a fresh attempt budget.
 -- KEYS: task, dead_letter, rq_queue, rq_queues, rq_job (new), resources_refs
 -- ARGV: rollout_id, new_job_id, job hash field/value pairs...
--- Returns 1 requeued, 0 not in the dead-letter set.
-if redis.call('ZREM', KEYS[2], ARGV[1]) == 0 then
+-- Returns 1 requeued, 0 not in the dead-letter set, -1 the new job id holds a job hash that stands for something
+-- else (nothing written).
+if not redis.call('ZSCORE', KEYS[2], ARGV[1]) then
   return 0
 end
+local taken = redis.call('HGET', KEYS[5], 'data')
+if taken and taken ~= ARGV[4] then
+  return -1
+end
+redis.call('ZREM', KEYS[2], ARGV[1])
 local rid = redis.call('HGET', KEYS[1], F.resources_id)
 if rid and rid ~= '' then
-  redis.call('HINCRBY', KEYS[6], rid, 1)
+  count(KEYS[6], rid, 1)
 end
 redis.call('HSET', KEYS[1], F.state, 'queued', F.job, ARGV[2], F.attempts, 0)
 redis.call('HDEL', KEYS[1], F.result, F.ended)

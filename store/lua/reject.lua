@@ -1,0 +1,18 @@
+-- Fail a queued task that cannot be run because its record is invalid (a field that is not what rollq wrote):
+-- its failed rollout, naming the problem, is published as the task's outcome and the task is dead-lettered.
+-- Only the job that currently stands for the task may do this, as only it may claim the task.
+-- KEYS: task, results, dead_letter, stats, resources_refs
+-- ARGV: rollout_id, job_id, rollout_json, maxlen, now
+-- Returns {'published', entry_id} | {'superseded'} when the task no longer waits for that job.
+local t = redis.call('HMGET', KEYS[1], F.state, F.job, F.mode, F.resources_id)
+if t[1] ~= 'queued' or t[2] ~= ARGV[2] then
+  return {'superseded'}
+end
+local id = redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[4], '*', S.rollout_id, ARGV[1], S.rollout, ARGV[3])
+redis.call('HSET', KEYS[1], F.state, 'failed', F.result, id, F.ended, ARGV[5])
+redis.call('ZADD', KEYS[3], ARGV[5], ARGV[1])
+count(KEYS[4], outcome_stat('failed', t[3] or ''), 1)
+if t[4] and t[4] ~= '' and count(KEYS[5], t[4], -1) <= 0 then
+  redis.call('HDEL', KEYS[5], t[4])
+end
+return {'published', id}

@@ -1,0 +1,30 @@
+"""Test-only fault injection: make a worker die at a named step of starting a job.
+
+``ROLLQ_CRASH_AT=<step>`` makes the worker process exit at once, as a SIGKILL
+would (``os._exit(CRASH_EXIT_CODE)``: no clean-up, no hand-back), when it reaches
+that step. The steps of the start path, in order:
+
+- ``dequeued``: RQ moved the job into its intermediate list; nothing else happened;
+- ``claimed``: the task is claimed (``running``, with a heartbeat deadline);
+  RQ's start bookkeeping has not run;
+- ``rq-started``: RQ's start bookkeeping ran (started registry, intermediate list left);
+- ``agent-started``: the agent was handed the task.
+
+tests/test_none_lost.py kills a worker at each to prove no task is lost. The
+variable is read once, at import; leave it unset in production.
+"""
+
+from __future__ import annotations
+
+import os
+
+CRASH_EXIT_CODE = 86
+STEPS = ("dequeued", "claimed", "rq-started", "agent-started")
+
+_CRASH_AT = os.environ.get("ROLLQ_CRASH_AT", "")
+
+
+def crash_point(step: str) -> None:
+    """Exit the process at once if ``ROLLQ_CRASH_AT`` names ``step``."""
+    if _CRASH_AT == step:
+        os._exit(CRASH_EXIT_CODE)
