@@ -41,6 +41,8 @@ PINNED: dict[str, str] = {
     "rq.worker.Worker.dequeue_job_and_maintain_ttl": "self, timeout, max_idle_time=None",
     "rq.worker.SimpleWorker.execute_job": "self, job, queue",
     "rq.worker.Worker.teardown": "self",
+    "rq.worker.Worker.clean_registries": "self",
+    "rq.worker.Worker.register_death": "self",
     "rq.worker.Worker.prepare_execution": "self, job",
     "rq.worker.Worker.prepare_job_execution": "self, job, remove_from_intermediate_queue=False",
     "rq.worker.Worker.handle_job_success": "self, job, queue, started_job_registry",
@@ -59,6 +61,10 @@ PINNED: dict[str, str] = {
     ),
     "rq.job.Job.to_dict": "self, include_meta=True, include_result=True",
     "rq.job.Job.fetch_many": "job_ids, connection, serializer=None",
+    "rq.job.Job.__init__": "self, id=None, connection=None, serializer=None",
+    "rq.job.Job.key_for": "job_id",
+    "rq.job.Job.restore": "self, raw_data",
+    "rq.job.Job.get_status": "self, refresh=True",
     "rq.intermediate_queue.IntermediateQueue.get_intermediate_queue_key": "queue_key",
     "rq.utils.get_version": "connection",
     "rq.logutils.setup_loghandlers": (
@@ -72,6 +78,7 @@ CLASS_ATTRIBUTES = [
     (Queue, "redis_queues_keys"),
     (rq.job.Job, "redis_job_namespace_prefix"),
     (SimpleWorker, "dequeue_timeout"),
+    (rq.job.Job, "dependency_ids"),
 ]
 WORKER_ATTRIBUTES = ["execution", "_stop_requested", "_state", "last_heartbeat", "default_result_ttl", "queues", "log"]
 
