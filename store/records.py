@@ -60,7 +60,9 @@ def parse_task(
     try:
         task = _validate(Task, task_json, f"task {rollout_id}")
         policy = _validate(RolloutPolicy, policy_json, f"task {rollout_id}")
-    except (ValidationError, ValueError) as exc:  # json.JSONDecodeError is a ValueError
+    except json.JSONDecodeError as exc:
+        raise InvalidTaskError(f"task {rollout_id} is not a valid rollq task: Invalid JSON: {exc}") from exc
+    except (ValidationError, ValueError) as exc:
         raise InvalidTaskError(f"task {rollout_id} is not a valid rollq task: {exc}") from exc
     return task.model_copy(update={"num_claims": claims, "last_claim_time": last_claim}), policy
 
