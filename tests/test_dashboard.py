@@ -25,6 +25,7 @@ from servers import REPO, RedisServer, WorkerProcess, free_port
 from rollq.models.errors import RollqError
 from rollq.ops.dashboard import create_app
 from rollq.producer import Producer
+from rollq.store.keys import job_id
 
 ROLLQ = str(Path(sys.executable).parent / "rollq")
 SCREENSHOTS = REPO / "docs" / "screenshots"
@@ -203,16 +204,18 @@ def test_browser_shows_the_rollq_queue_a_finished_job_and_a_busy_worker(
 
     finished = [task.rollout_id for task in producer.enqueue_many([{"n": 1}, {"n": 2}], mode="train")]
     registry = FinishedJobRegistry(namespace, connection=client)
-    wait_for(lambda: set(finished) <= set(registry.get_job_ids(cleanup=False)), "RQ to record the finished jobs")
+    finished_jobs = {job_id(rid) for rid in finished}
+    wait_for(lambda: finished_jobs <= set(registry.get_job_ids(cleanup=False)), "RQ to record the finished jobs")
     for rollout_id in finished:
         # RQ drops a finished rollq job after 60 s; a slow machine must not lose it before the browser looks.
-        client.persist(Job.key_for(rollout_id))
+        client.persist(Job.key_for(job_id(rollout_id)))
     # Queued only after the others are done, so no finishing job clears the worker's current job.
     held = producer.enqueue({"hold": True}, mode="train").rollout_id
 
     def busy_with_held() -> bool:
         assert worker.process.poll() is None, f"worker exited: {worker.log()}"
-        return any(w.get_current_job_id() == held for w in Worker.all(connection=client, serializer=JSONSerializer))
+        listed = Worker.all(connection=client, serializer=JSONSerializer)
+        return any(w.get_current_job_id() == job_id(held) for w in listed)
 
     wait_for(busy_with_held, "the worker to run the held rollout")
     (rq_worker,) = Worker.all(connection=client, serializer=JSONSerializer)
@@ -222,7 +225,7 @@ def test_browser_shows_the_rollq_queue_a_finished_job_and_a_busy_worker(
 
     # The endpoint that was a 500 in rq-dashboard 0.9.0 while a worker was busy with a JSON job.
     (listed,) = get_json(f"{base}/0/data/workers.json")["workers"]
-    assert listed["state"] == "busy" and listed["current_job"]["job_id"] == held
+    assert listed["state"] == "busy" and listed["current_job"]["job_id"] == job_id(held)
 
     queue_rows = rendered_rows(chromium(browser, tmp_path / "profile", base + "/"), "queue")
     (row,) = [r for r in queue_rows if r[0] == namespace]
