@@ -9,8 +9,10 @@ from pathlib import Path
 import pytest
 
 from rollq.models.contract import Task
+from rollq.models.errors import InvalidTaskError
 from rollq.models.policy import RolloutPolicy
 from rollq.store.connection import connect
+from rollq.store.jobs import read_rollq_jobs
 from rollq.store.keys import Keys, job_id, lua_header
 from rollq.store.transitions import Claim, ClaimRefused, Enqueued, FinishReply, Lifecycle, Published, Superseded
 
@@ -75,3 +77,45 @@ def test_every_field_name_the_scripts_use_comes_from_the_generated_header() -> N
         code = "\n".join(line for line in source.splitlines() if not line.lstrip().startswith("--"))
         for field in ("'task'", "'policy'", "'claims'", "'attempt'", "'attempts'", "'worker'", "'result'", "'job'"):
             assert field not in code, f"{name}.lua spells {field}"
+
+
+def test_a_claim_of_a_record_with_a_bad_number_writes_nothing(lifecycle: Lifecycle) -> None:
+    key = lifecycle.keys.task("r1")
+    lifecycle.connection.hset(key, "attempts", "many")
+    before = lifecycle.connection.hgetall(key)
+    refused = lifecycle.claim("r1", JOB, "worker-a")
+    assert isinstance(refused, ClaimRefused) and refused.reason == "invalid" and "attempts" in refused.state
+    assert lifecycle.connection.hgetall(key) == before
+    assert lifecycle.connection.zcard(lifecycle.keys.inflight) == 0
+
+
+def test_a_call_that_finds_every_promise_overdue_holds_reaping_off_for_the_longest_interval(
+    lifecycle: Lifecycle,
+) -> None:
+    first = lifecycle.beat(within=2)
+    assert not first.in_grace
+    # As if Redis had been stopped for 10 s since that call promised the next within 2 s.
+    lifecycle.connection.hset(lifecycle.keys.clock, "due", first.now - 10)
+    after = lifecycle.beat()
+    assert after.in_grace and after.grace_until is not None and after.grace_until >= after.now + 2
+
+
+def test_a_heartbeat_counts_from_when_it_reaches_redis(lifecycle: Lifecycle) -> None:
+    claim = lifecycle.claim("r1", JOB, "worker-a")
+    assert isinstance(claim, Claim)
+    member = f"r1|{claim.attempt}"
+    clock = lifecycle.heartbeat({member: 30.0, "gone|1": 30.0})
+    deadline = lifecycle.connection.zscore(lifecycle.keys.inflight, member)
+    assert deadline is not None and abs(deadline - (clock.now + 30)) < 0.01
+    assert lifecycle.connection.zscore(lifecycle.keys.inflight, "gone|1") is None  # never re-added
+
+
+def test_malformed_job_hashes_are_judged_one_by_one(lifecycle: Lifecycle) -> None:
+    connection = lifecycle.connection
+    good = dict(connection.hgetall(Keys.rq_job(JOB)))
+    connection.hset(Keys.rq_job("bogus"), mapping={**good, b"status": b"bogus"})
+    connection.hset(Keys.rq_job("foreign"), mapping={**good, b"data": b"not rollq"})
+    found = read_rollq_jobs(connection, ["bogus", JOB, "foreign", "absent"])
+    assert isinstance(found["bogus"], InvalidTaskError) and isinstance(found["foreign"], InvalidTaskError)
+    assert found["absent"] is None
+    assert not isinstance(found[JOB], InvalidTaskError) and found[JOB] is not None and found[JOB].id == JOB
