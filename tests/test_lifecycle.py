@@ -1,4 +1,5 @@
-"""The Lua transitions answer a call sent twice (a reply lost to a connection drop) as they did the first time."""
+"""The Lua transitions: a call sent twice (a reply lost to a connection drop) answers as the first time did; a bad
+record gets no partial write; heartbeats and stalls are timed by Redis."""
 
 from __future__ import annotations
 
