@@ -14,6 +14,14 @@ It differs from RQ's ``SimpleWorker`` in these ways:
 - it refuses, without importing anything, any job that is not a rollq job, and
   always uses the JSON serializer; it never calls the job's function;
 - attempts heartbeat and a reaper runs beside the loop (:mod:`worker.heartbeat`);
+- it claims a task before RQ's start bookkeeping takes the job out of RQ's
+  intermediate list, so that a worker dying at any point leaves its task where
+  a reaper finds it;
+- a job RQ cannot read (malformed hash) is moved to the namespace's quarantine
+  list instead of ending the worker, at dequeue and at start-up clean-up;
+- when an async agent blocks the event loop past the limit of every attempt on
+  it, the worker hands its other rollouts back and exits with status 3
+  (:data:`EXIT_LOOP_WEDGED`) for its supervisor to restart it;
 - on the first SIGTERM/SIGINT it stops taking jobs, lets running rollouts finish
   for ``grace_seconds``, then hands the rest back to the queue; a second signal
   hands them back at once.
