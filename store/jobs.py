@@ -11,6 +11,7 @@ job that names another function, without importing anything.
 
 from __future__ import annotations
 
+import logging
 import math
 import zlib
 from typing import Any
@@ -23,6 +24,8 @@ from rq.serializers import JSONSerializer
 from rq.utils import now
 
 from rollq.models.errors import InvalidTaskError
+
+log = logging.getLogger(__name__)
 
 ROLLOUT_FUNC = "rollq.worker.jobs.run_rollout"
 
@@ -121,3 +124,48 @@ def rollout_id_of(job: Job) -> str:
     if kwargs or len(args) != 1 or not isinstance(args[0], str):
         raise InvalidTaskError(f"job {job.id}: expected one rollout id argument, got args={args!r} kwargs={kwargs!r}")
     return args[0]
+
+
+class RollqJob(Job):
+    """RQ's Job with every path from job-hash data to code closed; the job class of rollq workers.
+
+    RQ imports and calls the functions a job hash names: ``failure_callback_name``
+    when its registry clean-up finds an abandoned job (at every worker start-up),
+    ``success_callback_name`` and ``stopped_callback_name`` around a job, and the
+    job's own function; it also posts to the ``webhooks`` URLs a hash lists.
+    Anyone who can write to Redis could pick those. rollq sets none of them, so a
+    rollq worker reads none of them: the callbacks are always None, the webhooks
+    always empty, and the function is never loaded (the worker runs its agent).
+    """
+
+    @property
+    def func(self) -> Any:
+        raise InvalidTaskError(f"job {self.id}: rollq never imports a job's function (it names {self.func_name!r})")
+
+    @property
+    def success_callback(self) -> None:
+        return None
+
+    @property
+    def failure_callback(self) -> None:
+        return None
+
+    @property
+    def stopped_callback(self) -> None:
+        return None
+
+    def restore(self, raw_data: Any) -> None:
+        super().restore(raw_data)
+        named = [
+            name
+            for name in (self._success_callback_name, self._failure_callback_name, self._stopped_callback_name)
+            if name
+        ]
+        if named or self.webhooks:
+            log.warning(
+                "job %s names callbacks %s and %d webhook(s); rollq ignores them (nothing in Redis selects code)",
+                self.id,
+                named,
+                len(self.webhooks),
+            )
+        self.webhooks = []
