@@ -143,6 +143,7 @@ class TaskField(StrEnum):
     WORKER = "worker"  # the worker of the current (or last) attempt
     RESULT = "result"  # the results-stream entry id of the outcome
     ENDED = "ended"
+    GENERATION = "generation"  # 1 for the first run; each dead-letter requeue adds one (absent: 1)
 
 
 class StreamField(StrEnum):

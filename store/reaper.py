@@ -68,7 +68,9 @@ def reap(lifecycle: Lifecycle, *, now: float, results_maxlen: int, limit: int = 
             f"worker {record.worker} sent no heartbeat for {silent_for:.0f}s "
             f"on attempt {attempt} of {record.policy.max_attempts}"
         )
-        rollout = failed_rollout(rid, attempt=attempt, worker=record.worker or "", error=error)
+        rollout = failed_rollout(
+            rid, attempt=attempt, worker=record.worker or "", error=error, generation=record.generation
+        )
         outcome = lifecycle.finish(
             rid,
             attempt,

@@ -23,6 +23,7 @@ _FIELDS = (
     TaskField.WORKER,
     TaskField.ATTEMPTS,
     TaskField.RESULT,
+    TaskField.GENERATION,
 )
 
 
@@ -52,10 +53,11 @@ class TaskRecord:
     attempts_used: int
     worker: str | None
     result_id: str | None
+    generation: int = 1
 
     @classmethod
     def parse(cls, rollout_id: str, values: list[bytes | None]) -> TaskRecord:
-        task_json, policy_json, state, claims, last_claim, attempt, worker, used, result = values
+        task_json, policy_json, state, claims, last_claim, attempt, worker, used, result, generation = values
         assert task_json is not None and policy_json is not None
         task, policy = parse_task(
             rollout_id,
@@ -72,6 +74,7 @@ class TaskRecord:
             attempts_used=int(used or 0),
             worker=worker.decode() if worker else None,
             result_id=result.decode() if result else None,
+            generation=int(generation or 1),
         )
 
 

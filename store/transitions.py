@@ -94,6 +94,7 @@ class Claim:
     policy_json: bytes
     latest_resources_id: str | None
     attempts_used: int
+    generation: int = 1  # which run of the task: 1, then one more per dead-letter requeue
 
 
 @dataclass(frozen=True)
@@ -172,8 +173,8 @@ class Lifecycle:
         )
         if reply[0] != b"claimed":
             return ClaimRefused(reply[0].decode(), reply[1].decode() if len(reply) > 1 else "")  # type: ignore[arg-type]
-        _, attempt, task_json, policy_json, latest, used = reply
-        return Claim(int(attempt), task_json, policy_json, latest.decode() or None, int(used))
+        _, attempt, task_json, policy_json, latest, used, generation = reply
+        return Claim(int(attempt), task_json, policy_json, latest.decode() or None, int(used), int(generation))
 
     def finish(
         self,
