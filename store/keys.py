@@ -58,6 +58,12 @@ class Keys:
         return f"{self._tag}:results"
 
     @property
+    def results_lost(self) -> str:
+        """Hash of entries trimmed from the results stream before a consumer group got them:
+        ``count:<group>`` and ``from:<group>`` (the first lost entry id)."""
+        return f"{self._tag}:results-lost"
+
+    @property
     def superseded(self) -> str:
         """Stream of results that arrived from an attempt that was no longer current."""
         return f"{self._tag}:superseded"
@@ -160,6 +166,8 @@ class StatsField(StrEnum):
 
     SUPERSEDED = "superseded"
     DURATION_SUM = "duration:sum"
+    RESULTS_BYTES = "results:bytes"  # payload bytes (rollout JSON + rollout id) on the results stream
+    RESULTS_TRIMMED_TO = "results:trimmed-to"  # the first entry id the last trim of the results stream kept
 
 
 REQUEUED_PREFIX = "requeued:"
@@ -212,6 +220,8 @@ def lua_header() -> str:
             f"local F = {table(TaskField)}",
             f"local S = {table(StreamField)}",
             f"local STATS_SUPERSEDED, STATS_DURATION_SUM = '{StatsField.SUPERSEDED}', '{StatsField.DURATION_SUM}'",
+            f"local STATS_RESULTS_BYTES = '{StatsField.RESULTS_BYTES}'",
+            f"local STATS_RESULTS_TRIMMED_TO = '{StatsField.RESULTS_TRIMMED_TO}'",
             f"local function member(rid, attempt) return rid .. '{_MEMBER_SEPARATOR}' .. attempt end",
             "local function outcome_stat(status, mode) return status .. ':' .. (mode or '') end",
             f"local function requeue_stat(reason) return '{REQUEUED_PREFIX}' .. reason end",

@@ -34,3 +34,32 @@ def test_a_rerun_after_a_dead_letter_requeue_carries_the_next_generation(redis_s
     wait_until(lambda: producer.dead_letter() == [rid], 10, "the re-run to be dead-lettered again")
     assert producer.requeue_dead([rid]) == [rid]
     assert next(reader).metadata["generation"] == 3
+
+
+def _ids(producer: Producer, n: int, spec: dict | None = None) -> list[str]:
+    return [t.rollout_id for t in producer.enqueue_many([spec or {"sleep": 0}] * n)]
+
+
+def test_a_consumer_group_behind_the_count_bound_loses_nothing(redis_server, namespace, workers):
+    # 1000 rollouts finish before the group reads any; the count bound is 100.
+    producer = Producer.from_url(redis_server.url, namespace, results_maxlen=100)
+    reader = producer.rollouts("trainers", idle_timeout=2)
+    reader._ensure_group()
+    ids = _ids(producer, 1000)
+    env = {**AGENT, "ROLLQ_RESULTS_MAXLEN": "100", "ROLLQ_CONCURRENCY": "32"}
+    workers(redis_server.url, namespace, env=env)
+    wait_until(lambda: producer.connection.hget(producer.keys.task(ids[-1]), "state") == b"succeeded", 60, "the run")
+    wait_until(lambda: all(s is not None for s in _states(producer, ids)), 30, "every task to end")
+
+    received = [r.rollout_id for r in reader]
+    assert sorted(received) == sorted(ids)
+    # Once the group has read them, the next publish trims the stream back to its bound.
+    producer.enqueue({"sleep": 0})
+    wait_until(lambda: producer.connection.xlen(producer.keys.results) <= 100, 30, "the stream to be trimmed")
+
+
+def _states(producer: Producer, ids: list[str]) -> list[bytes | None]:
+    pipe = producer.connection.pipeline(transaction=False)
+    for rid in ids:
+        pipe.hget(producer.keys.task(rid), "ended")
+    return pipe.execute()

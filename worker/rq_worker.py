@@ -155,7 +155,7 @@ class RolloutWorker(SimpleWorker):
         for name in ("rollq",):
             setup_loghandlers(level, name=name)
         self.worker_id = int(self.connection.incr(self.keys.worker_seq))
-        lifecycle = Lifecycle(self.connection, self.keys)
+        lifecycle = Lifecycle(self.connection, self.keys, results_max_bytes=self.settings.results_max_bytes)
         self._executor.start()
         # Redis round trips for job bookkeeping overlap on a few threads; more would only contend for the GIL.
         self._bookkeeping = Bookkeeping(min(self.settings.concurrency, 8))
