@@ -74,3 +74,16 @@ class WorkerUnresponsiveError(RollqError):
 
 class UnsupportedResultError(RollqError, TypeError):
     """An agent returned something that is not a RolloutRawResult."""
+
+
+class RolloutsTrimmedError(RollqError, LookupError):
+    """The results stream's hard byte limit trimmed entries a consumer group had not yet been delivered
+    (or had not acknowledged). Each reader of the group raises it once per loss; iterate again to go on."""
+
+    def __init__(self, group: str, lost: int, from_id: str) -> None:
+        self.group, self.lost, self.from_id = group, lost, from_id
+        super().__init__(
+            f"consumer group {group!r} lost {lost} rollout(s) to trimming of the results stream, from entry {from_id} "
+            "on: the stream reached results_max_bytes; read faster or raise results_max_bytes (their task records "
+            "still say how each ended)"
+        )

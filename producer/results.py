@@ -13,12 +13,12 @@ import os
 import socket
 import time
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from typing import Any, cast
 
 import redis
 
 from rollq.models.contract import Rollout
-from rollq.models.errors import RolloutTimeoutError, RolloutTrimmedError
+from rollq.models.errors import RolloutsTrimmedError, RolloutTimeoutError, RolloutTrimmedError
 from rollq.store.keys import Keys, StreamField, TaskField
 from rollq.store.reaper import reap
 from rollq.store.transitions import Lifecycle
@@ -110,6 +110,11 @@ class ResultReader:
     next batch or the loop ends; if the process dies before that, another reader
     of the group claims them after ``claim_idle_seconds`` (at-least-once).
     Iteration stops after ``idle_timeout`` seconds with nothing new (None: never).
+
+    Trimming never removes an entry the group still needs, unless the stream hits
+    its hard byte limit; then the reader raises :class:`RolloutsTrimmedError` (once
+    per loss) saying how many it lost and from which entry on; iterating again
+    goes on with what is left.
     """
 
     def __init__(
@@ -134,6 +139,7 @@ class ResultReader:
         self._start = start
         self._unacked: list[bytes] = []
         self._next_claim_check = 0.0
+        self._reported_lost = 0
 
     def _ensure_group(self) -> None:
         try:
@@ -161,8 +167,20 @@ class ResultReader:
             log.info("took over %d rollout(s) a dead reader of group %r left unacknowledged", len(entries), self.group)
         return entries
 
+    def _check_lost(self) -> None:
+        count, from_id = cast(
+            list[bytes | None],
+            self.connection.hmget(self.keys.results_trim, [f"count:{self.group}", f"from:{self.group}"]),
+        )
+        lost = int(count or 0)
+        if lost > self._reported_lost:
+            new = lost - self._reported_lost
+            self._reported_lost = lost
+            raise RolloutsTrimmedError(self.group, new, (from_id or b"?").decode())
+
     def _next_batch(self, block_ms: int) -> list[tuple[bytes, dict[bytes, bytes]]]:
         k = self.keys
+        self._check_lost()
         # Our own unacknowledged entries first (a restart under the same name), then those of dead readers.
         mine: Any = self.connection.xreadgroup(self.group, self.consumer, {k.results: "0"}, count=self.batch)
         entries = [e for _, es in mine or [] for e in es if e[1]] or self._claim_abandoned()

@@ -58,10 +58,11 @@ class Keys:
         return f"{self._tag}:results"
 
     @property
-    def results_lost(self) -> str:
-        """Hash of entries trimmed from the results stream before a consumer group got them:
-        ``count:<group>`` and ``from:<group>`` (the first lost entry id)."""
-        return f"{self._tag}:results-lost"
+    def results_trim(self) -> str:
+        """Hash of what trimming did to the results stream: ``trimmed-to`` (the first entry id the last trim
+        kept), and per consumer group the entries trimmed before it got them: ``count:<group>``,
+        ``from:<group>`` (the first lost entry id)."""
+        return f"{self._tag}:results-trim"
 
     @property
     def superseded(self) -> str:
@@ -167,8 +168,10 @@ class StatsField(StrEnum):
     SUPERSEDED = "superseded"
     DURATION_SUM = "duration:sum"
     RESULTS_BYTES = "results:bytes"  # payload bytes (rollout JSON + rollout id) on the results stream
-    RESULTS_TRIMMED_TO = "results:trimmed-to"  # the first entry id the last trim of the results stream kept
 
+
+TRIMMED_TO = "trimmed-to"
+"""The field of :attr:`Keys.results_trim` holding the first entry id the last trim kept."""
 
 REQUEUED_PREFIX = "requeued:"
 DURATION_PREFIX = "duration:"
@@ -221,7 +224,7 @@ def lua_header() -> str:
             f"local S = {table(StreamField)}",
             f"local STATS_SUPERSEDED, STATS_DURATION_SUM = '{StatsField.SUPERSEDED}', '{StatsField.DURATION_SUM}'",
             f"local STATS_RESULTS_BYTES = '{StatsField.RESULTS_BYTES}'",
-            f"local STATS_RESULTS_TRIMMED_TO = '{StatsField.RESULTS_TRIMMED_TO}'",
+            f"local TRIMMED_TO = '{TRIMMED_TO}'",
             f"local function member(rid, attempt) return rid .. '{_MEMBER_SEPARATOR}' .. attempt end",
             "local function outcome_stat(status, mode) return status .. ':' .. (mode or '') end",
             f"local function requeue_stat(reason) return '{REQUEUED_PREFIX}' .. reason end",

@@ -227,7 +227,7 @@ class Lifecycle:
                 k.dead_letter,
                 k.resources_refs,
                 k.stats,
-                k.results_lost,
+                k.results_trim,
             ],
             args=[
                 rollout_id,

@@ -6,14 +6,20 @@ stream is bounded in bytes, and readers ride out Redis outages.
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 from fault_agents import wait_until
 
+from rollq.models.errors import RolloutsTrimmedError
 from rollq.producer.producer import Producer
 
 pytestmark = pytest.mark.redis
 
 AGENT = {"ROLLQ_AGENT": "tests.fault_agents:FaultAgent"}
+ROLLQ = str(Path(sys.executable).parent / "rollq")
 
 
 def test_a_rerun_after_a_dead_letter_requeue_carries_the_next_generation(redis_server, namespace, workers):
@@ -63,3 +69,36 @@ def _states(producer: Producer, ids: list[str]) -> list[bytes | None]:
     for rid in ids:
         pipe.hget(producer.keys.task(rid), "ended")
     return pipe.execute()
+
+
+def test_the_hard_byte_limit_trims_a_lagging_group_and_its_reader_says_how_many_it_lost(
+    redis_server, namespace, workers
+):
+    limit = 200_000  # about 85 rollouts of 2.3 kB; routine trimming keeps half
+    producer = Producer.from_url(redis_server.url, namespace, results_max_bytes=limit)
+    reader = producer.rollouts("trainers", idle_timeout=2)
+    reader._ensure_group()
+    ids = _ids(producer, 300, {"huge": 2000})
+    env = {**AGENT, "ROLLQ_RESULTS_MAX_BYTES": str(limit), "ROLLQ_MAX_RESULT_BYTES": "10000", "ROLLQ_CONCURRENCY": "8"}
+    workers(redis_server.url, namespace, env=env)
+    wait_until(lambda: all(s is not None for s in _states(producer, ids)), 60, "every task to end")
+
+    connection = producer.connection
+    payload = sum(len(f[b"rollout_id"]) + len(f[b"rollout"]) for _, f in connection.xrange(producer.keys.results))
+    assert int(connection.hget(producer.keys.stats, "results:bytes")) == payload
+    assert payload <= limit
+
+    received: list[str] = []
+    with pytest.raises(RolloutsTrimmedError) as lost:
+        received += [r.rollout_id for r in reader]
+    assert lost.value.group == "trainers" and lost.value.lost > 100
+    assert f"{lost.value.lost} rollout(s)" in str(lost.value) and lost.value.from_id in str(lost.value)
+    received += [r.rollout_id for r in reader]  # the reader carries on after saying so
+    assert len(received) + lost.value.lost == len(ids)
+    assert set(received) <= set(ids) and len(set(received)) == len(received)
+
+    status = subprocess.run(
+        [ROLLQ, "--url", redis_server.url, "-n", namespace, "status"], capture_output=True, text=True, timeout=60
+    )
+    assert f"lost {lost.value.lost} to trimming" in status.stdout, status.stdout
+    assert "kB" in status.stdout and "oldest" in status.stdout

@@ -1,7 +1,7 @@
 -- Publish the final rollout of a task, if the attempt that reports it is still the current one.
 -- This is what keeps completions <= tasks: a late result from a superseded attempt is recorded, never delivered.
 -- The results stream is kept within its bounds by trim_results (lua/trim_results.lua, put before this script).
--- KEYS: task, inflight, results, superseded, dead_letter, resources_refs, stats, results_lost
+-- KEYS: task, inflight, results, superseded, dead_letter, resources_refs, stats, results_trim
 -- ARGV: rollout_id, attempt, rollout_json, status, maxlen, now, dead_letter(0|1), stale_before|'',
 --       duration_bucket|'', keep_seconds (0 = keep the record), duration_seconds, max_bytes
 -- Returns {'published', entry_id}; {'superseded'} when the attempt is not current (its rollout is kept on the

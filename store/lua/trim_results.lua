@@ -3,11 +3,11 @@
 --
 -- The bounds: at most `maxlen` entries and half of `max_bytes` payload bytes (rollout JSON + rollout id); trimming
 -- down to them stops at the oldest entry some group has not been delivered or has not acknowledged. Past `max_bytes`
--- the stream is trimmed anyway, and each group that loses entries gets them counted in the lost hash
+-- the stream is trimmed anyway, and each group that loses entries gets them counted in the trim hash
 -- (`count:<group>`, `from:<group>`), which its readers raise as RolloutsTrimmedError and `rollq status` shows.
 -- Trimming goes 1% below a bound so that a full stream is not trimmed on every publish.
--- The payload byte count is kept in the stats hash (STATS_RESULTS_BYTES); STATS_RESULTS_TRIMMED_TO holds the id of
--- the first entry kept by the last trim, so a reader can tell whether entries it had not read yet were removed.
+-- The payload byte count is kept in the stats hash (STATS_RESULTS_BYTES); the trim hash's TRIMMED_TO holds the id
+-- of the first entry kept by the last trim, so a reader can tell whether entries it had not read yet were removed.
 
 local function id_parts(id)
   local ms, seq = string.match(id, '^(%d+)-(%d+)$')
@@ -42,7 +42,7 @@ local function needed_by(need, id)
 end
 
 -- KEYS-free: the caller passes the key names. Returns nothing.
-local function trim_results(stream, stats, lost, maxlen, max_bytes, newest, added_bytes)
+local function trim_results(stream, stats, trim, maxlen, max_bytes, newest, added_bytes)
   local len = redis.call('XLEN', stream)
   local bytes
   if len == 1 then
@@ -104,7 +104,7 @@ local function trim_results(stream, stats, lost, maxlen, max_bytes, newest, adde
   cut = cut or newest
   redis.call('XTRIM', stream, 'MINID', cut)
   redis.call('HINCRBY', stats, STATS_RESULTS_BYTES, -removed_bytes)
-  redis.call('HSET', stats, STATS_RESULTS_TRIMMED_TO, cut)
+  redis.call('HSET', trim, TRIMMED_TO, cut)
   if not forced then
     return
   end
@@ -118,8 +118,8 @@ local function trim_results(stream, stats, lost, maxlen, max_bytes, newest, adde
       end
     end
     if l.count > 0 then
-      redis.call('HINCRBY', lost, 'count:' .. need.name, l.count)
-      redis.call('HSETNX', lost, 'from:' .. need.name, l.from)
+      redis.call('HINCRBY', trim, 'count:' .. need.name, l.count)
+      redis.call('HSETNX', trim, 'from:' .. need.name, l.from)
     end
   end
 end
