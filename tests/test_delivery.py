@@ -6,8 +6,11 @@ stream is bounded in bytes, and readers ride out Redis outages.
 
 from __future__ import annotations
 
+import json
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -102,3 +105,50 @@ def test_the_hard_byte_limit_trims_a_lagging_group_and_its_reader_says_how_many_
     )
     assert f"lost {lost.value.lost} to trimming" in status.stdout, status.stdout
     assert "kB" in status.stdout and "oldest" in status.stdout
+
+
+WAITER = """
+import json, sys
+from rollq.models.errors import RolloutTimeoutError, RolloutTrimmedError
+from rollq.producer.producer import Producer
+
+url, namespace, ids_file = sys.argv[1:]
+producer = Producer.from_url(url, namespace, results_maxlen=100)
+ids = json.load(open(ids_file))
+print("waiting", flush=True)
+try:
+    producer.wait(ids, timeout=25)
+    print(json.dumps({"returned": len(ids)}))
+except RolloutTrimmedError as exc:
+    print(json.dumps({"trimmed": exc.rollout_ids, "received": sorted(exc.received)}))
+except RolloutTimeoutError as exc:
+    print(json.dumps({"timeout": exc.missing}))
+"""
+
+
+def test_wait_paused_while_its_rollouts_are_trimmed_reports_them_as_trimmed(
+    redis_server, namespace, workers, tmp_path
+):
+    producer = Producer.from_url(redis_server.url, namespace, results_maxlen=100)
+    ids = _ids(producer, 1000)
+    (tmp_path / "ids.json").write_text(json.dumps(ids))
+    waiter = subprocess.Popen(
+        [sys.executable, "-c", WAITER, redis_server.url, namespace, str(tmp_path / "ids.json")],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert waiter.stdout is not None and waiter.stdout.readline() == "waiting\n"
+        time.sleep(1.0)  # past wait()'s first look at the task records
+        waiter.send_signal(signal.SIGSTOP)
+        workers(redis_server.url, namespace, env={**AGENT, "ROLLQ_RESULTS_MAXLEN": "100", "ROLLQ_CONCURRENCY": "32"})
+        wait_until(lambda: all(s is not None for s in _states(producer, ids)), 60, "every task to end")
+        assert producer.connection.xlen(producer.keys.results) <= 100
+        waiter.send_signal(signal.SIGCONT)
+        outcome = json.loads(waiter.communicate(timeout=60)[0])
+    finally:
+        waiter.kill()
+    assert "trimmed" in outcome, outcome
+    assert len(outcome["trimmed"]) >= 850  # the stream keeps about its last 100
+    assert sorted(outcome["trimmed"] + outcome["received"]) == sorted(ids)
+    assert set(_states(producer, outcome["trimmed"])) != {None}
