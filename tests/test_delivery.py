@@ -7,17 +7,25 @@ stream is bounded in bytes, and readers ride out Redis outages.
 from __future__ import annotations
 
 import json
+import logging
+import shutil
 import signal
+import ssl
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import redis
 from fault_agents import wait_until
+from servers import free_port, require_redis_server
 
 from rollq.models.errors import RolloutsTrimmedError
 from rollq.producer.producer import Producer
+from rollq.store.connection import unrecoverable
 
 pytestmark = pytest.mark.redis
 
@@ -62,6 +70,8 @@ def test_a_consumer_group_behind_the_count_bound_loses_nothing(redis_server, nam
 
     received = [r.rollout_id for r in reader]
     assert sorted(received) == sorted(ids)
+    told = [r.getMessage() for r in caplog.records if "Redis unreachable" in r.getMessage()]
+    assert sum(m.startswith("wait:") for m in told) == 1, told  # once per outage, not once per retry
     # Once the group has read them, the next publish trims the stream back to its bound.
     producer.enqueue({"sleep": 0})
     wait_until(lambda: producer.connection.xlen(producer.keys.results) <= 100, 30, "the stream to be trimmed")
@@ -111,6 +121,7 @@ WAITER = """
 import json, sys
 from rollq.models.errors import RolloutTimeoutError, RolloutTrimmedError
 from rollq.producer.producer import Producer
+from rollq.store.connection import unrecoverable
 
 url, namespace, ids_file = sys.argv[1:]
 producer = Producer.from_url(url, namespace, results_maxlen=100)
@@ -152,3 +163,116 @@ def test_wait_paused_while_its_rollouts_are_trimmed_reports_them_as_trimmed(
     assert len(outcome["trimmed"]) >= 850  # the stream keeps about its last 100
     assert sorted(outcome["trimmed"] + outcome["received"]) == sorted(ids)
     assert set(_states(producer, outcome["trimmed"])) != {None}
+
+
+def test_wait_and_a_group_reader_ride_out_a_25s_redis_restart(own_redis, namespace, workers, caplog):
+    caplog.set_level(logging.WARNING, logger="rollq")
+    server = own_redis(appendonly=True)
+    producer = Producer.from_url(server.url, namespace)
+    ids = _ids(producer, 20, {"sleep": 2})
+    reader = producer.rollouts("trainers", idle_timeout=90)
+    reader._ensure_group()
+    workers(server.url, namespace, env={**AGENT, "ROLLQ_CONCURRENCY": "4"})
+    waited: dict[str, object] = {}
+
+    def run_wait() -> None:
+        try:
+            waited["rollouts"] = producer.wait(ids, timeout=120)
+        except Exception as exc:  # reported by the assertion below
+            waited["error"] = exc
+
+    waiter = threading.Thread(target=run_wait)
+    waiter.start()
+    restart = threading.Thread(target=server.restart, kwargs={"down_seconds": 25})
+    time.sleep(1.0)
+    restart.start()
+    received = []
+    for rollout in reader:
+        received.append(rollout.rollout_id)
+        if len(received) == len(ids):
+            break
+    restart.join()
+    waiter.join(timeout=120)
+    assert "error" not in waited, waited.get("error")
+    assert [r.rollout_id for r in waited["rollouts"]] == ids  # type: ignore[attr-defined]
+    assert sorted(received) == sorted(ids)
+
+
+def test_unrecoverable_errors_are_told_apart_from_outages():
+    def wrapped(cause: BaseException) -> redis.ConnectionError:
+        try:
+            raise cause
+        except BaseException:
+            try:
+                raise redis.ConnectionError("Error 1 connecting to 127.0.0.1:6380.")  # noqa: B904 (as redis-py does)
+            except redis.ConnectionError as error:
+                return error
+
+    assert unrecoverable(wrapped(ssl.SSLCertVerificationError(1, "certificate verify failed"))) is not None
+    assert unrecoverable(redis.AuthenticationError("invalid password")) is not None
+    assert unrecoverable(redis.exceptions.InvalidResponse("Protocol error")) is not None
+    assert unrecoverable(wrapped(ConnectionRefusedError(111, "Connection refused"))) is None
+    assert unrecoverable(wrapped(ssl.SSLEOFError(8, "EOF occurred in violation of protocol"))) is None
+    assert unrecoverable(redis.TimeoutError("Timeout reading from socket")) is None
+
+
+@pytest.fixture
+def tls_server_and_a_wrong_ca(tmp_path: Path) -> Iterator[tuple[int, Path, Path]]:
+    """A TLS-only redis-server with a self-signed certificate; yields (port, its certificate, another one)."""
+    binary = require_redis_server()
+    openssl = shutil.which("openssl")
+    if openssl is None:
+        pytest.skip("openssl is not installed, so no certificate can be made for a TLS redis-server")
+    for name in ("server", "other"):
+        subprocess.run(
+            [openssl, "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(tmp_path / f"{name}.key"),
+             "-out", str(tmp_path / f"{name}.pem"), "-days", "1", "-subj", "/CN=127.0.0.1",
+             "-addext", "subjectAltName=IP:127.0.0.1"],
+            check=True, capture_output=True,
+        )  # fmt: skip
+    port = free_port()
+    process = subprocess.Popen(
+        [binary, "--port", "0", "--tls-port", str(port), "--bind", "127.0.0.1",
+         "--tls-cert-file", str(tmp_path / "server.pem"), "--tls-key-file", str(tmp_path / "server.key"),
+         "--tls-ca-cert-file", str(tmp_path / "server.pem"), "--tls-auth-clients", "no",
+         "--save", "", "--appendonly", "no", "--dir", str(tmp_path), "--logfile", str(tmp_path / "redis.log")],
+        stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT,
+    )  # fmt: skip
+    try:
+        good = redis.Redis.from_url(_tls_url(port, tmp_path / "server.pem"), socket_connect_timeout=1)
+        wait_until(lambda: process.poll() is not None or _pings(good), 10, "the TLS redis-server")
+        if process.poll() is not None:
+            pytest.skip("this redis-server was built without TLS support")
+        yield port, tmp_path / "server.pem", tmp_path / "other.pem"
+    finally:
+        process.terminate()
+        process.wait(timeout=10)
+
+
+def _tls_url(port: int, ca: Path) -> str:
+    return f"rediss://127.0.0.1:{port}/0?ssl_cert_reqs=required&ssl_ca_certs={ca}"
+
+
+def _pings(client: redis.Redis) -> bool:
+    try:
+        return bool(client.ping())
+    except redis.ConnectionError:
+        return False
+
+
+def test_a_certificate_that_does_not_verify_fails_at_once_with_one_line(tls_server_and_a_wrong_ca, namespace):
+    port, good_ca, wrong_ca = tls_server_and_a_wrong_ca
+    assert Producer.from_url(_tls_url(port, good_ca), namespace).connection.ping()
+
+    started = time.monotonic()
+    with pytest.raises(redis.ConnectionError, match="CERTIFICATE_VERIFY_FAILED"):
+        Producer.from_url(_tls_url(port, wrong_ca), namespace).wait(["x"], timeout=60)
+    assert time.monotonic() - started < 3  # was ~17 s of retries
+
+    started = time.monotonic()
+    status = subprocess.run(
+        [ROLLQ, "--url", _tls_url(port, wrong_ca), "-n", namespace, "status"], capture_output=True, text=True
+    )
+    assert time.monotonic() - started < 10
+    assert status.returncode == 3 and len(status.stderr.strip().splitlines()) == 1, status.stderr
+    assert "CERTIFICATE_VERIFY_FAILED" in status.stderr
