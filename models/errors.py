@@ -57,7 +57,8 @@ class RolloutTimeoutError(RollqError, TimeoutError):
     def __init__(self, missing: Sequence[str], timeout: float, trimmed: Sequence[str] = ()) -> None:
         self.missing, self.trimmed = list(missing), list(trimmed)
         also = f" ({len(self.trimmed)} more ended but were trimmed from the results stream)" if self.trimmed else ""
-        super().__init__(f"{len(self.missing)} rollout(s) still missing after {timeout:g}s: {_shown(self.missing)}{also}")
+        missing = _shown(self.missing)
+        super().__init__(f"{len(self.missing)} rollout(s) still missing after {timeout:g}s: {missing}{also}")
 
 
 class RolloutTrimmedError(RollqError, LookupError):

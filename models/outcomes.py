@@ -35,9 +35,7 @@ def stamp(
     return rollout.model_copy(update={"metadata": {**rollout.metadata, **extra}})
 
 
-def failed_rollout(
-    rollout_id: str, *, attempt: int, worker: str, error: BaseException, generation: int = 1
-) -> Rollout:
+def failed_rollout(rollout_id: str, *, attempt: int, worker: str, error: BaseException, generation: int = 1) -> Rollout:
     """A rollout that carries only the failure."""
     return stamp(
         Rollout(rollout_id=rollout_id),

@@ -111,7 +111,8 @@ class Outage:
         self._delay = 0.1
 
     def failed(self, error: Exception, deadline: float | None) -> None:
-        """Sleep before the next try; re-raise ``error`` if retrying cannot fix it or ``deadline`` (monotonic) passed."""
+        """Sleep before the next try; re-raise ``error`` if retrying cannot fix it or ``deadline`` (monotonic)
+        has passed."""
         if unrecoverable(error) is not None:
             raise error
         now = time.monotonic()

@@ -20,7 +20,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from fault_agents import wait_until
 from servers import REPO
 
 from rollq.producer.producer import Producer
@@ -30,7 +29,7 @@ pytestmark = pytest.mark.redis
 
 AGENT = {"ROLLQ_AGENT": "tests.fault_agents:FaultAgent"}
 
-EVIL_MODULE = '''
+EVIL_MODULE = """
 import pathlib
 HERE = pathlib.Path(__file__).parent
 (HERE / "imported.marker").write_text("imported")
@@ -38,7 +37,7 @@ HERE = pathlib.Path(__file__).parent
 
 def fire(*args, **kwargs):
     (HERE / "called.marker").write_text(repr(args))
-'''
+"""
 
 
 @pytest.fixture

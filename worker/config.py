@@ -10,7 +10,6 @@ from typing import Any
 from rollq.store.jobs import DEFAULT_RESULT_TTL
 from rollq.store.transitions import DEFAULT_RESULTS_MAX_BYTES
 
-
 # The results stream's byte budget must hold at least this many of the largest rollouts allowed.
 _ROLLOUTS_PER_BUDGET = 16
 
