@@ -168,7 +168,9 @@ def test_wait_and_a_group_reader_ride_out_a_25s_redis_restart(own_redis, namespa
     ids = _ids(producer, 20, {"sleep": 2})
     reader = producer.rollouts("trainers", idle_timeout=90)
     reader._ensure_group()
-    workers(server.url, namespace, env={**AGENT, "ROLLQ_CONCURRENCY": "4"})
+    worker = workers(server.url, namespace, env={**AGENT, "ROLLQ_CONCURRENCY": "4"})
+    # A worker must be up before the outage: `rq worker` started while Redis is down exits at once.
+    wait_until(lambda: "rollq worker" in worker.log(), 30, "the worker to start")
     waited: dict[str, object] = {}
 
     def run_wait() -> None:
@@ -180,7 +182,7 @@ def test_wait_and_a_group_reader_ride_out_a_25s_redis_restart(own_redis, namespa
     waiter = threading.Thread(target=run_wait)
     waiter.start()
     restart = threading.Thread(target=server.restart, kwargs={"down_seconds": 25})
-    time.sleep(1.0)
+    time.sleep(0.5)
     restart.start()
     received = []
     for rollout in reader:

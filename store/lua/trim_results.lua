@@ -63,7 +63,12 @@ local function trim_results(stream, stats, trim, maxlen, max_bytes, newest, adde
   local lost_now = {}  -- group -> {count, from}: entries it was never delivered
   local cursor = '-'
   while true do
-    local entries = redis.call('XRANGE', stream, cursor, '+', 'COUNT', 100)
+    -- Read about as many entries as the bounds need gone (they come with their payloads), at most 100 at a time.
+    local want = len - target_len
+    if bytes > target_bytes then
+      want = math.max(want, math.ceil((bytes - target_bytes) / math.max(1, bytes / len)))
+    end
+    local entries = redis.call('XRANGE', stream, cursor, '+', 'COUNT', math.max(1, math.min(100, want)))
     if #entries == 0 then
       break
     end
