@@ -60,8 +60,9 @@ def rq_job_key(job_id: str) -> str:
 
 
 def fetch_jobs(connection: redis.Redis, job_ids: list[str]) -> list[Job | None]:
-    """The jobs of ``job_ids`` (None where a hash is gone), decoded with the JSON serializer, in one round trip."""
-    return Job.fetch_many(job_ids, connection=connection, serializer=JSONSerializer)
+    """The jobs of ``job_ids`` (None where a hash is gone), as :class:`RollqJob` with the JSON serializer, in one
+    round trip."""
+    return RollqJob.fetch_many(job_ids, connection=connection, serializer=JSONSerializer)
 
 
 class JobTemplate:

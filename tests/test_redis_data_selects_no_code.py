@@ -105,12 +105,12 @@ def test_callbacks_and_webhooks_named_in_job_hashes_are_never_run(
     # 1. An "abandoned" job in RQ's started registry, long expired: RQ's start-up clean-up runs its failure callback.
     connection.hset(Keys.rq_job("planted"), mapping=_job_hash("evil_marker.fire", [], namespace, hook_url))
     connection.zadd(f"rq:wip:{namespace}", {"planted:exec-1": 1})
-    # 2. A foreign job on the queue: the worker refuses it (RQ's failure handling runs on it).
-    connection.hset(Keys.rq_job("foreign"), mapping=_job_hash("evil_marker.fire", [], namespace, hook_url))
-    connection.rpush(keys.rq_queue, "foreign")
-    # 3. A genuine rollq job whose hash someone extended with callbacks and webhooks: it runs and succeeds.
+    # 2. A genuine rollq job whose hash someone extended with callbacks and webhooks: it runs and succeeds.
     task = producer.enqueue({"sleep": 0})
     connection.hset(Keys.rq_job(task.rollout_id), mapping=_evil_fields(hook_url))
+    # 3. A foreign job on the queue, behind it (so taken ahead): the worker refuses it, RQ's failure handling runs.
+    connection.hset(Keys.rq_job("foreign"), mapping=_job_hash("evil_marker.fire", [], namespace, hook_url))
+    connection.rpush(keys.rq_queue, "foreign")
     # 4. A genuine rollq job whose agent raises: a failed rollout, RQ bookkeeping as usual.
     failing = producer.enqueue({"raise": "on purpose"})
     connection.hset(Keys.rq_job(failing.rollout_id), mapping=_evil_fields(hook_url))
@@ -118,7 +118,7 @@ def test_callbacks_and_webhooks_named_in_job_hashes_are_never_run(
     worker = workers(
         redis_server.url,
         namespace,
-        env={**AGENT, "PYTHONPATH": f"{evil_path}{os.pathsep}{REPO}"},
+        env={**AGENT, "ROLLQ_CONCURRENCY": "4", "PYTHONPATH": f"{evil_path}{os.pathsep}{REPO}"},
         args=["--burst"],
     )
     assert worker.wait(timeout=60) == 0, worker.log()

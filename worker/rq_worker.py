@@ -289,7 +289,7 @@ class RolloutWorker(SimpleWorker):
                 else:
                     pipe.lpop(queue.key)
             job_ids = [raw.decode() for raw in pipe.execute() if raw]
-            jobs = Job.fetch_many(job_ids, connection=self.connection, serializer=self.serializer) if job_ids else []
+            jobs = self.job_class.fetch_many(job_ids, self.connection, self.serializer) if job_ids else []
         except Exception as exc:
             for _ in range(free):
                 self._slots.release()
