@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 
 class RollqError(Exception):
@@ -46,21 +47,30 @@ class InvalidTaskError(RollqError, ValueError):
     """A queue entry that is not a valid rollq task."""
 
 
-class RolloutTimeoutError(RollqError, TimeoutError):
-    """``wait`` gave up before every rollout arrived."""
+def _shown(ids: Sequence[str]) -> str:
+    return ", ".join(ids[:20]) + (" ..." if len(ids) > 20 else "")
 
-    def __init__(self, missing: Sequence[str], timeout: float) -> None:
-        self.missing = list(missing)
-        shown = ", ".join(self.missing[:20]) + (" ..." if len(self.missing) > 20 else "")
-        super().__init__(f"{len(self.missing)} rollout(s) still missing after {timeout:g}s: {shown}")
+
+class RolloutTimeoutError(RollqError, TimeoutError):
+    """``wait`` gave up before every rollout arrived; ``trimmed`` lists those that ended but were trimmed."""
+
+    def __init__(self, missing: Sequence[str], timeout: float, trimmed: Sequence[str] = ()) -> None:
+        self.missing, self.trimmed = list(missing), list(trimmed)
+        also = f" ({len(self.trimmed)} more ended but were trimmed from the results stream)" if self.trimmed else ""
+        missing = _shown(self.missing)
+        super().__init__(f"{len(self.missing)} rollout(s) still missing after {timeout:g}s: {missing}{also}")
 
 
 class RolloutTrimmedError(RollqError, LookupError):
-    """A rollout finished but its entry was trimmed from the bounded results stream."""
+    """Rollouts that ended (their task records say so) but whose entries were trimmed from the bounded results
+    stream before ``wait`` read them. ``received`` maps the ids of the others to their rollouts."""
 
-    def __init__(self, rollout_id: str) -> None:
+    def __init__(self, rollout_ids: Sequence[str], received: Mapping[str, Any] | None = None) -> None:
+        self.rollout_ids, self.received = list(rollout_ids), dict(received or {})
         super().__init__(
-            f"rollout {rollout_id!r} finished but was trimmed from the results stream; raise results_maxlen"
+            f"{len(self.rollout_ids)} rollout(s) ended but were trimmed from the results stream before they were "
+            f"read: {_shown(self.rollout_ids)}; raise results_maxlen / results_max_bytes or wait sooner "
+            "(their task records say how each ended)"
         )
 
 
@@ -95,3 +105,16 @@ class UnserializableResultError(RollqError, TypeError):
 
 class EventLoopBlockedError(RollqError):
     """The worker's agent event loop stopped turning (an async agent made a blocking call)."""
+
+
+class RolloutsTrimmedError(RollqError, LookupError):
+    """The results stream's hard byte limit trimmed entries a consumer group had not yet been delivered
+    (or had not acknowledged). Each reader of the group raises it once per loss; iterate again to go on."""
+
+    def __init__(self, group: str, lost: int, from_id: str) -> None:
+        self.group, self.lost, self.from_id = group, lost, from_id
+        super().__init__(
+            f"consumer group {group!r} lost {lost} rollout(s) to trimming of the results stream, from entry {from_id} "
+            "on: the stream reached results_max_bytes; read faster or raise results_max_bytes (their task records "
+            "still say how each ended)"
+        )

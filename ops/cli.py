@@ -127,6 +127,9 @@ def demo(redis_url: str | None, tasks: int, workers: int, concurrency: int, time
 @click.option(
     "--results-maxlen", type=int, default=None, help="Approximate bound of the results stream [default 100000]."
 )
+@click.option(
+    "--results-max-bytes", type=int, default=None, help="Hard byte limit of the results stream [default 1 GiB]."
+)
 @click.option("--max-result-bytes", type=int, default=None, help="Largest rollout JSON published [default 8 MiB].")
 @click.option("--burst", is_flag=True, help="Quit once the queue is empty.")
 @click.option("--name", default=None, help="Worker name (default: RQ's random one).")
@@ -142,6 +145,7 @@ def worker(
     grace_seconds: float | None,
     heartbeat_seconds: float | None,
     results_maxlen: int | None,
+    results_max_bytes: int | None,
     max_result_bytes: int | None,
     burst: bool,
     name: str | None,
@@ -161,6 +165,7 @@ def worker(
         grace_seconds=grace_seconds,
         heartbeat_seconds=heartbeat_seconds,
         results_maxlen=results_maxlen,
+        results_max_bytes=results_max_bytes,
         max_result_bytes=max_result_bytes,
     )
     logging.basicConfig(level=logging_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")

@@ -43,6 +43,25 @@ def render_prometheus(s: Snapshot) -> str:
         "Entries in the results stream.",
         [({"namespace": ns}, s.results_stream_length)],
     )
+    metric(
+        "rollq_results_stream_bytes",
+        "gauge",
+        "Payload bytes (rollout JSON and id) in the results stream.",
+        [({"namespace": ns}, s.results_stream_bytes)],
+    )
+    if s.results_oldest_age_seconds is not None:
+        metric(
+            "rollq_results_oldest_age_seconds",
+            "gauge",
+            "Age of the oldest entry in the results stream.",
+            [({"namespace": ns}, s.results_oldest_age_seconds)],
+        )
+    metric(
+        "rollq_results_lost_total",
+        "counter",
+        "Rollouts the hard byte limit trimmed before a consumer group got them, by group.",
+        [({"namespace": ns, "group": g["name"]}, g["lost"]) for g in s.consumer_groups],
+    )
     outcomes = []
     for key, value in sorted(s.counters.items()):
         status, sep, mode = key.partition(":")

@@ -5,12 +5,12 @@ from __future__ import annotations
 import time
 from collections import Counter
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import redis
 from rq.worker import Worker
 
-from rollq.store.keys import REQUEUED_PREFIX, Keys, TaskField, parse_inflight_member
+from rollq.store.keys import REQUEUED_PREFIX, Keys, StatsField, TaskField, parse_inflight_member
 
 
 @dataclass
@@ -28,6 +28,8 @@ class Snapshot:
     superseded: int
     requeued: dict[str, int]
     results_stream_length: int
+    results_stream_bytes: int  # payload bytes (rollout JSON + id); Redis memory is about 1.1-1.3x this
+    results_oldest_age_seconds: float | None
     consumer_groups: list[dict[str, Any]]
     resource_versions: list[str]
     latest_resources: str | None
@@ -43,10 +45,25 @@ def _groups(connection: redis.Redis, keys: Keys) -> list[dict[str, Any]]:
         groups = connection.xinfo_groups(keys.results)
     except redis.ResponseError:  # no stream yet
         return []
+    lost = {k.decode(): v.decode() for k, v in cast(dict[bytes, bytes], connection.hgetall(keys.results_trim)).items()}
     return [
-        {"name": g["name"].decode(), "pending": g["pending"], "lag": g.get("lag"), "consumers": g["consumers"]}
+        {
+            "name": name,
+            "pending": g["pending"],
+            "lag": g.get("lag"),
+            "consumers": g["consumers"],
+            "lost": int(lost.get(f"count:{name}", 0)),  # trimmed by the hard byte limit before the group got them
+            "lost_from": lost.get(f"from:{name}"),
+        }
         for g in groups
+        for name in [g["name"].decode()]
     ]
+
+
+def _oldest_age(connection: redis.Redis, keys: Keys, now: float) -> float | None:
+    # Reads one entry: an O(1) look at the head of the stream (XINFO STREAM would send the newest entry too).
+    first = cast(list[Any], connection.xrange(keys.results, count=1))
+    return max(0.0, now - int(first[0][0].split(b"-")[0]) / 1000) if first else None
 
 
 def snapshot(connection: redis.Redis, keys: Keys, now: float | None = None) -> Snapshot:
@@ -89,12 +106,21 @@ def snapshot(connection: redis.Redis, keys: Keys, now: float | None = None) -> S
             k.removeprefix(REQUEUED_PREFIX): int(v) for k, v in counters.items() if k.startswith(REQUEUED_PREFIX)
         },
         results_stream_length=int(xlen),
+        results_stream_bytes=int(counters.get(StatsField.RESULTS_BYTES, 0)) if xlen else 0,
+        results_oldest_age_seconds=_oldest_age(connection, keys, now),
         consumer_groups=_groups(connection, keys),
         resource_versions=[v.decode() for v in versions],
         latest_resources=latest.decode() if latest else None,
         workers=workers,
         counters=counters,
     )
+
+
+def _size(n: int) -> str:
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n} bytes"
 
 
 def render_text(s: Snapshot) -> str:
@@ -114,10 +140,14 @@ def render_text(s: Snapshot) -> str:
         f"  dead-letter       {s.dead_letter}",
         f"  superseded        {s.superseded}",
         f"  requeued          {', '.join(f'{k}: {v}' for k, v in sorted(s.requeued.items())) or 0}",
-        f"  results stream    {s.results_stream_length} entries",
+        f"  results stream    {s.results_stream_length} entries, {_size(s.results_stream_bytes)}"
+        + (f", oldest {s.results_oldest_age_seconds:.0f}s old" if s.results_oldest_age_seconds is not None else ""),
     ]
     for g in s.consumer_groups:
-        lines.append(f"    group {g['name']}: lag {g['lag']}, pending {g['pending']}, {g['consumers']} consumer(s)")
+        lines.append(
+            f"    group {g['name']}: lag {g['lag']}, pending {g['pending']}, {g['consumers']} consumer(s)"
+            + (f", lost {g['lost']} to trimming from {g['lost_from']}" if g["lost"] else "")
+        )
     lines.append(f"  resources         {', '.join(s.resource_versions) or 'none'} (latest {s.latest_resources or '-'})")
     lines.append(f"  workers           {len(s.workers)}")
     for w in s.workers:

@@ -17,7 +17,7 @@ from rollq.store.keys import DEFAULT_NAMESPACE, Keys, job_id
 from rollq.store.reaper import ReapReport, reap
 from rollq.store.records import read_record, read_records
 from rollq.store.resources import ResourceStore
-from rollq.store.transitions import Enqueued, Lifecycle
+from rollq.store.transitions import DEFAULT_RESULTS_MAX_BYTES, Enqueued, Lifecycle
 
 from .results import ResultReader, wait
 
@@ -43,6 +43,7 @@ class Producer:
         *,
         policy: RolloutPolicy | None = None,
         results_maxlen: int = 100_000,
+        results_max_bytes: int = DEFAULT_RESULTS_MAX_BYTES,
         keep_versions: int = 10,
         max_task_bytes: int = 1024 * 1024,
     ) -> None:
@@ -51,7 +52,7 @@ class Producer:
         self.policy = policy or RolloutPolicy()
         self.results_maxlen = results_maxlen
         self.max_task_bytes = max_task_bytes
-        self.lifecycle = Lifecycle(connection, self.keys)
+        self.lifecycle = Lifecycle(connection, self.keys, results_max_bytes=results_max_bytes)
         self.resources = ResourceStore(connection, self.keys, keep_versions=keep_versions)
 
     @classmethod

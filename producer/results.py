@@ -13,14 +13,15 @@ import os
 import socket
 import time
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from typing import Any, cast
 
 import redis
 
 from rollq.models.contract import Rollout
-from rollq.models.errors import InvalidTaskError, RolloutTimeoutError, RolloutTrimmedError
+from rollq.models.errors import InvalidTaskError, RolloutsTrimmedError, RolloutTimeoutError, RolloutTrimmedError
 from rollq.models.outcomes import failed_rollout
-from rollq.store.keys import Keys, StreamField, TaskField
+from rollq.store.connection import Outage, unrecoverable
+from rollq.store.keys import TRIMMED_TO, Keys, StreamField, TaskField
 from rollq.store.reaper import reap
 from rollq.store.transitions import Lifecycle
 
@@ -42,6 +43,40 @@ def _parse(fields: dict[bytes, bytes]) -> Rollout:
         return failed_rollout(rid, attempt=0, worker="", error=error)
 
 
+def _stream_id(entry_id: bytes) -> tuple[int, int]:
+    ms, _, seq = entry_id.partition(b"-")
+    return int(ms), int(seq or 0)
+
+
+class _Collected:
+    """What ``wait`` has so far: rollouts found, ids trimmed, ids still missing."""
+
+    def __init__(self, wanted: list[str]) -> None:
+        self.wanted = wanted
+        self.found: dict[str, Rollout] = {}
+        self.trimmed: list[str] = []
+        self.missing = set(wanted)
+
+    def check_records(self, connection: redis.Redis, keys: Keys) -> int:
+        """Look up the missing ids' task records: an ended task's rollout is read by its entry id, or found
+        trimmed. Returns how many were settled."""
+        ids = [rid for rid in self.wanted if rid in self.missing]
+        pipe = connection.pipeline(transaction=False)
+        for rid in ids:
+            pipe.hget(keys.task(rid), TaskField.RESULT)
+        ended = {rid: entry_id for rid, entry_id in zip(ids, pipe.execute(), strict=True) if entry_id}
+        pipe = connection.pipeline(transaction=False)
+        for entry_id in ended.values():
+            pipe.xrange(keys.results, min=entry_id, max=entry_id)
+        for rid, entries in zip(ended, pipe.execute(), strict=True):
+            if entries:
+                self.found[rid] = _parse(entries[0][1])
+            else:
+                self.trimmed.append(rid)
+            self.missing.discard(rid)
+        return len(ended)
+
+
 def wait(
     lifecycle: Lifecycle,
     rollout_ids: Sequence[str],
@@ -52,58 +87,68 @@ def wait(
 ) -> list[Rollout]:
     """The rollouts of ``rollout_ids`` in that order, blocking on the stream until all are in.
 
-    Raises :class:`RolloutTimeoutError` listing the missing ids after ``timeout`` seconds.
-    ``on_progress(n)`` is called as ``n`` more rollouts arrive.
+    Raises :class:`RolloutTimeoutError` listing the missing ids after ``timeout``
+    seconds, and :class:`RolloutTrimmedError` (with the rollouts received) when
+    every task ended but some rollouts were trimmed from the stream before they
+    were read. Redis outages are ridden out up to ``timeout``. ``on_progress(n)``
+    is called as ``n`` more ids are settled.
     """
     connection, keys = lifecycle.connection, lifecycle.keys
     deadline = time.monotonic() + timeout
-    wanted = list(dict.fromkeys(rollout_ids))
-    # The cursor is read before the records: whatever is published after this
-    # point is read from the stream, whatever before it is found via its record.
-    pipe = connection.pipeline(transaction=False)
-    pipe.xrevrange(keys.results, count=1)
-    for rid in wanted:
-        pipe.hget(keys.task(rid), TaskField.RESULT)
-    last, *entry_ids = pipe.execute()
-    cursor = last[0][0] if last else b"0-0"
-    found = _fetch_known(connection, keys, {rid: eid for rid, eid in zip(wanted, entry_ids, strict=True) if eid})
-    if on_progress and found:
-        on_progress(len(found))
-    missing = {rid for rid in wanted if rid not in found}
+    got = _Collected(list(dict.fromkeys(rollout_ids)))
+    cursor: bytes | None = None
+    trim_seen: bytes | None = None
+    outage = Outage("wait")
     next_reap = time.monotonic() + REAP_EVERY_SECONDS
-    while missing:
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            raise RolloutTimeoutError([rid for rid in wanted if rid in missing], timeout)
-        block_ms = max(1, int(min(remaining, REAP_EVERY_SECONDS) * 1000))
-        reply: Any = connection.xread({keys.results: cursor}, count=1000, block=block_ms)
-        arrived = 0
-        for _, entries in reply or []:
-            for entry_id, fields in entries:
-                cursor = entry_id
-                rid = fields[StreamField.ROLLOUT_ID.encode()].decode()
-                if rid in missing:
-                    found[rid] = _parse(fields)
-                    missing.discard(rid)
-                    arrived += 1
-        if on_progress and arrived:
-            on_progress(arrived)
-        if time.monotonic() >= next_reap:
-            reap(lifecycle, results_maxlen=results_maxlen, within=REAP_EVERY_SECONDS)
-            next_reap = time.monotonic() + REAP_EVERY_SECONDS
-    return [found[rid] for rid in wanted]
-
-
-def _fetch_known(connection: redis.Redis, keys: Keys, entry_ids: dict[str, bytes]) -> dict[str, Rollout]:
-    pipe = connection.pipeline(transaction=False)
-    for entry_id in entry_ids.values():
-        pipe.xrange(keys.results, min=entry_id, max=entry_id)
-    found: dict[str, Rollout] = {}
-    for rid, entries in zip(entry_ids, pipe.execute(), strict=True):
-        if not entries:
-            raise RolloutTrimmedError(rid)
-        found[rid] = _parse(entries[0][1])
-    return found
+    while True:
+        settled = 0
+        try:
+            if cursor is None:
+                # The cursor is read before the records: whatever is published after this
+                # point is read from the stream, whatever before it is found via its record.
+                last: Any = connection.xrevrange(keys.results, count=1)
+                cursor = last[0][0] if last else b"0-0"
+                settled += got.check_records(connection, keys)
+            remaining = deadline - time.monotonic()
+            if got.missing and remaining <= 0:
+                settled += got.check_records(connection, keys)
+                if got.missing:
+                    raise RolloutTimeoutError([r for r in got.wanted if r in got.missing], timeout, got.trimmed)
+            if not got.missing:
+                break
+            block_ms = max(1, int(min(remaining, REAP_EVERY_SECONDS) * 1000))
+            reply: Any = connection.xread({keys.results: cursor}, count=1000, block=block_ms)
+            for _, entries in reply or []:
+                for entry_id, fields in entries:
+                    cursor = entry_id
+                    rid = fields[StreamField.ROLLOUT_ID.encode()].decode()
+                    if rid in got.missing:
+                        got.found[rid] = _parse(fields)
+                        got.missing.discard(rid)
+                        settled += 1
+            # Entries past the cursor trimmed before this reader got to them: their records say how they ended.
+            trimmed_to: Any = connection.hget(keys.results_trim, TRIMMED_TO)
+            if trimmed_to and trimmed_to != trim_seen and _stream_id(trimmed_to) > _stream_id(cursor):
+                trim_seen = trimmed_to
+                settled += got.check_records(connection, keys)
+            if time.monotonic() >= next_reap:
+                reap(lifecycle, results_maxlen=results_maxlen, within=REAP_EVERY_SECONDS)
+                next_reap = time.monotonic() + REAP_EVERY_SECONDS
+            outage.over()
+        except (redis.ConnectionError, redis.TimeoutError) as exc:
+            try:
+                outage.failed(exc, deadline)
+            except (redis.ConnectionError, redis.TimeoutError):
+                if unrecoverable(exc) is not None:
+                    raise
+                error = RolloutTimeoutError([r for r in got.wanted if r in got.missing], timeout, got.trimmed)
+                error.add_note(f"Redis has been unreachable for {time.monotonic() - (outage.since or 0):.0f}s: {exc}")
+                raise error from exc
+        if on_progress and settled:
+            on_progress(settled)
+    if got.trimmed:
+        raise RolloutTrimmedError(got.trimmed, got.found)
+    return [got.found[rid] for rid in got.wanted]
 
 
 def default_consumer_name() -> str:
@@ -118,6 +163,11 @@ class ResultReader:
     next batch or the loop ends; if the process dies before that, another reader
     of the group claims them after ``claim_idle_seconds`` (at-least-once).
     Iteration stops after ``idle_timeout`` seconds with nothing new (None: never).
+
+    Trimming never removes an entry the group still needs, unless the stream hits
+    its hard byte limit; then the reader raises :class:`RolloutsTrimmedError` (once
+    per loss) saying how many it lost and from which entry on; iterating again
+    goes on with what is left.
     """
 
     def __init__(
@@ -142,13 +192,18 @@ class ResultReader:
         self._start = start
         self._unacked: list[bytes] = []
         self._next_claim_check = 0.0
+        self._reported_lost = 0
+        self._group_ready = False
 
     def _ensure_group(self) -> None:
+        if self._group_ready:
+            return
         try:
             self.connection.xgroup_create(self.keys.results, self.group, id=self._start, mkstream=True)
         except redis.ResponseError as exc:
             if "BUSYGROUP" not in str(exc):
                 raise
+        self._group_ready = True
 
     def _ack(self) -> None:
         if self._unacked:
@@ -169,8 +224,20 @@ class ResultReader:
             log.info("took over %d rollout(s) a dead reader of group %r left unacknowledged", len(entries), self.group)
         return entries
 
+    def _check_lost(self) -> None:
+        count, from_id = cast(
+            list[bytes | None],
+            self.connection.hmget(self.keys.results_trim, [f"count:{self.group}", f"from:{self.group}"]),
+        )
+        lost = int(count or 0)
+        if lost > self._reported_lost:
+            new = lost - self._reported_lost
+            self._reported_lost = lost
+            raise RolloutsTrimmedError(self.group, new, (from_id or b"?").decode())
+
     def _next_batch(self, block_ms: int) -> list[tuple[bytes, dict[bytes, bytes]]]:
         k = self.keys
+        self._check_lost()
         # Our own unacknowledged entries first (a restart under the same name), then those of dead readers.
         mine: Any = self.connection.xreadgroup(self.group, self.consumer, {k.results: "0"}, count=self.batch)
         entries = [e for _, es in mine or [] for e in es if e[1]] or self._claim_abandoned()
@@ -182,13 +249,20 @@ class ResultReader:
         return [e for _, es in new or [] for e in es]
 
     def __iter__(self) -> Iterator[Rollout]:
-        self._ensure_group()
+        outage = Outage(f"reader {self.consumer} of group {self.group!r}")
         idle_since = time.monotonic()
         try:
             while True:
-                self._ack()
-                block_s = 1.0 if self.idle_timeout is None else max(0.001, min(1.0, self.idle_timeout))
-                entries = self._next_batch(int(block_s * 1000))
+                try:
+                    self._ensure_group()
+                    self._ack()
+                    block_s = 1.0 if self.idle_timeout is None else max(0.001, min(1.0, self.idle_timeout))
+                    entries = self._next_batch(int(block_s * 1000))
+                    outage.over()
+                except (redis.ConnectionError, redis.TimeoutError) as exc:
+                    # An outage counts as idle time: the reader gives up only where it would with Redis up.
+                    outage.failed(exc, None if self.idle_timeout is None else idle_since + self.idle_timeout)
+                    continue
                 if not entries:
                     if self.idle_timeout is not None and time.monotonic() - idle_since >= self.idle_timeout:
                         entries = self._claim_abandoned(force=True)
@@ -201,4 +275,8 @@ class ResultReader:
                     self._unacked.append(entry_id)
                     yield _parse(fields)
         finally:
-            self._ack()
+            try:
+                self._ack()
+            except (redis.ConnectionError, redis.TimeoutError) as exc:
+                # Not acknowledged: another reader takes them over after claim_idle_seconds.
+                log.warning("could not acknowledge %d rollout(s): %s", len(self._unacked), exc)

@@ -9,9 +9,13 @@ of that name in the process. With no URL, ``ROLLQ_REDIS_URL`` is used, then
 
 from __future__ import annotations
 
+import logging
 import os
 import re
+import ssl
 import threading
+import time
+from collections.abc import Iterator
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -19,6 +23,8 @@ import fakeredis
 import redis
 from redis.backoff import ExponentialBackoff
 from redis.retry import Retry
+
+log = logging.getLogger(__name__)
 
 _MEMORY_SERVERS: dict[str, fakeredis.FakeServer] = {}
 _MEMORY_LOCK = threading.Lock()
@@ -32,18 +38,97 @@ _RETRIES = 12
 _BACKOFF_CAP_SECONDS = 2.0
 
 
-class _Retry(Retry):
-    """Retry connection errors with backoff, but not a refused password.
+# TLS failures that say the configuration is wrong, not that the network is: OpenSSL's reason codes.
+_TLS_SETUP_REASONS = frozenset(
+    {
+        "CERTIFICATE_VERIFY_FAILED",
+        "WRONG_VERSION_NUMBER",  # rediss:// against a port that does not speak TLS
+        "UNKNOWN_PROTOCOL",
+        "TLSV1_ALERT_UNKNOWN_CA",  # the server does not trust our client certificate
+        "SSLV3_ALERT_BAD_CERTIFICATE",
+        "SSLV3_ALERT_CERTIFICATE_UNKNOWN",
+        "TLSV13_ALERT_CERTIFICATE_REQUIRED",
+        "NO_PROTOCOLS_AVAILABLE",
+        "UNSUPPORTED_PROTOCOL",
+    }
+)
 
-    redis-py files AuthenticationError under ConnectionError; waiting will not
-    fix a wrong password, so the caller hears at once instead of after ~20 s.
+
+def _causes(error: BaseException) -> Iterator[BaseException]:
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        yield current
+        current = current.__cause__ or current.__context__
+
+
+def unrecoverable(error: BaseException) -> str | None:
+    """Why retrying cannot fix ``error``, or None when it may be an outage worth riding out.
+
+    A refused password, a TLS certificate that does not verify (or a TLS
+    handshake the configuration rules out), and a peer that does not speak the
+    Redis protocol are configuration errors: redis-py reports the TLS ones as
+    ConnectionError, like a network failure, so they are told apart by cause.
+    """
+    for cause in _causes(error):
+        if isinstance(cause, redis.AuthenticationError):
+            return "Redis refused the credentials"
+        if isinstance(cause, ssl.SSLCertVerificationError):
+            return "the server's TLS certificate did not verify"
+        if isinstance(cause, ssl.SSLError) and getattr(cause, "reason", None) in _TLS_SETUP_REASONS:
+            return f"the TLS handshake failed ({cause.reason})"
+        if isinstance(cause, redis.exceptions.InvalidResponse):
+            return "the server does not speak the Redis protocol"
+    return None
+
+
+class _Retry(Retry):
+    """Retry connection errors with backoff, but not those retrying cannot fix (see :func:`unrecoverable`).
+
+    Waiting will not fix a wrong password or a certificate that does not
+    verify, so the caller hears at once instead of after ~20 s.
     """
 
     def call_with_retry(self, do: Any, fail: Any, is_retryable: Any = None, with_failure_count: bool = False) -> Any:
         def retryable(error: Exception) -> bool:
-            return not isinstance(error, redis.AuthenticationError) and (is_retryable is None or is_retryable(error))
+            return unrecoverable(error) is None and (is_retryable is None or is_retryable(error))
 
         return super().call_with_retry(do, fail, retryable, with_failure_count)
+
+
+class Outage:
+    """Rides out a Redis outage for a loop that has its own deadline: backoff, one log line per outage.
+
+    Call :meth:`failed` from the loop's ``except`` for connection errors (it sleeps,
+    or re-raises when the error is not an outage or the deadline has passed) and
+    :meth:`over` after each step that reached Redis.
+    """
+
+    def __init__(self, what: str) -> None:
+        self.what = what
+        self.since: float | None = None
+        self._delay = 0.1
+
+    def failed(self, error: Exception, deadline: float | None) -> None:
+        """Sleep before the next try; re-raise ``error`` if retrying cannot fix it or ``deadline`` (monotonic)
+        has passed."""
+        if unrecoverable(error) is not None:
+            raise error
+        now = time.monotonic()
+        if self.since is None:
+            self.since = now
+            log.warning("%s: Redis unreachable (%s); reconnecting until it is back", self.what, error)
+        if deadline is not None and now >= deadline:
+            raise error
+        time.sleep(self._delay if deadline is None else max(0.0, min(self._delay, deadline - now)))
+        self._delay = min(self._delay * 2, _BACKOFF_CAP_SECONDS)
+
+    def over(self) -> None:
+        """The last step reached Redis: log the end of an outage, if there was one."""
+        if self.since is not None:
+            log.warning("%s: Redis is back after %.1fs", self.what, time.monotonic() - self.since)
+            self.since, self._delay = None, 0.1
 
 
 def resolve_url(url: str | None = None) -> str:
@@ -60,7 +145,7 @@ def memory_server(name: str = "") -> fakeredis.FakeServer:
 
 
 def retry_policy(retries: int = _RETRIES) -> Retry:
-    """Backoff (capped at 2 s) on connection errors and timeouts, not on a refused password.
+    """Backoff (capped at 2 s) on connection errors and timeouts, not on errors retrying cannot fix.
 
     ``retries=-1`` retries until Redis answers.
     """

@@ -11,6 +11,7 @@ job that names another function, without importing anything.
 
 from __future__ import annotations
 
+import logging
 import math
 import zlib
 from typing import Any
@@ -23,6 +24,8 @@ from rq.serializers import JSONSerializer
 from rq.utils import now
 
 from rollq.models.errors import InvalidTaskError
+
+log = logging.getLogger(__name__)
 
 ROLLOUT_FUNC = "rollq.worker.jobs.run_rollout"
 
@@ -54,11 +57,6 @@ def rq_intermediate_key(queue_key: str) -> str:
 def rq_job_key(job_id: str) -> str:
     """RQ's hash for one job."""
     return Job.redis_job_namespace_prefix + job_id
-
-
-def fetch_jobs(connection: redis.Redis, job_ids: list[str]) -> list[Job | None]:
-    """The jobs of ``job_ids`` (None where a hash is gone), decoded with the JSON serializer, in one round trip."""
-    return Job.fetch_many(job_ids, connection=connection, serializer=JSONSerializer)
 
 
 class JobTemplate:
@@ -123,6 +121,51 @@ def rollout_id_of(job: Job) -> str:
     return args[0]
 
 
+class RollqJob(Job):
+    """RQ's Job with every path from job-hash data to code closed; the job class of rollq workers.
+
+    RQ imports and calls the functions a job hash names: ``failure_callback_name``
+    when its registry clean-up finds an abandoned job (at every worker start-up),
+    ``success_callback_name`` and ``stopped_callback_name`` around a job, and the
+    job's own function; it also posts to the ``webhooks`` URLs a hash lists.
+    Anyone who can write to Redis could pick those. rollq sets none of them, so a
+    rollq worker reads none of them: the callbacks are always None, the webhooks
+    always empty, and the function is never loaded (the worker runs its agent).
+    """
+
+    @property
+    def func(self) -> Any:
+        raise InvalidTaskError(f"job {self.id}: rollq never imports a job's function (it names {self.func_name!r})")
+
+    @property
+    def success_callback(self) -> None:
+        return None
+
+    @property
+    def failure_callback(self) -> None:
+        return None
+
+    @property
+    def stopped_callback(self) -> None:
+        return None
+
+    def restore(self, raw_data: Any) -> None:
+        super().restore(raw_data)
+        named = [
+            name
+            for name in (self._success_callback_name, self._failure_callback_name, self._stopped_callback_name)
+            if name
+        ]
+        if named or self.webhooks:
+            log.warning(
+                "job %s names callbacks %s and %d webhook(s); rollq ignores them (nothing in Redis selects code)",
+                self.id,
+                named,
+                len(self.webhooks),
+            )
+        self.webhooks = []
+
+
 def read_rollq_jobs(connection: redis.Redis, job_ids: list[str]) -> dict[str, Job | InvalidTaskError | None]:
     """Each of ``job_ids`` as a Job if it is a well-formed rollq job, else the InvalidTaskError saying why, or None
     when it has no hash; in one round trip.
@@ -139,7 +182,7 @@ def read_rollq_jobs(connection: redis.Redis, job_ids: list[str]) -> dict[str, Jo
         if not raw:
             found[job_id] = None
             continue
-        job = Job(job_id, connection=connection, serializer=JSONSerializer)
+        job = RollqJob(job_id, connection=connection, serializer=JSONSerializer)
         try:
             job.restore(raw)
             job.get_status(refresh=False)

@@ -57,6 +57,13 @@ class Keys:
         return f"{self._tag}:results"
 
     @property
+    def results_trim(self) -> str:
+        """Hash of what trimming did to the results stream: ``trimmed-to`` (the first entry id the last trim
+        kept), and per consumer group the entries trimmed before it got them: ``count:<group>``,
+        ``from:<group>`` (the first lost entry id)."""
+        return f"{self._tag}:results-trim"
+
+    @property
     def superseded(self) -> str:
         """Stream of results that arrived from an attempt that was no longer current."""
         return f"{self._tag}:superseded"
@@ -172,6 +179,7 @@ class TaskField(StrEnum):
     WORKER = "worker"  # the worker of the current (or last) attempt
     RESULT = "result"  # the results-stream entry id of the outcome
     ENDED = "ended"
+    GENERATION = "generation"  # 1 for the first run; each dead-letter requeue adds one (absent: 1)
 
 
 class StreamField(StrEnum):
@@ -188,7 +196,11 @@ class StatsField(StrEnum):
 
     SUPERSEDED = "superseded"
     DURATION_SUM = "duration:sum"
+    RESULTS_BYTES = "results:bytes"  # payload bytes (rollout JSON + rollout id) on the results stream
 
+
+TRIMMED_TO = "trimmed-to"
+"""The field of :attr:`Keys.results_trim` holding the first entry id the last trim kept."""
 
 REQUEUED_PREFIX = "requeued:"
 DURATION_PREFIX = "duration:"
@@ -241,6 +253,8 @@ def lua_header() -> str:
             f"local F = {table(TaskField)}",
             f"local S = {table(StreamField)}",
             f"local STATS_SUPERSEDED, STATS_DURATION_SUM = '{StatsField.SUPERSEDED}', '{StatsField.DURATION_SUM}'",
+            f"local STATS_RESULTS_BYTES = '{StatsField.RESULTS_BYTES}'",
+            f"local TRIMMED_TO = '{TRIMMED_TO}'",
             f"local function member(rid, attempt) return rid .. '{_MEMBER_SEPARATOR}' .. attempt end",
             "local function outcome_stat(status, mode) return status .. ':' .. (mode or '') end",
             f"local function requeue_stat(reason) return '{REQUEUED_PREFIX}' .. reason end",

@@ -114,7 +114,15 @@ def _reap_stale(lifecycle: Lifecycle, clock: Clock, *, results_maxlen: int, limi
             f"on attempt {attempt} of {record.policy.max_attempts}"
         )
         _fail(
-            lifecycle, rid, attempt, record.worker or "", error, results_maxlen=results_maxlen, now=now, report=report
+            lifecycle,
+            rid,
+            attempt,
+            record.worker or "",
+            error,
+            results_maxlen=results_maxlen,
+            now=now,
+            report=report,
+            generation=record.generation,
         )
 
 
@@ -128,8 +136,9 @@ def _fail(
     results_maxlen: int,
     now: float,
     report: ReapReport,
+    generation: int = 1,
 ) -> None:
-    rollout = failed_rollout(rid, attempt=attempt, worker=worker, error=error)
+    rollout = failed_rollout(rid, attempt=attempt, worker=worker, error=error, generation=generation)
     outcome = lifecycle.finish(
         rid,
         attempt,

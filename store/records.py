@@ -47,6 +47,7 @@ _FIELDS = (
     TaskField.WORKER,
     TaskField.ATTEMPTS,
     TaskField.RESULT,
+    TaskField.GENERATION,
 )
 
 
@@ -78,14 +79,16 @@ class TaskRecord:
     attempts_used: int
     worker: str | None
     result_id: str | None
+    generation: int = 1
 
     @classmethod
     def parse(cls, rollout_id: str, values: list[bytes | None]) -> TaskRecord:
         """The record from its fields; :class:`InvalidTaskError` naming the field that is not what rollq wrote."""
-        task_json, policy_json, state, claims, last_claim, attempt, worker, used, result = values
+        task_json, policy_json, state, claims, last_claim, attempt, worker, used, result, generation = values
         if task_json is None or policy_json is None:
             raise InvalidTaskError(f"task {rollout_id} has no {TaskField.POLICY if task_json else TaskField.TASK}")
         named = {TaskField.CLAIMS: claims, TaskField.ATTEMPT: attempt, TaskField.ATTEMPTS: used}
+        named[TaskField.GENERATION] = generation or b"1"
         try:
             numbers = {field: int(raw or 0) for field, raw in named.items()}
             claimed_at = float(last_claim) if last_claim else None
@@ -103,6 +106,7 @@ class TaskRecord:
             attempts_used=numbers[TaskField.ATTEMPTS],
             worker=worker.decode() if worker else None,
             result_id=result.decode() if result else None,
+            generation=numbers[TaskField.GENERATION],
         )
 
 

@@ -115,6 +115,7 @@ class Claim:
     latest_resources_id: str | None
     attempts_used: int
     claimed_at: float  # Redis's time
+    generation: int = 1  # which run of the task: 1, then one more per dead-letter requeue
 
 
 @dataclass(frozen=True)
@@ -126,11 +127,22 @@ class ClaimRefused:
     state: str = ""
 
 
+DEFAULT_RESULTS_MAX_BYTES = 1024**3
+"""The results stream's hard byte limit (payload bytes); routine trimming keeps it under half of this."""
+
+# Libraries of Lua functions put before a script (after the header).
+_LIBRARIES = {"finish": ("trim_results",), "reject": ("trim_results",)}
+
+
+def _file(name: str) -> str:
+    return package_files.files("rollq.store").joinpath("lua", f"{name}.lua").read_text()
+
+
 @functools.cache
 def script_source(name: str) -> str:
     """The source of ``store/lua/<name>.lua`` as Redis receives it."""
     # Every script starts with the generated names of fields and formats (see keys.lua_header).
-    return lua_header() + package_files.files("rollq.store").joinpath("lua", f"{name}.lua").read_text()
+    return lua_header() + "".join(_file(lib) + "\n" for lib in _LIBRARIES.get(name, ())) + _file(name)
 
 
 def _load(connection: redis.Redis, name: str) -> Script:
@@ -138,11 +150,17 @@ def _load(connection: redis.Redis, name: str) -> Script:
 
 
 class Lifecycle:
-    """The transitions for one namespace, over one connection."""
+    """The transitions for one namespace, over one connection.
 
-    def __init__(self, connection: redis.Redis, keys: Keys) -> None:
+    ``results_max_bytes`` is the results stream's hard byte limit (see :meth:`finish`).
+    """
+
+    def __init__(
+        self, connection: redis.Redis, keys: Keys, *, results_max_bytes: int = DEFAULT_RESULTS_MAX_BYTES
+    ) -> None:
         self.connection = connection
         self.keys = keys
+        self.results_max_bytes = results_max_bytes
         self._enqueue = _load(connection, "enqueue")
         self._claim = _load(connection, "claim")
         self._finish = _load(connection, "finish")
@@ -198,8 +216,10 @@ class Lifecycle:
         )
         if reply[0] != b"claimed":
             return ClaimRefused(reply[0].decode(), reply[1].decode() if len(reply) > 1 else "")  # type: ignore[arg-type]
-        _, attempt, task_json, policy_json, latest, used, claimed_at = reply
-        return Claim(int(attempt), task_json, policy_json, latest.decode() or None, int(used), float(claimed_at))
+        _, attempt, task_json, policy_json, latest, used, claimed_at, generation = reply
+        return Claim(
+            int(attempt), task_json, policy_json, latest.decode() or None, int(used), float(claimed_at), int(generation)
+        )
 
     def reject(
         self, rollout_id: str, job_id: str, rollout_json: str, *, results_maxlen: int, now: float
@@ -208,8 +228,8 @@ class Lifecycle:
         that stands for the task) may. :class:`Superseded` when the task no longer waits for that job."""
         k = self.keys
         reply = self._reject(
-            keys=[k.task(rollout_id), k.results, k.dead_letter, k.stats, k.resources_refs],
-            args=[rollout_id, job_id, rollout_json, results_maxlen, now],
+            keys=[k.task(rollout_id), k.results, k.dead_letter, k.stats, k.resources_refs, k.results_trim],
+            args=[rollout_id, job_id, rollout_json, results_maxlen, now, self.results_max_bytes],
         )
         return Published(reply[1].decode()) if reply[0] == b"published" else _SUPERSEDED
 
@@ -227,7 +247,11 @@ class Lifecycle:
         keep_seconds: int = 0,
         stale_before: float | None = None,
     ) -> FinishReply:
-        """Publish the final rollout if ``attempt`` is still current.
+        """Publish the final rollout if ``attempt`` is still current, and keep the results stream in its bounds.
+
+        ``results_maxlen`` entries and half of ``results_max_bytes`` are the routine
+        bounds, which never trim an entry a consumer group still needs;
+        ``results_max_bytes`` (of the lifecycle) is the hard limit (see ``lua/trim_results.lua``).
 
         :class:`Superseded` when it is not (the rollout is kept on the superseded
         stream instead); :class:`StillAlive` when ``stale_before`` is given and the
@@ -235,7 +259,16 @@ class Lifecycle:
         """
         k = self.keys
         reply = self._finish(
-            keys=[k.task(rollout_id), k.inflight, k.results, k.superseded, k.dead_letter, k.resources_refs, k.stats],
+            keys=[
+                k.task(rollout_id),
+                k.inflight,
+                k.results,
+                k.superseded,
+                k.dead_letter,
+                k.resources_refs,
+                k.stats,
+                k.results_trim,
+            ],
             args=[
                 rollout_id,
                 attempt,
@@ -248,6 +281,7 @@ class Lifecycle:
                 "" if duration is None else duration_bucket(duration),
                 keep_seconds,
                 duration or 0,
+                self.results_max_bytes,
             ],
         )
         if reply[0] == b"published":

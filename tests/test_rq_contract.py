@@ -76,11 +76,25 @@ PINNED: dict[str, str] = {
 CLASS_ATTRIBUTES = [
     (Queue, "redis_queue_namespace_prefix"),
     (Queue, "redis_queues_keys"),
+    (Queue, "job_class"),
     (rq.job.Job, "redis_job_namespace_prefix"),
     (SimpleWorker, "dequeue_timeout"),
     (rq.job.Job, "dependency_ids"),
 ]
-WORKER_ATTRIBUTES = ["execution", "_stop_requested", "_state", "last_heartbeat", "default_result_ttl", "queues", "log"]
+# RollqJob replaces these properties (RQ imports the names they read); they must still be what RQ calls.
+JOB_PROPERTIES = ["func", "success_callback", "failure_callback", "stopped_callback"]
+# ... and reads these, set by RQ's Job constructor and restore().
+JOB_ATTRIBUTES = ["_success_callback_name", "_failure_callback_name", "_stopped_callback_name", "webhooks"]
+WORKER_ATTRIBUTES = [
+    "execution",
+    "_stop_requested",
+    "_state",
+    "last_heartbeat",
+    "default_result_ttl",
+    "queues",
+    "log",
+    "job_class",
+]
 
 
 def _resolve(name: str) -> Any:
@@ -132,6 +146,16 @@ def test_rq_worker_attributes_rollq_reads_are_set_by_its_constructor() -> None:
     worker = SimpleWorker(["q"], connection=fakeredis.FakeRedis())
     missing = [a for a in WORKER_ATTRIBUTES if not hasattr(worker, a)]
     assert not missing
+
+
+@pytest.mark.parametrize("name", JOB_PROPERTIES)
+def test_rq_job_property_rollq_closes_is_still_a_property(name: str) -> None:
+    assert isinstance(rq.job.Job.__dict__.get(name), property)
+
+
+def test_rq_job_attributes_rollq_reads_are_set_by_its_constructor() -> None:
+    job = rq.job.Job(connection=fakeredis.FakeRedis())
+    assert [a for a in JOB_ATTRIBUTES if not hasattr(job, a)] == []
 
 
 def test_render_notices_a_changed_default() -> None:

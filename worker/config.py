@@ -8,6 +8,10 @@ from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from rollq.store.jobs import DEFAULT_RESULT_TTL
+from rollq.store.transitions import DEFAULT_RESULTS_MAX_BYTES
+
+# The results stream's byte budget must hold at least this many of the largest rollouts allowed.
+_ROLLOUTS_PER_BUDGET = 16
 
 
 @dataclass(frozen=True)
@@ -30,9 +34,11 @@ class WorkerSettings:
     heartbeat_seconds: float = 5.0
     """How often in-flight attempts heartbeat and this worker runs the reaper."""
     results_maxlen: int = 100_000
-    """Approximate bound of the results stream (XADD MAXLEN ~)."""
+    """Entries the results stream is trimmed to, never past what a consumer group still needs."""
+    results_max_bytes: int = DEFAULT_RESULTS_MAX_BYTES
+    """Hard limit of the results stream's payload bytes; routine trimming keeps it under half of this."""
     max_result_bytes: int = 8 * 1024 * 1024
-    """A rollout whose JSON is larger is replaced by a failed rollout saying so."""
+    """A rollout whose JSON is larger is replaced by a failed rollout saying so; at most results_max_bytes / 16."""
     keep_seconds: int = 7 * 24 * 3600
     """How long a succeeded task's record is kept (0 = forever); failed ones stay for the dead-letter list."""
     result_ttl: int = DEFAULT_RESULT_TTL
@@ -43,6 +49,13 @@ class WorkerSettings:
             raise ValueError("concurrency must be at least 1")
         if self.heartbeat_seconds <= 0 or self.grace_seconds < 0:
             raise ValueError("heartbeat_seconds must be > 0 and grace_seconds >= 0")
+        if self.max_result_bytes * _ROLLOUTS_PER_BUDGET > self.results_max_bytes:
+            # Routine trimming keeps half the budget: it must hold a useful number of the largest rollouts.
+            raise ValueError(
+                f"max_result_bytes ({self.max_result_bytes}) must be at most results_max_bytes / "
+                f"{_ROLLOUTS_PER_BUDGET} ({self.results_max_bytes // _ROLLOUTS_PER_BUDGET}): "
+                "lower ROLLQ_MAX_RESULT_BYTES or raise ROLLQ_RESULTS_MAX_BYTES"
+            )
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> WorkerSettings:

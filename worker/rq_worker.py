@@ -51,7 +51,7 @@ from rq.worker import SimpleWorker, WorkerStatus
 from rollq.models.contract import Hook
 from rollq.models.errors import InvalidTaskError
 from rollq.store.connection import retry_policy
-from rollq.store.jobs import read_rollq_jobs, rollout_id_of
+from rollq.store.jobs import RollqJob, read_rollq_jobs, rollout_id_of
 from rollq.store.keys import Keys
 from rollq.store.resources import ResourceStore
 from rollq.store.transitions import Lifecycle
@@ -108,9 +108,15 @@ class RolloutWorker(SimpleWorker):
     ) -> None:
         self._local = threading.local()  # before RQ's __init__, which assigns self.execution
         kwargs["serializer"] = JSONSerializer
+        # RQ's registry clean-up, failure handling and dequeue load jobs with this class: it never imports a
+        # callback, function or webhook a job hash names (see store.jobs.RollqJob).
+        kwargs["job_class"] = RollqJob
         super().__init__(queues, *args, **kwargs)
         if len(self.queues) != 1:
             raise ValueError("a RolloutWorker serves one rollq namespace: name exactly one queue")
+        # `rq worker` builds its Queue objects (and their registries' job class) before the worker.
+        for queue in self.queues:
+            queue.job_class = RollqJob
         self.keys = Keys(self.queues[0].name)
         self.settings = settings or WorkerSettings.from_env()
         # rollq jobs carry no result TTL of their own, so this decides for all of them.
@@ -163,7 +169,7 @@ class RolloutWorker(SimpleWorker):
         for name in ("rollq",):
             setup_loghandlers(level, name=name)
         self.worker_id = int(self.connection.incr(self.keys.worker_seq))
-        lifecycle = Lifecycle(self.connection, self.keys)
+        lifecycle = Lifecycle(self.connection, self.keys, results_max_bytes=self.settings.results_max_bytes)
         self._executor.start()
         # Redis round trips for job bookkeeping overlap on a few threads; more would only contend for the GIL.
         self._bookkeeping = Bookkeeping(min(self.settings.concurrency, 8))

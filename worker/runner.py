@@ -182,13 +182,15 @@ class AgentRunner:
             )
         except InvalidTaskError as error:
             log.error("%s", error)
-            rollout = failed_rollout(rollout_id, attempt=claim.attempt, worker=self.worker_name, error=error)
+            rollout = failed_rollout(
+                rollout_id, attempt=claim.attempt, worker=self.worker_name, error=error, generation=claim.generation
+            )
             return self._publish(rollout_id, claim.attempt, rollout, failed=True, duration=None)
         try:
             resources = self._resources(task, claim)
         except UnknownResourcesError as exc:
             log.error("task %s: %s", rollout_id, exc)
-            rollout = self._stamp(Rollout(rollout_id=rollout_id), claim.attempt, exc)
+            rollout = self._stamp(Rollout(rollout_id=rollout_id), claim, exc)
             return self._publish(rollout_id, claim.attempt, rollout, failed=True, duration=None)
         rollout_trace = self.tracer.start_rollout(rollout_id, claim.attempt)
         self.hooks.rollout_start(task, self, self.tracer, rollout_trace.context)
@@ -234,7 +236,7 @@ class AgentRunner:
             if error is not None:
                 log.error("task %s attempt %d failed: %s: %s", rid, attempt, type(error).__name__, error)
                 rollout = to_rollout(rid, None, spans)
-            rollout = self._stamp(rollout, attempt, error)
+            rollout = self._stamp(rollout, claim, error)
             self.hooks.rollout_end(task, rollout, self, self.tracer, pending.trace.context)
             if error is not None and kind is not None and policy.retries(kind, claim.attempts_used):
                 self.lifecycle.requeue(task, attempt, policy, "retry")
@@ -260,9 +262,16 @@ class AgentRunner:
             return {}
         return self.resources.get(resources_id)
 
-    def _stamp(self, rollout: Rollout, attempt: int, error: BaseException | None) -> Rollout:
+    def _stamp(self, rollout: Rollout, claim: Claim, error: BaseException | None) -> Rollout:
         status = RolloutStatus.FAILED if error is not None else RolloutStatus.SUCCEEDED
-        return stamp(rollout, status=status, attempt=attempt, worker=self.worker_name, error=error)
+        return stamp(
+            rollout,
+            status=status,
+            attempt=claim.attempt,
+            worker=self.worker_name,
+            error=error,
+            generation=claim.generation,
+        )
 
     def _publish(
         self, rollout_id: str, attempt: int, rollout: Rollout, *, failed: bool, duration: float | None
@@ -277,7 +286,10 @@ class AgentRunner:
         if len(data) > self.settings.max_result_bytes:
             error = PayloadTooLargeError(f"rollout {rollout_id}", len(data), self.settings.max_result_bytes)
             log.error("%s; publishing a failed rollout instead", error)
-            data = failed_rollout(rollout_id, attempt=attempt, worker=self.worker_name, error=error).model_dump_json()
+            generation = int(rollout.metadata.get("generation", 1))
+            data = failed_rollout(
+                rollout_id, attempt=attempt, worker=self.worker_name, error=error, generation=generation
+            ).model_dump_json()
             failed = True
         status = RolloutStatus.FAILED if failed else RolloutStatus.SUCCEEDED
         reply = self.lifecycle.finish(

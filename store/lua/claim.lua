@@ -5,18 +5,20 @@
 -- KEYS: task, inflight, resources_latest
 -- ARGV: rollout_id, job_id, worker_name
 -- Returns {'missing'} | {'stale', state} | {'invalid', reason} (nothing written) |
---         {'claimed', attempt, task_json, policy_json, latest_resources_id|'', attempts_used, now}
+--         {'claimed', attempt, task_json, policy_json, latest_resources_id|'', attempts_used, now, generation}
 -- (F, S, member and the stats helpers come from the header rollq.store.keys.lua_header() puts before every script.)
 local t = redis.call('HMGET', KEYS[1], F.task, F.policy, F.state, F.job, F.unresponsive, F.worker, F.attempt,
-  F.attempts, F.claims)
+  F.attempts, F.claims, F.generation)
 if not t[1] then
   return {'missing'}
 end
 local time = redis.call('TIME')
 local now = tonumber(time[1]) + tonumber(time[2]) / 1000000
+local generation = tonumber(t[10]) or 1
 if t[3] == 'running' and t[4] == ARGV[2] and t[6] == ARGV[3] then
   -- This worker's own claim, sent again because a connection drop swallowed the reply.
-  return {'claimed', tonumber(t[7]), t[1], t[2], redis.call('GET', KEYS[3]) or '', tonumber(t[8]), tostring(now)}
+  return {'claimed', tonumber(t[7]), t[1], t[2], redis.call('GET', KEYS[3]) or '', tonumber(t[8]), tostring(now),
+    generation}
 end
 if t[3] ~= 'queued' or t[4] ~= ARGV[2] then
   return {'stale', t[3] or ''}
@@ -34,4 +36,4 @@ local attempt = redis.call('HINCRBY', KEYS[1], F.claims, 1)
 local used = redis.call('HINCRBY', KEYS[1], F.attempts, 1)
 redis.call('HSET', KEYS[1], F.state, 'running', F.attempt, attempt, F.last_claim, tostring(now), F.worker, ARGV[3])
 redis.call('ZADD', KEYS[2], now + unresponsive, member(ARGV[1], attempt))
-return {'claimed', attempt, t[1], t[2], redis.call('GET', KEYS[3]) or '', used, tostring(now)}
+return {'claimed', attempt, t[1], t[2], redis.call('GET', KEYS[3]) or '', used, tostring(now), generation}

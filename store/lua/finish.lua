@@ -1,8 +1,9 @@
 -- Publish the final rollout of a task, if the attempt that reports it is still the current one.
 -- This is what keeps completions <= tasks: a late result from a superseded attempt is recorded, never delivered.
--- KEYS: task, inflight, results, superseded, dead_letter, resources_refs, stats
+-- The results stream is kept within its bounds by trim_results (lua/trim_results.lua, put before this script).
+-- KEYS: task, inflight, results, superseded, dead_letter, resources_refs, stats, results_trim
 -- ARGV: rollout_id, attempt, rollout_json, status, maxlen, now, dead_letter(0|1), stale_before|'',
---       duration_bucket|'', keep_seconds (0 = keep the record), duration_seconds
+--       duration_bucket|'', keep_seconds (0 = keep the record), duration_seconds, max_bytes
 -- Returns {'published', entry_id}; {'superseded'} when the attempt is not current (its rollout is kept on the
 -- superseded stream); {'alive'} when stale_before is set and the attempt heartbeated after it (a reaper lost the
 -- race to a live worker).
@@ -32,7 +33,8 @@ if ARGV[8] ~= '' then
   end
 end
 -- The rollout is the second field of the entry: the idempotency check above reads it at index 4.
-local id = redis.call('XADD', KEYS[3], 'MAXLEN', '~', ARGV[5], '*', S.rollout_id, ARGV[1], S.rollout, ARGV[3])
+local id = redis.call('XADD', KEYS[3], '*', S.rollout_id, ARGV[1], S.rollout, ARGV[3])
+trim_results(KEYS[3], KEYS[7], KEYS[8], tonumber(ARGV[5]), tonumber(ARGV[12]), id, #ARGV[1] + #ARGV[3])
 redis.call('HSET', KEYS[1], F.state, ARGV[4], F.result, id, F.ended, ARGV[6])
 redis.call('ZREM', KEYS[2], running)
 if t[4] and t[4] ~= '' then

@@ -1,0 +1,130 @@
+-- Library, not a script: put before finish.lua by rollq.store.transitions. Keeps the results stream within its
+-- bounds without ever dropping an entry a consumer group still needs, until the hard byte limit forces it.
+--
+-- The bounds: at most `maxlen` entries and half of `max_bytes` payload bytes (rollout JSON + rollout id); trimming
+-- down to them stops at the oldest entry some group has not been delivered or has not acknowledged. Past `max_bytes`
+-- the stream is trimmed anyway, and each group that loses entries gets them counted in the trim hash
+-- (`count:<group>`, `from:<group>`), which its readers raise as RolloutsTrimmedError and `rollq status` shows.
+-- Trimming goes 1% below a bound so that a full stream is not trimmed on every publish.
+-- The payload byte count is kept in the stats hash (STATS_RESULTS_BYTES); the trim hash's TRIMMED_TO holds the id
+-- of the first entry kept by the last trim, so a reader can tell whether entries it had not read yet were removed.
+
+local function id_parts(id)
+  local ms, seq = string.match(id, '^(%d+)-(%d+)$')
+  return tonumber(ms), tonumber(seq)
+end
+
+local function id_lt(a, b)
+  local am, as = id_parts(a)
+  local bm, bs = id_parts(b)
+  return am < bm or (am == bm and as < bs)
+end
+
+-- Each group's need: the entries after its last-delivered id, and its pending ones (from the first pending id).
+local function group_needs(stream)
+  local needs = {}
+  for _, g in ipairs(redis.call('XINFO', 'GROUPS', stream)) do
+    local info = {}
+    for i = 1, #g, 2 do
+      info[g[i]] = g[i + 1]
+    end
+    local need = {name = info['name'], delivered = info['last-delivered-id']}
+    if tonumber(info['pending']) > 0 then
+      need.first_pending = redis.call('XPENDING', stream, need.name)[2]
+    end
+    needs[#needs + 1] = need
+  end
+  return needs
+end
+
+local function needed_by(need, id)
+  return id_lt(need.delivered, id) or (need.first_pending ~= nil and not id_lt(id, need.first_pending))
+end
+
+-- KEYS-free: the caller passes the key names. Returns nothing.
+local function trim_results(stream, stats, trim, maxlen, max_bytes, newest, added_bytes)
+  local len = redis.call('XLEN', stream)
+  local bytes
+  if len == 1 then
+    bytes = added_bytes  -- a new (or emptied) stream: the counter starts over, whatever drifted before
+    redis.call('HSET', stats, STATS_RESULTS_BYTES, bytes)
+  else
+    bytes = redis.call('HINCRBY', stats, STATS_RESULTS_BYTES, added_bytes)
+  end
+  local soft_bytes = math.floor(max_bytes / 2)
+  if len <= maxlen and bytes <= soft_bytes then
+    return
+  end
+  local target_len, target_bytes = maxlen - math.floor(maxlen / 100), soft_bytes - math.floor(soft_bytes / 100)
+  local forced = bytes > max_bytes
+  local hard_target = max_bytes - math.floor(max_bytes / 100)
+  local needs = group_needs(stream)
+  local removed, removed_bytes, cut, first_removed = 0, 0, nil, nil
+  local lost_now = {}  -- group -> {count, from}: entries it was never delivered
+  local cursor = '-'
+  while true do
+    -- Read about as many entries as the bounds need gone (they come with their payloads), at most 100 at a time.
+    local want = len - target_len
+    if bytes > target_bytes then
+      want = math.max(want, math.ceil((bytes - target_bytes) / math.max(1, bytes / len)))
+    end
+    local entries = redis.call('XRANGE', stream, cursor, '+', 'COUNT', math.max(1, math.min(100, want)))
+    if #entries == 0 then
+      break
+    end
+    for _, e in ipairs(entries) do
+      local id = e[1]
+      if id == newest or (len <= target_len and bytes <= target_bytes) then
+        cut = id
+        break
+      end
+      local needed = false
+      for _, need in ipairs(needs) do
+        needed = needed or needed_by(need, id)
+      end
+      if needed and (not forced or bytes <= hard_target) then
+        cut = id
+        break
+      end
+      for _, need in ipairs(needs) do
+        if id_lt(need.delivered, id) then  -- never delivered to this group; pending ones are counted below
+          local l = lost_now[need.name] or {count = 0, from = id}
+          l.count = l.count + 1
+          lost_now[need.name] = l
+        end
+      end
+      first_removed = first_removed or id
+      local size = #e[2][2] + #e[2][4]
+      removed, removed_bytes = removed + 1, removed_bytes + size
+      len, bytes = len - 1, bytes - size
+    end
+    if cut then
+      break
+    end
+    cursor = '(' .. entries[#entries][1]
+  end
+  if removed == 0 then
+    return
+  end
+  cut = cut or newest
+  redis.call('XTRIM', stream, 'MINID', cut)
+  redis.call('HINCRBY', stats, STATS_RESULTS_BYTES, -removed_bytes)
+  redis.call('HSET', trim, TRIMMED_TO, cut)
+  if not forced then
+    return
+  end
+  for _, need in ipairs(needs) do
+    local l = lost_now[need.name] or {count = 0}
+    if need.first_pending ~= nil and id_lt(need.first_pending, cut) then
+      -- Delivered but not acknowledged: a reader that dies now would leave them to a reader that finds nothing.
+      local pending = redis.call('XPENDING', stream, need.name, first_removed, '(' .. cut, removed)
+      if #pending > 0 then
+        l.count, l.from = l.count + #pending, pending[1][1]
+      end
+    end
+    if l.count > 0 then
+      redis.call('HINCRBY', trim, 'count:' .. need.name, l.count)
+      redis.call('HSETNX', trim, 'from:' .. need.name, l.from)
+    end
+  end
+end
