@@ -40,7 +40,7 @@ from rollq.models.policy import TaskState
 
 from .jobs import read_rollq_jobs, rollout_id_of
 from .keys import Keys, TaskField, parse_inflight_member
-from .records import read_records_or_errors
+from .records import TaskRecord, read_records_or_errors
 from .transitions import Clock, JobTaken, Lifecycle, Published, Requeued
 
 log = logging.getLogger(__name__)
@@ -91,39 +91,60 @@ def _reap_stale(lifecycle: Lifecycle, clock: Clock, *, results_maxlen: int, limi
     members = [(member, *parse_inflight_member(member)) for member in stale]
     records, invalid = read_records_or_errors(connection, keys, list(dict.fromkeys(rid for _, rid, _ in members)))
     for member, rid, attempt in members:
-        if rid in invalid:
-            _fail(lifecycle, rid, attempt, "", invalid[rid], results_maxlen=results_maxlen, now=now, report=report)
-            continue
-        record = records.get(rid)
-        if record is None or record.state != TaskState.RUNNING or record.attempt != attempt:
-            connection.zrem(keys.inflight, member)  # a leftover of an attempt that already ended
-            continue
-        silent_for = record.policy.unresponsive_seconds
-        if record.policy.retries("unresponsive", record.attempts_used):
-            reply = lifecycle.requeue(record.task, attempt, record.policy, "unresponsive", stale_before=now)
-            if isinstance(reply, Requeued):
-                report.requeued += 1
-                log.warning(
-                    "requeued %s: attempt %d on %s sent no heartbeat for %.0fs", rid, attempt, record.worker, silent_for
-                )
-            elif isinstance(reply, JobTaken):
-                log.error("could not requeue %s: the RQ job id of its next attempt is taken by another job", rid)
-            continue
-        error = WorkerUnresponsiveError(
-            f"worker {record.worker} sent no heartbeat for {silent_for:.0f}s "
-            f"on attempt {attempt} of {record.policy.max_attempts}"
-        )
-        _fail(
-            lifecycle,
-            rid,
-            attempt,
-            record.worker or "",
-            error,
-            results_maxlen=results_maxlen,
-            now=now,
-            report=report,
-            generation=record.generation,
-        )
+        try:
+            _judge(lifecycle, member, rid, attempt, records, invalid, now=now, maxlen=results_maxlen, report=report)
+        except redis.ResponseError as exc:  # one record a script refuses must not stop the pass for the others
+            log.error("could not reap %s attempt %d: %s", rid, attempt, exc)
+
+
+def _judge(
+    lifecycle: Lifecycle,
+    member: bytes,
+    rid: str,
+    attempt: int,
+    records: dict[str, TaskRecord],
+    invalid: dict[str, InvalidTaskError],
+    *,
+    now: float,
+    maxlen: int,
+    report: ReapReport,
+) -> None:
+    """Requeue or fail one stale attempt, as its policy says."""
+    connection: redis.Redis = lifecycle.connection
+    keys = lifecycle.keys
+    if rid in invalid:
+        _fail(lifecycle, rid, attempt, "", invalid[rid], results_maxlen=maxlen, now=now, report=report)
+        return
+    record = records.get(rid)
+    if record is None or record.state != TaskState.RUNNING or record.attempt != attempt:
+        connection.zrem(keys.inflight, member)  # a leftover of an attempt that already ended
+        return
+    silent_for = record.policy.unresponsive_seconds
+    if record.policy.retries("unresponsive", record.attempts_used):
+        reply = lifecycle.requeue(record.task, attempt, record.policy, "unresponsive", stale_before=now)
+        if isinstance(reply, Requeued):
+            report.requeued += 1
+            log.warning(
+                "requeued %s: attempt %d on %s sent no heartbeat for %.0fs", rid, attempt, record.worker, silent_for
+            )
+        elif isinstance(reply, JobTaken):
+            log.error("could not requeue %s: the RQ job id of its next attempt is taken by another job", rid)
+        return
+    error = WorkerUnresponsiveError(
+        f"worker {record.worker} sent no heartbeat for {silent_for:.0f}s "
+        f"on attempt {attempt} of {record.policy.max_attempts}"
+    )
+    _fail(
+        lifecycle,
+        rid,
+        attempt,
+        record.worker or "",
+        error,
+        results_maxlen=maxlen,
+        now=now,
+        report=report,
+        generation=record.generation,
+    )
 
 
 def _fail(
@@ -173,7 +194,12 @@ def _restore_stranded(lifecycle: Lifecycle, *, now: float, limit: int) -> tuple[
                 )
             continue
         rid = rollout_id_of(job) if job is not None else ""
-        if lifecycle.restore(rid, job_id, now):
+        try:
+            put_back = lifecycle.restore(rid, job_id, now)
+        except redis.ResponseError as exc:
+            log.error("could not check job %s of %s in RQ's intermediate list: %s", job_id, rid, exc)
+            continue
+        if put_back:
             restored += 1
             log.warning("put job %s of %s back on the queue: a worker took it off but never started it", job_id, rid)
     return restored, quarantined
@@ -216,7 +242,11 @@ def _audit(lifecycle: Lifecycle, clock: Clock) -> int:
     reissued = 0
     for rid, record in records.items():
         claims = record.task.num_claims or 0
-        outcome = lifecycle.reissue(record.task, record.policy, jobs[rid], claims, clock.now, deep=rid in deep)
+        try:
+            outcome = lifecycle.reissue(record.task, record.policy, jobs[rid], claims, clock.now, deep=rid in deep)
+        except redis.ResponseError as exc:
+            log.error("could not check the RQ job of queued task %s: %s", rid, exc)
+            continue
         if outcome == 1:
             reissued += 1
             log.warning("queued %s again: its RQ job %s vanished (deleted, or flushed from RQ's lists)", rid, jobs[rid])
