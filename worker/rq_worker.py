@@ -466,8 +466,9 @@ class RolloutWorker(SimpleWorker):
         )
         self._loop_wedged = True
         self._stop_requested = True
-        if self.runner is not None:
-            self.log.warning("handing %d unfinished rollout(s) back to the queue", self.runner.release_all())
+        runner = self.runner  # the main thread may be tearing down meanwhile
+        if runner is not None:
+            self.log.warning("handing %d unfinished rollout(s) back to the queue", runner.release_all())
         deadline = time.monotonic() + 15
         while self._busy and time.monotonic() < deadline:
             time.sleep(0.05)
@@ -498,6 +499,11 @@ class RolloutWorker(SimpleWorker):
                 self._bookkeeping.shutdown()
             self.runner = None
         super().teardown()
+        if self._loop_wedged:
+            # The main loop saw the stop request before the watchdog thread finished handing back: exit as it
+            # would (the agent loop's thread is stuck for good; a clean exit status would hide that).
+            logging.shutdown()
+            os._exit(EXIT_LOOP_WEDGED)
 
     def _drain(self) -> None:
         """Let running rollouts finish for ``grace_seconds`` (a second signal cuts it short); hand back the rest."""
