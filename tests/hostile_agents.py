@@ -11,7 +11,7 @@ import asyncio
 import time
 from typing import Any
 
-from rollq.models.contract import Hook, NamedResources, Rollout, Task
+from rollq.models.contract import Hook, NamedResources, Rollout, Task, Triplet
 from rollq.worker.agent import LitAgent
 
 _BASE_EXCEPTIONS: dict[str, type[BaseException]] = {
@@ -27,6 +27,8 @@ def _misbehave(spec: dict[str, Any], rollout_id: str) -> Any:
             raise kind(spec[key])
     if "block" in spec:
         time.sleep(spec["block"])  # blocks the event loop when called from an async agent
+    if spec.get("unserialisable") == "triplet":
+        return [Triplet(prompt=object(), response="r", reward=1.0)]
     if spec.get("unserialisable"):
         return Rollout(rollout_id=rollout_id, final_reward=1.0, metadata={"obj": object()})
     return 1.0
@@ -34,7 +36,8 @@ def _misbehave(spec: dict[str, Any], rollout_id: str) -> Any:
 
 class HostileAgent(LitAgent):
     """Async. Input keys: ``sleep`` (awaited), then ``exit``/``interrupt``/``generator_exit`` (raise that
-    BaseException), ``block`` (``time.sleep`` on the event loop), ``unserialisable`` (a Rollout holding an object)."""
+    BaseException), ``block`` (``time.sleep`` on the event loop), ``unserialisable`` (a Rollout holding an
+    object; ``"triplet"``: a Triplet whose prompt is one)."""
 
     async def training_rollout_async(self, task_input: Any, rollout_id: str, resources: NamedResources) -> Any:
         spec = task_input if isinstance(task_input, dict) else {}

@@ -281,11 +281,12 @@ def _job_of(connection, keys: Keys, rollout_id: str) -> str:
 # -- 7. a result that cannot be serialised ---------------------------------------------------------------------
 
 
-def test_an_unserialisable_result_fails_at_once_naming_the_type(redis_server, namespace, workers):
+@pytest.mark.parametrize("what", [True, "triplet"], ids=["metadata", "triplet"])
+def test_an_unserialisable_result_fails_at_once_naming_the_type(redis_server, namespace, workers, what):
     policy = RolloutPolicy(unresponsive_seconds=2, max_attempts=3, retry_on=frozenset({"exception", "unresponsive"}))
     producer = Producer.from_url(redis_server.url, namespace, policy=policy)
     workers(redis_server.url, namespace, env=ASYNC)
-    rid = producer.enqueue({"unserialisable": True}).rollout_id
+    rid = producer.enqueue({"unserialisable": what}).rollout_id
     [rollout] = producer.wait([rid], timeout=20)
     assert rollout.metadata["attempt"] == 1
     kind, message = error_of(rollout)
