@@ -72,9 +72,10 @@ class AttemptCapture:
     def close(self) -> None:
         self.proxy.revoke(self.tokens)
 
-    def last_failure(self) -> CapturedCall | None:
-        """The latest call the backend answered with an HTTP error (or that never reached it)."""
-        return next((c for c in reversed(self.calls) if c.error is not None), None)
+    def failed_last_call(self) -> CapturedCall | None:
+        """The latest call, when the backend answered it with an HTTP error (or it never reached the backend)."""
+        last = self.calls[-1] if self.calls else None
+        return last if last is not None and last.error is not None else None
 
 
 def _proxy_suffix(endpoint: str) -> str:
