@@ -19,9 +19,9 @@ Rewards that cannot be placed, and calls without token ids, are listed in
 from __future__ import annotations
 
 import functools
-import math
 import json
 import logging
+import math
 from typing import Any
 
 from opentelemetry.sdk.resources import Resource

@@ -173,7 +173,9 @@ class CaptureProxy:
             )
             attempt.tokens.append(token)
             # A copy: the cached resources are shared by every attempt of this process.
-            rewritten[name] = resource.model_copy(update={"endpoint": f"http://{self.host}:{self.port}/{token}{suffix}"})
+            rewritten[name] = resource.model_copy(
+                update={"endpoint": f"http://{self.host}:{self.port}/{token}{suffix}"}
+            )
         return rewritten, attempt
 
     def revoke(self, tokens: list[str]) -> None:
