@@ -8,7 +8,7 @@ test can compare the ids in a rollout with the ids the server really produced.
 Knobs, settable while it runs: ``reject_unknown_fields`` answers 400 to any
 request carrying ``return_token_ids`` (as OpenAI's own API does), ``fail_status``
 answers every call with that status, ``delay`` sleeps before answering,
-``chunk_chars`` sets the size of streamed deltas.
+``chunk_chars`` sets the size of streamed deltas and ``chunk_pause`` the time between them.
 """
 
 from __future__ import annotations
@@ -53,6 +53,7 @@ class FakeVLLM:
     fail_status: int | None = None
     delay: float = 0.0
     chunk_chars: int = 3
+    chunk_pause: float = 0.0
     received: list[dict[str, Any]] = field(default_factory=list)
     sent: dict[str, Sent] = field(default_factory=dict)
     port: int = 0
@@ -189,7 +190,7 @@ class FakeVLLM:
             if ids:
                 choice["token_ids"] = sent.token_ids[start : start + step]
             await response.write(_event({**base, "choices": [choice]}))
-            await asyncio.sleep(0)
+            await asyncio.sleep(self.chunk_pause)
         if (body.get("stream_options") or {}).get("include_usage"):
             await response.write(_event({**base, "choices": [], "usage": _usage(sent)}))
         await response.write(b"data: [DONE]\n\n")
