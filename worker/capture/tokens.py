@@ -131,7 +131,7 @@ class StreamAssembler:
 def iter_sse_data(buffer: bytearray, data: bytes) -> list[bytes]:
     """Append ``data`` to ``buffer`` and take out the payload of each complete ``data:`` line."""
     buffer.extend(data)
-    payloads = []
+    payloads: list[bytes] = []
     while True:
         end = buffer.find(b"\n")
         if end < 0:
