@@ -201,3 +201,13 @@ def test_with_capture_off_agents_call_the_endpoint_directly(
     assert rollout.metadata["status"] == "succeeded"
     assert rollout.triplets is None
     assert "return_token_ids" not in fake.received[0]
+
+
+def test_the_demo_reports_triplets_per_rollout_all_with_token_ids(redis_server: RedisServer) -> None:
+    from rollq.ops.demo import run_demo
+
+    namespace = f"t-{uuid.uuid4().hex[:10]}"
+    summary = run_demo(redis_server.url, tasks=12, workers=1, concurrency=8, namespace=namespace, echo=lambda _: None)
+    assert summary.succeeded == 12
+    assert 12 <= summary.triplets <= 24 and summary.triplets_with_token_ids == summary.triplets
+    assert "every triplet carries prompt and response token ids" in summary.render()
