@@ -1,0 +1,157 @@
+"""What the LLM-capturing proxy adds: the same calls straight to a backend and through the proxy, in one run.
+
+Three processes: a backend (the demo's simulated OpenAI-compatible LLM, fixed
+latency, token ids on), the capturing proxy alone (a worker's ``CaptureProxy``
+with one open attempt, spans recorded into a rollout trace as in a worker), and
+this process as the load: ``--concurrency`` calls in flight with aiohttp,
+rounds alternating direct / through the proxy so drift hits both alike.
+
+Reports the latency of each path at p50/p99, the added latency (proxy minus
+direct, per percentile) and the proxy process's CPU per call (user + system,
+from psutil, over the proxied rounds only).
+
+    python bench/capture.py [--calls 2048] [--concurrency 256] [--rounds 4] [--latency 0.02]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import psutil
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.common import write_result  # noqa: E402
+
+
+def serve_backend(latency: float) -> None:
+    from rollq.ops.sim_llm import SimulatedLLM
+
+    with SimulatedLLM(latency=(latency, latency)) as llm:
+        print(llm.url, flush=True)
+        sys.stdin.read()  # until the parent closes our stdin
+
+
+def serve_proxy(backend: str) -> None:
+    from opentelemetry import trace
+    from opentelemetry.sdk.trace import TracerProvider
+
+    from rollq.models.contract import LLM
+    from rollq.worker.capture import CaptureProxy
+    from rollq.worker.tracer import OtelTracer
+
+    tracer = OtelTracer(TracerProvider())
+    proxy = CaptureProxy().start()
+    rollout = tracer.start_rollout("bench", 1)
+    resources, _ = proxy.open_attempt(
+        {"llm": LLM(endpoint=backend, model="sim")}, trace.set_span_in_context(rollout.root), tracer.capture_tracer()
+    )
+    llm = resources["llm"]
+    assert isinstance(llm, LLM)
+    print(llm.endpoint, flush=True)
+    sys.stdin.read()
+    print(len(rollout.finish()), file=sys.stderr)
+    proxy.stop()
+
+
+def _child(*args: str) -> tuple[subprocess.Popen[str], str]:
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
+    proc = subprocess.Popen(
+        [sys.executable, __file__, *args], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env
+    )
+    assert proc.stdout is not None
+    return proc, proc.stdout.readline().strip()
+
+
+async def _round(session: aiohttp.ClientSession, base: str, calls: int, concurrency: int) -> list[float]:
+    gate = asyncio.Semaphore(concurrency)
+    body = {"model": "sim", "messages": [{"role": "user", "content": "Compute 2 + 3."}], "temperature": 0.0}
+    latencies: list[float] = []
+
+    async def one() -> None:
+        async with gate:
+            started = time.perf_counter()
+            async with session.post(f"{base}/chat/completions", json=body) as response:
+                data = await response.json()
+                assert response.status == 200, data
+            latencies.append(time.perf_counter() - started)
+
+    await asyncio.gather(*(one() for _ in range(calls)))
+    return latencies
+
+
+def _pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+async def measure(direct: str, proxied: str, proxy_pid: int, args: argparse.Namespace) -> dict[str, Any]:
+    proxy = psutil.Process(proxy_pid)
+    results: dict[str, list[float]] = {"direct": [], "proxy": []}
+    cpu = 0.0
+    connector = aiohttp.TCPConnector(limit=0)
+    async with aiohttp.ClientSession(connector=connector) as session:
+        await _round(session, direct, args.concurrency, args.concurrency)  # warm both paths' connections
+        await _round(session, proxied, args.concurrency, args.concurrency)
+        per_round = args.calls // args.rounds
+        for _ in range(args.rounds):
+            results["direct"] += await _round(session, direct, per_round, args.concurrency)
+            before = sum(proxy.cpu_times()[:2])
+            results["proxy"] += await _round(session, proxied, per_round, args.concurrency)
+            cpu += sum(proxy.cpu_times()[:2]) - before
+    summary: dict[str, Any] = {}
+    for path, values in results.items():
+        summary[path] = {
+            "calls": len(values),
+            "p50_ms": round(_pct(values, 0.50) * 1000, 3),
+            "p99_ms": round(_pct(values, 0.99) * 1000, 3),
+            "mean_ms": round(statistics.fmean(values) * 1000, 3),
+        }
+    summary["added_p50_ms"] = round(summary["proxy"]["p50_ms"] - summary["direct"]["p50_ms"], 3)
+    summary["added_p99_ms"] = round(summary["proxy"]["p99_ms"] - summary["direct"]["p99_ms"], 3)
+    summary["proxy_cpu_ms_per_call"] = round(cpu * 1000 / len(results["proxy"]), 3)
+    return summary
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--calls", type=int, default=2048, help="calls per path (default 2048)")
+    parser.add_argument("--concurrency", type=int, default=256, help="calls in flight (default 256)")
+    parser.add_argument("--rounds", type=int, default=4, help="alternating rounds (default 4)")
+    parser.add_argument("--latency", type=float, default=0.02, help="backend latency per call, s (default 0.02)")
+    parser.add_argument("--serve", choices=("backend", "proxy"), help=argparse.SUPPRESS)
+    parser.add_argument("--backend", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.serve == "backend":
+        return serve_backend(args.latency)
+    if args.serve == "proxy":
+        return serve_proxy(args.backend)
+    backend, direct = _child("--serve", "backend", "--latency", str(args.latency))
+    proxy, proxied = _child("--serve", "proxy", "--backend", direct)
+    try:
+        summary = measure(direct, proxied, proxy.pid, args)
+        data = asyncio.run(summary)
+    finally:
+        for proc in (proxy, backend):
+            assert proc.stdin is not None
+            proc.stdin.close()
+            proc.wait(10)
+    argv = [f"--calls={args.calls}", f"--concurrency={args.concurrency}", f"--rounds={args.rounds}"]
+    argv.append(f"--latency={args.latency}")
+    path = write_result("capture", {"settings": vars(args) | {"serve": None, "backend": None}, **data}, argv)
+    print(json.dumps(data, indent=2))
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()
