@@ -1,16 +1,18 @@
 """What the LLM-capturing proxy adds: the same calls straight to a backend and through the proxy, in one run.
 
-Three processes: a backend (the demo's simulated OpenAI-compatible LLM, fixed
-latency, token ids on), the capturing proxy alone (a worker's ``CaptureProxy``
+Three processes: a backend (the demo's simulated OpenAI-compatible LLM, latency
+uniform in 0.5-1.5 x ``--latency``, token ids on), the capturing proxy alone (a worker's ``CaptureProxy``
 with one open attempt, spans recorded into a rollout trace as in a worker), and
 this process as the load: ``--concurrency`` calls in flight with aiohttp,
 rounds alternating direct / through the proxy so drift hits both alike.
 
-Reports the latency of each path at p50/p99, the added latency (proxy minus
-direct, per percentile) and the proxy process's CPU per call (user + system,
-from psutil, over the proxied rounds only).
+Latency here is each call's time at the client less the generation time the
+backend reports (``X-Sim-Seconds``): the time the path itself costs, free of the
+backend's random latency. Reports it per path at p50/p99, the added latency
+(proxy minus direct, per percentile) and the proxy process's CPU per call (user
++ system, from psutil, over the proxied rounds only).
 
-    python bench/capture.py [--calls 2048] [--concurrency 256] [--rounds 4] [--latency 0.02]
+    python bench/capture.py [--calls 2048] [--concurrency 256] [--rounds 4] [--latency 0.5]
 """
 
 from __future__ import annotations
@@ -37,7 +39,8 @@ from bench.common import write_result  # noqa: E402
 def serve_backend(latency: float) -> None:
     from rollq.ops.sim_llm import SimulatedLLM
 
-    with SimulatedLLM(latency=(latency, latency)) as llm:
+    # Spread like real generations, so calls do not arrive at the proxy in lock-step bursts.
+    with SimulatedLLM(latency=(0.5 * latency, 1.5 * latency)) as llm:
         print(llm.url, flush=True)
         sys.stdin.read()  # until the parent closes our stdin
 
@@ -84,7 +87,8 @@ async def _round(session: aiohttp.ClientSession, base: str, calls: int, concurre
             async with session.post(f"{base}/chat/completions", json=body) as response:
                 data = await response.json()
                 assert response.status == 200, data
-            latencies.append(time.perf_counter() - started)
+            # The path's own time: the call's latency less the backend's (reported) generation time.
+            latencies.append(time.perf_counter() - started - float(response.headers["X-Sim-Seconds"]))
 
     await asyncio.gather(*(one() for _ in range(calls)))
     return latencies
@@ -128,7 +132,7 @@ def main() -> None:
     parser.add_argument("--calls", type=int, default=2048, help="calls per path (default 2048)")
     parser.add_argument("--concurrency", type=int, default=256, help="calls in flight (default 256)")
     parser.add_argument("--rounds", type=int, default=4, help="alternating rounds (default 4)")
-    parser.add_argument("--latency", type=float, default=0.02, help="backend latency per call, s (default 0.02)")
+    parser.add_argument("--latency", type=float, default=0.5, help="mean backend latency per call, s (default 0.5)")
     parser.add_argument("--serve", choices=("backend", "proxy"), help=argparse.SUPPRESS)
     parser.add_argument("--backend", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -148,7 +152,9 @@ def main() -> None:
             proc.wait(10)
     argv = [f"--calls={args.calls}", f"--concurrency={args.concurrency}", f"--rounds={args.rounds}"]
     argv.append(f"--latency={args.latency}")
-    path = write_result("capture", {"settings": vars(args) | {"serve": None, "backend": None}, **data}, argv)
+    data["load_average"] = [round(v, 1) for v in os.getloadavg()]  # the 1/5/15-minute load: this box is shared
+    settings = {k: v for k, v in vars(args).items() if k not in ("serve", "backend")}
+    path = write_result("capture", {"settings": settings, **data}, argv)
     print(json.dumps(data, indent=2))
     print(f"wrote {path}")
 

@@ -436,6 +436,29 @@ def soak_section(soak: dict[str, Any]) -> str:
     )
 
 
+def capture_section(cap: dict[str, Any]) -> str:
+    rows = [
+        [path, cap[path]["calls"], fmt(cap[path]["p50_ms"]), fmt(cap[path]["p99_ms"]), fmt(cap[path]["mean_ms"])]
+        for path in ("direct", "proxy")
+    ]
+    settings = cap["settings"]
+    return f"""## LLM capture: calls through the capturing proxy vs straight to the backend
+
+`{cap["command"]}`
+
+{settings["concurrency"]} calls in flight against the demo's simulated LLM ({1000 * settings["latency"]:g} ms per
+call on average, uniform in 0.5-1.5x, token ids on), in {settings["rounds"]} rounds alternating direct and through a worker's `CaptureProxy`
+(its own process, recording a span per call as in a worker). Latency is each call's time at the client less
+the generation time the backend reports: what the path itself costs.
+
+{table(["path", "calls", "p50 ms (path only)", "p99 ms (path only)", "mean ms (path only)"], rows)}
+
+Added latency: p50 {cap["added_p50_ms"]:+.1f} ms, p99 {cap["added_p99_ms"]:+.1f} ms (targets <= 1 ms and <= 5 ms);
+proxy CPU per call {cap["proxy_cpu_ms_per_call"]:.2f} ms (target <= 0.5 ms). Load average during the run:
+{cap.get("load_average", "not recorded")}.
+"""
+
+
 def targets_section(
     noop: dict[str, Any] | None, mock: dict[str, Any] | None, enq: dict[str, Any] | None, mem: dict[str, Any] | None
 ) -> tuple[str, list[str]]:
@@ -590,6 +613,9 @@ def main() -> None:
         parts.append(profile_section(prof))
     if soak:
         parts.append(soak_section(soak))
+    cap = load("capture")
+    if cap:
+        parts.append(capture_section(cap))
     DOCS.mkdir(exist_ok=True)
     PAGE.write_text("\n\n".join(p.strip() for p in parts) + "\n")
     print(f"wrote {PAGE.relative_to(ROOT)}" + (f" and {PLOT.relative_to(ROOT)}" if mock else ""))

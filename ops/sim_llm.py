@@ -83,7 +83,8 @@ class SimulatedLLM:
             return web.json_response(
                 {"error": {"message": "ask me 'Compute a + b'", "type": "invalid_request"}}, status=400
             )
-        await asyncio.sleep(random.uniform(*self.latency))
+        thinking = random.uniform(*self.latency)
+        await asyncio.sleep(thinking)
         truth = int(question.group(1)) + int(question.group(2))
         temperature = float(body.get("temperature", 0.5))
         answer = str(truth if random.random() > temperature else truth + random.choice((-1, 1)))
@@ -108,4 +109,5 @@ class SimulatedLLM:
         if body.get("return_token_ids"):
             response["prompt_token_ids"] = token_ids(prompt)
             choice["token_ids"] = token_ids(answer)
-        return web.json_response(response)
+        # How long "generation" took, so a benchmark can tell the model's time from the path's.
+        return web.json_response(response, headers={"X-Sim-Seconds": f"{thinking:.6f}"})

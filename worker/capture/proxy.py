@@ -131,6 +131,7 @@ class CaptureProxy:
         self._session = aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=300),
             timeout=aiohttp.ClientTimeout(total=None, sock_connect=30),
+            cookie_jar=aiohttp.DummyCookieJar(),  # a proxy keeps no cookies between attempts
         )
         app = web.Application(client_max_size=256 * 1024 * 1024)
         app.router.add_route("*", "/{token}/{rest:.*}", self._handle)
