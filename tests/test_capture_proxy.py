@@ -93,7 +93,9 @@ def test_a_revoked_or_unknown_address_is_refused_with_404(proxy: CaptureProxy, f
     assert len(spans.captured()) == 1 and len(attempt.calls) == 1
 
 
-def test_streamed_chunks_reach_the_client_as_the_backend_sends_them(proxy: CaptureProxy, fake: FakeVLLM) -> None:
+def test_streamed_chunks_reach_the_client_as_sent_and_the_call_is_recorded_before_the_stream_ends(
+    proxy: CaptureProxy, fake: FakeVLLM
+) -> None:
     llm, attempt, _ = open_attempt(proxy, fake.url)
     fake.chunk_pause = 0.2
     try:

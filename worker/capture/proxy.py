@@ -306,21 +306,29 @@ class CaptureProxy:
         await response.prepare(request)
         assembler = StreamAssembler(call)
         buffer = bytearray()
+        recorded = False
         try:
-            # Each piece goes to the client as it arrives; parsing it for the record comes after.
             async for data in upstream.content.iter_any():
-                await response.write(data)
+                # Each piece goes to the client as it arrives and is parsed for the record after, except the
+                # last: a client stops at [DONE] and its agent may finish at once, so the call is recorded first.
+                last = b"data: [DONE]" in data
+                if not last:
+                    await response.write(data)
                 for payload in iter_sse_data(buffer, data):
                     if payload and payload != b"[DONE]":
                         try:
                             assembler.feed(json.loads(payload))
                         except ValueError:
                             pass  # a keep-alive or non-JSON event: forwarded, not recorded
+                if last:
+                    self._record(assembler.finish(), route, parent, status=upstream.status)
+                    recorded = True
+                    await response.write(data)
             await response.write_eof()
         except (ConnectionResetError, aiohttp.ClientError) as exc:
             call.error = f"stream cut: {type(exc).__name__}: {exc}"
-        assembler.finish()
-        self._record(call, route, parent, status=upstream.status)
+        if not recorded:  # a stream without [DONE], or one cut short
+            self._record(assembler.finish(), route, parent, status=upstream.status)
         return response
 
     def _record(self, call: CapturedCall, route: _Route, parent: Context, *, status: int) -> None:
