@@ -211,3 +211,22 @@ def test_the_demo_reports_triplets_per_rollout_all_with_token_ids(redis_server: 
     assert summary.succeeded == 12
     assert 12 <= summary.triplets <= 24 and summary.triplets_with_token_ids == summary.triplets
     assert "every triplet carries prompt and response token ids" in summary.render()
+
+
+def test_the_triplet_agent_setting_keeps_only_that_agents_calls(
+    redis_server: RedisServer, namespace: str, workers: Callable[..., WorkerProcess]
+) -> None:
+    fake = FakeVLLM().start()
+    try:
+        producer = Producer.from_url(redis_server.url, namespace=namespace)
+        producer.update_resources({"llm": LLM(endpoint=fake.url, model="fake-model")})
+        env = {"ROLLQ_AGENT": f"{AGENTS}:AsyncCaptureAgent", "ROLLQ_TRIPLET_AGENT": "solver"}
+        workers(redis_server.url, namespace, env=env)
+        steps = ["agent:planner", "async", "end_agent", "agent:solver", "async", "reward:1", "end_agent", "async"]
+        [task] = producer.enqueue_many([{"steps": steps}], mode="train")
+        [rollout] = producer.wait([task.rollout_id], timeout=WAIT)
+    finally:
+        fake.stop()
+    [triplet] = rollout.triplets or []
+    assert triplet.metadata["agent"] == "solver" and triplet.reward == 1.0
+    assert triplet.prompt["messages"][1]["content"] == f"{rollout.rollout_id} question 4"
