@@ -12,7 +12,13 @@ backend's random latency. Reports it per path at p50/p99, the added latency
 (proxy minus direct, per percentile) and the proxy process's CPU per call (user
 + system, from psutil, over the proxied rounds only).
 
+Then the same at rollout level: sample-agent rollouts (the ``openai`` client
+against the simulated LLM, 1-2 calls of 0.1-0.5 s each) at ``--concurrency`` in
+flight on 2 stock worker processes, capture off and on in alternating rounds,
+rollouts/s compared (``bench/mock_llm.py``'s measurement window).
+
     python bench/capture.py [--calls 2048] [--concurrency 256] [--rounds 4] [--latency 0.5]
+                            [--rollout-rounds 2] [--window 20]
 """
 
 from __future__ import annotations
@@ -127,12 +133,74 @@ async def measure(direct: str, proxied: str, proxy_pid: int, args: argparse.Name
     return summary
 
 
+def rollouts_on_and_off(args: argparse.Namespace) -> dict[str, Any]:
+    """Sample-agent rollouts (the ``openai`` client against the simulated LLM), capture off vs on, interleaved."""
+    import tempfile
+
+    from bench.common import outcomes, private_redis, rollq_workers
+    from bench.mock_llm import WORKER_PROCESSES, measure
+    from rollq.ops.sim_llm import SimulatedLLM
+    from rollq.producer import Producer
+    from rollq.store.keys import Keys
+    from rollq.worker.sample_agent import sample_inputs, sample_resources
+
+    rows: list[dict[str, Any]] = []
+    with private_redis() as server, SimulatedLLM(latency=(0.1, 0.5)) as llm:
+        log_dir = Path(tempfile.mkdtemp(prefix="rollq-bench-capture-"))
+        for round_ in range(args.rollout_rounds):
+            for capture in ("0", "1"):
+                namespace = f"capture-{capture}-{round_}"
+                producer = Producer.from_url(server.url, namespace)
+                producer.update_resources(sample_resources(temperature=0.5, endpoint=llm.url))
+                connection = server.client()
+
+                def enqueue(n: int, producer: Producer = producer) -> None:
+                    producer.enqueue_many(sample_inputs(n), mode="train")
+
+                def completions(namespace: str = namespace, connection: Any = connection) -> tuple[int, int]:
+                    return outcomes(connection, namespace)
+
+                workers = rollq_workers(
+                    server.url,
+                    namespace,
+                    WORKER_PROCESSES,
+                    agent="rollq.worker.sample_agent:SampleAgent",
+                    concurrency=args.concurrency // WORKER_PROCESSES,
+                    log_dir=log_dir,
+                    extra_env={"ROLLQ_CAPTURE_LLM": capture},
+                )
+                row = measure(
+                    server,
+                    system=f"capture {'on' if capture == '1' else 'off'}",
+                    in_flight=args.concurrency,
+                    processes=WORKER_PROCESSES,
+                    workers=workers,
+                    queue_name=namespace,
+                    running_key=Keys(namespace).inflight,
+                    enqueue=enqueue,
+                    completions=completions,
+                    window=args.window,
+                )
+                rows.append({k: row[k] for k in ("system", "rollouts", "failed", "seconds", "rollouts_per_s")})
+                rows[-1]["worker_cpu_ms_per_rollout"] = row["worker_cpu_ms_per_rollout"]
+                rows[-1]["other_processes_cpu_cores"] = row["other_processes_cpu_cores"]
+    on = sum(r["rollouts"] for r in rows if r["system"] == "capture on")
+    on_s = sum(r["seconds"] for r in rows if r["system"] == "capture on")
+    off = sum(r["rollouts"] for r in rows if r["system"] == "capture off")
+    off_s = sum(r["seconds"] for r in rows if r["system"] == "capture off")
+    return {"rows": rows, "on_vs_off_percent": round(100 * (on / on_s) / (off / off_s), 1) if off else None}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=2048, help="calls per path (default 2048)")
     parser.add_argument("--concurrency", type=int, default=256, help="calls in flight (default 256)")
     parser.add_argument("--rounds", type=int, default=4, help="alternating rounds (default 4)")
     parser.add_argument("--latency", type=float, default=0.5, help="mean backend latency per call, s (default 0.5)")
+    parser.add_argument(
+        "--rollout-rounds", type=int, default=2, help="rounds of sample-agent rollouts, capture off then on (default 2)"
+    )
+    parser.add_argument("--window", type=float, default=20.0, help="seconds measured per rollout round (default 20)")
     parser.add_argument("--serve", choices=("backend", "proxy"), help=argparse.SUPPRESS)
     parser.add_argument("--backend", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -151,8 +219,11 @@ def main() -> None:
             proc.stdin.close()
             proc.wait(10)
     argv = [f"--calls={args.calls}", f"--concurrency={args.concurrency}", f"--rounds={args.rounds}"]
-    argv.append(f"--latency={args.latency}")
+    argv += [f"--latency={args.latency}", f"--rollout-rounds={args.rollout_rounds}", f"--window={args.window}"]
     data["load_average"] = [round(v, 1) for v in os.getloadavg()]  # the 1/5/15-minute load: this box is shared
+    if args.rollout_rounds:
+        data["rollouts"] = rollouts_on_and_off(args)
+        print(json.dumps(data["rollouts"], indent=2))
     settings = {k: v for k, v in vars(args).items() if k not in ("serve", "backend")}
     path = write_result("capture", {"settings": settings, **data}, argv)
     print(json.dumps(data, indent=2))

@@ -447,15 +447,32 @@ def capture_section(cap: dict[str, Any]) -> str:
 `{cap["command"]}`
 
 {settings["concurrency"]} calls in flight against the demo's simulated LLM ({1000 * settings["latency"]:g} ms per
-call on average, uniform in 0.5-1.5x, token ids on), in {settings["rounds"]} rounds alternating direct and through a worker's `CaptureProxy`
-(its own process, recording a span per call as in a worker). Latency is each call's time at the client less
+call on average, uniform in 0.5-1.5x, token ids on), in {settings["rounds"]} rounds alternating direct and
+through a worker's `CaptureProxy` (its own process, recording a span per call as in a worker). Latency is each call's time at the client less
 the generation time the backend reports: what the path itself costs.
 
 {table(["path", "calls", "p50 ms (path only)", "p99 ms (path only)", "mean ms (path only)"], rows)}
 
 Added latency: p50 {cap["added_p50_ms"]:+.1f} ms, p99 {cap["added_p99_ms"]:+.1f} ms (targets <= 1 ms and <= 5 ms);
-proxy CPU per call {cap["proxy_cpu_ms_per_call"]:.2f} ms (target <= 0.5 ms). Load average during the run:
-{cap.get("load_average", "not recorded")}.
+proxy CPU per call {cap["proxy_cpu_ms_per_call"]:.2f} ms (target <= 0.5 ms). Load average (1, 5, 15 min) at the
+end of the call rounds: {cap.get("load_average", "not recorded")}.
+""" + _capture_rollouts(cap.get("rollouts"))
+
+
+def _capture_rollouts(rollouts: dict[str, Any] | None) -> str:
+    if not rollouts:
+        return ""
+    rows = [
+        [r["system"], r["rollouts"], r["failed"], fmt(r["rollouts_per_s"]), fmt(r["worker_cpu_ms_per_rollout"], 2),
+         fmt(r["other_processes_cpu_cores"], 2)]
+        for r in rollouts["rows"]
+    ]  # fmt: skip
+    headers = ["capture", "rollouts", "failed", "rollouts/s", "worker CPU ms/rollout", "other processes' cores"]
+    return f"""
+Sample-agent rollouts (the `openai` client, 1-2 calls of 0.1-0.5 s) on 2 worker processes, capture off and on in
+alternating rounds: with capture on, {rollouts["on_vs_off_percent"]}% of the rollouts/s with it off (target >= 95%).
+
+{table(headers, rows)}
 """
 
 
