@@ -1,7 +1,10 @@
 """The capturing proxy: one aiohttp server per worker process, on 127.0.0.1, on a thread of its own.
 
 aiohttp serves and forwards (one library for both ends, streaming in both
-directions without buffering, a connection pool to the backend). Each attempt
+directions without buffering, a connection pool to the backend). It has a
+thread and loop of its own rather than the async agents' loop: an async agent
+that calls a sync client on that loop would otherwise wait on a proxy that
+cannot run until it returns. Each attempt
 opens a :class:`AttemptCapture`: every ``LLM`` resource with an http(s)
 endpoint gets an unguessable token, and the agent sees
 ``http://127.0.0.1:<port>/<token>/v1`` instead of the real endpoint. A request
