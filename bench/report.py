@@ -448,14 +448,17 @@ def capture_section(cap: dict[str, Any]) -> str:
 
 {settings["concurrency"]} calls in flight against the demo's simulated LLM ({1000 * settings["latency"]:g} ms per
 call on average, uniform in 0.5-1.5x, token ids on), in {settings["rounds"]} rounds alternating direct and
-through a worker's `CaptureProxy` (its own process, recording a span per call as in a worker). Latency is each call's time at the client less
-the generation time the backend reports: what the path itself costs.
+through a worker's `CaptureProxy` (its own process, recording a span per call as in a worker). Latency is
+each call's time at the client less the generation time the backend reports: what the path itself costs.
 
 {table(["path", "calls", "p50 ms (path only)", "p99 ms (path only)", "mean ms (path only)"], rows)}
 
 Added latency: p50 {cap["added_p50_ms"]:+.1f} ms, p99 {cap["added_p99_ms"]:+.1f} ms (targets <= 1 ms and <= 5 ms);
 proxy CPU per call {cap["proxy_cpu_ms_per_call"]:.2f} ms (target <= 0.5 ms). Load average (1, 5, 15 min) at the
-end of the call rounds: {cap.get("load_average", "not recorded")}.
+end of the call rounds: {cap.get("load_average", "not recorded")}. The proxy is one Python thread per worker
+process: at 256 calls in flight of about 0.5 s it must serve about 500 calls/s, i.e. that many times its CPU per
+call of one core, and when the machine leaves it less, calls queue in it; that queue, not the hop itself, is most
+of the added latency measured on this shared machine.
 """ + _capture_rollouts(cap.get("rollouts"))
 
 
