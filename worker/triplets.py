@@ -131,7 +131,8 @@ def _as_prompt_or_response(content: Any, *, text_key: str = "text") -> dict[str,
 
 
 def _ids(value: Any) -> list[int] | None:
-    return [int(v) for v in value] if isinstance(value, (list, tuple)) else None
+    value = _json(value)  # the proxy's spans carry them as JSON; other instrumentation as arrays
+    return list(value) if isinstance(value, (list, tuple)) else None
 
 
 def _triplet(span: dict[str, Any], agent: str | None) -> Triplet:
@@ -157,7 +158,7 @@ def _triplet(span: dict[str, Any], agent: str | None) -> Triplet:
     if response_ids is not None:
         response["token_ids"] = response_ids
     if names.RESPONSE_LOGPROBS in attributes:
-        response["logprobs"] = list(attributes[names.RESPONSE_LOGPROBS])
+        response["logprobs"] = _ids(attributes[names.RESPONSE_LOGPROBS])
     finish = attributes.get("gen_ai.response.finish_reasons")
     metadata = {
         "response_id": attributes.get("gen_ai.response.id"),

@@ -6,7 +6,10 @@ The GenAI names are the current (2025) ones: ``gen_ai.operation.name``,
 ``gen_ai.usage.input_tokens``/``output_tokens``, ``gen_ai.input.messages`` and
 ``gen_ai.output.messages`` (JSON, in the convention's role/parts form). Token
 ids, logprobs and the request exactly as the client sent it have no GenAI name
-yet; they go under ``rollq.llm.*``, which is what triplets are built from.
+yet; they go under ``rollq.llm.*``, which is what triplets are built from. Token
+ids and logprobs are JSON strings rather than attribute arrays: the SDK checks
+an array element by element in Python, which for a prompt of a few thousand ids
+cost more than the rest of the call's path through the proxy.
 """
 
 from __future__ import annotations
@@ -31,6 +34,10 @@ RESPONSE_TOKEN_IDS = "rollq.llm.response_token_ids"
 RESPONSE_LOGPROBS = "rollq.llm.response_logprobs"
 TOKEN_IDS_MISSING = "rollq.llm.token_ids_missing"
 STREAMED = "rollq.llm.streamed"
+
+
+def _compact(values: list[Any] | None) -> str | None:
+    return None if values is None else json.dumps(values, separators=(",", ":"))
 
 
 def _parts(content: Any) -> list[dict[str, Any]]:
@@ -112,9 +119,9 @@ def attributes(call: CapturedCall, server: tuple[str, int] | None = None) -> dic
         "gen_ai.response.id": call.response_id,
         "gen_ai.response.model": call.response_model,
         RESPONSE_TEXT: call.text,
-        PROMPT_TOKEN_IDS: call.prompt_token_ids,
-        RESPONSE_TOKEN_IDS: call.response_token_ids,
-        RESPONSE_LOGPROBS: call.logprobs,
+        PROMPT_TOKEN_IDS: _compact(call.prompt_token_ids),
+        RESPONSE_TOKEN_IDS: _compact(call.response_token_ids),
+        RESPONSE_LOGPROBS: _compact(call.logprobs),
     }
     found.update({k: v for k, v in optional.items() if v is not None})
     if call.finish_reason:
