@@ -156,3 +156,15 @@ def test_a_backend_out_of_reach_answers_502_and_is_recorded(proxy: CaptureProxy)
     assert failed is not None and failed.status == 502
     [span] = spans.captured()
     assert span.attributes is not None and span.attributes["error.type"] == "502"
+
+
+@pytest.mark.parametrize("raw", [b"{}", b'  {"model": "m", "messages": []}', b'{"model":"m","stream":true}\n'])
+def test_fields_are_spliced_into_the_request_body_as_valid_json(raw: bytes) -> None:
+    import json
+
+    from rollq.worker.capture.proxy import _with_fields
+
+    body = json.loads(raw)
+    sent = json.loads(_with_fields(raw, body, {"return_token_ids": True, "logprobs": True}))
+    assert sent == {**body, "return_token_ids": True, "logprobs": True}
+    assert _with_fields(raw, body, {}) is raw

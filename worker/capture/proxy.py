@@ -213,7 +213,7 @@ class CaptureProxy:
                 body = None
         if not isinstance(body, dict) or kind is None:
             return await self._pass_through(request, url, raw)
-        return await self._capture(request, route, kind, url, rest, body)
+        return await self._capture(request, route, kind, url, rest, raw, body)
 
     def _headers(self, request: web.Request) -> dict[str, str]:
         return {k: v for k, v in request.headers.items() if k.lower() not in _DROP_REQUEST}
@@ -234,7 +234,14 @@ class CaptureProxy:
             return _bad_gateway(exc)
 
     async def _capture(
-        self, request: web.Request, route: _Route, kind: CallKind, url: str, rest: str, body: dict[str, Any]
+        self,
+        request: web.Request,
+        route: _Route,
+        kind: CallKind,
+        url: str,
+        rest: str,
+        raw: bytes,
+        body: dict[str, Any],
     ) -> web.StreamResponse:
         assert self._session is not None
         call = CapturedCall(
@@ -248,17 +255,17 @@ class CaptureProxy:
             sampling={k: body[k] for k in _SAMPLING if k in body},
             streamed=bool(body.get("stream")),
         )
-        send = dict(body)
-        if route.logprobs and "logprobs" not in send:
-            send["logprobs"] = True if kind is CallKind.CHAT else int(route.logprobs)
-        call.token_ids_requested = route.upstream not in self._rejecting
+        extra: dict[str, Any] = {}
+        if route.logprobs and "logprobs" not in body:
+            extra["logprobs"] = True if kind is CallKind.CHAT else int(route.logprobs)
+        call.token_ids_requested = route.upstream not in self._rejecting and TOKEN_IDS_FIELD not in body
         if call.token_ids_requested:
-            send[TOKEN_IDS_FIELD] = True
+            extra[TOKEN_IDS_FIELD] = True
         headers = self._headers(request)
         headers["Content-Type"] = "application/json"
         parent = _parent(request, route.parent)
         try:
-            upstream = await self._session.post(url, data=json.dumps(send), headers=headers)
+            upstream = await self._session.post(url, data=_with_fields(raw, body, extra), headers=headers)
             if call.token_ids_requested and upstream.status in (400, 422):
                 refusal = await upstream.read()
                 upstream.release()
@@ -268,8 +275,8 @@ class CaptureProxy:
                 log.warning("%s refused %s; capturing %s calls without token ids", url, TOKEN_IDS_FIELD, route.upstream)
                 self._rejecting.add(route.upstream)
                 call.token_ids_requested = False
-                send.pop(TOKEN_IDS_FIELD)
-                upstream = await self._session.post(url, data=json.dumps(send), headers=headers)
+                extra.pop(TOKEN_IDS_FIELD)
+                upstream = await self._session.post(url, data=_with_fields(raw, body, extra), headers=headers)
             try:
                 streamed = upstream.status == 200 and upstream.content_type == "text/event-stream"
                 if streamed:
@@ -352,6 +359,16 @@ def _parent(request: web.Request, default: Context) -> Context:
     sent = trace.get_current_span(extracted).get_span_context()
     own = trace.get_current_span(default).get_span_context()
     return extracted if sent.is_valid and sent.trace_id == own.trace_id else default
+
+
+def _with_fields(raw: bytes, body: dict[str, Any], extra: dict[str, Any]) -> bytes:
+    """The request body with ``extra`` fields added, spliced in rather than re-encoding a long conversation."""
+    if not extra:
+        return raw
+    if not body:
+        return json.dumps(extra).encode()
+    start = raw.index(b"{") + 1
+    return raw[:start] + json.dumps(extra)[1:-1].encode() + b"," + raw[start:]
 
 
 def _response_headers(headers: Mapping[str, str]) -> dict[str, str]:
