@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 BENCH = Path(__file__).resolve().parent
-BENCHMARKS = ["noop", "mock_llm", "enqueue", "memory"]
+BENCHMARKS = ["noop", "mock_llm", "enqueue", "memory", "capture"]
 
 
 def main() -> None:

@@ -118,3 +118,15 @@ class RolloutsTrimmedError(RollqError, LookupError):
             "on: the stream reached results_max_bytes; read faster or raise results_max_bytes (their task records "
             "still say how each ended)"
         )
+
+
+class InvalidRewardError(RollqError, ValueError):
+    """A reward that is NaN or infinite: a trainer would average it into every gradient step."""
+
+
+class LLMBackendError(RollqError):
+    """The LLM endpoint behind the capturing proxy answered an agent's call with an HTTP error."""
+
+    def __init__(self, status: int, resource: str, path: str, detail: str) -> None:
+        self.status = status
+        super().__init__(f"LLM backend of resource {resource!r} answered HTTP {status} to {path}: {detail}")

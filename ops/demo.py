@@ -1,5 +1,9 @@
 """``rollq demo``: a whole run, producer -> workers -> results, on one machine.
 
+The sample agent calls a simulated LLM served over HTTP by this process
+(:mod:`rollq.ops.sim_llm`) with the ``openai`` client; the workers capture every
+call with its token ids, and the summary counts the triplets that come back.
+
 Without a URL it starts an embedded fake Redis (served over TCP, so the workers
 are real ``rollq worker`` processes) and needs nothing installed. With
 ``--redis-url`` it runs the same against a real Redis, in its own namespace.
@@ -29,6 +33,8 @@ from rollq.store.connection import describe
 from rollq.store.records import read_records
 from rollq.worker.sample_agent import sample_inputs, sample_resources
 
+from .sim_llm import SimulatedLLM
+
 SAMPLE_AGENT = "rollq.worker.sample_agent:SampleAgent"
 
 
@@ -42,6 +48,15 @@ class DemoSummary:
     reward_max: float
     seconds: float
     claims: dict[int, int]
+    triplets: int = 0
+    triplets_with_token_ids: int = 0
+    triplets_min: int = 0
+    triplets_max: int = 0
+
+    @property
+    def triplets_per_rollout(self) -> float:
+        rollouts = self.succeeded + self.failed
+        return self.triplets / rollouts if rollouts else 0.0
 
     @property
     def rollouts_per_second(self) -> float:
@@ -56,6 +71,13 @@ class DemoSummary:
                 f"reward     mean {self.reward_mean:.3f}, min {self.reward_min:.2f}, max {self.reward_max:.2f}",
                 f"throughput {self.rollouts_per_second:.1f} rollouts/s end to end ({self.seconds:.2f}s)",
                 f"claims     {claims}",
+                f"triplets   {self.triplets} ({self.triplets_per_rollout:.2f} per rollout, "
+                f"min {self.triplets_min}, max {self.triplets_max}); "
+                + (
+                    "every triplet carries prompt and response token ids"
+                    if self.triplets and self.triplets_with_token_ids == self.triplets
+                    else f"{self.triplets_with_token_ids} of {self.triplets} carry token ids"
+                ),
             ]
         )
 
@@ -141,9 +163,9 @@ def run_demo(
     with _redis(redis_url) as url:
         echo(f"Redis: {describe(url)}" + ("" if redis_url else " (embedded fake Redis)"))
         producer = Producer.from_url(url, namespace=namespace)
-        resources_id = producer.update_resources(sample_resources())
-        echo(f"resources {resources_id}: LLM 'sim-arith-1' + f-string prompt template")
-        with worker_processes(url, namespace, workers, concurrency, log_dir) as procs:
+        with SimulatedLLM() as llm, worker_processes(url, namespace, workers, concurrency, log_dir) as procs:
+            resources_id = producer.update_resources(sample_resources(endpoint=llm.url))
+            echo(f"resources {resources_id}: LLM 'sim-arith-1' at {llm.url} + f-string prompt template")
             echo(f"{workers} worker processes x concurrency {concurrency}; logs in {log_dir}")
             _await_workers(producer, procs, log_dir, timeout=60)
             started = time.monotonic()
@@ -157,6 +179,13 @@ def run_demo(
             seconds = time.monotonic() - started
         claims = Counter(r.task.num_claims or 0 for r in read_records(producer.connection, producer.keys, ids).values())
     rewards = [r.final_reward for r in rollouts if r.final_reward is not None] or [0.0]
+    counts = [len(r.triplets or []) for r in rollouts] or [0]
+    with_ids = sum(
+        "token_ids" in t.prompt and "token_ids" in t.response
+        for r in rollouts
+        for t in r.triplets or []
+        if isinstance(t.prompt, dict) and isinstance(t.response, dict)
+    )
     succeeded = sum(r.metadata.get("status") == RolloutStatus.SUCCEEDED for r in rollouts)
     return DemoSummary(
         tasks=len(ids),
@@ -167,4 +196,8 @@ def run_demo(
         reward_max=max(rewards),
         seconds=seconds,
         claims=dict(claims),
+        triplets=sum(counts),
+        triplets_with_token_ids=with_ids,
+        triplets_min=min(counts),
+        triplets_max=max(counts),
     )

@@ -136,8 +136,8 @@ def test_legacy_genai_prompt_and_completion_spans_become_triplets_with_rewards(m
     ]
     rollout = to_rollout(RID, None, captured)
     assert [(t.prompt, t.response, t.reward) for t in rollout.triplets or []] == [
-        ("2+2?", "5", 0.0),
-        ("again: 2+2?", "4", 1.0),
+        ({"text": "2+2?"}, {"text": "5"}, 0.0),
+        ({"text": "again: 2+2?"}, {"text": "4"}, 1.0),
     ]
     assert rollout.final_reward == 1.0
     assert rollout.trace == as_json(captured)
@@ -158,21 +158,27 @@ def test_genai_input_and_output_messages_become_the_prompt_and_response(make_spa
         make_span("reward", reward=0.5),
     ]
     [triplet] = to_rollout(RID, None, captured).triplets or []
-    assert (triplet.prompt, triplet.response, triplet.reward) == (messages_in, messages_out, 0.5)
+    assert (triplet.prompt, triplet.response, triplet.reward) == (
+        {"messages": json.loads(messages_in)},
+        {"messages": json.loads(messages_out)},
+        0.5,
+    )
 
 
 def test_indexed_genai_prompt_contents_are_collected_in_index_order(make_span: Any) -> None:
     attributes = {f"gen_ai.prompt.{i}.content": f"message {i}" for i in (10, 2, 0, 1)}
     attributes |= {"gen_ai.request.model": "m", "gen_ai.completion.0.content": "answer"}
     [triplet] = to_rollout(RID, None, [make_span("chat m", **attributes)]).triplets or []
-    assert triplet.prompt == ["message 0", "message 1", "message 2", "message 10"]
-    assert triplet.response == ["answer"]
+    assert triplet.prompt == {"messages": ["message 0", "message 1", "message 2", "message 10"]}
+    assert triplet.response == {"messages": ["answer"]}
     assert triplet.reward is None
 
 
-def test_spans_without_llm_calls_give_no_triplets(make_span: Any) -> None:
+def test_spans_without_llm_calls_give_no_triplets_and_the_reward_is_kept_with_a_warning(make_span: Any) -> None:
     rollout = to_rollout(RID, None, [make_span("rollout"), make_span("reward", **{REWARD_ATTRIBUTE: 1.0})])
-    assert rollout.triplets is None and rollout.final_reward is None
+    assert rollout.triplets is None and rollout.final_reward == 1.0
+    [warning] = rollout.metadata["warnings"]
+    assert "came before any LLM call" in warning
 
 
 def test_a_returned_reward_is_not_overridden_by_span_rewards(make_span: Any) -> None:

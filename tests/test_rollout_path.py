@@ -116,7 +116,7 @@ def assert_kind_normalised(kind: str, rid: str, rollout: Rollout) -> None:
         assert rollout.trace is not None
         assert [s["name"] for s in rollout.trace] == ["rollout", "chat test-model", "reward"]
         assert [(t.prompt, t.response, t.reward) for t in rollout.triplets or []] == [
-            (f"prompt of {rid}", f"answer of {rid}", 0.75)
+            ({"text": f"prompt of {rid}"}, {"text": f"answer of {rid}"}, 0.75)
         ]
         assert rollout.final_reward == 0.75
     elif kind == "float":

@@ -113,5 +113,7 @@ def test_genai_helpers_report_through_the_global_provider_into_the_rollout() -> 
         assert [s.name for s in spans] == ["rollout", "chat m", "reward"]
         assert spans[2].attributes is not None and spans[2].attributes[REWARD_ATTRIBUTE] == marker / 10
         rollout = to_rollout(f"r{marker}", None, spans)
-        assert [(t.prompt, t.response) for t in rollout.triplets or []] == [(f"question {marker}", f"answer {marker}")]
+        assert [(t.prompt, t.response) for t in rollout.triplets or []] == [
+            ({"text": f"question {marker}"}, {"text": f"answer {marker}"})
+        ]
         assert rollout.final_reward == marker / 10

@@ -43,6 +43,10 @@ class WorkerSettings:
     """How long a succeeded task's record is kept (0 = forever); failed ones stay for the dead-letter list."""
     result_ttl: int = DEFAULT_RESULT_TTL
     """How long RQ keeps a finished job, for rq-dashboard (replaces ``rq worker --results-ttl``)."""
+    capture_llm: bool = True
+    """Route agents' LLM calls through this process's capturing proxy (``ROLLQ_CAPTURE_LLM=0`` turns it off)."""
+    triplet_agent: str = ""
+    """When set, triplets come only from LLM calls made under the agent of this name (``gen_ai.agent.name``)."""
 
     def __post_init__(self) -> None:
         if self.concurrency < 1:
@@ -68,8 +72,10 @@ class WorkerSettings:
                 continue
             if f.name == "hooks":
                 values[f.name] = tuple(h.strip() for h in raw.split(",") if h.strip())
-            elif f.name == "agent":
+            elif f.name in ("agent", "triplet_agent"):
                 values[f.name] = raw
+            elif f.name == "capture_llm":
+                values[f.name] = _flag(f.name, raw)
             else:
                 kind = float if f.name.endswith("_seconds") and f.name != "keep_seconds" else int
                 try:
@@ -78,3 +84,12 @@ class WorkerSettings:
                     raise ValueError(f"ROLLQ_{f.name.upper()}={raw!r} is not a valid {kind.__name__}") from exc
         values.update({k: v for k, v in overrides.items() if v is not None})
         return replace(cls(), **values)
+
+
+def _flag(name: str, raw: str) -> bool:
+    value = raw.strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(f"ROLLQ_{name.upper()}={raw!r} is not a boolean (use 1/0, true/false, yes/no, on/off)")

@@ -10,7 +10,10 @@
 - anything else: :class:`UnsupportedResultError` naming what came back.
 
 Then, without a trace the captured spans become it; without triplets they are
-derived from the trace; without a final reward, the last triplet's reward is it.
+derived from the trace (:mod:`rollq.worker.triplets`); without a final reward,
+the last reward in the trace is it (or, for returned triplets, the last one's).
+Rewards that cannot be placed, and calls without token ids, are listed in
+``metadata["warnings"]``. A NaN or infinite reward is an :class:`InvalidRewardError`.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import math
 from typing import Any
 
 from opentelemetry.sdk.resources import Resource
@@ -28,7 +32,8 @@ from opentelemetry.trace import SpanContext, format_span_id, format_trace_id
 from rollq.models.contract import Rollout, Triplet
 from rollq.models.errors import UnsupportedResultError
 
-from .triplets import triplets_from_trace
+from .rewards import check_finite
+from .triplets import derive
 
 log = logging.getLogger(__name__)
 
@@ -101,8 +106,14 @@ def _from_list(rollout_id: str, raw: list[Any]) -> Rollout:
     )
 
 
-def to_rollout(rollout_id: str, raw: Any, captured: list[ReadableSpan]) -> Rollout:
-    """The Rollout for ``raw``; see the module docstring for the rules."""
+def to_rollout(
+    rollout_id: str, raw: Any, captured: list[ReadableSpan], *, only_agent: str | None = None, strict: bool = True
+) -> Rollout:
+    """The Rollout for ``raw``; see the module docstring for the rules.
+
+    ``only_agent`` keeps the triplets of calls made under that agent; ``strict=False``
+    (for a rollout that failed anyway) drops non-finite rewards instead of raising.
+    """
     if raw is None:
         rollout = Rollout(rollout_id=rollout_id)
     elif isinstance(raw, bool):
@@ -125,10 +136,23 @@ def to_rollout(rollout_id: str, raw: Any, captured: list[ReadableSpan]) -> Rollo
     if trace is None and captured:
         trace = update["trace"] = [span_json(s) for s in captured]
     triplets = rollout.triplets
+    final_reward = rollout.final_reward
     if not triplets and trace:
-        derived = triplets_from_trace(trace)
-        if derived:
-            triplets = update["triplets"] = derived
-    if rollout.final_reward is None and triplets and triplets[-1].reward is not None:
-        update["final_reward"] = triplets[-1].reward
+        derived = derive(trace, only_agent=only_agent, strict=strict)
+        if derived.triplets:
+            triplets = update["triplets"] = derived.triplets
+        if final_reward is None and derived.last_reward is not None:
+            final_reward = update["final_reward"] = derived.last_reward
+        if derived.warnings:
+            update["metadata"] = {**rollout.metadata, "warnings": derived.warnings}
+    if final_reward is None and triplets and triplets[-1].reward is not None:
+        final_reward = update["final_reward"] = triplets[-1].reward
+    if strict:
+        if final_reward is not None:
+            check_finite(final_reward, "the final reward")
+        for i, triplet in enumerate(triplets or []):
+            if triplet.reward is not None:
+                check_finite(triplet.reward, f"the reward of triplet {i}")
+    elif final_reward is not None and not math.isfinite(final_reward):
+        update["final_reward"] = None
     return rollout.model_copy(update=update) if update else rollout

@@ -58,6 +58,7 @@ from rollq.store.transitions import Lifecycle
 
 from .agent import LitAgent
 from .bookkeeping import Bookkeeping
+from .capture import CaptureProxy
 from .config import WorkerSettings
 from .executor import AgentExecutor
 from .faults import crash_point
@@ -134,6 +135,7 @@ class RolloutWorker(SimpleWorker):
         self.runner: AgentRunner | None = None
         self._heartbeat: Heartbeat | None = None
         self._executor = AgentExecutor(on_wedged=self._on_loop_wedged)
+        self._capture: CaptureProxy | None = None
         self._slots = threading.BoundedSemaphore(self.settings.concurrency)
         self._bookkeeping: Bookkeeping | None = None
         self._busy = 0
@@ -171,6 +173,7 @@ class RolloutWorker(SimpleWorker):
         self.worker_id = int(self.connection.incr(self.keys.worker_seq))
         lifecycle = Lifecycle(self.connection, self.keys, results_max_bytes=self.settings.results_max_bytes)
         self._executor.start()
+        self._capture = CaptureProxy().start() if self.settings.capture_llm else None
         # Redis round trips for job bookkeeping overlap on a few threads; more would only contend for the GIL.
         self._bookkeeping = Bookkeeping(min(self.settings.concurrency, 8))
         self.runner = AgentRunner(
@@ -182,6 +185,7 @@ class RolloutWorker(SimpleWorker):
             executor=self._executor,
             settings=self.settings,
             worker_name=self.name,
+            capture=self._capture,
         )
         self.hook_set.init_worker(self.worker_id)
         self._heartbeat = Heartbeat(
@@ -495,6 +499,8 @@ class RolloutWorker(SimpleWorker):
             if self.worker_id is not None:
                 self.hook_set.teardown_worker(self.worker_id)
             self._executor.stop()
+            if self._capture is not None:
+                self._capture.stop()
             if self._bookkeeping is not None:
                 self._bookkeeping.shutdown()
             self.runner = None

@@ -20,10 +20,13 @@ from dataclasses import asdict, dataclass, field
 from enum import StrEnum
 from typing import Any
 
+from opentelemetry import trace
+
 from rollq.models.contract import NamedResources, Rollout, Task
 from rollq.models.errors import (
     AgentTimeoutError,
     InvalidTaskError,
+    LLMBackendError,
     PayloadTooLargeError,
     UnknownResourcesError,
     UnserializableResultError,
@@ -35,6 +38,7 @@ from rollq.store.records import parse_task
 from rollq.store.transitions import Claim, ClaimRefused, Lifecycle, Superseded
 
 from .agent import LitAgent
+from .capture import AttemptCapture, CaptureProxy
 from .config import WorkerSettings
 from .executor import AgentExecutor
 from .hooks import HookSet
@@ -84,6 +88,7 @@ class Pending:
     trace: RolloutTrace
     future: concurrent.futures.Future[Any]
     started: float = field(default_factory=time.monotonic)
+    capture: AttemptCapture | None = None
 
     @property
     def member(self) -> str:
@@ -104,6 +109,7 @@ class AgentRunner:
         executor: AgentExecutor,
         settings: WorkerSettings,
         worker_name: str,
+        capture: CaptureProxy | None = None,
     ) -> None:
         self.lifecycle = lifecycle
         self.resources = resources
@@ -113,6 +119,7 @@ class AgentRunner:
         self.executor = executor
         self.settings = settings
         self.worker_name = worker_name
+        self.capture = capture
         self._running: dict[str, Pending] = {}
         self._lock = threading.Lock()
 
@@ -193,6 +200,12 @@ class AgentRunner:
             rollout = self._stamp(Rollout(rollout_id=rollout_id), claim, exc)
             return self._publish(rollout_id, claim.attempt, rollout, failed=True, duration=None)
         rollout_trace = self.tracer.start_rollout(rollout_id, claim.attempt)
+        capture = None
+        if self.capture is not None and resources:
+            # The agent sees its LLM endpoints through this attempt's own proxy addresses.
+            resources, capture = self.capture.open_attempt(
+                resources, trace.set_span_in_context(rollout_trace.root), self.tracer.capture_tracer()
+            )
         self.hooks.rollout_start(task, self, self.tracer, rollout_trace.context)
         with self._lock:
             future = self.executor.submit(
@@ -204,7 +217,7 @@ class AgentRunner:
                 rollout_id,
             )
             pending = self._running[f"{rollout_id}|{claim.attempt}"] = Pending(
-                task, policy, claim, rollout_trace, future
+                task, policy, claim, rollout_trace, future, capture=capture
             )
         return pending
 
@@ -212,6 +225,8 @@ class AgentRunner:
         """Publish, retry or hand back the attempt whose agent has finished; returns the RQ job result."""
         task, policy, claim = pending.task, pending.policy, pending.claim
         rid, attempt = task.rollout_id, claim.attempt
+        if pending.capture is not None:
+            pending.capture.close()  # from here on, calls on this attempt's addresses are refused
         try:
             error: BaseException | None = None
             kind: FailureKind | None = None
@@ -226,16 +241,16 @@ class AgentRunner:
             except AgentTimeoutError as exc:
                 error, kind = AgentTimeoutError(f"attempt {attempt} {exc}"), "timeout"
             except Exception as exc:
-                error, kind = exc, "exception"
+                error, kind = _backend_error(exc, pending.capture), "exception"
             spans = pending.trace.finish()
             if error is None:
                 try:
-                    rollout = to_rollout(rid, raw, spans)
+                    rollout = to_rollout(rid, raw, spans, only_agent=self.settings.triplet_agent or None)
                 except Exception as exc:
                     error, kind = exc, "exception"
             if error is not None:
                 log.error("task %s attempt %d failed: %s: %s", rid, attempt, type(error).__name__, error)
-                rollout = to_rollout(rid, None, spans)
+                rollout = to_rollout(rid, None, spans, only_agent=self.settings.triplet_agent or None, strict=False)
             rollout = self._stamp(rollout, claim, error)
             self.hooks.rollout_end(task, rollout, self, self.tracer, pending.trace.context)
             if error is not None and kind is not None and policy.retries(kind, claim.attempts_used):
@@ -311,3 +326,14 @@ class AgentRunner:
             )
             return AttemptResult(rollout_id, AttemptStatus.SUPERSEDED, attempt)
         return AttemptResult(rollout_id, AttemptStatus(status.value), attempt)
+
+
+def _backend_error(exc: Exception, capture: AttemptCapture | None) -> Exception:
+    # An agent that fails after the LLM backend refused a call fails because of it; say so with the status,
+    # whatever client (and error message) the agent used.
+    failure = capture.failed_last_call() if capture is not None else None
+    if failure is None:
+        return exc
+    error = LLMBackendError(failure.status, failure.resource, failure.path, (failure.error or "")[:300])
+    error.__cause__ = exc
+    return error

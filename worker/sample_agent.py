@@ -1,10 +1,12 @@
-"""The sample agent ``rollq demo`` runs: arithmetic questions against a simulated LLM.
+"""The sample agent ``rollq demo`` runs: arithmetic questions asked of an LLM with the ``openai`` client.
 
-It shows the parts a real agent uses: an ``LLM`` resource (model, sampling
-temperature), a ``PromptTemplate`` resource, one GenAI span per LLM call and a
-reward span per turn, from which rollq derives triplets and the final reward.
-No network: the "LLM" answers after a short sleep, right more often when the
-temperature is low.
+It shows the parts a real agent uses: an ``LLM`` resource (endpoint, model,
+sampling temperature), a ``PromptTemplate`` resource, plain ``openai`` calls and
+one ``emit_reward`` per answer. It knows nothing of rollq's capture: the worker
+points the endpoint at its capturing proxy, which records each call with its
+token ids, and rollq makes one triplet per call. ``rollq demo`` serves a
+simulated LLM over HTTP (:mod:`rollq.ops.sim_llm`); with the endpoint
+``sim://local`` (the compose sample) the agent simulates the answers in process.
 """
 
 from __future__ import annotations
@@ -18,11 +20,13 @@ from rollq.models.contract import LLM, NamedResources, PromptTemplate
 from .agent import LitAgent
 from .tracer import emit_reward, llm_call_span
 
+IN_PROCESS = "sim://local"
 
-def sample_resources(temperature: float = 0.3) -> dict[str, Any]:
-    """The resources the sample agent expects."""
+
+def sample_resources(temperature: float = 0.3, endpoint: str = IN_PROCESS) -> dict[str, Any]:
+    """The resources the sample agent expects; ``endpoint`` is an OpenAI-compatible base URL or ``sim://local``."""
     return {
-        "main_llm": LLM(endpoint="sim://local", model="sim-arith-1", sampling_parameters={"temperature": temperature}),
+        "main_llm": LLM(endpoint=endpoint, model="sim-arith-1", sampling_parameters={"temperature": temperature}),
         "system_prompt": PromptTemplate(template="Compute {a} + {b}. Answer with a number.", engine="f-string"),
     }
 
@@ -38,6 +42,17 @@ class SampleAgent(LitAgent):
 
     latency = (0.02, 0.1)
 
+    def __init__(self) -> None:
+        self._client: Any = None
+
+    def _openai(self, endpoint: str) -> Any:
+        import openai
+
+        # One connection pool for every rollout of this process; each rollout has its own base URL.
+        if self._client is None:
+            self._client = openai.AsyncOpenAI(base_url=endpoint, api_key="sample", max_retries=0)
+        return self._client.with_options(base_url=endpoint)
+
     async def training_rollout_async(self, task_input: Any, rollout_id: str, resources: NamedResources) -> None:
         llm = resources["main_llm"]
         template = resources["system_prompt"]
@@ -45,12 +60,25 @@ class SampleAgent(LitAgent):
         temperature = float(llm.sampling_parameters.get("temperature", 0.5))
         prompt = template.template.format(**task_input)
         truth = task_input["a"] + task_input["b"]
+        messages: list[Any] = [{"role": "user", "content": prompt}]
         for _turn in range(2):
-            with llm_call_span(llm.model, prompt) as span:
-                await asyncio.sleep(random.uniform(*self.latency))
-                answer = truth if random.random() > temperature else truth + random.choice((-1, 1))
-                span.set_attribute("gen_ai.completion", str(answer))
-            emit_reward(1.0 if answer == truth else 0.0)
-            if answer == truth:
+            if llm.endpoint == IN_PROCESS:
+                answer = await self._simulate(llm.model, prompt, truth, temperature)
+            else:
+                reply = await self._openai(llm.endpoint).chat.completions.create(
+                    model=llm.model, messages=messages, temperature=temperature
+                )
+                answer = reply.choices[0].message.content or ""
+                messages += [{"role": "assistant", "content": answer}, {"role": "user", "content": prompt}]
+            correct = answer.strip() == str(truth)
+            emit_reward(1.0 if correct else 0.0)
+            if correct:
                 return None
         return None
+
+    async def _simulate(self, model: str, prompt: str, truth: int, temperature: float) -> str:
+        with llm_call_span(model, prompt) as span:
+            await asyncio.sleep(random.uniform(*self.latency))
+            answer = str(truth if random.random() > temperature else truth + random.choice((-1, 1)))
+            span.set_attribute("gen_ai.completion", answer)
+        return answer

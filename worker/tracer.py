@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextvars
 import logging
+import math
 import os
 import threading
 from collections.abc import Iterator
@@ -23,6 +24,8 @@ from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.context import Context
 from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
+
+from rollq.models.errors import InvalidRewardError
 
 log = logging.getLogger(__name__)
 
@@ -79,6 +82,10 @@ class BaseTracer:
     def start_rollout(self, rollout_id: str, attempt: int) -> RolloutTrace:
         raise NotImplementedError
 
+    def capture_tracer(self) -> trace.Tracer:
+        """The tracer that records captured LLM calls; they must reach the same span processors."""
+        return trace.get_tracer("rollq.capture")
+
 
 class OtelTracer(BaseTracer):
     """Captures spans through the process's OpenTelemetry SDK tracer provider.
@@ -102,6 +109,9 @@ class OtelTracer(BaseTracer):
         self._processor = _RoutingProcessor()
         provider.add_span_processor(self._processor)
         self._tracer = provider.get_tracer("rollq")
+
+    def capture_tracer(self) -> trace.Tracer:
+        return self.provider.get_tracer("rollq.capture")
 
     def start_rollout(self, rollout_id: str, attempt: int) -> RolloutTrace:
         # An empty parent context forces a new trace id: the key spans are routed by.
@@ -145,6 +155,12 @@ def llm_call_span(model: str, prompt: Any, *, system: str = "rollq", operation: 
 
 
 def emit_reward(value: float) -> None:
-    """Record a reward for the turn just taken, as a span rollq reads back into triplets."""
-    with _agent_tracer.start_as_current_span(REWARD_SPAN, attributes={REWARD_ATTRIBUTE: float(value)}):
+    """Record a reward for the LLM call just made, as a span rollq reads back into triplets.
+
+    A NaN or infinite ``value`` raises :class:`InvalidRewardError` here, where the bug is.
+    """
+    reward = float(value)
+    if not math.isfinite(reward):
+        raise InvalidRewardError(f"emit_reward({reward}): rewards must be finite numbers")
+    with _agent_tracer.start_as_current_span(REWARD_SPAN, attributes={REWARD_ATTRIBUTE: reward}):
         pass

@@ -1,0 +1,137 @@
+"""Agents that call an OpenAI-compatible endpoint the ways real agents do, for the LLM-capture tests.
+
+Workers load them as ``tests.capture_agents:Name``. Each reads ``resources["llm"]``
+(whose endpoint the worker has pointed at its capturing proxy) and does what
+``task_input["steps"]`` lists, in order; a step is one of
+
+- ``"sync"``, ``"async"``, ``"stream"``, ``"completion"``, ``"httpx"``, ``"curl"``, ``"tools"``:
+  one LLM call made with that client (``sync`` = the ``openai`` SDK's sync
+  client, ``curl`` = a subprocess);
+- ``"reward:<x>"``: ``emit_reward(x)``;
+- ``"agent:<name>"`` / ``"end_agent"``: open / close an autogen-style
+  ``invoke_agent`` span; ``"tool"``: an ``execute_tool`` span (both carry GenAI
+  attributes and must not become triplets).
+
+The agent returns what the calls answered, so a test can check the texts too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import subprocess
+from typing import Any
+
+import httpx
+import openai
+from opentelemetry import trace
+
+from rollq.models.contract import LLM, NamedResources
+from rollq.worker.agent import LitAgent
+from rollq.worker.tracer import emit_reward
+
+_tracer = trace.get_tracer("tests.capture_agents")
+
+
+def _messages(rollout_id: str, i: int) -> list[dict[str, str]]:
+    return [{"role": "system", "content": "be brief"}, {"role": "user", "content": f"{rollout_id} question {i}"}]
+
+
+def _sync_call(step: str, llm: LLM, rollout_id: str, i: int) -> str:
+    url = llm.endpoint.rstrip("/")
+    body = {"model": llm.model, "messages": _messages(rollout_id, i)}
+    if step == "sync":
+        client = openai.OpenAI(base_url=llm.endpoint, api_key="none", max_retries=0)
+        return (
+            client.chat.completions.create(model=llm.model, messages=body["messages"]).choices[0].message.content or ""
+        )  # type: ignore[arg-type]
+    if step == "httpx":
+        answer = httpx.post(f"{url}/chat/completions", json=body, timeout=30)
+        answer.raise_for_status()
+        return str(answer.json()["choices"][0]["message"]["content"])
+    if step == "curl":
+        done = subprocess.run(
+            ["curl", "-sS", "--fail-with-body", "-H", "Content-Type: application/json", "-d", json.dumps(body),
+             f"{url}/chat/completions"],
+            capture_output=True, text=True, timeout=30,
+        )  # fmt: skip
+        if done.returncode != 0:
+            raise RuntimeError(f"curl exited {done.returncode}: {done.stderr.strip()} {done.stdout.strip()}")
+        return str(json.loads(done.stdout)["choices"][0]["message"]["content"])
+    raise AssertionError(f"unknown sync step {step!r}")
+
+
+async def _async_call(step: str, llm: LLM, rollout_id: str, i: int) -> str:
+    client = openai.AsyncOpenAI(base_url=llm.endpoint, api_key="none", max_retries=0)
+    messages: Any = _messages(rollout_id, i)
+    if step == "async":
+        answer = await client.chat.completions.create(model=llm.model, messages=messages)
+        return answer.choices[0].message.content or ""
+    if step == "stream":
+        stream = await client.chat.completions.create(
+            model=llm.model, messages=messages, stream=True, stream_options={"include_usage": True}
+        )
+        return "".join([c.choices[0].delta.content or "" async for c in stream if c.choices])
+    if step == "completion":
+        completion = await client.completions.create(model=llm.model, prompt=f"{rollout_id} prompt {i}")
+        return completion.choices[0].text
+    if step == "tools":
+        tools: Any = [{"type": "function", "function": {"name": "calc", "parameters": {"type": "object"}}}]
+        answer = await client.chat.completions.create(model=llm.model, messages=messages, tools=tools)
+        return json.dumps([t.model_dump() for t in answer.choices[0].message.tool_calls or []])
+    if step == "httpx":
+        async with httpx.AsyncClient(timeout=30) as http:
+            body = {"model": llm.model, "messages": messages}
+            response = await http.post(f"{llm.endpoint.rstrip('/')}/chat/completions", json=body)
+            response.raise_for_status()
+            return str(response.json()["choices"][0]["message"]["content"])
+    return await asyncio.to_thread(_sync_call, step, llm, rollout_id, i)  # the sync SDK, curl: off the loop
+
+
+class _Spans:
+    """Autogen-style agent and tool spans, opened and closed by steps."""
+
+    def __init__(self) -> None:
+        self.stack = contextlib.ExitStack()
+
+    def step(self, step: str) -> bool:
+        if step.startswith("reward:"):
+            emit_reward(float(step.split(":", 1)[1]))
+        elif step.startswith("agent:"):
+            name = step.split(":", 1)[1]
+            attributes = {"gen_ai.operation.name": "invoke_agent", "gen_ai.agent.name": name}
+            self.stack.enter_context(_tracer.start_as_current_span(f"invoke_agent {name}", attributes=attributes))
+        elif step == "end_agent":
+            self.stack.close()
+        elif step == "tool":
+            attributes = {"gen_ai.operation.name": "execute_tool", "gen_ai.tool.name": "calc"}
+            with _tracer.start_as_current_span("execute_tool calc", attributes=attributes):
+                pass
+        else:
+            return False
+        return True
+
+
+class AsyncCaptureAgent(LitAgent):
+    async def training_rollout_async(self, task_input: Any, rollout_id: str, resources: NamedResources) -> Any:
+        llm = resources["llm"]
+        assert isinstance(llm, LLM)
+        spans, answers = _Spans(), []
+        for i, step in enumerate(task_input["steps"]):
+            if not spans.step(step):
+                answers.append(await _async_call(step, llm, rollout_id, i))
+        spans.stack.close()
+        return task_input.get("returns")
+
+
+class SyncCaptureAgent(LitAgent):
+    def training_rollout(self, task_input: Any, rollout_id: str, resources: NamedResources) -> Any:
+        llm = resources["llm"]
+        assert isinstance(llm, LLM)
+        spans = _Spans()
+        for i, step in enumerate(task_input["steps"]):
+            if not spans.step(step):
+                _sync_call(step, llm, rollout_id, i)
+        spans.stack.close()
+        return task_input.get("returns")

@@ -1,0 +1,170 @@
+"""The capturing proxy on its own: addresses, refusals, streaming, pass-through, span parents."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import openai
+import pytest
+from fake_vllm import FakeVLLM
+from opentelemetry import trace
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+from rollq.models.contract import LLM, PromptTemplate
+from rollq.worker.capture import CaptureProxy
+from rollq.worker.capture.proxy import AttemptCapture
+
+MESSAGES: Any = [{"role": "user", "content": "hi"}]
+
+
+@pytest.fixture(scope="module")
+def fake() -> Iterator[FakeVLLM]:
+    server = FakeVLLM().start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def proxy() -> Iterator[CaptureProxy]:
+    started = CaptureProxy().start()
+    yield started
+    started.stop()
+
+
+class Spans:
+    def __init__(self) -> None:
+        self.exporter = InMemorySpanExporter()
+        provider = TracerProvider()
+        provider.add_span_processor(SimpleSpanProcessor(self.exporter))
+        self.tracer = provider.get_tracer("tests.capture_proxy")
+        self.root = self.tracer.start_span("rollout")
+
+    def captured(self) -> list[ReadableSpan]:
+        return [s for s in self.exporter.get_finished_spans() if (s.attributes or {}).get("rollq.llm.captured")]
+
+
+def open_attempt(proxy: CaptureProxy, endpoint: str, **sampling: Any) -> tuple[LLM, AttemptCapture, Spans]:
+    spans = Spans()
+    resources, attempt = proxy.open_attempt(
+        {
+            "llm": LLM(endpoint=endpoint, model="m", sampling_parameters=sampling),
+            "prompt": PromptTemplate(template="{x}", engine="f-string"),
+        },
+        trace.set_span_in_context(spans.root),
+        spans.tracer,
+    )
+    llm = resources["llm"]
+    assert isinstance(llm, LLM)
+    return llm, attempt, spans
+
+
+def test_each_attempt_gets_an_unguessable_loopback_address_and_other_resources_are_untouched(
+    proxy: CaptureProxy, fake: FakeVLLM
+) -> None:
+    spans = Spans()
+    original = {"llm": LLM(endpoint=fake.url, model="m"), "p": PromptTemplate(template="t", engine="f-string")}
+    first, _ = proxy.open_attempt(original, trace.set_span_in_context(spans.root), spans.tracer)
+    second, _ = proxy.open_attempt(original, trace.set_span_in_context(spans.root), spans.tracer)
+    a, b = first["llm"], second["llm"]
+    assert isinstance(a, LLM) and isinstance(b, LLM)
+    assert a.endpoint.startswith(f"http://127.0.0.1:{proxy.port}/") and a.endpoint.endswith("/v1")
+    assert a.endpoint != b.endpoint and len(a.endpoint.split("/")[3]) >= 32
+    assert original["llm"].endpoint == fake.url  # the shared resources are not modified
+    assert first["p"] is original["p"]
+
+
+def test_a_revoked_or_unknown_address_is_refused_with_404(proxy: CaptureProxy, fake: FakeVLLM) -> None:
+    llm, attempt, spans = open_attempt(proxy, fake.url)
+    client = openai.OpenAI(base_url=llm.endpoint, api_key="none", max_retries=0)
+    client.chat.completions.create(model="m", messages=MESSAGES)
+    attempt.close()
+    received = len(fake.received)
+    with pytest.raises(openai.NotFoundError, match="unknown or expired"):
+        client.chat.completions.create(model="m", messages=MESSAGES)
+    guessed = httpx.post(f"http://127.0.0.1:{proxy.port}/not-a-token/v1/chat/completions", json={"messages": []})
+    assert guessed.status_code == 404
+    assert len(fake.received) == received  # nothing reached the backend
+    assert len(spans.captured()) == 1 and len(attempt.calls) == 1
+
+
+def test_streamed_chunks_reach_the_client_as_sent_and_the_call_is_recorded_before_the_stream_ends(
+    proxy: CaptureProxy, fake: FakeVLLM
+) -> None:
+    llm, attempt, _ = open_attempt(proxy, fake.url)
+    fake.chunk_pause = 0.2
+    try:
+        arrivals = []
+        started = time.monotonic()
+        body = {"model": "m", "messages": MESSAGES, "stream": True}
+        with httpx.stream("POST", f"{llm.endpoint}/chat/completions", json=body, timeout=30) as response:
+            for line in response.iter_lines():
+                if line.startswith("data: {"):
+                    arrivals.append(time.monotonic() - started)
+    finally:
+        fake.chunk_pause = 0.0
+    # "reply N" in 3-character deltas: 3 pauses of 0.2 s between the first content chunk and the end.
+    assert arrivals[-1] - arrivals[1] >= 0.35, arrivals
+    [call] = attempt.calls
+    assert call.streamed and call.response_token_ids == fake.sent[call.response_id or ""].token_ids
+
+
+def test_other_paths_pass_through_uncaptured(proxy: CaptureProxy, fake: FakeVLLM) -> None:
+    llm, attempt, spans = open_attempt(proxy, fake.url)
+    models = openai.OpenAI(base_url=llm.endpoint, api_key="none").models.list()
+    assert [m.id for m in models.data] == ["fake-model"]
+    assert attempt.calls == [] and spans.captured() == []
+
+
+def test_an_endpoint_without_v1_is_forwarded_path_for_path(proxy: CaptureProxy, fake: FakeVLLM) -> None:
+    llm, attempt, _ = open_attempt(proxy, f"http://127.0.0.1:{fake.port}")
+    assert not llm.endpoint.endswith("/v1")
+    answer = httpx.post(f"{llm.endpoint}/v1/completions", json={"model": "m", "prompt": "p"}, timeout=30)
+    assert answer.status_code == 200
+    [call] = attempt.calls
+    assert (
+        call.path == "/v1/completions" and call.prompt_token_ids == fake.sent[call.response_id or ""].prompt_token_ids
+    )
+
+
+def test_a_call_sent_with_a_traceparent_of_the_attempt_nests_under_that_span(
+    proxy: CaptureProxy, fake: FakeVLLM
+) -> None:
+    llm, _, spans = open_attempt(proxy, fake.url)
+    with spans.tracer.start_as_current_span("agent step", context=trace.set_span_in_context(spans.root)) as step:
+        headers: dict[str, str] = {}
+        TraceContextTextMapPropagator().inject(headers)
+        httpx.post(f"{llm.endpoint}/chat/completions", json={"model": "m", "messages": MESSAGES}, headers=headers)
+    httpx.post(f"{llm.endpoint}/chat/completions", json={"model": "m", "messages": MESSAGES})
+    nested, plain = spans.captured()
+    assert nested.parent is not None and nested.parent.span_id == step.get_span_context().span_id
+    assert plain.parent is not None and plain.parent.span_id == spans.root.get_span_context().span_id
+
+
+def test_a_backend_out_of_reach_answers_502_and_is_recorded(proxy: CaptureProxy) -> None:
+    from servers import free_port
+
+    llm, attempt, spans = open_attempt(proxy, f"http://127.0.0.1:{free_port()}/v1")
+    answer = httpx.post(f"{llm.endpoint}/chat/completions", json={"model": "m", "messages": MESSAGES}, timeout=30)
+    assert answer.status_code == 502 and "could not reach" in answer.json()["error"]["message"]
+    failed = attempt.failed_last_call()
+    assert failed is not None and failed.status == 502
+    [span] = spans.captured()
+    assert span.attributes is not None and span.attributes["error.type"] == "502"
+
+
+@pytest.mark.parametrize("raw", [b"{}", b'  {"model": "m", "messages": []}', b'{"model":"m","stream":true}\n'])
+def test_fields_are_spliced_into_the_request_body_as_valid_json(raw: bytes) -> None:
+    import json
+
+    from rollq.worker.capture.proxy import _with_fields
+
+    body = json.loads(raw)
+    sent = json.loads(_with_fields(raw, body, {"return_token_ids": True, "logprobs": True}))
+    assert sent == {**body, "return_token_ids": True, "logprobs": True}
+    assert _with_fields(raw, body, {}) is raw

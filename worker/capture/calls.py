@@ -1,0 +1,54 @@
+"""The record of one LLM call the proxy forwarded: what was asked, what came back, in token ids too."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Any
+
+
+class CallKind(enum.Enum):
+    """The OpenAI-compatible operation; the value is the GenAI ``gen_ai.operation.name``."""
+
+    CHAT = "chat"
+    TEXT_COMPLETION = "text_completion"
+
+
+@dataclass
+class CapturedCall:
+    """One call through the proxy. Only the first choice is recorded (``n > 1`` keeps choice 0)."""
+
+    kind: CallKind
+    resource: str
+    path: str
+    start_ns: int
+    request_model: str | None = None
+    messages: list[Any] | None = None
+    """The request's chat messages, as the client sent them (chat calls)."""
+    prompt: Any = None
+    """The request's prompt (text completions): a string, a list of them, or token ids."""
+    sampling: dict[str, Any] = field(default_factory=dict)
+    streamed: bool = False
+    end_ns: int = 0
+    status: int = 0
+    response_id: str | None = None
+    response_model: str | None = None
+    text: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None
+    prompt_token_ids: list[int] | None = None
+    response_token_ids: list[int] | None = None
+    logprobs: list[float] | None = None
+    finish_reason: str | None = None
+    usage: dict[str, Any] | None = None
+    token_ids_requested: bool = True
+    """False when the backend refused ``return_token_ids`` and the call went through without it."""
+    error: str | None = None
+    """What went wrong: the backend's error body (HTTP >= 400), or a transport failure."""
+
+    @property
+    def token_ids_missing(self) -> bool:
+        return self.error is None and (self.prompt_token_ids is None or self.response_token_ids is None)
+
+    @property
+    def latency_seconds(self) -> float:
+        return (self.end_ns - self.start_ns) / 1e9

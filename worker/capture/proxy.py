@@ -1,0 +1,382 @@
+"""The capturing proxy: one aiohttp server per worker process, on 127.0.0.1, on a thread of its own.
+
+aiohttp serves and forwards (one library for both ends, streaming in both
+directions without buffering, a connection pool to the backend). It has a
+thread and loop of its own rather than the async agents' loop: an async agent
+that calls a sync client on that loop would otherwise wait on a proxy that
+cannot run until it returns. Each attempt
+opens a :class:`AttemptCapture`: every ``LLM`` resource with an http(s)
+endpoint gets an unguessable token, and the agent sees
+``http://127.0.0.1:<port>/<token>/v1`` instead of the real endpoint. A request
+to ``/<token>/<rest>`` is forwarded to the real endpoint plus ``<rest>``;
+``POST .../chat/completions`` and ``POST .../completions`` are captured, any
+other path passes through untouched. An unknown or revoked token gets 404, so a
+straggler from a finished or superseded attempt never lands in another one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import secrets
+import socket
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import urlsplit
+
+import aiohttp
+from aiohttp import web
+from opentelemetry import trace
+from opentelemetry.context import Context
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+from rollq.models.contract import LLM, NamedResources
+
+from .calls import CallKind, CapturedCall
+from .spans import record_span
+from .tokens import StreamAssembler, iter_sse_data, read_response
+
+log = logging.getLogger(__name__)
+
+TOKEN_IDS_FIELD = "return_token_ids"
+# Hop-by-hop headers, and the ones that no longer hold once the body is re-encoded or decompressed.
+_DROP_REQUEST = frozenset(
+    {"host", "content-length", "transfer-encoding", "connection", "keep-alive", "accept-encoding", "te", "upgrade"}
+)
+_DROP_RESPONSE = frozenset({"content-length", "content-encoding", "transfer-encoding", "connection", "keep-alive"})
+_SAMPLING = ("temperature", "top_p", "max_tokens", "max_completion_tokens", "seed", "n", "logprobs", "top_logprobs")
+
+
+@dataclass
+class _Route:
+    """Where one token leads: a resource of one attempt."""
+
+    resource: str
+    upstream: str
+    prefix: str
+    parent: Context
+    tracer: trace.Tracer
+    logprobs: Any
+    calls: list[CapturedCall]
+
+
+@dataclass
+class AttemptCapture:
+    """The tokens of one attempt and the calls made through them; :meth:`close` revokes the tokens."""
+
+    proxy: CaptureProxy
+    tokens: list[str] = field(default_factory=list)
+    calls: list[CapturedCall] = field(default_factory=list)
+
+    def close(self) -> None:
+        self.proxy.revoke(self.tokens)
+
+    def failed_last_call(self) -> CapturedCall | None:
+        """The latest call, when the backend answered it with an HTTP error (or it never reached the backend)."""
+        last = self.calls[-1] if self.calls else None
+        return last if last is not None and last.error is not None else None
+
+
+def _proxy_suffix(endpoint: str) -> str:
+    # Keep a trailing /v1 visible, so clients that take the endpoint as their base URL work unchanged.
+    return "/v1" if urlsplit(endpoint).path.rstrip("/").endswith("/v1") else ""
+
+
+class CaptureProxy:
+    """Forwards and records LLM calls for every attempt of this worker process."""
+
+    def __init__(self, host: str = "127.0.0.1") -> None:
+        self.host = host
+        self.port = 0
+        self._routes: dict[str, _Route] = {}
+        self._rejecting: set[str] = set()  # upstreams that refused return_token_ids once
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._session: aiohttp.ClientSession | None = None
+        self._runner: web.AppRunner | None = None
+        self._thread: threading.Thread | None = None
+
+    # -- lifecycle -------------------------------------------------------------------------------------------
+    def start(self) -> CaptureProxy:
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((self.host, 0))
+        self.port = int(sock.getsockname()[1])
+        ready = threading.Event()
+        failure: list[BaseException] = []
+
+        def serve() -> None:
+            loop = self._loop = asyncio.new_event_loop()
+            asyncio.set_event_loop(loop)
+            try:
+                loop.run_until_complete(self._open(sock))
+            except BaseException as exc:  # reported to start()'s caller below
+                failure.append(exc)
+                ready.set()
+                return
+            ready.set()
+            loop.run_forever()
+            loop.run_until_complete(self._close())
+            loop.close()
+
+        self._thread = threading.Thread(target=serve, name="rollq-llm-capture", daemon=True)
+        self._thread.start()
+        ready.wait()
+        if failure:
+            raise failure[0]
+        log.info("capturing LLM calls through http://%s:%d", self.host, self.port)
+        return self
+
+    async def _open(self, sock: socket.socket) -> None:
+        self._session = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=300),
+            timeout=aiohttp.ClientTimeout(total=None, sock_connect=30),
+            cookie_jar=aiohttp.DummyCookieJar(),  # a proxy keeps no cookies between attempts
+        )
+        app = web.Application(client_max_size=256 * 1024 * 1024)
+        app.router.add_route("*", "/{token}/{rest:.*}", self._handle)
+        app.router.add_route("*", "/{token}", self._handle)
+        self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        await self._runner.setup()
+        await web.SockSite(self._runner, sock).start()
+
+    async def _close(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+        if self._session is not None:
+            await self._session.close()
+
+    def stop(self) -> None:
+        if self._loop is not None and self._thread is not None:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(timeout=5)
+
+    # -- attempts --------------------------------------------------------------------------------------------
+    def open_attempt(
+        self, resources: NamedResources, parent: Context, tracer: trace.Tracer
+    ) -> tuple[NamedResources, AttemptCapture]:
+        """``resources`` with each http(s) LLM endpoint pointed at this proxy, and the attempt's capture."""
+        attempt = AttemptCapture(self)
+        rewritten: dict[str, Any] = dict(resources)
+        for name, resource in resources.items():
+            if not isinstance(resource, LLM) or urlsplit(resource.endpoint).scheme not in ("http", "https"):
+                continue
+            token = secrets.token_urlsafe(24)
+            suffix = _proxy_suffix(resource.endpoint)
+            self._routes[token] = _Route(
+                resource=name,
+                upstream=resource.endpoint.rstrip("/"),
+                prefix=f"/{token}{suffix}",
+                parent=parent,
+                tracer=tracer,
+                logprobs=resource.sampling_parameters.get("logprobs"),
+                calls=attempt.calls,
+            )
+            attempt.tokens.append(token)
+            # A copy: the cached resources are shared by every attempt of this process.
+            rewritten[name] = resource.model_copy(
+                update={"endpoint": f"http://{self.host}:{self.port}/{token}{suffix}"}
+            )
+        return rewritten, attempt
+
+    def revoke(self, tokens: list[str]) -> None:
+        for token in tokens:
+            self._routes.pop(token, None)
+
+    # -- serving ---------------------------------------------------------------------------------------------
+    async def _handle(self, request: web.Request) -> web.StreamResponse:
+        route = self._routes.get(request.match_info["token"])
+        path = request.path
+        if route is None or not (path == route.prefix or path.startswith(route.prefix + "/")):
+            return web.json_response(
+                {"error": {"message": "unknown or expired rollq capture address", "type": "invalid_request_error"}},
+                status=404,
+            )
+        rest = path[len(route.prefix) :]
+        url = route.upstream + rest + (f"?{request.query_string}" if request.query_string else "")
+        kind = (
+            CallKind.CHAT
+            if rest.endswith("/chat/completions")
+            else CallKind.TEXT_COMPLETION
+            if rest.endswith("/completions")
+            else None
+        )
+        raw = await request.read()
+        body: Any = None
+        if kind is not None and request.method == "POST":
+            try:
+                body = json.loads(raw)
+            except ValueError:
+                body = None
+        if not isinstance(body, dict) or kind is None:
+            return await self._pass_through(request, url, raw)
+        return await self._capture(request, route, kind, url, rest, raw, body)
+
+    def _headers(self, request: web.Request) -> dict[str, str]:
+        return {k: v for k, v in request.headers.items() if k.lower() not in _DROP_REQUEST}
+
+    async def _pass_through(self, request: web.Request, url: str, raw: bytes) -> web.StreamResponse:
+        assert self._session is not None
+        try:
+            async with self._session.request(
+                request.method, url, data=raw or None, headers=self._headers(request)
+            ) as upstream:
+                response = web.StreamResponse(status=upstream.status, headers=_response_headers(upstream.headers))
+                await response.prepare(request)
+                async for data in upstream.content.iter_any():
+                    await response.write(data)
+                await response.write_eof()
+                return response
+        except aiohttp.ClientError as exc:
+            return _bad_gateway(exc)
+
+    async def _capture(
+        self,
+        request: web.Request,
+        route: _Route,
+        kind: CallKind,
+        url: str,
+        rest: str,
+        raw: bytes,
+        body: dict[str, Any],
+    ) -> web.StreamResponse:
+        assert self._session is not None
+        call = CapturedCall(
+            kind=kind,
+            resource=route.resource,
+            path=rest,
+            start_ns=time.time_ns(),
+            request_model=body.get("model") if isinstance(body.get("model"), str) else None,
+            messages=body.get("messages") if kind is CallKind.CHAT else None,
+            prompt=body.get("prompt") if kind is CallKind.TEXT_COMPLETION else None,
+            sampling={k: body[k] for k in _SAMPLING if k in body},
+            streamed=bool(body.get("stream")),
+        )
+        extra: dict[str, Any] = {}
+        if route.logprobs and "logprobs" not in body:
+            extra["logprobs"] = True if kind is CallKind.CHAT else int(route.logprobs)
+        call.token_ids_requested = route.upstream not in self._rejecting and TOKEN_IDS_FIELD not in body
+        if call.token_ids_requested:
+            extra[TOKEN_IDS_FIELD] = True
+        headers = self._headers(request)
+        headers["Content-Type"] = "application/json"
+        parent = _parent(request, route.parent)
+        try:
+            upstream = await self._session.post(url, data=_with_fields(raw, body, extra), headers=headers)
+            if call.token_ids_requested and upstream.status in (400, 422):
+                refusal = await upstream.read()
+                upstream.release()
+                if TOKEN_IDS_FIELD.encode() not in refusal:
+                    return self._finish_plain(call, route, parent, upstream, refusal)
+                # An OpenAI-compatible server without vLLM's extension: the call goes through without it.
+                log.warning("%s refused %s; capturing %s calls without token ids", url, TOKEN_IDS_FIELD, route.upstream)
+                self._rejecting.add(route.upstream)
+                call.token_ids_requested = False
+                extra.pop(TOKEN_IDS_FIELD)
+                upstream = await self._session.post(url, data=_with_fields(raw, body, extra), headers=headers)
+            try:
+                streamed = upstream.status == 200 and upstream.content_type == "text/event-stream"
+                if streamed:
+                    return await self._stream(request, call, route, parent, upstream)
+                return self._finish_plain(call, route, parent, upstream, await upstream.read())
+            finally:
+                upstream.release()
+        except aiohttp.ClientError as exc:
+            call.error = f"{type(exc).__name__}: {exc}"
+            self._record(call, route, parent, status=502)
+            return _bad_gateway(exc)
+
+    def _finish_plain(
+        self, call: CapturedCall, route: _Route, parent: Context, upstream: aiohttp.ClientResponse, data: bytes
+    ) -> web.Response:
+        if upstream.status >= 400:
+            call.error = data[:2000].decode(errors="replace")
+        else:
+            try:
+                parsed = json.loads(data)
+                if isinstance(parsed, dict):
+                    read_response(call, parsed)
+            except ValueError:
+                call.error = f"the backend answered HTTP {upstream.status} with a body that is not JSON"
+        self._record(call, route, parent, status=upstream.status)
+        return web.Response(body=data, status=upstream.status, headers=_response_headers(upstream.headers))
+
+    async def _stream(
+        self,
+        request: web.Request,
+        call: CapturedCall,
+        route: _Route,
+        parent: Context,
+        upstream: aiohttp.ClientResponse,
+    ) -> web.StreamResponse:
+        response = web.StreamResponse(status=upstream.status, headers=_response_headers(upstream.headers))
+        await response.prepare(request)
+        assembler = StreamAssembler(call)
+        buffer = bytearray()
+        recorded = False
+        try:
+            async for data in upstream.content.iter_any():
+                # Each piece goes to the client as it arrives and is parsed for the record after, except the
+                # last: a client stops at [DONE] and its agent may finish at once, so the call is recorded first.
+                last = b"data: [DONE]" in data
+                if not last:
+                    await response.write(data)
+                for payload in iter_sse_data(buffer, data):
+                    if payload and payload != b"[DONE]":
+                        try:
+                            assembler.feed(json.loads(payload))
+                        except ValueError:
+                            pass  # a keep-alive or non-JSON event: forwarded, not recorded
+                if last:
+                    self._record(assembler.finish(), route, parent, status=upstream.status)
+                    recorded = True
+                    await response.write(data)
+            await response.write_eof()
+        except (ConnectionResetError, aiohttp.ClientError) as exc:
+            call.error = f"stream cut: {type(exc).__name__}: {exc}"
+        if not recorded:  # a stream without [DONE], or one cut short
+            self._record(assembler.finish(), route, parent, status=upstream.status)
+        return response
+
+    def _record(self, call: CapturedCall, route: _Route, parent: Context, *, status: int) -> None:
+        call.status = status
+        call.end_ns = time.time_ns()
+        route.calls.append(call)
+        upstream = urlsplit(route.upstream)
+        server = (upstream.hostname or "", upstream.port or (443 if upstream.scheme == "https" else 80))
+        record_span(route.tracer, call, parent, server=server)
+
+
+def _parent(request: web.Request, default: Context) -> Context:
+    # An agent whose HTTP client is instrumented sends a traceparent: put the call under that span when it
+    # belongs to this attempt's trace, so it nests under the agent span that made it.
+    if "traceparent" not in request.headers:
+        return default
+    extracted = TraceContextTextMapPropagator().extract(carrier=dict(request.headers))
+    sent = trace.get_current_span(extracted).get_span_context()
+    own = trace.get_current_span(default).get_span_context()
+    return extracted if sent.is_valid and sent.trace_id == own.trace_id else default
+
+
+def _with_fields(raw: bytes, body: dict[str, Any], extra: dict[str, Any]) -> bytes:
+    """The request body with ``extra`` fields added, spliced in rather than re-encoding a long conversation."""
+    if not extra:
+        return raw
+    if not body:
+        return json.dumps(extra).encode()
+    start = raw.index(b"{") + 1
+    return raw[:start] + json.dumps(extra)[1:-1].encode() + b"," + raw[start:]
+
+
+def _response_headers(headers: Mapping[str, str]) -> dict[str, str]:
+    return {k: v for k, v in headers.items() if k.lower() not in _DROP_RESPONSE}
+
+
+def _bad_gateway(exc: BaseException) -> web.Response:
+    return web.json_response(
+        {"error": {"message": f"rollq capture proxy could not reach the LLM backend: {exc}", "type": "bad_gateway"}},
+        status=502,
+    )

@@ -1,0 +1,96 @@
+"""Reading rewards out of spans: rollq's own, Agent Lightning 0.1's AgentOps ``@reward``, and 0.3's.
+
+- rollq (and Agent Lightning 0.2): a span carrying ``rollq.reward``, or named
+  ``reward`` with a ``reward`` attribute;
+- Agent Lightning 0.1 (AgentOps): an operation whose output,
+  ``agentops.task.output`` or ``agentops.entity.output`` (a dict or its JSON), is
+  ``{"type": "reward", "value": x}``;
+- Agent Lightning 0.3: ``agentlightning.reward.<i>.name`` / ``.value`` attributes,
+  the one at index 0 the primary, the others further dimensions.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from rollq.models.errors import InvalidRewardError
+
+from .tracer import REWARD_ATTRIBUTE, REWARD_SPAN
+
+_AGENTOPS_OUTPUTS = ("agentops.task.output", "agentops.entity.output")
+_AGL_DIMENSION = re.compile(r"^agentlightning\.reward\.(\d+)\.(name|value)$")
+
+
+@dataclass(frozen=True)
+class RewardReading:
+    """The reward one span carries: the primary value and, for multi-dimensional ones, every named dimension."""
+
+    value: float
+    dimensions: dict[str, float] = field(default_factory=dict)
+
+
+def check_finite(value: float, where: str) -> float:
+    """``value``, or :class:`InvalidRewardError` saying it is NaN or infinite and where it came from."""
+    if not math.isfinite(value):
+        raise InvalidRewardError(f"{where} is {value}; rewards must be finite numbers")
+    return value
+
+
+def _number(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        return None
+    try:
+        return float(value)
+    except ValueError:
+        return None
+
+
+def _agentops(attributes: dict[str, Any]) -> float | None:
+    for key in _AGENTOPS_OUTPUTS:
+        output = attributes.get(key)
+        if isinstance(output, str):
+            try:
+                output = json.loads(output)
+            except ValueError:
+                continue
+        if isinstance(output, dict) and output.get("type") == "reward":
+            return _number(output.get("value"))
+    return None
+
+
+def _agentlightning(attributes: dict[str, Any]) -> RewardReading | None:
+    names: dict[int, str] = {}
+    values: dict[int, float] = {}
+    for key, raw in attributes.items():
+        match = _AGL_DIMENSION.match(key)
+        if match is None:
+            continue
+        index = int(match.group(1))
+        if match.group(2) == "name":
+            names[index] = str(raw)
+        elif (number := _number(raw)) is not None:
+            values[index] = number
+    if not values:
+        return None
+    ordered = sorted(values)
+    dimensions = {names.get(i, f"reward_{i}"): values[i] for i in ordered}
+    return RewardReading(values[ordered[0]], dimensions if len(dimensions) > 1 else {})
+
+
+def read_reward(span: dict[str, Any]) -> RewardReading | None:
+    """The reward ``span`` (OTel JSON form) carries, or None when it is not a reward span."""
+    attributes = span.get("attributes") or {}
+    value: float | None = None
+    if REWARD_ATTRIBUTE in attributes:
+        value = _number(attributes[REWARD_ATTRIBUTE])
+    elif span.get("name") == REWARD_SPAN and "reward" in attributes:
+        value = _number(attributes["reward"])
+    elif (reading := _agentlightning(attributes)) is not None:
+        return reading
+    else:
+        value = _agentops(attributes)
+    return RewardReading(value) if value is not None else None
