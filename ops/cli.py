@@ -1,7 +1,8 @@
 """``rollq``: run the demo, start workers, queue tasks, manage resources, watch a namespace.
 
 Exit codes: 0 done, 1 the operation failed (unknown id, timeout, bad input),
-2 usage error, 3 Redis could not be reached.
+2 usage error, 3 Redis could not be reached. Without ``--url`` (or
+``ROLLQ_REDIS_URL`` / ``REDIS_URL``) every command uses ``redis://localhost:6379/0``.
 """
 
 from __future__ import annotations
@@ -9,20 +10,28 @@ from __future__ import annotations
 import functools
 import itertools
 import json
+import logging
+import os
 import sys
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Sequence
 from typing import IO, Any, TypeVar
 
 import click
 import redis
+from pydantic import ValidationError
 from tqdm import tqdm
 
+from rollq.models.contract import Task
 from rollq.models.errors import RollqError
 from rollq.producer import Producer
-from rollq.store.connection import connect, describe, resolve_url
+from rollq.store.connection import check_reachable, connect, describe, resolve_url
 from rollq.store.keys import DEFAULT_NAMESPACE, StreamField
+from rollq.worker import logs
+from rollq.worker.config import warn_unknown
+
+log = logging.getLogger("rollq.cli")
 
 EXIT_FAILED, EXIT_REDIS = 1, 3
 
@@ -43,20 +52,65 @@ def _one_line_errors(fn: F) -> F:
             url = click.get_current_context().find_root().params.get("url")
             click.echo(f"rollq: cannot reach Redis at {describe(resolve_url(url))}: {exc}", err=True)
             sys.exit(EXIT_REDIS)
+        except ValidationError as exc:  # before ValueError, its base class: pydantic's report is many lines
+            click.echo(f"rollq: {_validation_line(exc)}", err=True)
+            sys.exit(EXIT_FAILED)
         except (RollqError, ValueError, redis.ResponseError) as exc:
-            click.echo(f"rollq: {exc}", err=True)
+            click.echo("rollq: " + " ".join(str(exc).split()), err=True)
             sys.exit(EXIT_FAILED)
 
     return wrapper  # type: ignore[return-value]
 
 
+def _validation_line(exc: ValidationError) -> str:
+    errors = exc.errors()
+    first = errors[0]
+    where = ".".join(str(p) for p in first["loc"]) or exc.title
+    more = f" (and {len(errors) - 1} more problem(s))" if len(errors) > 1 else ""
+    return f"{where}: {first['msg']}{more}"
+
+
+def _url(ctx: click.Context) -> str:
+    """The Redis URL this run uses, after checking it answers (within the connect timeout, not minutes)."""
+    url = check_reachable(ctx.find_root().params["url"])
+    log.info("Redis at %s", describe(url))
+    return url
+
+
 def _producer(ctx: click.Context) -> Producer:
-    root = ctx.find_root().params
     # One quick retry: someone at a terminal wants "Redis is down" now, not in 20 s.
-    return Producer(connect(root["url"], retries=1), root["namespace"])
+    return Producer(connect(_url(ctx), retries=1), ctx.find_root().params["namespace"])
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+class _OneLineUsageGroup(click.Group):
+    """click's group, with usage errors as one line (and exit 2) like every other error, not a usage block."""
+
+    def main(  # type: ignore[override]
+        self,
+        args: Sequence[str] | None = None,
+        prog_name: str | None = None,
+        complete_var: str | None = None,
+        standalone_mode: bool = True,
+        **extra: Any,
+    ) -> Any:
+        if not standalone_mode:
+            return super().main(args, prog_name, complete_var, False, **extra)
+        try:
+            code = super().main(args, prog_name, complete_var, False, **extra)
+        except click.UsageError as exc:
+            hint = f" (see {exc.ctx.command_path} --help)" if exc.ctx is not None else ""
+            click.echo(f"rollq: {exc.format_message()}{hint}", err=True)
+            sys.exit(exc.exit_code)
+        except click.ClickException as exc:
+            click.echo(f"rollq: {exc.format_message()}", err=True)
+            sys.exit(exc.exit_code)
+        except click.Abort:
+            click.echo("rollq: aborted", err=True)
+            sys.exit(EXIT_FAILED)
+        sys.exit(code if isinstance(code, int) else 0)
+
+
+@click.group(cls=_OneLineUsageGroup, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @click.option(
     "--url",
     envvar=["ROLLQ_REDIS_URL", "REDIS_URL"],
@@ -73,34 +127,62 @@ def _producer(ctx: click.Context) -> Producer:
     show_default=True,
     help="Namespace (and RQ queue name) to work in [env: ROLLQ_NAMESPACE].",
 )
+@click.option(
+    "--log-format",
+    envvar="ROLLQ_LOG_FORMAT",
+    type=click.Choice(["text", "json"]),
+    default="text",
+    show_default=True,
+    help="Log lines as text or one JSON object each [env: ROLLQ_LOG_FORMAT].",
+)
+@click.option(
+    "--log-level",
+    envvar="ROLLQ_LOG_LEVEL",
+    type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False),
+    default="WARNING",
+    show_default=True,
+    help="Log level of short commands (INFO also names the Redis used); the worker has --logging-level.",
+)
 @click.version_option(package_name="rollq")
-def main(url: str | None, namespace: str) -> None:
+def main(url: str | None, namespace: str, log_format: str, log_level: str) -> None:
     """rollq: agent rollouts for RL training on Redis + RQ.
 
     Start with `rollq demo`, which runs a whole producer -> workers -> results
-    round on an embedded Redis with nothing installed.
+    round on an embedded Redis with nothing installed. Every other command uses
+    --url, else ROLLQ_REDIS_URL, else REDIS_URL, else redis://localhost:6379/0.
+
+    Shell completion: eval "$(_ROLLQ_COMPLETE=bash_source rollq)" in ~/.bashrc
+    (zsh_source for zsh, fish_source for fish).
     """
+    logs.configure(log_level.upper(), log_format)  # type: ignore[arg-type]
+    warn_unknown(os.environ)
 
 
 @main.command()
 @click.option(
-    "--redis-url",
-    default=None,
-    metavar="URL",
-    help="Run against this Redis with real worker processes (default: embedded fake Redis).",
+    "--redis-url", default=None, metavar="URL", hidden=True, help="Same as the global --url (older spelling)."
 )
 @click.option("--tasks", default=300, show_default=True, help="Tasks to queue.")
 @click.option("--workers", default=3, show_default=True, help="Worker processes to start.")
 @click.option("--concurrency", default=16, show_default=True, help="Rollouts in flight per worker.")
 @click.option("--timeout", default=300.0, show_default=True, help="Seconds to wait for every rollout.")
+@click.pass_context
 @_one_line_errors
-def demo(redis_url: str | None, tasks: int, workers: int, concurrency: int, timeout: float) -> None:
-    """Run the sample agent end to end and print a summary."""
+def demo(ctx: click.Context, redis_url: str | None, tasks: int, workers: int, concurrency: int, timeout: float) -> None:
+    """Run the sample agent end to end and print a summary.
+
+    With no URL at all (or --url memory://) it starts an embedded fake Redis
+    and says so; with --url (or ROLLQ_REDIS_URL) it runs on that Redis, in the
+    namespace rollq-demo.
+    """
     from .demo import run_demo
 
-    summary = run_demo(
-        redis_url, tasks=tasks, workers=workers, concurrency=concurrency, timeout=timeout, echo=click.echo
-    )
+    url = redis_url or ctx.find_root().params["url"]
+    if url and not url.startswith("memory:"):
+        url = _url(ctx) if not redis_url else check_reachable(redis_url)
+    else:
+        url = None
+    summary = run_demo(url, tasks=tasks, workers=workers, concurrency=concurrency, timeout=timeout, echo=click.echo)
     click.echo(summary.render())
 
 
@@ -135,6 +217,13 @@ def demo(redis_url: str | None, tasks: int, workers: int, concurrency: int, time
 @click.option("--name", default=None, help="Worker name (default: RQ's random one).")
 @click.option("--worker-ttl", type=int, default=None, help="RQ worker TTL in seconds.")
 @click.option("--logging-level", default="INFO", show_default=True)
+@click.option(
+    "--path",
+    "paths",
+    multiple=True,
+    metavar="DIR",
+    help="Also import from DIR (repeatable); the current directory always is, as with rq worker.",
+)
 @click.pass_context
 @_one_line_errors
 def worker(
@@ -151,14 +240,18 @@ def worker(
     name: str | None,
     worker_ttl: int | None,
     logging_level: str,
+    paths: tuple[str, ...],
 ) -> None:
     """Start a worker: the same as `rq worker -w rollq.worker.RolloutWorker --url URL NAMESPACE`."""
-    import logging
-
     from rollq.worker import RolloutWorker, WorkerSettings
 
+    # `rq worker` imports jobs from the current directory; so does this, for --agent and --hook.
+    for directory in reversed(("", *paths)):
+        if directory not in sys.path:
+            sys.path.insert(0, directory)
     root = ctx.find_root().params
     settings = WorkerSettings.from_env(
+        log_format=root["log_format"],
         agent=agent,
         hooks=hooks or None,
         concurrency=concurrency,
@@ -168,28 +261,67 @@ def worker(
         results_max_bytes=results_max_bytes,
         max_result_bytes=max_result_bytes,
     )
-    logging.basicConfig(level=logging_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logs.configure(logging_level, settings.log_format)
+    url = _url(ctx)
     kwargs: dict[str, Any] = {"name": name} if name else {}
     if worker_ttl:
         kwargs["worker_ttl"] = worker_ttl
-    w = RolloutWorker([root["namespace"]], connection=connect(root["url"]), settings=settings, **kwargs)
+    try:
+        # --url (or its env) already decided the Redis; RolloutWorker's ROLLQ_REDIS_URL check is for stock rq worker.
+        w = RolloutWorker(
+            [root["namespace"]], connection=connect(url), settings=settings, honour_rollq_url=False, **kwargs
+        )
+    except TypeError as exc:  # --agent names something that is not a LitAgent
+        raise ValueError(str(exc)) from exc
     w.work(burst=burst, logging_level=logging_level)
 
 
-def _jsonl(stream: IO[str]) -> Iterator[tuple[int, dict[str, Any]]]:
+_LINE_KEYS = {"input", "rollout_id", "mode", "resources_id", "metadata"}
+
+
+def _parse_line(number: int, line: str, mode: str | None, resources_id: str | None) -> Task:
+    """One JSONL line as a Task (with the command's defaults), or ValueError naming the line."""
+    try:
+        entry = json.loads(line)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"line {number}: not JSON ({exc.msg})") from exc
+    if not isinstance(entry, dict) or "input" not in entry:
+        raise ValueError(f'line {number}: expected an object with an "input" key')
+    unknown = set(entry) - _LINE_KEYS
+    if unknown:
+        raise ValueError(f"line {number}: unknown key(s) {', '.join(sorted(unknown))}")
+    try:
+        return Task(
+            rollout_id=entry.get("rollout_id") or f"rollout-{uuid.uuid4().hex}",
+            input=entry["input"],
+            mode=entry.get("mode", mode),
+            resources_id=entry.get("resources_id", resources_id),
+            metadata=entry.get("metadata") or {},
+        )
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        raise ValueError(f"line {number}: {where}: {first['msg']}") from exc
+
+
+def _read_tasks(stream: IO[str], mode: str | None, resources_id: str | None) -> list[Task]:
+    """Every line of ``stream`` as a Task, checked before anything is queued; the error names each bad line."""
+    tasks, errors = [], []
     for number, line in enumerate(stream, 1):
         if not line.strip():
             continue
         try:
-            entry = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"line {number}: not JSON ({exc.msg})") from exc
-        if not isinstance(entry, dict) or "input" not in entry:
-            raise ValueError(f'line {number}: expected an object with an "input" key')
-        unknown = set(entry) - {"input", "rollout_id", "mode", "resources_id", "metadata"}
-        if unknown:
-            raise ValueError(f"line {number}: unknown key(s) {', '.join(sorted(unknown))}")
-        yield number, entry
+            tasks.append(_parse_line(number, line, mode, resources_id))
+        except ValueError as exc:
+            errors.append(str(exc))
+    if errors:
+        more = f" (and {len(errors) - 1} more bad line(s))" if len(errors) > 1 else ""
+        raise ValueError(f"{errors[0]}{more}; nothing was queued")
+    ids = [t.rollout_id for t in tasks]
+    if len(set(ids)) != len(ids):
+        dup = next(rid for rid in ids if ids.count(rid) > 1)
+        raise ValueError(f"rollout id {dup!r} appears on more than one line; nothing was queued")
+    return tasks
 
 
 @main.command()
@@ -200,35 +332,80 @@ def _jsonl(stream: IO[str]) -> Iterator[tuple[int, dict[str, Any]]]:
 @click.option(
     "--resources-id", default=None, help="Resources version for lines that give none (default: latest at run time)."
 )
+@click.option(
+    "--timeout",
+    "timeout_seconds",
+    type=click.FloatRange(min=0, min_open=True),
+    default=None,
+    help="Hard limit per attempt, seconds [default 300].",
+)
+@click.option("--max-attempts", type=click.IntRange(min=1), default=None, help="Attempts per task [default 3].")
+@click.option(
+    "--retry-on",
+    type=click.Choice(["exception", "timeout", "unresponsive"]),
+    multiple=True,
+    help="Failure kinds that get another attempt; repeatable [default: timeout, unresponsive].",
+)
 @click.pass_context
 @_one_line_errors
-def enqueue(ctx: click.Context, source: IO[str], mode: str | None, resources_id: str | None) -> None:
+def enqueue(
+    ctx: click.Context,
+    source: IO[str],
+    mode: str | None,
+    resources_id: str | None,
+    timeout_seconds: float | None,
+    max_attempts: int | None,
+    retry_on: tuple[str, ...],
+) -> None:
     """Queue tasks from a JSONL file (or stdin), one object per line.
 
     Each line: {"input": ..., "rollout_id"?, "mode"?, "resources_id"?, "metadata"?}.
+    The whole file is checked first: one bad line queues nothing. A rollout id
+    already known is not queued again (so re-running a file is safe).
 
-    Prints the rollout id of each task queued.
+    Prints the rollout id of each line, then (on stderr) how many were new.
     """
+    from rollq.models.policy import RolloutPolicy
+
+    tasks = _read_tasks(source, mode, resources_id)
     producer = _producer(ctx)
-    entries = [entry for _, entry in _jsonl(source)]
+    pinned = sorted({t.resources_id for t in tasks if t.resources_id})
+    missing = [rid for rid in pinned if not producer.connection.exists(producer.keys.resources(rid))]
+    if missing:
+        raise ValueError(
+            f"unknown resources id(s) {', '.join(missing)} in namespace {producer.namespace!r}; nothing was queued"
+        )
+    overrides = {
+        "timeout_seconds": timeout_seconds,
+        "max_attempts": max_attempts,
+        "retry_on": frozenset(retry_on) or None,
+    }
+    policy = producer.policy.model_copy(update={k: v for k, v in overrides.items() if v is not None})
+    RolloutPolicy.model_validate(policy.model_dump())  # model_copy skips validation
 
-    def batch_key(entry: dict[str, Any]) -> tuple[Any, ...]:
-        options = (entry.get("mode", mode), entry.get("resources_id", resources_id))
-        return (*options, json.dumps(entry.get("metadata"), sort_keys=True))
+    def batch_key(task: Task) -> tuple[Any, ...]:
+        return (task.mode, task.resources_id, json.dumps(task.metadata, sort_keys=True, default=str))
 
+    new = known = 0
     # Consecutive lines that share their options go out as one batch (one round trip per 2000).
-    with tqdm(total=len(entries), desc="enqueue", unit="task", file=sys.stderr, disable=len(entries) < 1000) as bar:
-        for (line_mode, line_resources, _), group in itertools.groupby(entries, key=batch_key):
+    with tqdm(total=len(tasks), desc="enqueue", unit="task", file=sys.stderr, disable=len(tasks) < 1000) as bar:
+        for (line_mode, line_resources, _), group in itertools.groupby(tasks, key=batch_key):
             batch = list(group)
-            tasks = producer.enqueue_many(
-                [entry["input"] for entry in batch],
+            started = time.time()
+            queued = producer.enqueue_many(
+                [task.input for task in batch],
                 mode=line_mode,
                 resources_id=line_resources,
-                metadata=batch[0].get("metadata"),
-                rollout_ids=[entry.get("rollout_id") or f"rollout-{uuid.uuid4().hex}" for entry in batch],
+                metadata=batch[0].metadata,
+                rollout_ids=[task.rollout_id for task in batch],
+                policy=policy,
             )
-            click.echo("\n".join(task.rollout_id for task in tasks))
+            # A known id comes back as the stored task, created before this call began.
+            fresh = sum(1 for task in queued if (task.create_time or 0) >= started)
+            new, known = new + fresh, known + len(queued) - fresh
+            click.echo("\n".join(task.rollout_id for task in queued))
             bar.update(len(batch))
+    click.echo(f"queued {new} new task(s); {known} already known (not queued again)", err=True)
 
 
 @main.group()
@@ -246,6 +423,11 @@ def resources_set(ctx: click.Context, source: IO[str]) -> None:
         named = json.load(source)
     except json.JSONDecodeError as exc:
         raise ValueError(f"resources are not valid JSON: {exc.msg} (line {exc.lineno})") from exc
+    if not isinstance(named, dict):
+        raise ValueError(
+            "resources must be a JSON object of name -> resource, "
+            f'e.g. {{"main_llm": {{"resource_type": "llm", ...}}}}; got a JSON {type(named).__name__}'
+        )
     click.echo(_producer(ctx).update_resources(named))
 
 
@@ -280,6 +462,8 @@ def status(ctx: click.Context, as_json: bool, prometheus: bool, watch: float | N
     from .metrics import render_prometheus
     from .status import render_text, snapshot
 
+    if as_json and prometheus:
+        raise click.UsageError("--json and --prometheus are two output formats: pick one")
     producer = _producer(ctx)
     while True:
         s = snapshot(producer.connection, producer.keys)
@@ -298,6 +482,17 @@ def status(ctx: click.Context, as_json: bool, prometheus: bool, watch: float | N
 @main.group()
 def rollouts() -> None:
     """Read finished rollouts."""
+
+
+@rollouts.command("get")
+@click.argument("rollout_id")
+@click.pass_context
+@_one_line_errors
+def rollouts_get(ctx: click.Context, rollout_id: str) -> None:
+    """Print the final rollout of a finished task as JSON."""
+    from .lookup import final_rollout
+
+    click.echo(final_rollout(_producer(ctx), rollout_id).model_dump_json(indent=2))
 
 
 @rollouts.command("tail")
@@ -335,18 +530,37 @@ def rollouts_tail(ctx: click.Context, group: str | None, from_start: bool, count
         return
 
 
+@main.command()
+@click.argument("rollout_id")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.pass_context
+@_one_line_errors
+def task(ctx: click.Context, rollout_id: str, as_json: bool) -> None:
+    """Show one task: state, attempts, worker, times, policy, and the error if it failed."""
+    from .lookup import task_view
+
+    view = task_view(_producer(ctx), rollout_id)
+    click.echo(json.dumps(view.to_dict(), indent=2) if as_json else view.render())
+
+
 @main.group("dead-letter")
 def dead_letter() -> None:
     """Tasks that failed for good."""
 
 
 @dead_letter.command("list")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object per line.")
 @click.pass_context
 @_one_line_errors
-def dead_letter_list(ctx: click.Context) -> None:
-    """Print the dead-lettered rollout ids, oldest first."""
-    for rid in _producer(ctx).dead_letter():
-        click.echo(rid)
+def dead_letter_list(ctx: click.Context, as_json: bool) -> None:
+    """Print the dead-lettered tasks, oldest first: rollout id, attempts, error type and message."""
+    from .lookup import failures
+
+    for failure in failures(_producer(ctx)):
+        if as_json:
+            click.echo(json.dumps(failure.to_dict()))
+        else:
+            click.echo(f"{failure.rollout_id}\t{failure.attempts} attempt(s)\t{failure.error_type}: {failure.message}")
 
 
 @dead_letter.command("requeue")
@@ -358,6 +572,8 @@ def dead_letter_requeue(ctx: click.Context, rollout_ids: tuple[str, ...], requeu
     """Queue dead-lettered tasks again with a fresh attempt budget."""
     if not rollout_ids and not requeue_all:
         raise click.UsageError("name rollout ids or pass --all")
+    if rollout_ids and requeue_all:
+        raise click.UsageError("name rollout ids or pass --all, not both")
     done = _producer(ctx).requeue_dead(None if requeue_all else list(rollout_ids))
     click.echo(f"requeued {len(done)} task(s)")
     missing = set(rollout_ids) - set(done)
@@ -374,10 +590,42 @@ def dead_letter_requeue(ctx: click.Context, rollout_ids: tuple[str, ...], requeu
     help="Address to listen on (keep it local; the dashboard has no auth).",
 )
 @click.option("--port", default=9181, show_default=True)
+@click.option("--threads", default=8, show_default=True, help="Request threads of the WSGI server (waitress).")
 @click.pass_context
 @_one_line_errors
-def dashboard(ctx: click.Context, bind: str, port: int) -> None:
-    """Start rq-dashboard on this Redis with the JSON serializer (needs rollq[dashboard])."""
+def dashboard(ctx: click.Context, bind: str, port: int, threads: int) -> None:
+    """Serve rq-dashboard, rollq's rollout pages (/rollq/) and /metrics (needs rollq[dashboard]).
+
+    Refuses to start when Redis does not answer.
+    """
     from .dashboard import serve
 
-    serve(resolve_url(ctx.find_root().params["url"]), bind=bind, port=port)
+    serve(_url(ctx), ctx.find_root().params["namespace"], bind=bind, port=port, threads=threads)
+
+
+@main.command()
+@click.option("--bind", default="127.0.0.1", show_default=True, help="Address to listen on.")
+@click.option("--port", default=9182, show_default=True)
+@click.pass_context
+@_one_line_errors
+def metrics(ctx: click.Context, bind: str, port: int) -> None:
+    """Serve the namespace's metrics on http://BIND:PORT/metrics for Prometheus to scrape, until Ctrl+C."""
+    from prometheus_client import start_http_server
+
+    from .metrics import registry
+    from .status import snapshot
+
+    producer = _producer(ctx)
+    server, thread = start_http_server(
+        port, addr=bind, registry=registry(lambda: snapshot(producer.connection, producer.keys))
+    )
+    click.echo(
+        f"rollq metrics for {producer.namespace!r} in {describe(resolve_url(ctx.find_root().params['url']))} "
+        f"on http://{bind}:{port}/metrics",
+        err=True,
+    )
+    try:
+        while thread.is_alive():
+            thread.join(1.0)
+    except KeyboardInterrupt:
+        server.shutdown()

@@ -1,92 +1,170 @@
-"""The status snapshot in Prometheus text exposition format (``rollq status --prometheus``)."""
+"""The status snapshot as Prometheus metrics, through ``prometheus_client``.
+
+One collector turns a :class:`~rollq.ops.status.Snapshot` into metric
+families; ``rollq status --prometheus`` prints them once (``generate_latest``),
+``rollq metrics`` and ``rollq dashboard`` serve them on ``/metrics``, reading a
+fresh snapshot per scrape. prometheus_client writes exact values and escapes
+label values, which a hand-written exposition did not.
+"""
 
 from __future__ import annotations
 
-from rollq.store.transitions import DURATION_BUCKETS
+from collections.abc import Callable, Iterator
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+from prometheus_client.registry import Collector
+
+from rollq.store.keys import DURATION_PREFIX, REWARD_SUM, StatsField, parse_reward_stat
+from rollq.store.transitions import DURATION_BUCKETS, REWARD_BUCKETS
 
 from .status import Snapshot
 
 
-def _labels(**labels: str) -> str:
-    inner = ",".join(f'{k}="{v}"' for k, v in labels.items())
-    return "{" + inner + "}" if inner else ""
+def _histogram_buckets(counts: dict[str, float], bounds: tuple[float, ...]) -> list[tuple[str, float]]:
+    """Cumulative ``(le, count)`` pairs from per-bucket counts keyed by ``repr(bound)`` / ``+Inf``."""
+    out, cumulative = [], 0.0
+    for bound in [repr(b) for b in bounds] + ["+Inf"]:
+        cumulative += counts.get(bound, 0.0)
+        out.append((bound, cumulative))
+    return out
 
 
-def render_prometheus(s: Snapshot) -> str:
-    """Gauges for queue depth and in-flight work, counters for outcomes, a histogram of rollout durations."""
+def reward_series(counters: dict[str, float]) -> dict[tuple[str, str], dict[str, float]]:
+    """The reward histogram in the stats hash: ``(mode, resources_id) -> {le or 'sum': value}``."""
+    series: dict[tuple[str, str], dict[str, float]] = {}
+    for key, value in counters.items():
+        parsed = parse_reward_stat(key)
+        if parsed is not None:
+            mode, resources_id, bucket = parsed
+            series.setdefault((mode, resources_id), {})[bucket] = value
+    return series
+
+
+def families(s: Snapshot) -> Iterator[Metric]:
+    """Every rollq metric for one snapshot."""
     ns = s.namespace
-    out: list[str] = []
 
-    def metric(name: str, kind: str, help_text: str, samples: list[tuple[dict[str, str], float]]) -> None:
-        out.append(f"# HELP {name} {help_text}")
-        out.append(f"# TYPE {name} {kind}")
-        out.extend(f"{name}{_labels(**labels)} {value:g}" for labels, value in samples)
+    def gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
+        g = GaugeMetricFamily(name, doc, labels=["namespace"])
+        g.add_metric([ns], value)
+        return g
 
-    metric("rollq_queue_depth", "gauge", "Tasks waiting in the queue.", [({"namespace": ns}, s.queued)])
-    metric(
-        "rollq_in_flight",
-        "gauge",
-        "Attempts running now, by worker.",
-        [({"namespace": ns, "worker": w}, n) for w, n in sorted(s.in_flight_by_worker.items())]
-        or [({"namespace": ns, "worker": ""}, 0)],
+    yield gauge("rollq_queue_depth", "Tasks waiting in the queue.", s.queued)
+    yield gauge("rollq_in_flight", "Attempts running now.", s.in_flight)
+    by_worker = GaugeMetricFamily(
+        "rollq_worker_in_flight", "Attempts running now, by worker.", labels=["namespace", "worker"]
     )
-    metric(
-        "rollq_stale_attempts",
-        "gauge",
-        "Running attempts past their heartbeat deadline.",
-        [({"namespace": ns}, s.stale_attempts)],
-    )
-    metric("rollq_dead_letter", "gauge", "Tasks that failed for good.", [({"namespace": ns}, s.dead_letter)])
-    metric(
-        "rollq_results_stream_length",
-        "gauge",
-        "Entries in the results stream.",
-        [({"namespace": ns}, s.results_stream_length)],
-    )
-    metric(
+    for worker, n in sorted(s.in_flight_by_worker.items()):
+        by_worker.add_metric([ns, worker], n)
+    yield by_worker
+    yield gauge("rollq_workers_alive", "Workers on this namespace that heartbeated recently.", s.workers_alive)
+    yield gauge("rollq_stale_attempts", "Running attempts past their heartbeat deadline.", s.stale_attempts)
+    yield gauge("rollq_dead_letter", "Tasks that failed for good.", s.dead_letter)
+    yield gauge("rollq_results_stream_length", "Entries in the results stream.", s.results_stream_length)
+    yield gauge(
         "rollq_results_stream_bytes",
-        "gauge",
         "Payload bytes (rollout JSON and id) in the results stream.",
-        [({"namespace": ns}, s.results_stream_bytes)],
+        s.results_stream_bytes,
     )
-    if s.results_oldest_age_seconds is not None:
-        metric(
-            "rollq_results_oldest_age_seconds",
-            "gauge",
-            "Age of the oldest entry in the results stream.",
-            [({"namespace": ns}, s.results_oldest_age_seconds)],
+    if s.results_stream_memory_bytes is not None:
+        yield gauge(
+            "rollq_results_stream_memory_bytes",
+            "Memory the results stream takes in Redis (MEMORY USAGE).",
+            s.results_stream_memory_bytes,
         )
-    metric(
-        "rollq_results_lost_total",
-        "counter",
+    if s.results_oldest_age_seconds is not None:
+        yield gauge(
+            "rollq_results_oldest_age_seconds",
+            "Age of the oldest entry in the results stream.",
+            s.results_oldest_age_seconds,
+        )
+    lost = CounterMetricFamily(
+        "rollq_results_lost",
         "Rollouts the hard byte limit trimmed before a consumer group got them, by group.",
-        [({"namespace": ns, "group": g["name"]}, g["lost"]) for g in s.consumer_groups],
+        labels=["namespace", "group"],
     )
-    outcomes = []
+    for g in s.consumer_groups:
+        lost.add_metric([ns, g["name"]], g["lost"])
+    yield lost
+    lag = GaugeMetricFamily(
+        "rollq_consumer_group_lag", "Results not yet delivered to a consumer group.", labels=["namespace", "group"]
+    )
+    pending = GaugeMetricFamily(
+        "rollq_consumer_group_pending",
+        "Results delivered to a consumer group but not acknowledged.",
+        labels=["namespace", "group"],
+    )
+    for g in s.consumer_groups:
+        if g["lag"] is not None:
+            lag.add_metric([ns, g["name"]], g["lag"])
+        pending.add_metric([ns, g["name"]], g["pending"])
+    yield lag
+    yield pending
+
+    outcomes = CounterMetricFamily(
+        "rollq_rollouts", "Final rollouts published, by status and mode.", labels=["namespace", "status", "mode"]
+    )
     for key, value in sorted(s.counters.items()):
         status, sep, mode = key.partition(":")
         if sep and status in ("succeeded", "failed"):
-            outcomes.append(({"namespace": ns, "status": status, "mode": mode or "none"}, value))
-    metric("rollq_rollouts_total", "counter", "Final rollouts published, by status and mode.", outcomes)
-    metric(
-        "rollq_requeues_total",
-        "counter",
-        "Attempts sent back to the queue, by reason.",
-        [({"namespace": ns, "reason": r}, n) for r, n in sorted(s.requeued.items())],
+            outcomes.add_metric([ns, status, mode or "none"], value)
+    yield outcomes
+    requeues = CounterMetricFamily(
+        "rollq_requeues", "Attempts sent back to the queue, by reason.", labels=["namespace", "reason"]
     )
-    metric(
-        "rollq_superseded_total",
-        "counter",
-        "Results from attempts that were no longer current.",
-        [({"namespace": ns}, s.superseded)],
+    for reason, n in sorted(s.requeued.items()):
+        requeues.add_metric([ns, reason], n)
+    yield requeues
+    superseded = CounterMetricFamily(
+        "rollq_superseded", "Results from attempts that were no longer current.", labels=["namespace"]
     )
+    superseded.add_metric([ns], s.superseded)
+    yield superseded
 
-    out.append("# HELP rollq_rollout_duration_seconds Time from claim to publish of final rollouts.")
-    out.append("# TYPE rollq_rollout_duration_seconds histogram")
-    cumulative = 0.0
-    for bound in [repr(b) for b in DURATION_BUCKETS] + ["+Inf"]:
-        cumulative += s.counters.get(f"duration:{bound}", 0.0)
-        out.append(f"rollq_rollout_duration_seconds_bucket{_labels(namespace=ns, le=bound)} {cumulative:g}")
-    out.append(f"rollq_rollout_duration_seconds_sum{_labels(namespace=ns)} {s.counters.get('duration:sum', 0.0):g}")
-    out.append(f"rollq_rollout_duration_seconds_count{_labels(namespace=ns)} {cumulative:g}")
-    return "\n".join(out) + "\n"
+    durations = {k.removeprefix(DURATION_PREFIX): v for k, v in s.counters.items() if k.startswith(DURATION_PREFIX)}
+    duration = HistogramMetricFamily(
+        "rollq_rollout_duration_seconds", "Time from claim to publish of final rollouts.", labels=["namespace"]
+    )
+    duration.add_metric(
+        [ns], _histogram_buckets(durations, DURATION_BUCKETS), s.counters.get(StatsField.DURATION_SUM, 0.0)
+    )
+    yield duration
+
+    reward = HistogramMetricFamily(
+        "rollq_reward",
+        "Final reward of published rollouts, by mode and resources version.",
+        labels=["namespace", "mode", "resources_id"],
+    )
+    for (mode, resources_id), counts in sorted(reward_series(s.counters).items()):
+        reward.add_metric(
+            [ns, mode or "none", resources_id], _histogram_buckets(counts, REWARD_BUCKETS), counts.get(REWARD_SUM, 0.0)
+        )
+    yield reward
+
+
+class SnapshotCollector(Collector):
+    """A collector that reads a fresh snapshot at every scrape."""
+
+    def __init__(self, read: Callable[[], Snapshot]) -> None:
+        self.read = read
+
+    def collect(self) -> Iterator[Metric]:
+        return families(self.read())
+
+
+def registry(read: Callable[[], Snapshot]) -> CollectorRegistry:
+    """A registry holding only rollq's metrics (no process or Python collectors), read through ``read``."""
+    reg = CollectorRegistry(auto_describe=False)
+    reg.register(SnapshotCollector(read))
+    return reg
+
+
+def render_prometheus(s: Snapshot) -> str:
+    """The text exposition of one snapshot (what ``rollq status --prometheus`` prints)."""
+    return generate_latest(registry(lambda: s)).decode()

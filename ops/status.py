@@ -11,6 +11,11 @@ import redis
 from rq.worker import Worker
 
 from rollq.store.keys import REQUEUED_PREFIX, Keys, StatsField, TaskField, parse_inflight_member
+from rollq.worker.rq_worker import WORKER_CONCURRENCY_FIELD
+
+# A worker heartbeats at least every few seconds while alive; RolloutPolicy's default
+# unresponsive_seconds is the point at which rollq itself gives up on one.
+DEAD_AFTER_SECONDS = 30.0
 
 
 @dataclass
@@ -35,6 +40,12 @@ class Snapshot:
     latest_resources: str | None
     workers: list[dict[str, Any]]
     counters: dict[str, float] = field(default_factory=dict)
+    results_stream_memory_bytes: int | None = None
+    """MEMORY USAGE of the results stream; None where the server has no such command (the embedded one)."""
+
+    @property
+    def workers_alive(self) -> int:
+        return sum(1 for w in self.workers if w["alive"])
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -66,8 +77,10 @@ def _oldest_age(connection: redis.Redis, keys: Keys, now: float) -> float | None
     return max(0.0, now - int(first[0][0].split(b"-")[0]) / 1000) if first else None
 
 
-def snapshot(connection: redis.Redis, keys: Keys, now: float | None = None) -> Snapshot:
-    """Read everything ``rollq status`` shows, in two pipelined round trips plus one per consumer-group query."""
+def snapshot(
+    connection: redis.Redis, keys: Keys, now: float | None = None, *, dead_after: float = DEAD_AFTER_SECONDS
+) -> Snapshot:
+    """Read everything ``rollq status`` shows, in a few pipelined round trips plus one per consumer-group query."""
     now = time.time() if now is None else now
     pipe = connection.pipeline(transaction=False)
     pipe.llen(keys.rq_queue)
@@ -87,11 +100,7 @@ def snapshot(connection: redis.Redis, keys: Keys, now: float | None = None) -> S
 
     counters = {k.decode(): float(v) for k, v in stats.items()}
     total = lambda prefix: int(sum(v for k, v in counters.items() if k.startswith(prefix)))  # noqa: E731
-    workers = [
-        {"name": w.name, "state": w.get_state(), "current_job": w.get_current_job_id()}
-        for w in Worker.all(connection=connection)
-        if keys.queue_name in w.queue_names()
-    ]
+    workers = _workers(connection, keys, dict(by_worker), now, dead_after)
     return Snapshot(
         namespace=keys.namespace,
         queued=int(queued),
@@ -113,7 +122,45 @@ def snapshot(connection: redis.Redis, keys: Keys, now: float | None = None) -> S
         latest_resources=latest.decode() if latest else None,
         workers=workers,
         counters=counters,
+        results_stream_memory_bytes=_memory_usage(connection, keys.results) if xlen else 0,
     )
+
+
+def _memory_usage(connection: redis.Redis, key: str) -> int | None:
+    try:
+        return int(connection.memory_usage(key) or 0)  # type: ignore[arg-type]
+    except redis.ResponseError:
+        return None
+
+
+def _workers(
+    connection: redis.Redis, keys: Keys, in_flight: dict[str, int], now: float, dead_after: float
+) -> list[dict[str, Any]]:
+    """RQ's workers on this namespace's queue, with rollq's view: in flight, concurrency, alive.
+
+    RQ keeps a SIGKILLed worker's key for its TTL (7 minutes by default); a
+    worker whose last heartbeat is older than ``dead_after`` seconds is shown dead.
+    """
+    found = [w for w in Worker.all(connection=connection) if keys.queue_name in w.queue_names()]
+    pipe = connection.pipeline(transaction=False)
+    for w in found:
+        pipe.hget(w.key, WORKER_CONCURRENCY_FIELD)
+    concurrency = pipe.execute() if found else []
+    rows = []
+    for w, conc in zip(found, concurrency, strict=True):
+        beat = w.last_heartbeat.timestamp() if w.last_heartbeat else None
+        rows.append(
+            {
+                "name": w.name,
+                "state": w.get_state(),
+                "current_job": w.get_current_job_id(),
+                "in_flight": in_flight.get(w.name, 0),
+                "concurrency": int(conc) if conc else None,
+                "last_heartbeat": beat,
+                "alive": beat is not None and now - beat <= dead_after,
+            }
+        )
+    return rows
 
 
 def _size(n: int) -> str:
@@ -141,7 +188,12 @@ def render_text(s: Snapshot) -> str:
         f"  superseded        {s.superseded}",
         f"  requeued          {', '.join(f'{k}: {v}' for k, v in sorted(s.requeued.items())) or 0}",
         f"  results stream    {s.results_stream_length} entries, {_size(s.results_stream_bytes)}"
-        + (f", oldest {s.results_oldest_age_seconds:.0f}s old" if s.results_oldest_age_seconds is not None else ""),
+        + (f", oldest {s.results_oldest_age_seconds:.0f}s old" if s.results_oldest_age_seconds is not None else "")
+        + (
+            f", {_size(s.results_stream_memory_bytes)} of Redis memory"
+            if s.results_stream_memory_bytes is not None
+            else ""
+        ),
     ]
     for g in s.consumer_groups:
         lines.append(
@@ -149,7 +201,10 @@ def render_text(s: Snapshot) -> str:
             + (f", lost {g['lost']} to trimming from {g['lost_from']}" if g["lost"] else "")
         )
     lines.append(f"  resources         {', '.join(s.resource_versions) or 'none'} (latest {s.latest_resources or '-'})")
-    lines.append(f"  workers           {len(s.workers)}")
+    dead = len(s.workers) - s.workers_alive
+    lines.append(f"  workers           {s.workers_alive} alive" + (f", {dead} dead" if dead else ""))
     for w in s.workers:
-        lines.append(f"    {w['name']}: {w['state']}" + (f" (job {w['current_job']})" if w["current_job"] else ""))
+        state = w["state"] if w["alive"] else "dead (no heartbeat)"
+        capacity = f" of {w['concurrency']}" if w["concurrency"] else ""
+        lines.append(f"    {w['name']}: {state}, {w['in_flight']} in flight{capacity}")
     return "\n".join(lines)

@@ -4,7 +4,8 @@ URLs: ``redis://[:password@]host:port/db``, ``rediss://`` for TLS (``?ssl_cert_r
 and friends pass through to redis-py), ``unix:///path/redis.sock?password=...``, and
 ``memory://[name]`` for an in-process fake Redis (fakeredis) shared by every client
 of that name in the process. With no URL, ``ROLLQ_REDIS_URL`` is used, then
-``REDIS_URL``, then ``memory://``.
+``REDIS_URL``, then ``redis://localhost:6379/0`` (what RQ, Celery and arq default to);
+``memory://`` only when asked for, since its data vanishes with the process.
 """
 
 from __future__ import annotations
@@ -26,6 +27,9 @@ from redis.retry import Retry
 
 log = logging.getLogger(__name__)
 
+DEFAULT_URL = "redis://localhost:6379/0"
+"""The Redis used when no URL is given anywhere."""
+
 _MEMORY_SERVERS: dict[str, fakeredis.FakeServer] = {}
 _MEMORY_LOCK = threading.Lock()
 
@@ -36,6 +40,8 @@ _SOCKET_TIMEOUT_SECONDS = 30.0
 # the worker's own loop keeps retrying beyond that.
 _RETRIES = 12
 _BACKOFF_CAP_SECONDS = 2.0
+CONNECT_TIMEOUT_SECONDS = 5.0
+"""How long a TCP connect, or the first reply of a fresh connection, may take before the peer counts as unreachable."""
 
 
 # TLS failures that say the configuration is wrong, not that the network is: OpenSSL's reason codes.
@@ -132,8 +138,8 @@ class Outage:
 
 
 def resolve_url(url: str | None = None) -> str:
-    """The URL to use: the one given, else ``ROLLQ_REDIS_URL``, ``REDIS_URL``, ``memory://``."""
-    return url or os.environ.get("ROLLQ_REDIS_URL") or os.environ.get("REDIS_URL") or "memory://"
+    """The URL to use: the one given, else ``ROLLQ_REDIS_URL``, ``REDIS_URL``, ``redis://localhost:6379/0``."""
+    return url or os.environ.get("ROLLQ_REDIS_URL") or os.environ.get("REDIS_URL") or DEFAULT_URL
 
 
 def memory_server(name: str = "") -> fakeredis.FakeServer:
@@ -173,7 +179,7 @@ def connect(url: str | None = None, *, retries: int = _RETRIES) -> redis.Redis:
         retry=retry_policy(retries),
         retry_on_error=[redis.ConnectionError, redis.TimeoutError],
         socket_timeout=_SOCKET_TIMEOUT_SECONDS,
-        socket_connect_timeout=5.0,
+        socket_connect_timeout=CONNECT_TIMEOUT_SECONDS,
         health_check_interval=30,
         **tcp_only,
     )
@@ -186,3 +192,43 @@ def describe(url: str) -> str:
         url = url.replace(":" + password + "@", ":***@", 1)
     # unix:// URLs carry the password as a query parameter.
     return re.sub(r"([?&])password=[^&#]*", r"\1password=***", url)
+
+
+def check_reachable(url: str | None = None, *, timeout: float = CONNECT_TIMEOUT_SECONDS) -> str:
+    """PING the Redis at ``url`` once, giving up after ``timeout`` seconds; returns the URL used.
+
+    A peer that accepts connections but never answers would otherwise hold a
+    client for the read timeout times every retry (two minutes for the CLI);
+    one that answers something other than Redis gets a clear error.
+    Raises :class:`redis.ConnectionError` (or ``AuthenticationError``) naming the URL, password masked.
+    """
+    url = resolve_url(url)
+    if urlsplit(url).scheme == "memory":
+        return url
+    connect(url)  # rejects unknown schemes with its own message
+    client = redis.Redis.from_url(url, socket_timeout=timeout, socket_connect_timeout=timeout, retry=None)
+    try:
+        client.ping()
+    except redis.AuthenticationError:
+        raise
+    except redis.TimeoutError as exc:
+        raise redis.ConnectionError(f"no answer from {describe(url)} within {timeout:g}s") from exc
+    except redis.ConnectionError:
+        raise
+    except redis.RedisError as exc:  # a reply that is not Redis's: some other service on that port
+        raise redis.ConnectionError(f"{describe(url)} does not speak the Redis protocol ({exc})") from exc
+    finally:
+        client.close()
+    return url
+
+
+def describe_client(client: Any) -> str:
+    """The URL a redis-py client points at, password masked, for start-up logs."""
+    if isinstance(client, fakeredis.FakeRedis):
+        return "memory:// (in-process)"
+    kwargs = client.connection_pool.connection_kwargs
+    auth = ":***@" if kwargs.get("password") else ""
+    if kwargs.get("path"):
+        return f"unix://{kwargs['path']}?db={kwargs.get('db', 0)}" + ("&password=***" if auth else "")
+    scheme = "rediss" if "ssl" in client.connection_pool.connection_class.__name__.lower() else "redis"
+    return f"{scheme}://{auth}{kwargs.get('host', 'localhost')}:{kwargs.get('port', 6379)}/{kwargs.get('db', 0)}"

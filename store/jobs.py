@@ -30,9 +30,11 @@ log = logging.getLogger(__name__)
 ROLLOUT_FUNC = "rollq.worker.jobs.run_rollout"
 
 # RQ keeps finished job hashes this long (the worker's default result TTL; rollq
-# jobs carry none of their own): enough for rq-dashboard to show recent work,
-# short enough that memory stays flat at hundreds of rollouts per second.
-DEFAULT_RESULT_TTL = 60
+# jobs carry none of their own): an hour of history in rq-dashboard. Each kept
+# job costs Redis about 1-2 KB, so at 100 rollouts/s an hour is ~0.5 GB: the
+# setting is capped at a week, and high-rate runs should lower it.
+DEFAULT_RESULT_TTL = 3600
+MAX_RESULT_TTL = 7 * 24 * 3600
 # A job RQ marks failed is kept a day for inspection (RQ's own default is a year).
 _FAILURE_TTL = 24 * 3600
 # Beyond the policy timeout, so RQ's registry cleanup never flags a live attempt;

@@ -204,6 +204,10 @@ TRIMMED_TO = "trimmed-to"
 
 REQUEUED_PREFIX = "requeued:"
 DURATION_PREFIX = "duration:"
+REWARD_PREFIX = "reward:"
+REWARD_SUM = "sum"
+"""The ``bucket`` of :func:`reward_stat` that holds the sum of rewards rather than a count."""
+_REWARD_SEPARATOR = "|"
 
 
 def outcome_stat(status: str, mode: str | None) -> str:
@@ -219,6 +223,22 @@ def requeue_stat(reason: str) -> str:
 def duration_stat(bucket: str) -> str:
     """The stats field counting rollouts whose duration falls in histogram ``bucket`` (``duration:0.5``)."""
     return DURATION_PREFIX + bucket
+
+
+def reward_stat(mode: str | None, resources_id: str | None, bucket: str) -> str:
+    """The stats field of the reward histogram for ``mode`` and ``resources_id``: ``reward:train|v3|0.5``.
+
+    ``bucket`` is a histogram bound (``le``) or :data:`REWARD_SUM`. Modes and version ids never contain ``|``.
+    """
+    return f"{REWARD_PREFIX}{mode or ''}{_REWARD_SEPARATOR}{resources_id or ''}{_REWARD_SEPARATOR}{bucket}"
+
+
+def parse_reward_stat(field: str) -> tuple[str, str, str] | None:
+    """``(mode, resources_id, bucket)`` of a :func:`reward_stat` field; None for any other stats field."""
+    if not field.startswith(REWARD_PREFIX):
+        return None
+    mode, resources_id, bucket = field[len(REWARD_PREFIX) :].split(_REWARD_SEPARATOR, 2)
+    return mode, resources_id, bucket
 
 
 _MEMBER_SEPARATOR = "|"
@@ -240,8 +260,8 @@ def lua_header() -> str:
     """Lua source that every rollq script starts with: the names above, so that no script spells them.
 
     ``F.<field>`` for task record fields, ``S.<field>`` for stream fields, ``member(rid, attempt)`` for an
-    in-flight member, ``outcome_stat``/``requeue_stat``/``duration_stat`` and ``STATS_*`` for the stats hash,
-    ``count(key, field, by)`` to add to a counter without failing on a corrupt one.
+    in-flight member, ``outcome_stat``/``requeue_stat``/``duration_stat``/``reward_stat`` and ``STATS_*`` for the
+    stats hash, ``count(key, field, by)`` to add to a counter without failing on a corrupt one.
     """
 
     def table(fields: type[StrEnum]) -> str:
@@ -266,6 +286,10 @@ def lua_header() -> str:
             "  if v and not string.match(v, '^%-?%d+$') then return 0 end",
             "  return redis.call('HINCRBY', key, field, by)",
             "end",
+            f"local REWARD_SUM = '{REWARD_SUM}'",
+            "local function reward_stat(mode, rid, bucket) return "
+            f"'{REWARD_PREFIX}' .. (mode or '') .. '{_REWARD_SEPARATOR}' .. (rid or '') .. '{_REWARD_SEPARATOR}' "
+            ".. bucket end",
             "",
         ]
     )

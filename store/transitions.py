@@ -45,6 +45,20 @@ def duration_bucket(seconds: float) -> str:
     return "+Inf" if i == len(DURATION_BUCKETS) else repr(DURATION_BUCKETS[i])
 
 
+REWARD_BUCKETS = (0.0, 0.1, 0.25, 0.5, 0.75, 0.9, 1.0, 2.0, 5.0, 10.0)
+"""Upper bounds of the final-reward histogram kept in the stats hash, by mode and resources version.
+
+Negative rewards count in the first bucket: prometheus_client leaves out _sum and _count of a histogram
+with negative bounds, and a trainer wants the mean (sum / count) most of all.
+"""
+
+
+def reward_bucket(reward: float) -> str:
+    """The histogram bucket label (``le``) a final reward falls in."""
+    i = bisect.bisect_left(REWARD_BUCKETS, reward)
+    return "+Inf" if i == len(REWARD_BUCKETS) else repr(REWARD_BUCKETS[i])
+
+
 class Enqueued(StrEnum):
     """What enqueueing did with one task."""
 
@@ -246,6 +260,8 @@ class Lifecycle:
         duration: float | None = None,
         keep_seconds: int = 0,
         stale_before: float | None = None,
+        reward: float | None = None,
+        resources_id: str | None = None,
     ) -> FinishReply:
         """Publish the final rollout if ``attempt`` is still current, and keep the results stream in its bounds.
 
@@ -282,6 +298,9 @@ class Lifecycle:
                 keep_seconds,
                 duration or 0,
                 self.results_max_bytes,
+                "" if reward is None else reward_bucket(reward),
+                reward or 0,
+                resources_id or "",
             ],
         )
         if reply[0] == b"published":

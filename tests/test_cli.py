@@ -19,6 +19,7 @@ from typing import Any
 import click
 import pytest
 from click.testing import CliRunner, Result
+from prometheus_client.parser import text_string_to_metric_families
 from servers import RedisServer, free_port
 
 from rollq.models.contract import NamedResources, Rollout
@@ -175,7 +176,7 @@ def test_jsonl_line_of_the_wrong_shape_is_named(rollq: Callable[..., Result], li
     result = rollq("enqueue", input=line + "\n")
 
     assert result.exit_code == 1
-    assert one_line_error(result) == f"rollq: line 1: {complaint}"
+    assert one_line_error(result) == f"rollq: line 1: {complaint}; nothing was queued"
 
 
 def test_enqueue_from_stdin_queues_each_line_and_prints_its_id(
@@ -251,16 +252,21 @@ def test_status_json_and_prometheus_parse(
     producer.enqueue({"n": 3}, mode="val")
 
     status = json.loads(rollq("status", "--json").stdout)
-    prometheus = rollq("status", "--prometheus").stdout.splitlines()
+    exposition = rollq("status", "--prometheus").stdout
 
     assert (status["namespace"], status["queued"], status["succeeded"]) == (namespace, 1, 3)
-    samples = [line for line in prometheus if not line.startswith("#")]
-    assert all(PROMETHEUS_SAMPLE.fullmatch(line) for line in samples), [
-        s for s in samples if not PROMETHEUS_SAMPLE.fullmatch(s)
-    ]
-    assert f'rollq_queue_depth{{namespace="{namespace}"}} 1' in samples
-    assert f'rollq_rollout_duration_seconds_bucket{{namespace="{namespace}",le="+Inf"}} 3' in samples
-    assert f'rollq_rollouts_total{{namespace="{namespace}",status="succeeded",mode="train"}} 3' in samples
+    samples = {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        for family in text_string_to_metric_families(exposition)
+        for sample in family.samples
+    }
+    assert samples[("rollq_queue_depth", (("namespace", namespace),))] == 1
+    assert samples[("rollq_rollout_duration_seconds_bucket", (("le", "+Inf"), ("namespace", namespace)))] == 3
+    assert (
+        samples[("rollq_rollouts_total", (("mode", "train"), ("namespace", namespace), ("status", "succeeded")))] == 3
+    )
+    assert samples[("rollq_reward_count", (("mode", "train"), ("namespace", namespace), ("resources_id", "")))] == 3
+    assert samples[("rollq_reward_sum", (("mode", "train"), ("namespace", namespace), ("resources_id", "")))] == 3.0
 
 
 def test_status_text_names_the_namespace(rollq: Callable[..., Result], namespace: str) -> None:
@@ -279,11 +285,11 @@ def test_dead_letter_list_and_requeue(
     producer.enqueue({"fail": False}, mode="train")
     run_worker()
 
-    listed = rollq("dead-letter", "list").stdout.split()
+    listed = rollq("dead-letter", "list").stdout.splitlines()
     requeued = rollq("dead-letter", "requeue", failed)
     after = rollq("dead-letter", "list").stdout.split()
 
-    assert listed == [failed]
+    assert listed == [f"{failed}\t1 attempt(s)\tRuntimeError: asked to fail {failed}"]
     assert requeued.exit_code == 0 and requeued.stdout.strip() == "requeued 1 task(s)"
     assert after == []
     assert producer.connection.llen(producer.keys.rq_queue) == 1

@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -30,14 +31,22 @@ def services() -> dict[str, Any]:
     return yaml.safe_load(COMPOSE.read_text())["services"]
 
 
+class MissingVariable(Exception):
+    """What compose stops with for ``${VAR:?message}`` when VAR is unset or empty."""
+
+
 def interpolate(value: str, env: dict[str, str]) -> str:
-    """Compose's ``${VAR}`` and ``${VAR:-default}`` substitution, enough for this file."""
+    """Compose's ``${VAR}``, ``${VAR:-default}`` and ``${VAR:?error}`` substitution, enough for this file."""
 
     def one(match: re.Match[str]) -> str:
-        name, default = match.group(1), match.group(3) or ""
-        return env.get(name) or default
+        name, kind, rest = match.group(1), match.group(3), match.group(4) or ""
+        if env.get(name):
+            return env[name]
+        if kind == "?":
+            raise MissingVariable(f"{name}: {rest}")
+        return rest
 
-    return re.sub(r"\$\{(\w+)(:-([^}]*))?\}", one, value)
+    return re.sub(r"\$\{(\w+)(:([-?])((?:[^{}]|\$\([^)]*\))*))?\}", one, value)
 
 
 def seconds(duration: str) -> float:
@@ -62,21 +71,34 @@ def test_redis_persists_with_aof_on_a_volume_and_requires_a_password(services: d
 
     assert redis["image"].split(":")[-1].startswith("7")
     assert arg_after(command, "--appendonly") == "yes"
-    assert interpolate(arg_after(command, "--requirepass"), {}) != ""
+    assert interpolate(arg_after(command, "--requirepass"), {"REDIS_PASSWORD": "x"}) == "x"
     assert any(volume.endswith(":/data") for volume in redis["volumes"])
     assert "ports" not in redis  # reached over the compose network only
 
 
-@pytest.mark.parametrize("password_env", [{}, {"REDIS_PASSWORD": "0123abcd"}], ids=["default", "from-env"])
-def test_every_redis_client_gets_a_url_with_the_server_password(
-    services: dict[str, Any], password_env: dict[str, str]
-) -> None:
-    password = interpolate(arg_after(services["redis"]["command"], "--requirepass"), password_env)
+def test_every_redis_client_gets_a_url_with_the_server_password(services: dict[str, Any]) -> None:
+    env = {"REDIS_PASSWORD": "0123abcd"}
+    password = interpolate(arg_after(services["redis"]["command"], "--requirepass"), env)
 
+    assert password == "0123abcd"
     for name in REDIS_CLIENTS:
-        url = urlsplit(interpolate(services[name]["environment"]["ROLLQ_REDIS_URL"], password_env))
+        url = urlsplit(interpolate(services[name]["environment"]["ROLLQ_REDIS_URL"], env))
         assert (url.scheme, url.hostname, url.password) == ("redis", "redis", password), name
-    assert interpolate(services["redis"]["environment"]["REDISCLI_AUTH"], password_env) == password
+    assert interpolate(services["redis"]["environment"]["REDISCLI_AUTH"], env) == password
+
+
+def test_without_redis_password_compose_refuses_instead_of_defaulting(services: dict[str, Any]) -> None:
+    places = [
+        arg_after(services["redis"]["command"], "--requirepass"),
+        services["redis"]["environment"]["REDISCLI_AUTH"],
+    ]
+    places += [services[name]["environment"]["ROLLQ_REDIS_URL"] for name in REDIS_CLIENTS]
+
+    for place in places:
+        assert "${REDIS_PASSWORD:?" in place, place
+        with pytest.raises(MissingVariable, match="REDIS_PASSWORD"):
+            interpolate(place, {})
+    assert "change-me" not in COMPOSE.read_text()
 
 
 def test_workers_scale_and_drain_for_longer_than_a_rollout_may_run(services: dict[str, Any]) -> None:
@@ -106,15 +128,84 @@ def test_only_the_dashboard_publishes_a_port_and_only_on_loopback(services: dict
     assert command[:2] == ["rollq", "dashboard"] and arg_after(command, "--bind") == "0.0.0.0"
 
 
-def test_the_image_compose_builds_installs_rollq_from_files_in_the_repo(services: dict[str, Any]) -> None:
+def test_the_image_is_built_once_and_every_service_runs_it(services: dict[str, Any]) -> None:
     built = [name for name, service in services.items() if "build" in service]
-    lines = DOCKERFILE.read_text().splitlines()
-    sources = [part for line in lines if line.startswith("COPY ") for part in line.split()[1:-1]]
 
-    assert {"worker", "dashboard", "producer"} <= set(built)
-    assert all(services[name]["build"] == "." for name in built)
-    assert all((REPO / source).exists() for source in sources), sources
-    assert any(line.startswith("RUN pip install") and "[dashboard]" in line for line in lines)
+    assert built == ["worker"] and services["worker"]["build"] == "." and services["worker"]["image"] == "rollq"
+    for name in ("dashboard", "producer"):
+        assert services[name]["image"] == "rollq" and services[name]["pull_policy"] == "never", name
+
+
+def dockerfile_instructions(text: str) -> list[tuple[str, str]]:
+    """``(INSTRUCTION, arguments)`` pairs, continuation lines joined and comments dropped."""
+    joined = re.sub(r"\\\n", " ", text)
+    pairs = []
+    for line in joined.splitlines():
+        line = line.strip()
+        if line and not line.startswith("#"):
+            instruction, _, args = line.partition(" ")
+            pairs.append((instruction.upper(), args.strip()))
+    return pairs
+
+
+DOCKERFILE_INSTRUCTIONS = {
+    "FROM",
+    "RUN",
+    "COPY",
+    "ADD",
+    "ENV",
+    "WORKDIR",
+    "USER",
+    "CMD",
+    "ENTRYPOINT",
+    "HEALTHCHECK",
+    "ARG",
+    "LABEL",
+    "EXPOSE",
+}
+
+
+def test_dockerfile_installs_dependencies_before_sources_and_has_a_healthcheck() -> None:
+    steps = dockerfile_instructions(DOCKERFILE.read_text())
+    copies = [(i, args.split()[0]) for i, (kind, args) in enumerate(steps) if kind == "COPY"]
+    installs = [i for i, (kind, args) in enumerate(steps) if kind == "RUN" and "pip install" in args]
+    first_source = min(i for i, source in copies if source not in ("pyproject.toml",))
+
+    assert {kind for kind, _ in steps} <= DOCKERFILE_INSTRUCTIONS
+    assert installs[0] < first_source, "dependencies must be installed before any source is copied"
+    assert "-r /tmp/requirements.txt" in steps[installs[0]][1]
+    assert "--no-deps" in steps[installs[-1]][1] and "[dashboard]" in steps[installs[-1]][1]
+    # Every subpackage the rollq/ links point at is copied, and every source exists.
+    linked = {p.name for p in (REPO / "rollq").iterdir() if p.is_symlink()}
+    assert linked <= {source for _, source in copies}, linked
+    assert all((REPO / source).exists() for _, source in copies)
+    (healthcheck,) = [args for kind, args in steps if kind == "HEALTHCHECK"]
+    assert "CMD rollq status" in healthcheck and "--timeout=" in healthcheck
+
+
+def readme_agent_dockerfile() -> str:
+    text = (REPO / "README.md").read_text()
+    match = re.search(r"```dockerfile\n(FROM rollq\n.*?)```", text, flags=re.S)
+    assert match is not None, "the README shows a Dockerfile FROM rollq"
+    return match.group(1)
+
+
+def test_readme_shows_an_agent_image_built_from_the_rollq_image(tmp_path: Path) -> None:
+    # No Docker engine here: the file is written and checked as a build would read it.
+    dockerfile = tmp_path / "Dockerfile"
+    dockerfile.write_text(readme_agent_dockerfile())
+    steps = dockerfile_instructions(dockerfile.read_text())
+
+    assert steps[0] == ("FROM", "rollq")
+    assert {kind for kind, _ in steps} <= DOCKERFILE_INSTRUCTIONS
+    assert any(kind == "RUN" and "pip install" in args for kind, args in steps)
+    (agent,) = [args.split("=", 1)[1] for kind, args in steps if kind == "ENV" and args.startswith("ROLLQ_AGENT=")]
+    assert re.fullmatch(r"[\w.]+:\w+", agent)
+    assert services_image_name() == "rollq"
+
+
+def services_image_name() -> str:
+    return str(yaml.safe_load(COMPOSE.read_text())["services"]["worker"]["image"])
 
 
 @pytest.mark.redis

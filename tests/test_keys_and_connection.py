@@ -137,7 +137,7 @@ def test_rollq_redis_url_beats_redis_url(monkeypatch: pytest.MonkeyPatch) -> Non
     monkeypatch.delenv("ROLLQ_REDIS_URL")
     assert resolve_url() == generic
     monkeypatch.delenv("REDIS_URL")
-    assert resolve_url() == "memory://"
+    assert resolve_url() == "redis://localhost:6379/0"
 
 
 @pytest.mark.parametrize(

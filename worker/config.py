@@ -1,58 +1,81 @@
-"""A worker's settings: from ``ROLLQ_*`` environment variables, overridable in code or on the CLI."""
+"""A worker's settings: ``ROLLQ_*`` environment variables (or a ``.env`` file), overridable in code or on the CLI.
+
+One pydantic-settings model, so every value is type-checked with an error naming
+the variable, and a misspelt ``ROLLQ_*`` variable is reported instead of ignored.
+"""
 
 from __future__ import annotations
 
+import difflib
+import logging
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields, replace
-from typing import Any
+from typing import Annotated, Any, Literal
 
-from rollq.store.jobs import DEFAULT_RESULT_TTL
+from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+from rollq.store.jobs import DEFAULT_RESULT_TTL, MAX_RESULT_TTL
 from rollq.store.transitions import DEFAULT_RESULTS_MAX_BYTES
 
+log = logging.getLogger(__name__)
+
+ENV_PREFIX = "ROLLQ_"
+# Read by the CLI and connection code rather than the worker, but just as much rollq's own.
+_OTHER_KNOWN = ("REDIS_URL", "NAMESPACE", "LOG_LEVEL")
+# Tests pass their own knobs to agents under this prefix.
+_RESERVED_PREFIX = "ROLLQ_TEST_"
+_warned: set[str] = set()
 # The results stream's byte budget must hold at least this many of the largest rollouts allowed.
 _ROLLOUTS_PER_BUDGET = 16
 
 
-@dataclass(frozen=True)
-class WorkerSettings:
+class InvalidSettingError(ValueError):
+    """A ``ROLLQ_*`` value (or override) of the wrong type or range; the message names the variable."""
+
+
+class WorkerSettings(BaseSettings):
     """How one worker process runs rollouts.
 
     Every field can be set from the environment as ``ROLLQ_<FIELD>``, e.g.
-    ``ROLLQ_AGENT=myproject.agents:MathAgent`` or ``ROLLQ_CONCURRENCY=256``;
-    ``ROLLQ_HOOKS`` takes a comma-separated list.
+    ``ROLLQ_AGENT=myproject.agents:MathAgent`` or ``ROLLQ_CONCURRENCY=256``, or
+    in a ``.env`` file in the working directory; ``ROLLQ_HOOKS`` takes a
+    comma-separated list.
     """
+
+    model_config = SettingsConfigDict(
+        env_prefix=ENV_PREFIX, env_file=".env", extra="ignore", frozen=True, validate_default=False
+    )
 
     agent: str = ""
     """``package.module:AgentClass`` (a LitAgent subclass), instantiated once per process."""
-    hooks: tuple[str, ...] = field(default_factory=tuple)
+    hooks: Annotated[tuple[str, ...], NoDecode] = ()
     """``package.module:HookClass`` entries, run in order around each rollout."""
-    concurrency: int = 1
+    concurrency: int = Field(1, ge=1)
     """Rollouts in flight at once in this process; 1 behaves like plain RQ."""
-    grace_seconds: float = 30.0
+    grace_seconds: float = Field(30.0, ge=0)
     """On SIGTERM/SIGINT, how long in-flight rollouts may finish before they are handed back."""
-    heartbeat_seconds: float = 5.0
+    heartbeat_seconds: float = Field(5.0, gt=0)
     """How often in-flight attempts heartbeat and this worker runs the reaper."""
-    results_maxlen: int = 100_000
+    results_maxlen: int = Field(100_000, ge=1)
     """Entries the results stream is trimmed to, never past what a consumer group still needs."""
-    results_max_bytes: int = DEFAULT_RESULTS_MAX_BYTES
+    results_max_bytes: int = Field(DEFAULT_RESULTS_MAX_BYTES, ge=1)
     """Hard limit of the results stream's payload bytes; routine trimming keeps it under half of this."""
-    max_result_bytes: int = 8 * 1024 * 1024
+    max_result_bytes: int = Field(8 * 1024 * 1024, ge=1)
     """A rollout whose JSON is larger is replaced by a failed rollout saying so; at most results_max_bytes / 16."""
-    keep_seconds: int = 7 * 24 * 3600
+    keep_seconds: int = Field(7 * 24 * 3600, ge=0)
     """How long a succeeded task's record is kept (0 = forever); failed ones stay for the dead-letter list."""
-    result_ttl: int = DEFAULT_RESULT_TTL
-    """How long RQ keeps a finished job, for rq-dashboard (replaces ``rq worker --results-ttl``)."""
+    result_ttl: int = Field(DEFAULT_RESULT_TTL, ge=0, le=MAX_RESULT_TTL)
+    """How long RQ keeps a finished job, for rq-dashboard (replaces ``rq worker --results-ttl``); at most a week."""
+    log_format: Literal["text", "json"] = "text"
+    """``json`` for one JSON object per log line."""
     capture_llm: bool = True
     """Route agents' LLM calls through this process's capturing proxy (``ROLLQ_CAPTURE_LLM=0`` turns it off)."""
     triplet_agent: str = ""
     """When set, triplets come only from LLM calls made under the agent of this name (``gen_ai.agent.name``)."""
 
-    def __post_init__(self) -> None:
-        if self.concurrency < 1:
-            raise ValueError("concurrency must be at least 1")
-        if self.heartbeat_seconds <= 0 or self.grace_seconds < 0:
-            raise ValueError("heartbeat_seconds must be > 0 and grace_seconds >= 0")
+    @model_validator(mode="after")
+    def _budget_holds_the_largest_rollouts(self) -> WorkerSettings:
         if self.max_result_bytes * _ROLLOUTS_PER_BUDGET > self.results_max_bytes:
             # Routine trimming keeps half the budget: it must hold a useful number of the largest rollouts.
             raise ValueError(
@@ -60,36 +83,64 @@ class WorkerSettings:
                 f"{_ROLLOUTS_PER_BUDGET} ({self.results_max_bytes // _ROLLOUTS_PER_BUDGET}): "
                 "lower ROLLQ_MAX_RESULT_BYTES or raise ROLLQ_RESULTS_MAX_BYTES"
             )
+        return self
+
+    @field_validator("hooks", mode="before")
+    @classmethod
+    def _split_hooks(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            return tuple(h.strip() for h in value.split(",") if h.strip())
+        return value
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None, **overrides: Any) -> WorkerSettings:
-        """Settings from ``ROLLQ_*`` variables, then ``overrides`` (None values are ignored)."""
-        env = os.environ if env is None else env
-        values: dict[str, Any] = {}
-        for f in fields(cls):
-            raw = env.get(f"ROLLQ_{f.name.upper()}")
-            if raw is None or raw == "":
-                continue
-            if f.name == "hooks":
-                values[f.name] = tuple(h.strip() for h in raw.split(",") if h.strip())
-            elif f.name in ("agent", "triplet_agent"):
-                values[f.name] = raw
-            elif f.name == "capture_llm":
-                values[f.name] = _flag(f.name, raw)
-            else:
-                kind = float if f.name.endswith("_seconds") and f.name != "keep_seconds" else int
-                try:
-                    values[f.name] = kind(raw)
-                except ValueError as exc:
-                    raise ValueError(f"ROLLQ_{f.name.upper()}={raw!r} is not a valid {kind.__name__}") from exc
-        values.update({k: v for k, v in overrides.items() if v is not None})
-        return replace(cls(), **values)
+        """Settings from ``ROLLQ_*`` variables (``env``, default the process's and ``.env``), then ``overrides``.
+
+        None overrides are ignored. Raises :class:`InvalidSettingError` naming the variable.
+        """
+        given = {k: v for k, v in overrides.items() if v is not None}
+        try:
+            if env is None:
+                warn_unknown(os.environ)
+                return cls(**given)
+            warn_unknown(env)
+            raw = {
+                name: env[ENV_PREFIX + name.upper()] for name in cls.model_fields if env.get(ENV_PREFIX + name.upper())
+            }
+            return cls.model_validate({**raw, **given})
+        except ValidationError as exc:
+            raise InvalidSettingError(_one_line(exc, given)) from exc
 
 
-def _flag(name: str, raw: str) -> bool:
-    value = raw.strip().lower()
-    if value in ("1", "true", "yes", "on"):
-        return True
-    if value in ("0", "false", "no", "off"):
-        return False
-    raise ValueError(f"ROLLQ_{name.upper()}={raw!r} is not a boolean (use 1/0, true/false, yes/no, on/off)")
+def _one_line(exc: ValidationError, overrides: Mapping[str, Any]) -> str:
+    problems = []
+    for error in exc.errors():
+        if not error["loc"]:  # a check across fields
+            problems.append(error["msg"].removeprefix("Value error, "))
+            continue
+        name = str(error["loc"][0])
+        where = name if name in overrides else ENV_PREFIX + name.upper()
+        problems.append(f"{where}={error.get('input')!r}: {error['msg']}")
+    return "invalid setting " + "; ".join(problems)
+
+
+def known_variables() -> list[str]:
+    return [ENV_PREFIX + name.upper() for name in (*WorkerSettings.model_fields, *_OTHER_KNOWN)]
+
+
+def warn_unknown(env: Mapping[str, str]) -> list[str]:
+    """Log a warning for each ``ROLLQ_*`` variable rollq does not know, naming the closest known one."""
+    known = known_variables()
+    unknown = [
+        name
+        for name in env
+        if name.startswith(ENV_PREFIX) and name not in known and not name.startswith(_RESERVED_PREFIX)
+    ]
+    for name in unknown:
+        if name in _warned:
+            continue  # the CLI and the worker settings both check; say it once
+        _warned.add(name)
+        close = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
+        hint = f"; did you mean {close[0]}?" if close else ""
+        log.warning("unknown setting %s is ignored%s", name, hint)
+    return unknown

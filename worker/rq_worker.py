@@ -32,6 +32,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import sys
 import threading
 import time
 import traceback
@@ -50,7 +51,7 @@ from rq.worker import SimpleWorker, WorkerStatus
 
 from rollq.models.contract import Hook
 from rollq.models.errors import InvalidTaskError
-from rollq.store.connection import retry_policy
+from rollq.store.connection import connect, describe, describe_client, retry_policy
 from rollq.store.jobs import RollqJob, read_rollq_jobs, rollout_id_of
 from rollq.store.keys import Keys
 from rollq.store.resources import ResourceStore
@@ -65,11 +66,32 @@ from .faults import crash_point
 from .heartbeat import Heartbeat
 from .hooks import HookSet
 from .loader import load_object
+from .logs import reformat
 from .resource_cache import ResourceCache
-from .runner import AgentRunner, AttemptResult, Pending
+from .runner import AgentRunner, AttemptResult, AttemptStatus, Pending
 from .tracer import BaseTracer, OtelTracer
 
 log = logging.getLogger(__name__)
+
+
+def _lend_rollq_url_to_rq_cli() -> None:
+    """Let stock ``rq worker -w rollq.worker.RolloutWorker`` without ``--url`` use ``ROLLQ_REDIS_URL``.
+
+    RQ's CLI imports the ``-w`` class before it builds its client, and with no
+    ``--url`` / ``RQ_REDIS_URL`` / ``--config`` it reads ``REDIS_URL`` from the
+    environment at that point: setting it here (only in an ``rq`` process, only
+    when unset) points RQ's own start-up checks and the worker at the same Redis
+    as every ``rollq`` command, instead of localhost.
+    """
+    wanted = os.environ.get("ROLLQ_REDIS_URL")
+    if wanted and os.path.basename(sys.argv[0]) == "rq" and "REDIS_URL" not in os.environ:
+        os.environ["REDIS_URL"] = wanted
+
+
+_lend_rollq_url_to_rq_cli()
+
+WORKER_CONCURRENCY_FIELD = "rollq_concurrency"
+"""Field rollq adds to RQ's worker hash: how many rollouts this worker runs at once."""
 
 # The most jobs taken in one go; more would hold slots for a long pipeline.
 _TAKE_AHEAD = 64
@@ -105,6 +127,7 @@ class RolloutWorker(SimpleWorker):
         agent: LitAgent | None = None,
         hooks: Sequence[Hook] | None = None,
         tracer: BaseTracer | None = None,
+        honour_rollq_url: bool = True,
         **kwargs: Any,
     ) -> None:
         self._local = threading.local()  # before RQ's __init__, which assigns self.execution
@@ -112,6 +135,12 @@ class RolloutWorker(SimpleWorker):
         # RQ's registry clean-up, failure handling and dequeue load jobs with this class: it never imports a
         # callback, function or webhook a job hash names (see store.jobs.RollqJob).
         kwargs["job_class"] = RollqJob
+        given = kwargs.get("connection")
+        if given is not None and honour_rollq_url:
+            kwargs["connection"] = _honour_rollq_url(given)
+            if kwargs["connection"] is not given:  # the queues RQ's CLI built are bound to the other client
+                listed: list[Any] = [queues] if isinstance(queues, str | Queue) else list(queues)
+                queues = [q.name if isinstance(q, Queue) else str(q) for q in listed]
         super().__init__(queues, *args, **kwargs)
         if len(self.queues) != 1:
             raise ValueError("a RolloutWorker serves one rollq namespace: name exactly one queue")
@@ -120,6 +149,8 @@ class RolloutWorker(SimpleWorker):
             queue.job_class = RollqJob
         self.keys = Keys(self.queues[0].name)
         self.settings = settings or WorkerSettings.from_env()
+        # RQ's CLI has installed its log handlers by now; switch them before the first line is written.
+        reformat(self.settings.log_format, "rq.worker", "rollq")
         # rollq jobs carry no result TTL of their own, so this decides for all of them.
         self.default_result_ttl = self.settings.result_ttl
         if agent is None:
@@ -170,6 +201,7 @@ class RolloutWorker(SimpleWorker):
         level = args[0] if args else kwargs.get("logging_level", "INFO")
         for name in ("rollq",):
             setup_loghandlers(level, name=name)
+        reformat(self.settings.log_format, "rq.worker", "rollq")
         self.worker_id = int(self.connection.incr(self.keys.worker_seq))
         lifecycle = Lifecycle(self.connection, self.keys, results_max_bytes=self.settings.results_max_bytes)
         self._executor.start()
@@ -196,6 +228,9 @@ class RolloutWorker(SimpleWorker):
             on_beat=self._beat_while_busy,
         )
         self._heartbeat.start()
+        self.log.info("rollq worker %s: Redis at %s", self.name, describe_client(self.connection))
+        # Beside RQ's own fields, so monitoring can show in-flight against capacity; gone with the worker key.
+        self.connection.hset(self.key, WORKER_CONCURRENCY_FIELD, self.settings.concurrency)
         self.log.info(
             "rollq worker %s (id %d): agent %s, %d hook(s), concurrency %d, namespace %r",
             self.name,
@@ -436,6 +471,11 @@ class RolloutWorker(SimpleWorker):
         with self._busy_lock:
             self._running_jobs.pop(job.id, None)
         try:
+            _record_outcome(job, result, error)
+            if error is None and result is not None and result.status == AttemptStatus.FAILED:
+                # A failed rollout is a failed job for RQ too: its failed registry, `rq info`
+                # and rq-dashboard count it, and the job page shows the error.
+                error = _failure_text(result)
             if error is None:
                 job._result = result.to_json() if result is not None else None
                 job._status = JobStatus.FINISHED
@@ -540,3 +580,83 @@ class RolloutWorker(SimpleWorker):
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
+
+
+_RQ_DEFAULT = ("localhost", 6379, 0, None)
+
+
+def _server_of(client: Any) -> tuple[Any, ...]:
+    kwargs = client.connection_pool.connection_kwargs
+    return (
+        kwargs.get("path") or kwargs.get("host"),
+        kwargs.get("port"),
+        int(kwargs.get("db") or 0),
+        kwargs.get("password"),
+    )
+
+
+def _honour_rollq_url(connection: Any) -> Any:
+    """The client to use given ``ROLLQ_REDIS_URL``: stock ``rq worker`` knows only ``--url``/``REDIS_URL``.
+
+    Without either, RQ connects to localhost:6379 while ``rollq`` commands use
+    ``ROLLQ_REDIS_URL``: the worker would wait for ever on another Redis. So a
+    worker on RQ's default honours ``ROLLQ_REDIS_URL``, and one given another
+    Redis explicitly refuses to start rather than guess.
+    """
+    wanted = os.environ.get("ROLLQ_REDIS_URL")
+    if not wanted or not hasattr(connection, "connection_pool") or type(connection).__module__.startswith("fakeredis"):
+        return connection
+    target = connect(wanted)
+    if not hasattr(target, "connection_pool") or type(target).__module__.startswith("fakeredis"):
+        raise ValueError(f"ROLLQ_REDIS_URL={describe(wanted)} is in-process only; a worker needs a Redis server")
+    current = _server_of(connection)
+    if current == _server_of(target):
+        return connection
+    explicit = (
+        os.environ.get("RQ_REDIS_URL")
+        or os.environ.get("REDIS_URL", wanted) != wanted
+        or any(a in ("--url", "-u") or a.startswith("--url=") for a in sys.argv)
+    )
+    if current == _RQ_DEFAULT and not explicit:
+        log.info("no --url given: using ROLLQ_REDIS_URL (%s)", describe(wanted))
+        return target
+    raise ValueError(
+        f"this worker was given Redis {describe_client(connection)} but ROLLQ_REDIS_URL is {describe(wanted)}: "
+        "pass the same URL to both (or unset ROLLQ_REDIS_URL)"
+    )
+
+
+def _failure_text(result: AttemptResult) -> str:
+    """The exception info RQ keeps for a failed rollout: the error's type and message, then the attempt."""
+    error = result.error or {}
+    return (
+        f"{error.get('type', 'RolloutFailed')}: {error.get('message', '')}\n"
+        f"(rollout {result.rollout_id} attempt {result.attempt} failed; "
+        "the published Rollout's metadata has the same error)"
+    )
+
+
+def _record_outcome(job: Job, result: AttemptResult | None, error: str | None) -> None:
+    """Show the rollout's outcome on the job's page: in its description always, in its meta when it failed.
+
+    The description is saved with the job by RQ's own bookkeeping (no extra round trip) and job lists show it;
+    a finished job's result already holds the whole outcome, so only a failed job, whose result RQ replaces
+    by the error, pays a round trip to keep it (status, attempt, error, input) in its meta.
+    """
+    if result is not None:
+        job.description = (
+            f"{job.description or 'rollout ' + result.rollout_id}: {result.status.value}"
+            + (f", attempt {result.attempt}" if result.attempt else "")
+            + (f", reward {result.reward:g}" if result.reward is not None else "")
+        )
+        if result.status != AttemptStatus.FAILED:
+            return
+        job.meta["rollout"] = {k: v for k, v in result.to_json().items() if k != "rollout_id"}
+    elif error is not None:
+        job.meta["rollout"] = {"status": "error", "error": error.strip().splitlines()[-1] if error.strip() else ""}
+    else:
+        return
+    try:
+        job.save_meta()
+    except Exception as exc:  # the outcome itself is safe in rollq's keys; this is display only
+        log.debug("job %s: could not save meta: %s", job.id, exc)

@@ -13,7 +13,9 @@ retries until Redis is back, so a finished rollout is not lost to an outage.
 from __future__ import annotations
 
 import concurrent.futures
+import json
 import logging
+import math
 import threading
 import time
 from dataclasses import asdict, dataclass, field
@@ -22,7 +24,7 @@ from typing import Any
 
 from opentelemetry import trace
 
-from rollq.models.contract import NamedResources, Rollout, Task
+from rollq.models.contract import NamedResources, Rollout, Task, Triplet
 from rollq.models.errors import (
     AgentTimeoutError,
     InvalidTaskError,
@@ -68,6 +70,12 @@ class AttemptResult:
     status: AttemptStatus
     attempt: int | None = None
     reason: str | None = None
+    # For a published rollout, what rq-dashboard's job page and `rollq task` show of it.
+    reward: float | None = None
+    error: dict[str, str] | None = None
+    mode: str | None = None
+    resources_id: str | None = None
+    input: str | None = None  # a preview: the task record and the results stream hold the whole input
 
     def to_json(self) -> dict[str, Any]:
         """The JSON form RQ stores (its JSON serializer cannot store a dataclass)."""
@@ -198,8 +206,15 @@ class AgentRunner:
         except UnknownResourcesError as exc:
             log.error("task %s: %s", rollout_id, exc)
             rollout = self._stamp(Rollout(rollout_id=rollout_id), claim, exc)
-            return self._publish(rollout_id, claim.attempt, rollout, failed=True, duration=None)
+            return self._publish(rollout_id, claim.attempt, rollout, failed=True, duration=None, task=task)
         rollout_trace = self.tracer.start_rollout(rollout_id, claim.attempt)
+        rollout_trace.root.set_attributes(
+            {
+                "rollq.namespace": self.lifecycle.keys.namespace,
+                "rollq.mode": task.mode or "",
+                "rollq.resources_id": task.resources_id or claim.latest_resources_id or "",
+            }
+        )
         capture = None
         if self.capture is not None and resources:
             # The agent sees its LLM endpoints through this attempt's own proxy addresses.
@@ -242,7 +257,7 @@ class AgentRunner:
                 error, kind = AgentTimeoutError(f"attempt {attempt} {exc}"), "timeout"
             except Exception as exc:
                 error, kind = _backend_error(exc, pending.capture), "exception"
-            spans = pending.trace.finish()
+            spans = pending.trace.finish(error=error, reward=_early_reward(raw))
             if error is None:
                 try:
                     rollout = to_rollout(rid, raw, spans, only_agent=self.settings.triplet_agent or None)
@@ -265,7 +280,13 @@ class AgentRunner:
                 )
                 return AttemptResult(rid, AttemptStatus.RETRYING, attempt)
             return self._publish(
-                rid, attempt, rollout, failed=error is not None, duration=time.monotonic() - pending.started
+                rid,
+                attempt,
+                rollout,
+                failed=error is not None,
+                duration=time.monotonic() - pending.started,
+                task=task,
+                resources_id=task.resources_id or claim.latest_resources_id,
             )
         finally:
             with self._lock:
@@ -289,22 +310,34 @@ class AgentRunner:
         )
 
     def _publish(
-        self, rollout_id: str, attempt: int, rollout: Rollout, *, failed: bool, duration: float | None
+        self,
+        rollout_id: str,
+        attempt: int,
+        rollout: Rollout,
+        *,
+        failed: bool,
+        duration: float | None,
+        task: Task | None = None,
+        resources_id: str | None = None,
     ) -> AttemptResult:
+        if resources_id:
+            rollout = rollout.model_copy(update={"metadata": {**rollout.metadata, "resources_id": resources_id}})
         try:
             data = rollout.model_dump_json()
         except Exception as exc:  # pydantic's error names the type it could not serialise
             error: Exception = UnserializableResultError(f"rollout {rollout_id} cannot be serialised: {exc}")
             log.error("%s; publishing a failed rollout instead", error)
-            data = failed_rollout(rollout_id, attempt=attempt, worker=self.worker_name, error=error).model_dump_json()
+            rollout = failed_rollout(rollout_id, attempt=attempt, worker=self.worker_name, error=error)
+            data = rollout.model_dump_json()
             failed = True
         if len(data) > self.settings.max_result_bytes:
             error = PayloadTooLargeError(f"rollout {rollout_id}", len(data), self.settings.max_result_bytes)
             log.error("%s; publishing a failed rollout instead", error)
             generation = int(rollout.metadata.get("generation", 1))
-            data = failed_rollout(
+            rollout = failed_rollout(
                 rollout_id, attempt=attempt, worker=self.worker_name, error=error, generation=generation
-            ).model_dump_json()
+            )
+            data = rollout.model_dump_json()
             failed = True
         status = RolloutStatus.FAILED if failed else RolloutStatus.SUCCEEDED
         reply = self.lifecycle.finish(
@@ -317,6 +350,8 @@ class AgentRunner:
             now=time.time(),
             duration=duration,
             keep_seconds=self.settings.keep_seconds,
+            reward=rollout.final_reward if _finite(rollout.final_reward) else None,
+            resources_id=resources_id,
         )
         if isinstance(reply, Superseded):
             log.warning(
@@ -325,7 +360,43 @@ class AgentRunner:
                 attempt,
             )
             return AttemptResult(rollout_id, AttemptStatus.SUPERSEDED, attempt)
-        return AttemptResult(rollout_id, AttemptStatus(status.value), attempt)
+        return _published(rollout, AttemptStatus(status.value), attempt, task)
+
+
+_INPUT_PREVIEW_CHARS = 500
+
+
+def _published(rollout: Rollout, status: AttemptStatus, attempt: int, task: Task | None) -> AttemptResult:
+    """The job result of a published rollout, with what an operator looks for on the job's page."""
+    preview = None
+    if task is not None:
+        text = json.dumps(task.input, default=str)
+        preview = text if len(text) <= _INPUT_PREVIEW_CHARS else text[:_INPUT_PREVIEW_CHARS] + "..."
+    return AttemptResult(
+        rollout.rollout_id,
+        status,
+        attempt,
+        reward=rollout.final_reward if _finite(rollout.final_reward) else None,
+        error=rollout.metadata.get("error") or None,
+        mode=task.mode if task else None,
+        resources_id=rollout.metadata.get("resources_id") or (task.resources_id if task else None),
+        input=preview,
+    )
+
+
+def _finite(value: float | None) -> bool:
+    return value is not None and math.isfinite(value)
+
+
+def _early_reward(raw: Any) -> float | None:
+    """The reward of an agent's result when it is plain to see before the trace is read (for the root span)."""
+    if isinstance(raw, int | float) and not isinstance(raw, bool):
+        return float(raw)
+    if isinstance(raw, Rollout):
+        return raw.final_reward
+    if isinstance(raw, list) and raw and isinstance(raw[-1], Triplet):
+        return raw[-1].reward
+    return None
 
 
 def _backend_error(exc: Exception, capture: AttemptCapture | None) -> Exception:

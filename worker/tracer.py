@@ -24,6 +24,7 @@ from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.context import Context
 from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
+from opentelemetry.trace import Status, StatusCode
 
 from rollq.models.errors import InvalidRewardError
 
@@ -52,6 +53,16 @@ class _RoutingProcessor(SpanProcessor):
         with self._lock:
             return self._buckets.pop(trace_id, [])
 
+    def last_reward(self, trace_id: int) -> float | None:
+        """The reward of the latest-starting reward span captured so far for ``trace_id``, if any."""
+        with self._lock:
+            spans = list(self._buckets.get(trace_id, []))
+        rewarded = [s for s in spans if s.attributes and REWARD_ATTRIBUTE in s.attributes]
+        if not rewarded:
+            return None
+        latest = max(rewarded, key=lambda s: s.start_time or 0)
+        return float(latest.attributes[REWARD_ATTRIBUTE])  # type: ignore[index,arg-type]
+
     def on_end(self, span: ReadableSpan) -> None:
         if span.context is None:
             return
@@ -69,8 +80,23 @@ class RolloutTrace:
         self.context = context
         self._processor = processor
 
-    def finish(self) -> list[ReadableSpan]:
-        """End the root span and return every span captured for this rollout, root included."""
+    def finish(self, *, error: BaseException | None = None, reward: float | None = None) -> list[ReadableSpan]:
+        """End the root span and return every span captured for this rollout, root included.
+
+        A failed attempt's root gets status ERROR and the exception as an event, so
+        trace backends show it as failed; a succeeded one gets status OK. Its
+        ``rollq.final_reward`` is ``reward`` (from the agent's result) or else the
+        last reward span's (``emit_reward``).
+        """
+        if reward is None:
+            reward = self._processor.last_reward(self.root.get_span_context().trace_id)
+        if reward is not None:
+            self.root.set_attribute("rollq.final_reward", reward)
+        if error is not None:
+            self.root.record_exception(error)
+            self.root.set_status(Status(StatusCode.ERROR, f"{type(error).__name__}: {error}"))
+        else:
+            self.root.set_status(Status(StatusCode.OK))
         self.root.end()
         trace_id = self.root.get_span_context().trace_id
         return sorted(self._processor.close(trace_id), key=lambda s: s.start_time or 0)

@@ -3,7 +3,8 @@
 -- The results stream is kept within its bounds by trim_results (lua/trim_results.lua, put before this script).
 -- KEYS: task, inflight, results, superseded, dead_letter, resources_refs, stats, results_trim
 -- ARGV: rollout_id, attempt, rollout_json, status, maxlen, now, dead_letter(0|1), stale_before|'',
---       duration_bucket|'', keep_seconds (0 = keep the record), duration_seconds, max_bytes
+--       duration_bucket|'', keep_seconds (0 = keep the record), duration_seconds, max_bytes,
+--       reward_bucket|'' (no reward), reward, resources version used|''
 -- Returns {'published', entry_id}; {'superseded'} when the attempt is not current (its rollout is kept on the
 -- superseded stream); {'alive'} when stale_before is set and the attempt heartbeated after it (a reaper lost the
 -- race to a live worker).
@@ -50,6 +51,14 @@ if ARGV[9] ~= '' then
   count(KEYS[7], duration_stat(ARGV[9]), 1)
   if tonumber(redis.call('HGET', KEYS[7], STATS_DURATION_SUM) or '0') then
     redis.call('HINCRBYFLOAT', KEYS[7], STATS_DURATION_SUM, ARGV[11])
+  end
+end
+if ARGV[13] and ARGV[13] ~= '' then
+  -- The reward histogram, by mode and resources version.
+  count(KEYS[7], reward_stat(t[3], ARGV[15], ARGV[13]), 1)
+  local reward_sum = reward_stat(t[3], ARGV[15], REWARD_SUM)
+  if tonumber(redis.call('HGET', KEYS[7], reward_sum) or '0') then
+    redis.call('HINCRBYFLOAT', KEYS[7], reward_sum, ARGV[14])
   end
 end
 if ARGV[10] ~= '0' and ARGV[4] == 'succeeded' then

@@ -1,0 +1,139 @@
+"""``rollq dashboard``: rq-dashboard 0.9.0 plus rollq's own pages and ``/metrics``, in one Flask app.
+
+rollq's RQ jobs are JSON-serialised (never pickle), so the dashboard must decode
+them as JSON. Two pages of rq-dashboard 0.9.0 fail with RQ 2.x; :func:`create_app`
+patches both at startup (see :func:`_patch_rq_dashboard`). rollq's pages
+(rollouts, one rollout, workers, charts) live under ``/rollq/`` (:mod:`.views`).
+It runs under waitress, a production WSGI server. The dashboard has no
+authentication: keep it on 127.0.0.1 (the default) or behind a proxy that adds some.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit
+
+from rq.exceptions import NoSuchJobError
+from rq.job import Job
+from rq.serializers import JSONSerializer
+from rq.worker import Worker
+
+from rollq.models.errors import RollqError
+from rollq.store.connection import connect, describe
+from rollq.store.keys import DEFAULT_NAMESPACE
+
+if TYPE_CHECKING:
+    from flask import Flask
+
+DEFAULT_PORT = 9181
+
+
+class _DependencyId(str):
+    """A job id that also answers ``.decode()``, as rq-dashboard 0.9.0 expects of dependency ids (RQ 1.x gave bytes)."""
+
+    def decode(self, encoding: str = "utf-8", errors: str = "strict") -> str:
+        return str(self)
+
+
+class _DashboardJob(Job):
+    # RQ 2.x returns dependency ids as str; rq-dashboard's job view calls .decode()
+    # on each, so the page of any job with dependencies was a 500.
+    @property
+    def dependency_ids(self) -> list[str]:
+        return [_DependencyId(job_id) for job_id in super().dependency_ids]
+
+
+class _DashboardWorker(Worker):
+    """``Worker.all`` as rq-dashboard calls it, reading workers with the dashboard's serializer.
+
+    rq-dashboard 0.9.0 lists workers with ``Worker.all(connection=...)``, so each
+    worker object gets RQ's default (pickle) serializer; ``get_current_job()``
+    then fetches the busy worker's JSON job with pickle and ``get_call_string()``
+    fails with ``DeserializationError``: the workers view was a 500 whenever a
+    rollq worker was busy.
+    """
+
+    @classmethod
+    def all(
+        cls,
+        connection: Any = None,
+        job_class: Any = None,
+        queue_class: Any = None,
+        queue: Any = None,
+        serializer: Any = None,
+    ) -> list[Any]:
+        from rq_dashboard.web import config
+
+        return super().all(
+            connection=connection,
+            job_class=job_class or _DashboardJob,
+            queue_class=queue_class,
+            queue=queue,
+            serializer=serializer or config.serializer,
+        )
+
+    def get_current_job(self) -> Job | None:
+        # The worker hash and the job hash are read one after the other; a job that
+        # finished in between (and whose hash RQ deleted) means "no current job", not a 500.
+        try:
+            return super().get_current_job()
+        except NoSuchJobError:
+            return None
+
+
+def _patch_rq_dashboard() -> None:
+    import rq_dashboard.web as web
+
+    web.config.serializer = JSONSerializer
+    web.Worker = _DashboardWorker
+    web.Job = _DashboardJob
+
+
+def create_app(redis_url: str, namespace: str = DEFAULT_NAMESPACE) -> Flask:
+    """rq-dashboard's Flask app on ``redis_url`` (redis://, rediss://, unix://), patched, with rollq's pages added."""
+    try:
+        from rq_dashboard.cli import make_flask_app
+        from rq_dashboard.web import setup_rq_connection
+    except ImportError as exc:  # rq-dashboard itself, or six/arrow/flask it imports
+        missing = (exc.name or "rq_dashboard").split(".")[0]
+        raise RollqError(
+            f"the dashboard needs rq-dashboard and its imports ({missing} is missing): pip install 'rollq[dashboard]'"
+        ) from exc
+    if urlsplit(redis_url).scheme == "memory":
+        raise RollqError(
+            "the dashboard needs a Redis server; memory:// exists only inside one process: pass --url redis://..."
+        )
+    _patch_rq_dashboard()
+    app = make_flask_app(None, None, None, "")
+    app.config["RQ_DASHBOARD_REDIS_URL"] = redis_url
+    setup_rq_connection(app)
+    from .views import install
+
+    install(app, connect(redis_url, retries=1), namespace)
+    return app
+
+
+def serve(
+    redis_url: str,
+    namespace: str = DEFAULT_NAMESPACE,
+    *,
+    bind: str = "127.0.0.1",
+    port: int = DEFAULT_PORT,
+    threads: int = 8,
+) -> None:
+    """Serve the dashboard on ``bind:port`` with waitress until interrupted."""
+    app = create_app(redis_url, namespace)
+    try:
+        import waitress
+    except ImportError as exc:
+        raise RollqError("the dashboard runs under waitress: pip install 'rollq[dashboard]'") from exc
+    print(
+        f"rollq dashboard on http://{bind}:{port}/rollq/ (rq-dashboard on /, metrics on /metrics) "
+        f"for {describe(redis_url)}, namespace {namespace!r}",
+        file=sys.stderr,
+        flush=True,
+    )
+    logging.getLogger("waitress.queue").setLevel(logging.ERROR)  # "task queue depth" warnings under page polling
+    waitress.serve(app, host=bind, port=port, threads=threads)

@@ -1,0 +1,53 @@
+"""Line charts as inline SVG: the dashboard loads nothing from the network."""
+
+from __future__ import annotations
+
+import time
+from html import escape
+
+from .data import Series
+
+COLOURS = ("#2563eb", "#dc2626", "#16a34a", "#9333ea", "#ea580c", "#0891b2", "#4b5563")
+
+
+def line_chart(series: list[Series], *, width: int = 760, height: int = 220, unit: str = "") -> str:
+    """An SVG line chart of ``series`` sharing one time axis, with a legend; a note when there is no data."""
+    points = [p for s in series for p in s.points]
+    if not points:
+        return f'<svg class="chart" width="{width}" height="{height}"><text x="20" y="40">no data yet</text></svg>'
+    left, right, top, bottom = 56, 16, 16, 44
+    t0, t1 = min(t for t, _ in points), max(t for t, _ in points)
+    v0, v1 = min(0.0, min(v for _, v in points)), max(v for _, v in points)
+    if t1 == t0:
+        t0, t1 = t0 - 60, t1 + 60
+    if v1 == v0:
+        v1 = v0 + 1
+
+    def x(t: float) -> float:
+        return left + (t - t0) / (t1 - t0) * (width - left - right)
+
+    def y(v: float) -> float:
+        return top + (1 - (v - v0) / (v1 - v0)) * (height - top - bottom)
+
+    out = [f'<svg class="chart" xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}">']
+    out.append(f'<line x1="{left}" y1="{y(v0):.1f}" x2="{width - right}" y2="{y(v0):.1f}" stroke="#999"/>')
+    out.append(f'<line x1="{left}" y1="{top}" x2="{left}" y2="{height - bottom}" stroke="#999"/>')
+    for v in (v0, (v0 + v1) / 2, v1):
+        out.append(f'<text x="{left - 6}" y="{y(v) + 4:.1f}" text-anchor="end" font-size="11">{v:.3g}{unit}</text>')
+    clock = "%H:%M" if t1 - t0 >= 600 else "%H:%M:%S"
+    for t in (t0, (t0 + t1) / 2, t1):
+        label = time.strftime(clock, time.gmtime(t))
+        out.append(
+            f'<text x="{x(t):.1f}" y="{height - bottom + 16}" text-anchor="middle" font-size="11">{label}</text>'
+        )
+    for i, s in enumerate(series):
+        colour = COLOURS[i % len(COLOURS)]
+        path = " ".join(f"{x(t):.1f},{y(v):.1f}" for t, v in s.points)
+        out.append(f'<polyline fill="none" stroke="{colour}" stroke-width="2" points="{path}"/>')
+        for t, v in s.points:
+            out.append(f'<circle cx="{x(t):.1f}" cy="{y(v):.1f}" r="2.5" fill="{colour}"/>')
+        lx = left + i * 130
+        out.append(f'<rect x="{lx}" y="{height - 14}" width="10" height="10" fill="{colour}"/>')
+        out.append(f'<text x="{lx + 14}" y="{height - 5}" font-size="11" class="legend">{escape(s.label)}</text>')
+    out.append("</svg>")
+    return "".join(out)

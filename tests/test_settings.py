@@ -1,0 +1,133 @@
+"""Worker settings are one pydantic-settings model: ROLLQ_* variables and .env, typed one-line errors,
+a warning naming the closest known variable for a typo, and JSON logs on request."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from servers import REPO, RedisServer
+
+from rollq.worker.config import InvalidSettingError, WorkerSettings, warn_unknown
+
+ROLLQ = str(Path(sys.executable).parent / "rollq")
+
+
+def test_fields_and_defaults_are_kept() -> None:
+    settings = WorkerSettings.from_env({})
+
+    assert (settings.agent, settings.hooks, settings.concurrency, settings.grace_seconds) == ("", (), 1, 30.0)
+    assert (settings.heartbeat_seconds, settings.results_maxlen, settings.max_result_bytes) == (5.0, 100_000, 8 << 20)
+    assert (settings.keep_seconds, settings.result_ttl, settings.log_format) == (7 * 24 * 3600, 3600, "text")
+
+
+def test_environment_then_overrides_with_comma_separated_hooks() -> None:
+    env = {"ROLLQ_CONCURRENCY": "8", "ROLLQ_HOOKS": "a.b:C, d.e:F", "ROLLQ_GRACE_SECONDS": "2.5"}
+
+    settings = WorkerSettings.from_env(env, concurrency=16, agent=None)
+
+    assert (settings.concurrency, settings.hooks, settings.grace_seconds) == (16, ("a.b:C", "d.e:F"), 2.5)
+
+
+def test_process_environment_and_dotenv_file_are_read(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    (tmp_path / ".env").write_text("ROLLQ_AGENT=pkg.mod:Agent\nROLLQ_CONCURRENCY=3\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("ROLLQ_CONCURRENCY", raising=False)
+    monkeypatch.setenv("ROLLQ_AGENT", "from.env:Wins")
+
+    settings = WorkerSettings.from_env()
+
+    assert (settings.agent, settings.concurrency) == ("from.env:Wins", 3)
+
+
+@pytest.mark.parametrize(
+    "env, needle",
+    [
+        ({"ROLLQ_CONCURRENCY": "lots"}, "ROLLQ_CONCURRENCY='lots': Input should be a valid integer"),
+        ({"ROLLQ_CONCURRENCY": "0"}, "ROLLQ_CONCURRENCY='0': Input should be greater than or equal to 1"),
+        ({"ROLLQ_RESULT_TTL": str(30 * 24 * 3600)}, "ROLLQ_RESULT_TTL"),
+        ({"ROLLQ_LOG_FORMAT": "xml"}, "ROLLQ_LOG_FORMAT='xml'"),
+    ],
+)
+def test_bad_values_are_a_typed_error_naming_the_variable(env: dict[str, str], needle: str) -> None:
+    with pytest.raises(InvalidSettingError) as raised:
+        WorkerSettings.from_env(env)
+
+    assert needle in str(raised.value) and "\n" not in str(raised.value)
+
+
+def test_an_unknown_rollq_variable_warns_naming_the_closest_known_one(caplog: pytest.LogCaptureFixture) -> None:
+    unknown = warn_unknown({"ROLLQ_CONCURENCY_X": "4", "ROLLQ_AGENT": "a:b", "ROLLQ_TEST_ANYTHING": "1"})
+
+    assert unknown == ["ROLLQ_CONCURENCY_X"]
+    assert "unknown setting ROLLQ_CONCURENCY_X is ignored; did you mean ROLLQ_CONCURRENCY?" in caplog.text
+
+
+def _rollq(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([ROLLQ, *args], capture_output=True, text=True, timeout=60, env=env)
+
+
+def test_a_typo_reaches_the_user_of_the_cli(monkeypatch: pytest.MonkeyPatch) -> None:
+    import os
+
+    env = {**os.environ, "ROLLQ_CONCURENCY": "4"}
+
+    done = _rollq("--url", "memory://", "resources", "list", env=env)
+
+    assert done.returncode == 0, done.stderr
+    assert "unknown setting ROLLQ_CONCURENCY is ignored; did you mean ROLLQ_CONCURRENCY?" in done.stderr
+
+
+def test_a_bad_worker_setting_is_one_line_exit_1() -> None:
+    import os
+
+    env = {**os.environ, "ROLLQ_CONCURRENCY": "many", "ROLLQ_AGENT": "rollq.worker.sample_agent:SampleAgent"}
+
+    done = _rollq("--url", "memory://", "worker", "--burst", env=env)
+
+    assert done.returncode == 1
+    (line,) = done.stderr.strip().splitlines()
+    assert line.startswith("rollq: invalid setting ROLLQ_CONCURRENCY='many'"), done.stderr
+
+
+def test_json_log_format_writes_one_json_object_per_line() -> None:
+    import os
+
+    env = {**os.environ, "ROLLQ_LOG_FORMAT": "json"}
+
+    done = _rollq("--url", "memory://", "--log-level", "INFO", "resources", "list", env=env)
+
+    assert done.returncode == 0, done.stderr
+    records = [json.loads(line) for line in done.stderr.splitlines()]
+    assert {"time", "level", "logger", "message"} <= set(records[0])
+    assert any(r["message"] == "Redis at memory://" and r["level"] == "INFO" for r in records), records
+
+
+@pytest.mark.redis
+def test_stock_rq_worker_logs_json_with_rollq_log_format(redis_server: RedisServer, namespace: str) -> None:
+    env = {
+        **os.environ,
+        "ROLLQ_LOG_FORMAT": "json",
+        "ROLLQ_AGENT": "rollq.worker.sample_agent:SampleAgent",
+        "PYTHONPATH": str(REPO),
+    }
+    rq = str(Path(sys.executable).parent / "rq")
+
+    done = subprocess.run(
+        [rq, "worker", "-w", "rollq.worker.RolloutWorker", "--url", redis_server.url, "--burst", namespace],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
+
+    assert done.returncode == 0, done.stderr
+    lines = [line for line in (done.stdout + done.stderr).splitlines() if line.strip()]
+    records = [json.loads(line) for line in lines]
+    assert any(
+        r["message"].startswith("rollq worker") and "Redis at redis://127.0.0.1:" in r["message"] for r in records
+    )
