@@ -108,6 +108,9 @@ def create_app(redis_url: str, namespace: str = DEFAULT_NAMESPACE) -> Flask:
     _patch_rq_dashboard()
     app = make_flask_app(None, None, None, "")
     app.config["RQ_DASHBOARD_REDIS_URL"] = redis_url
+    # Delete and Empty remove RQ jobs only, leaving their tasks queued with no job (a reaper queues them again,
+    # but only after its sweep reaches them): off, as rollq requeues and fails tasks itself.
+    app.config["RQ_DASHBOARD_DISABLE_DELETE"] = True
     setup_rq_connection(app)
     from .views import install
 
