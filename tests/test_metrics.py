@@ -51,7 +51,7 @@ def test_large_counters_and_odd_label_values_read_back_exactly(redis_server: Red
     assert value(samples, "rollq_rollouts_total", namespace=namespace, status="failed", mode="val") == 9007199254740991
     assert value(samples, "rollq_consumer_group_lag", namespace=namespace, group=group) == 1
     assert value(samples, "rollq_results_stream_length", namespace=namespace) == 1
-    assert value(samples, "rollq_results_stream_bytes", namespace=namespace) > 0
+    assert value(samples, "rollq_results_stream_memory_bytes", namespace=namespace) > 0
 
 
 def _get(url: str) -> str:
@@ -127,6 +127,7 @@ def test_metrics_exporter_and_dashboard_serve_reward_workers_in_flight_and_lag(
         assert value(samples, "rollq_in_flight", namespace=ns) == 1
         assert value(samples, "rollq_consumer_group_lag", namespace=ns, group="trainers") == 4
         assert value(samples, "rollq_results_stream_bytes", namespace=ns) > 0
+        assert value(samples, "rollq_results_stream_memory_bytes", namespace=ns) > 0
         assert sum(v for (name, _), v in samples.items() if name == "rollq_worker_in_flight") == 1
 
 
