@@ -10,6 +10,7 @@ import asyncio
 import random
 from typing import Any
 
+from rollq.models.contract import Triplet
 from rollq.worker import LitAgent, emit_reward, llm_call_span
 
 TURNS = 3
@@ -42,3 +43,20 @@ class MockLLMAgent(LitAgent):
             emit_reward(0.5 * turn)
         # None: rollq builds the rollout (trace, triplets, final reward) from the captured spans.
         return None
+
+
+BIG_TURNS, BIG_PROMPT_IDS, BIG_RESPONSE_IDS = 8, 4096, 512
+_rng = random.Random(7)
+# One list per process, reused: the benchmark measures moving the ids, not drawing them.
+PROMPT_IDS = [_rng.randrange(150_000) for _ in range(BIG_PROMPT_IDS)]
+RESPONSE_IDS = [_rng.randrange(150_000) for _ in range(BIG_RESPONSE_IDS)]
+
+
+class BigTokenAgent(LitAgent):
+    """Returns at once 8 triplets of 4096 prompt + 512 response token ids (~0.23 MB of JSON per rollout)."""
+
+    async def training_rollout_async(self, task_input: Any, rollout_id: str, resources: Any) -> list[Triplet]:
+        return [
+            Triplet(prompt={"token_ids": PROMPT_IDS}, response={"token_ids": RESPONSE_IDS}, reward=float(t))
+            for t in range(BIG_TURNS)
+        ]

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 BENCH = Path(__file__).resolve().parent
-BENCHMARKS = ["noop", "mock_llm", "enqueue", "memory", "capture"]
+BENCHMARKS = ["noop", "mock_llm", "al", "enqueue", "memory", "capture"]
 
 
 def main() -> None:
