@@ -1,11 +1,14 @@
 """One way to get a Redis client, for the producer, the workers and the CLI.
 
 URLs: ``redis://[:password@]host:port/db``, ``rediss://`` for TLS (``?ssl_cert_reqs=...``
-and friends pass through to redis-py), ``unix:///path/redis.sock?password=...``, and
-``memory://[name]`` for an in-process fake Redis (fakeredis) shared by every client
-of that name in the process. With no URL, ``ROLLQ_REDIS_URL`` is used, then
-``REDIS_URL``, then ``redis://localhost:6379/0`` (what RQ, Celery and arq default to);
-``memory://`` only when asked for, since its data vanishes with the process.
+and friends pass through to redis-py), ``unix:///path/redis.sock?password=...``,
+``redis+sentinel://[:password@]host:port[,host:port...]/service_name[/db]`` for a primary
+found through Redis Sentinel (the password is the primary's; Sentinels on port 26379 unless
+given; after a failover the client asks the Sentinels again), and ``memory://[name]`` for an
+in-process fake Redis (fakeredis) shared by every client of that name in the process. With no
+URL, ``ROLLQ_REDIS_URL`` is used, then ``REDIS_URL``, then ``redis://localhost:6379/0`` (what
+RQ, Celery and arq default to); ``memory://`` only when asked for, since its data vanishes with
+the process.
 """
 
 from __future__ import annotations
@@ -18,12 +21,13 @@ import threading
 import time
 from collections.abc import Iterator
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
 
 import fakeredis
 import redis
 from redis.backoff import ExponentialBackoff
 from redis.retry import Retry
+from redis.sentinel import Sentinel
 
 log = logging.getLogger(__name__)
 
@@ -168,21 +172,42 @@ def connect(url: str | None = None, *, retries: int = _RETRIES) -> redis.Redis:
     scheme = urlsplit(url).scheme
     if scheme == "memory":
         return fakeredis.FakeRedis(server=memory_server(urlsplit(url).netloc))
-    if scheme not in ("redis", "rediss", "unix"):
+    if scheme not in ("redis", "rediss", "unix", "redis+sentinel"):
         raise ValueError(
-            f"unsupported Redis URL scheme {scheme!r} in {describe(url)!r}: use redis://, rediss://, unix:// or memory://"
+            f"unsupported Redis URL scheme {scheme!r} in {describe(url)!r}: "
+            "use redis://, rediss://, unix://, redis+sentinel:// or memory://"
         )
     # TCP keepalive is a TCP socket option; redis-py's unix socket connection refuses it.
     tcp_only = {} if scheme == "unix" else {"socket_keepalive": True}
-    return redis.Redis.from_url(
-        url,
-        retry=retry_policy(retries),
-        retry_on_error=[redis.ConnectionError, redis.TimeoutError],
-        socket_timeout=_SOCKET_TIMEOUT_SECONDS,
-        socket_connect_timeout=CONNECT_TIMEOUT_SECONDS,
-        health_check_interval=30,
+    options: dict[str, Any] = {
+        "retry": retry_policy(retries),
+        "retry_on_error": [redis.ConnectionError, redis.TimeoutError],
+        "socket_timeout": _SOCKET_TIMEOUT_SECONDS,
+        "socket_connect_timeout": CONNECT_TIMEOUT_SECONDS,
+        "health_check_interval": 30,
         **tcp_only,
-    )
+    }
+    if scheme == "redis+sentinel":
+        return _via_sentinel(url, options)
+    return redis.Redis.from_url(url, **options)
+
+
+def _via_sentinel(url: str, options: dict[str, Any]) -> redis.Redis:
+    """A client of the primary that the Sentinels in ``url`` name; it asks them again after a failover."""
+    parts = urlsplit(url)
+    credentials, _, hosts = parts.netloc.rpartition("@")
+    password = unquote(credentials.partition(":")[2]) if credentials else None
+    sentinels = []
+    for entry in hosts.split(","):
+        host, _, port = entry.rpartition(":") if ":" in entry else (entry, "", "26379")
+        sentinels.append((host, int(port)))
+    path = [p for p in parts.path.split("/") if p]
+    if not sentinels or not path or len(path) > 2 or not all(host for host, _ in sentinels):
+        raise ValueError(f"expected redis+sentinel://host:port[,host:port]/service_name[/db], got {describe(url)!r}")
+    db = int(path[1]) if len(path) == 2 else 0
+    # Sentinels answer at once or not at all: a short timeout moves on to the next one quickly.
+    sentinel = Sentinel(sentinels, sentinel_kwargs={"socket_timeout": 1.0, "socket_connect_timeout": 1.0})
+    return sentinel.master_for(path[0], db=db, password=password, **options)
 
 
 def describe(url: str) -> str:
