@@ -7,6 +7,7 @@ put the repository root on their PYTHONPATH.
 from __future__ import annotations
 
 import asyncio
+import os
 import random
 from typing import Any
 
@@ -45,7 +46,9 @@ class MockLLMAgent(LitAgent):
         return None
 
 
-BIG_TURNS, BIG_PROMPT_IDS, BIG_RESPONSE_IDS = 8, 4096, 512
+# 8 turns make ~0.23 MB of JSON per rollout; bench/big.py sets 35 for ~1 MB.
+BIG_TURNS = int(os.environ.get("ROLLQ_BENCH_BIG_TURNS", "8"))
+BIG_PROMPT_IDS, BIG_RESPONSE_IDS = 4096, 512
 _rng = random.Random(7)
 # One list per process, reused: the benchmark measures moving the ids, not drawing them.
 PROMPT_IDS = [_rng.randrange(150_000) for _ in range(BIG_PROMPT_IDS)]
@@ -53,10 +56,31 @@ RESPONSE_IDS = [_rng.randrange(150_000) for _ in range(BIG_RESPONSE_IDS)]
 
 
 class BigTokenAgent(LitAgent):
-    """Returns at once 8 triplets of 4096 prompt + 512 response token ids (~0.23 MB of JSON per rollout)."""
+    """Returns at once BIG_TURNS (8) triplets of 4096 prompt + 512 response token ids (~0.23 MB of JSON per rollout)."""
 
     async def training_rollout_async(self, task_input: Any, rollout_id: str, resources: Any) -> list[Triplet]:
         return [
             Triplet(prompt={"token_ids": PROMPT_IDS}, response={"token_ids": RESPONSE_IDS}, reward=float(t))
             for t in range(BIG_TURNS)
         ]
+
+
+SLOW_TURN_SECONDS = (3.0, 10.0)
+
+
+def slow_turns(task_input: Any) -> list[float]:
+    """The turn lengths of a slow rollout, drawn from its task input so a simulation can replay the same list."""
+    rng = random.Random(int(task_input["i"]))
+    return [rng.uniform(*SLOW_TURN_SECONDS) for _ in range(TURNS)]
+
+
+class SlowLLMAgent(LitAgent):
+    """Three turns, each an LLM call that takes 3-10 s (seeded by the task), traced like MockLLMAgent."""
+
+    async def training_rollout_async(self, task_input: Any, rollout_id: str, resources: Any) -> None:
+        for turn, seconds in enumerate(slow_turns(task_input)):
+            with llm_call_span(MODEL, f"turn {turn} of {task_input}") as span:
+                await asyncio.sleep(seconds)
+                span.set_attribute("gen_ai.completion", f"answer {turn}")
+            emit_reward(0.5 * turn)
+        return None

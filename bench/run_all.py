@@ -1,6 +1,10 @@
-"""Run every benchmark, then regenerate docs/benchmarks.md and docs/throughput.png from their results.
+"""Run every benchmark, then regenerate docs/benchmarks.md, docs/throughput.png and docs/scaling.png.
 
-Run: python bench/run_all.py [--skip-profile]   (about 10 minutes on 2 cores)
+Run: nice -n 10 python bench/run_all.py [--skip-profile] [--skip-cluster]   (about 20 minutes on 2 cores)
+
+Each benchmark runs with the short settings below (each setting well under a minute), so that the whole
+suite fits in a sitting on a shared 2-core machine; run a script on its own for longer windows.
+bench/cluster.py needs root and is skipped without it.
 
 Each benchmark runs in a subprocess of its own, one after the other, and writes
 bench/results/<name>.json; ``bench/report.py`` then builds the page from those
@@ -10,6 +14,7 @@ files. The profile needs py-spy (pip install py-spy) and is skipped without it.
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import subprocess
 import sys
@@ -17,25 +22,43 @@ import time
 from pathlib import Path
 
 BENCH = Path(__file__).resolve().parent
-BENCHMARKS = ["noop", "mock_llm", "al", "enqueue", "memory", "capture"]
+# (script, arguments): short windows, so that each setting stays well under a minute.
+BENCHMARKS: list[tuple[str, list[str]]] = [
+    ("noop", ["--rounds", "2", "--jobs", "1000"]),
+    ("mock_llm", ["--window", "10"]),
+    ("al", ["--window", "10"]),
+    ("big", ["--window", "10"]),
+    ("inflight10k", []),
+    ("scaling", ["--window", "8"]),
+    ("failover", []),
+    ("enqueue", ["--tasks", "50000", "--rounds", "2"]),
+    ("memory", ["--rollouts", "30000", "--max-seconds", "90"]),
+    ("capture", []),
+]
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--skip-profile", action="store_true", help="do not run bench/profile.py (py-spy)")
+    parser.add_argument("--skip-cluster", action="store_true", help="do not run bench/cluster.py (needs root)")
     args = parser.parse_args()
     names = list(BENCHMARKS)
+    if not args.skip_cluster:
+        if os.geteuid() == 0:
+            names.append(("cluster", []))
+        else:
+            print("not root: skipping bench/cluster.py (network namespaces need root)")
     has_py_spy = shutil.which("py-spy") or (Path(sys.executable).parent / "py-spy").exists()
     if not args.skip_profile:
         if has_py_spy:
-            names.append("profile")
+            names.append(("profile", ["--seconds", "10"]))
         else:
             print("py-spy is not installed (pip install py-spy): skipping bench/profile.py")
     started = time.monotonic()
-    for name in names:
-        print(f"=== bench/{name}.py", flush=True)
+    for name, extra in names:
+        print(f"=== bench/{name}.py {' '.join(extra)}", flush=True)
         t = time.monotonic()
-        subprocess.run([sys.executable, str(BENCH / f"{name}.py")], check=True)
+        subprocess.run([sys.executable, str(BENCH / f"{name}.py"), *extra], check=True)
         print(f"=== bench/{name}.py took {time.monotonic() - t:.0f} s", flush=True)
     subprocess.run([sys.executable, str(BENCH / "report.py")], check=True)
     print(f"all benchmarks in {(time.monotonic() - started) / 60:.1f} min")

@@ -1,0 +1,219 @@
+"""Big token-id rollouts (0.23 MB and ~1 MB of JSON): rollq beside a raw redis-py XADD/XREAD pipe, and where time goes.
+
+Run: python bench/big.py [--window 10] [--sizes 8,35] [--replay 200]
+
+A rollout is N triplets of 4096 prompt + 512 response token ids (N = 8: ~0.23 MB of JSON; N = 35: ~1 MB),
+what an RL trainer needs back from an agent (bench/agents.py: BigTokenAgent).
+
+1. The anchor: one process, one redis-py client, the standard ``json`` module: build the same rollout
+   dict, ``json.dumps`` it, ``XADD`` it to a stream (MAXLEN ~ 1000), ``XREAD`` it back, ``json.loads``
+   it. Rollouts/s over ``--window`` seconds.
+2. rollq end to end, as in bench/al.py: 2 worker processes at concurrency 16 returning the triplets,
+   a producer keeping tasks queued, a trainer thread reading every rollout through a consumer group.
+   The anchor and rollq alternate, per size, in the same run.
+3. Where the time goes: the exact functions a rollout passes through, replayed one after the other in
+   this process under cProfile for ``--replay`` rollouts on a private redis-server (the agent's triplets
+   -> ``to_rollout`` -> ``stamp`` -> ``model_dump_json`` -> ``Lifecycle.finish`` (finish.lua) -> the
+   trainer's ``XREADGROUP`` and ``Rollout.model_validate_json``), each step timed on its own, plus the
+   functions with the most own time. The claim and the RQ bookkeeping are not in the replay: they do
+   not grow with the rollout's size (bench/noop.py measures them).
+
+Writes bench/results/big.json.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+# bench/profile.py would shadow the standard library's profile module, which cProfile imports.
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import argparse  # noqa: E402
+import asyncio  # noqa: E402
+import cProfile  # noqa: E402
+import io  # noqa: E402
+import json  # noqa: E402
+import pstats  # noqa: E402
+import tempfile  # noqa: E402
+import time  # noqa: E402
+from typing import Any  # noqa: E402
+
+from bench import agents  # noqa: E402
+from bench.al import PER_WORKER_FAST, WORKER_PROCESSES, run_rollq  # noqa: E402
+from bench.common import private_redis, rate, write_result  # noqa: E402
+from rollq.models.contract import Rollout  # noqa: E402
+from rollq.models.outcomes import stamp  # noqa: E402
+from rollq.models.policy import RolloutStatus  # noqa: E402
+from rollq.producer import Producer  # noqa: E402
+from rollq.store.transitions import Claim  # noqa: E402
+from rollq.worker.normalize import to_rollout  # noqa: E402
+
+MAXLEN = 1000
+
+
+def rollout_dict(turns: int, rollout_id: str) -> dict[str, Any]:
+    """The same rollout as BigTokenAgent's, as the raw pipe would write it (plain dicts)."""
+    triplet = {"prompt": {"token_ids": agents.PROMPT_IDS}, "response": {"token_ids": agents.RESPONSE_IDS}}
+    return {
+        "rollout_id": rollout_id,
+        "final_reward": float(turns - 1),
+        "triplets": [{**triplet, "reward": float(t), "metadata": {}} for t in range(turns)],
+        "trace": None,
+        "logs": None,
+        "metadata": {"status": "succeeded", "attempt": 1},
+    }
+
+
+def raw_pipe(turns: int, window: float) -> dict[str, Any]:
+    """One process writing and reading the rollouts through a stream with redis-py and ``json``."""
+    with private_redis() as server:
+        client = server.client()
+        stream, last, n, size = "raw", "0", 0, 0
+        started = time.monotonic()
+        cpu0 = time.process_time()
+        while time.monotonic() - started < window:
+            payload = json.dumps(rollout_dict(turns, f"r{n}"), separators=(",", ":"))
+            size = len(payload)
+            client.xadd(stream, {"rollout": payload}, maxlen=MAXLEN, approximate=True)
+            reply: Any = client.xread({stream: last}, count=10)
+            for entry_id, fields in reply[0][1]:
+                last = entry_id
+                got = json.loads(fields[b"rollout"])
+                assert got["rollout_id"] == f"r{n}"
+                n += 1
+        elapsed = time.monotonic() - started
+        cpu = time.process_time() - cpu0
+    return {
+        "rollouts": n,
+        "seconds": round(elapsed, 2),
+        "rollouts_per_s": rate(n, elapsed),
+        "bytes_per_rollout": size,
+        "mb_per_s": round(n * size / elapsed / 1e6, 1),
+        "process_cpu_ms_per_rollout": round(1000 * cpu / max(n, 1), 2),
+    }
+
+
+def replay(turns: int, count: int) -> dict[str, Any]:
+    """The functions a big rollout passes through, one after the other under cProfile, each step timed."""
+    agents.BIG_TURNS = turns
+    agent = agents.BigTokenAgent()
+    steps = {k: 0.0 for k in ("agent", "to_rollout", "stamp", "model_dump_json", "finish.lua", "read + parse")}
+    with private_redis() as server:
+        producer = Producer.from_url(server.url, "replay")
+        lifecycle = producer.lifecycle
+        tasks = producer.enqueue_many([{"i": i} for i in range(count)], mode="train")
+        claims = []
+        for t in tasks:
+            job_id = producer.connection.hget(producer.keys.task(t.rollout_id), "job").decode()  # type: ignore[union-attr]
+            claim = lifecycle.claim(t.rollout_id, job_id, "replay-worker", time.time())
+            assert isinstance(claim, Claim), claim
+            claims.append(claim)
+        reader = iter(producer.rollouts(idle_timeout=5.0, batch=1))
+        # One event loop for every rollout, as in a worker (asyncio.run per rollout would add its own costs).
+        loop = asyncio.new_event_loop()
+        profiler = cProfile.Profile()
+        profiler.enable()
+        for task, claim in zip(tasks, claims, strict=True):
+            t0 = time.perf_counter()
+            raw = loop.run_until_complete(agent.training_rollout_async(task.input, task.rollout_id, {}))
+            t1 = time.perf_counter()
+            rollout = to_rollout(task.rollout_id, raw, [])
+            t2 = time.perf_counter()
+            rollout = stamp(rollout, status=RolloutStatus.SUCCEEDED, attempt=claim.attempt, worker="w", error=None)
+            t3 = time.perf_counter()
+            data = rollout.model_dump_json()
+            t4 = time.perf_counter()
+            lifecycle.finish(
+                task.rollout_id,
+                claim.attempt,
+                data,
+                "succeeded",
+                results_maxlen=MAXLEN,
+                dead_letter=False,
+                now=time.time(),
+            )
+            t5 = time.perf_counter()
+            got: Rollout = next(reader)
+            t6 = time.perf_counter()
+            assert got.rollout_id == task.rollout_id
+            for key, dt in zip(steps, (t1 - t0, t2 - t1, t3 - t2, t4 - t3, t5 - t4, t6 - t5), strict=True):
+                steps[key] += dt
+        profiler.disable()
+        loop.close()
+        reader.close()  # type: ignore[attr-defined]  # acknowledges while the server is still up
+    out = io.StringIO()
+    stats = pstats.Stats(profiler, stream=out)
+    stats.sort_stats("tottime").print_stats(15)
+    top = []
+    for (filename, line, name), (_, calls, tottime, cumtime, _) in sorted(
+        stats.stats.items(),  # type: ignore[attr-defined]
+        key=lambda kv: -kv[1][2],
+    )[:15]:
+        top.append(
+            {
+                "function": f"{Path(filename).name}:{line}({name})",
+                "calls_per_rollout": round(calls / count, 1),
+                "own_ms_per_rollout": round(1000 * tottime / count, 3),
+                "cumulative_ms_per_rollout": round(1000 * cumtime / count, 3),
+            }
+        )
+    return {
+        "rollouts": count,
+        "steps_ms_per_rollout": {k: round(1000 * v / count, 3) for k, v in steps.items()},
+        "total_ms_per_rollout": round(1000 * sum(steps.values()) / count, 3),
+        "top_own_time": top,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--window", type=float, default=10.0)
+    parser.add_argument("--sizes", default="8,35", help="triplets per rollout, comma-separated (8: ~0.23 MB)")
+    parser.add_argument("--replay", type=int, default=200, help="rollouts in the cProfile replay")
+    args = parser.parse_args()
+    rows = []
+    in_flight = PER_WORKER_FAST * WORKER_PROCESSES
+    with tempfile.TemporaryDirectory(prefix="rollq-bench-big-") as logs:
+        for turns in (int(t) for t in args.sizes.split(",")):
+            raw = raw_pipe(turns, args.window)
+            env = {"ROLLQ_BENCH_BIG_TURNS": str(turns), "ROLLQ_RESULTS_MAXLEN": str(MAXLEN)}
+            rollq = run_rollq("big", in_flight, args.window, Path(logs), extra_env=env)
+            rollq["mb_per_s"] = round(rollq["rollouts_per_s"] * raw["bytes_per_rollout"] / 1e6, 1)
+            profile = replay(turns, args.replay if turns <= 8 else max(20, args.replay // 4))
+            row = {
+                "turns": turns,
+                "mb_per_rollout": round(raw["bytes_per_rollout"] / 1e6, 3),
+                "raw": raw,
+                "rollq": rollq,
+                "rollq_over_raw": round(rollq["rollouts_per_s"] / raw["rollouts_per_s"], 2),
+                "replay": profile,
+            }
+            print(
+                f"  {row['mb_per_rollout']:.2f} MB: raw pipe {raw['rollouts_per_s']:.1f}/s ({raw['mb_per_s']} MB/s), "
+                f"rollq {rollq['rollouts_per_s']:.1f}/s ({rollq['mb_per_s']} MB/s) = {row['rollq_over_raw']:.2f}x; "
+                f"replay {profile['total_ms_per_rollout']:.2f} ms/rollout {profile['steps_ms_per_rollout']}",
+                flush=True,
+            )
+            rows.append(row)
+    first = rows[0]
+    write_result(
+        "big",
+        {
+            "worker_processes": WORKER_PROCESSES,
+            "in_flight": in_flight,
+            "window_seconds": args.window,
+            "results_maxlen": MAXLEN,
+            "rows": rows,
+            # The target is set at ~0.23 MB (8 turns): these keys are the report's.
+            "rollq": first["rollq"],
+            "raw": first["raw"],
+            "rollq_over_raw": first["rollq_over_raw"],
+        },
+        sys.argv[1:],
+    )
+
+
+if __name__ == "__main__":
+    main()
