@@ -189,6 +189,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="rollq-failover-") as tmp:
         servers = Servers(Path(tmp))
         workers: list[subprocess.Popen[bytes]] = []
+        result: dict[str, Any] = {}
         try:
             servers.start()
             url = servers.url
@@ -253,7 +254,7 @@ def main() -> None:
             received_ids = [rid for _, rid in trainer.received]
             after_kill = [t for t, _ in trainer.received if t > killed_at]  # type: ignore[operator]
             resumed = min(after_kill) if after_kill else None
-            result = {
+            result |= {
                 "tasks_enqueued_acknowledged": len(acked),
                 "enqueue_errors_during_failover": enqueue_errors,
                 "sentinel_named_new_primary_after_seconds": round(new_primary_at - killed_at, 2),  # type: ignore[operator]
@@ -283,6 +284,14 @@ def main() -> None:
                 except subprocess.TimeoutExpired:
                     p.kill()
             servers.stop()
+            # What went wrong in the workers (each distinct line naming an error, with how often).
+            errors: dict[str, int] = {}
+            for log_path in Path(tmp).glob("worker-*.log"):
+                for line in log_path.read_text(errors="replace").splitlines():
+                    if ("Error" in line or line.startswith("rollq:")) and not line.startswith(" "):
+                        key = line.split(" ", 2)[-1] if line[:4].isdigit() else line
+                        errors[key[:200]] = errors.get(key[:200], 0) + 1
+            result["worker_error_lines"] = errors
             if args.keep_logs:
                 shutil.copytree(tmp, args.keep_logs, dirs_exist_ok=True)
         # WAIT's cost, on a fresh pair (primary + replica), no Sentinels needed.
