@@ -254,10 +254,15 @@ def main() -> None:
             received_ids = [rid for _, rid in trainer.received]
             after_kill = [t for t, _ in trainer.received if t > killed_at]  # type: ignore[operator]
             resumed = min(after_kill) if after_kill else None
+            # Stream ids are millisecond timestamps: the first entry the new primary got after the kill is
+            # when workers published again, whatever the trainer was doing.
+            first_new: Any = new.xrange(keys.results, min=f"{int(killed_at * 1000)}-0", count=1)  # type: ignore[operator]
+            published = int(first_new[0][0].decode().split("-")[0]) / 1000 if first_new else None
             result |= {
                 "tasks_enqueued_acknowledged": len(acked),
                 "enqueue_errors_during_failover": enqueue_errors,
                 "sentinel_named_new_primary_after_seconds": round(new_primary_at - killed_at, 2),  # type: ignore[operator]
+                "workers_published_again_after_seconds": round(published - killed_at, 2) if published else None,  # type: ignore[operator]
                 "trainer_received_again_after_seconds": round(resumed - killed_at, 2) if resumed else None,
                 "tasks_lost": sum(1 for r in records if r[0] is None),
                 "rollouts_never_received": len(set(acked) - set(received_ids)),

@@ -90,6 +90,7 @@ def main() -> None:
             cpu0 = sum_over(workers.ps, lambda p: sum(p.cpu_times()[:2]))
             redis_proc = psutil.Process(server.process.pid)  # type: ignore[union-attr]
             rcpu0 = sum(redis_proc.cpu_times()[:2])
+            memory0 = int(connection.info("memory")["used_memory"])
             trainer.start()
             started = time.monotonic()
             ids = [t.rollout_id for t in producer.enqueue_many(inputs, mode="train")]
@@ -128,6 +129,7 @@ def main() -> None:
             elapsed = time.monotonic() - started
             cpu = sum_over(workers.ps, lambda p: sum(p.cpu_times()[:2])) - cpu0
             rcpu = sum(redis_proc.cpu_times()[:2]) - rcpu0
+            memory1 = int(connection.info("memory")["used_memory"])
             stop.set()
             sampler.join()
             stats = {k.decode(): v.decode() for k, v in connection.hgetall(keys.stats).items()}  # type: ignore[union-attr]
@@ -163,6 +165,8 @@ def main() -> None:
         "in_flight_at_peak_rss": peak_running,
         "worker_kb_per_in_flight": round((peak_rss - idle_rss) / 1024 / peak_running, 1) if peak_running else None,
         "mean_running_while_full": round(mean_running, 1),
+        # What the finished run left in Redis: task records (kept keep_seconds), the results stream, RQ's jobs.
+        "redis_bytes_per_finished_rollout": round((memory1 - memory0) / args.tasks),
         "min_deadline_slack_seconds": round(min((s[2] for s in samples if s[2] == s[2]), default=0.0), 1),
         "requeued_or_superseded": {k: v for k, v in stats.items() if k.startswith(("requeued", "superseded"))},
         "tasks_claimed_more_than_once": sum(1 for c in claims if c > 1),

@@ -259,6 +259,12 @@ def k10_section(k10: dict[str, Any]) -> str:
             f"{k10['worker_kb_per_in_flight']} KB" if k10["worker_kb_per_in_flight"] is not None else "not measured",
         ],
         ["enqueue of every task (one call)", f"{k10['enqueue_seconds']} s"],
+        [
+            "Redis memory left per finished rollout (record, stream entry, RQ job)",
+            f"{fmt(k10['redis_bytes_per_finished_rollout'] / 1024)} KB"
+            if "redis_bytes_per_finished_rollout" in k10
+            else "not measured",
+        ],
         ["time to fill 95% of the slots from the enqueue", f"{fill} s" if fill is not None else "never reached 95%"],
         ["mean running while >= 95% full", fmt(k10["mean_running_while_full"])],
         ["least slack of the stalest heartbeat deadline", f"{k10['min_deadline_slack_seconds']} s"],
@@ -401,6 +407,7 @@ def failover_section(fo: dict[str, Any]) -> str:
     wait = fo["wait_cost"]
     rows = [
         ["Sentinels named the replica primary after", f"{fo['sentinel_named_new_primary_after_seconds']} s"],
+        ["workers published rollouts again after", f"{fo.get('workers_published_again_after_seconds')} s"],
         [
             "trainer received rollouts again after",
             f"{fo['trainer_received_again_after_seconds']} s"
@@ -415,6 +422,10 @@ def failover_section(fo: dict[str, Any]) -> str:
         ["tasks run more than once", fo["tasks_run_more_than_once"]],
         ["task states on the new primary", fo["states_on_new_primary"]],
         ["worker processes still running at the end", f"{fo['workers_alive']} of {s['workers']}"],
+        [
+            "error lines in the workers' logs",
+            "; ".join(f"`{k}` x{v}" for k, v in fo.get("worker_error_lines", {}).items()) or "none",
+        ],
     ]
     return f"""## Redis failover under load (Sentinel)
 

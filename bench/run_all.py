@@ -31,6 +31,7 @@ BENCHMARKS: list[tuple[str, list[str]]] = [
     ("inflight10k", []),
     ("scaling", ["--window", "8"]),
     ("failover", []),
+    ("idle", ["--seconds", "20"]),
     ("enqueue", ["--tasks", "50000", "--rounds", "2"]),
     ("memory", ["--rollouts", "30000", "--max-seconds", "90"]),
     ("capture", []),
