@@ -116,7 +116,8 @@ class _OneLineUsageGroup(click.Group):
     envvar=["ROLLQ_REDIS_URL", "REDIS_URL"],
     default=None,
     metavar="URL",
-    help="Redis URL: redis://[:password@]host:port/db, rediss:// (TLS), unix://path, memory:// "
+    help="Redis URL: redis://[:password@]host:port/db, rediss:// (TLS), unix://path, "
+    "redis+sentinel://host:port[,host:port]/service[/db], memory:// "
     "[env: ROLLQ_REDIS_URL, then REDIS_URL].",
 )
 @click.option(

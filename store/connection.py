@@ -27,7 +27,7 @@ import fakeredis
 import redis
 from redis.backoff import ExponentialBackoff
 from redis.retry import Retry
-from redis.sentinel import Sentinel
+from redis.sentinel import Sentinel, SentinelManagedConnection
 
 log = logging.getLogger(__name__)
 
@@ -192,6 +192,21 @@ def connect(url: str | None = None, *, retries: int = _RETRIES) -> redis.Redis:
     return redis.Redis.from_url(url, **options)
 
 
+class _SentinelConnection(SentinelManagedConnection):
+    """A Sentinel-managed connection that drops itself when a read is interrupted, as a plain one does.
+
+    redis-py's ``SentinelManagedConnection.read_response`` defaults to ``disconnect_on_error=False``
+    (``Connection``'s default is True): a read cut short (RQ's SIGTERM handler raising inside a
+    blocking BLMOVE, a timeout) left the reply unread on a pooled connection, and the next command
+    on it read the previous command's reply (an LRANGE answered with an integer; "Wrong number of
+    response items from pipeline execution"). Measured in bench/failover.py.
+    """
+
+    def read_response(self, *args: Any, **kwargs: Any) -> Any:
+        kwargs.setdefault("disconnect_on_error", True)
+        return super().read_response(*args, **kwargs)
+
+
 def _via_sentinel(url: str, options: dict[str, Any]) -> redis.Redis:
     """A client of the primary that the Sentinels in ``url`` name; it asks them again after a failover."""
     parts = urlsplit(url)
@@ -207,7 +222,7 @@ def _via_sentinel(url: str, options: dict[str, Any]) -> redis.Redis:
     db = int(path[1]) if len(path) == 2 else 0
     # Sentinels answer at once or not at all: a short timeout moves on to the next one quickly.
     sentinel = Sentinel(sentinels, sentinel_kwargs={"socket_timeout": 1.0, "socket_connect_timeout": 1.0})
-    return sentinel.master_for(path[0], db=db, password=password, **options)
+    return sentinel.master_for(path[0], db=db, password=password, connection_class=_SentinelConnection, **options)
 
 
 def describe(url: str) -> str:

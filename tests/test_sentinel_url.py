@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -36,17 +37,16 @@ def test_sentinel_url_without_a_service_or_host_is_rejected(url: str) -> None:
         connect(url)
 
 
-@pytest.mark.redis
-def test_sentinel_url_reaches_the_primary_its_sentinel_names(
-    own_redis: Callable[..., RedisServer], tmp_path: Path
-) -> None:
+@pytest.fixture
+def sentinel(own_redis: Callable[..., RedisServer], tmp_path: Path) -> Iterator[tuple[RedisServer, str]]:
+    """A private primary and one Sentinel watching it: (the primary, the redis+sentinel:// URL)."""
     primary = own_redis()
     port = free_port()
     config = tmp_path / "sentinel.conf"
     config.write_text(
         f"port {port}\nbind 127.0.0.1\ndir {tmp_path}\nsentinel monitor rollq-test 127.0.0.1 {primary.port} 1\n"
     )
-    sentinel = subprocess.Popen(
+    process = subprocess.Popen(
         [require_redis_server(), str(config), "--sentinel"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
     )
     try:
@@ -59,9 +59,41 @@ def test_sentinel_url_reaches_the_primary_its_sentinel_names(
                 if time.monotonic() > deadline:
                     raise
                 time.sleep(0.05)
-        client = connect(f"redis+sentinel://127.0.0.1:{port}/rollq-test/0")
-        client.set("rollq-sentinel-probe", "1")
-        assert primary.client().get("rollq-sentinel-probe") == b"1"
+        yield primary, f"redis+sentinel://127.0.0.1:{port}/rollq-test/0"
     finally:
-        sentinel.terminate()
-        sentinel.wait(timeout=10)
+        process.terminate()
+        process.wait(timeout=10)
+
+
+@pytest.mark.redis
+def test_sentinel_url_reaches_the_primary_its_sentinel_names(sentinel: tuple[RedisServer, str]) -> None:
+    primary, url = sentinel
+    connect(url).set("rollq-sentinel-probe", "1")
+    assert primary.client().get("rollq-sentinel-probe") == b"1"
+
+
+class _Interrupted(Exception):
+    pass
+
+
+@pytest.mark.redis
+def test_a_read_cut_short_does_not_hand_its_reply_to_the_next_command(sentinel: tuple[RedisServer, str]) -> None:
+    # redis-py's Sentinel connection kept a connection whose read was interrupted (as RQ's SIGTERM
+    # handler does to a blocking dequeue): the next command then read the BLPOP's nil as its reply.
+    _, url = sentinel
+    client = connect(url)
+    client.rpush("rollq-desync", "a")
+
+    def interrupt(signum: int, frame: object) -> None:
+        raise _Interrupted
+
+    previous = signal.signal(signal.SIGALRM, interrupt)
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 0.2)
+        with pytest.raises(_Interrupted):
+            client.blpop(["rollq-empty"], timeout=1)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+    time.sleep(1.2)  # the BLPOP's nil reply has arrived by now on the connection it was sent on
+    assert client.lrange("rollq-desync", 0, -1) == [b"a"]
