@@ -193,7 +193,7 @@ def connect(url: str | None = None, *, retries: int = _RETRIES) -> redis.Redis:
 
 
 class _SentinelConnection(SentinelManagedConnection):
-    """A Sentinel-managed connection that drops itself when a read is interrupted, as a plain one does.
+    """A Sentinel-managed connection that drops itself when a read is cut short and reconnects via the Sentinels.
 
     redis-py's ``SentinelManagedConnection.read_response`` defaults to ``disconnect_on_error=False``
     (``Connection``'s default is True): a read cut short (RQ's SIGTERM handler raising inside a
@@ -205,6 +205,15 @@ class _SentinelConnection(SentinelManagedConnection):
     def read_response(self, *args: Any, **kwargs: Any) -> Any:
         kwargs.setdefault("disconnect_on_error", True)
         return super().read_response(*args, **kwargs)
+
+    def connect_check_health(self, check_health: bool = True, retry_socket_connect: bool = True) -> None:
+        # redis-py 8 reconnects a dropped connection through this method, not connect(), so it
+        # retried the dead primary's address until its retries ran out (17 s measured) although the
+        # Sentinels named the new primary after 3 s. Ask them again on every attempt instead.
+        if retry_socket_connect and not self._sock:
+            self.retry.call_with_retry(self._connect_retry, lambda error: None)
+            return
+        super().connect_check_health(check_health=check_health, retry_socket_connect=retry_socket_connect)
 
 
 def _via_sentinel(url: str, options: dict[str, Any]) -> redis.Redis:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import signal
 import subprocess
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -97,3 +98,72 @@ def test_a_read_cut_short_does_not_hand_its_reply_to_the_next_command(sentinel: 
         signal.signal(signal.SIGALRM, previous)
     time.sleep(1.2)  # the BLPOP's nil reply has arrived by now on the connection it was sent on
     assert client.lrange("rollq-desync", 0, -1) == [b"a"]
+
+
+def _wait_for(check: Callable[[], bool], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            if check():
+                return
+        except redis.ConnectionError:
+            pass
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what} within {timeout} s")
+        time.sleep(0.05)
+
+
+@pytest.mark.redis
+def test_a_command_sent_while_the_primary_dies_reaches_the_promoted_replica(tmp_path: Path) -> None:
+    # redis-py 8 reconnected a dropped Sentinel connection to the dead primary's address until its
+    # retries ran out (~17 s), although the Sentinel named the new primary within seconds.
+    binary = require_redis_server()
+    primary_port, replica_port, sentinel_port = free_port(), free_port(), free_port()
+    common = ["--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", str(tmp_path)]
+    config = tmp_path / "sentinel.conf"
+    config.write_text(
+        f"port {sentinel_port}\nbind 127.0.0.1\ndir {tmp_path}\n"
+        f"sentinel monitor rollq-fo 127.0.0.1 {primary_port} 1\n"
+        "sentinel down-after-milliseconds rollq-fo 500\nsentinel failover-timeout rollq-fo 5000\n"
+    )
+    quiet = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
+    primary = subprocess.Popen([binary, "--port", str(primary_port), *common], **quiet)  # type: ignore[call-overload]
+    replica = subprocess.Popen(
+        [binary, "--port", str(replica_port), *common, "--replicaof", "127.0.0.1", str(primary_port)],
+        **quiet,  # type: ignore[call-overload]
+    )
+    sentinel = subprocess.Popen([binary, str(config), "--sentinel"], **quiet)  # type: ignore[call-overload]
+    try:
+        _wait_for(
+            lambda: redis.Redis(port=replica_port).info("replication")["master_link_status"] == "up",
+            10,
+            "the replica in sync",
+        )
+        _wait_for(
+            lambda: int(redis.Redis(port=sentinel_port).sentinel_master("rollq-fo")["num-slaves"]) >= 1,  # type: ignore[index]
+            10,
+            "the Sentinel seeing the replica",
+        )
+        client = connect(f"redis+sentinel://127.0.0.1:{sentinel_port}/rollq-fo/0")
+        client.set("before", "1")
+        took: list[float] = []
+
+        def blocked() -> None:
+            started = time.monotonic()
+            client.blpop(["rollq-empty"], timeout=2)  # in flight when the primary dies, then sent again
+            took.append(time.monotonic() - started)
+
+        thread = threading.Thread(target=blocked)
+        thread.start()
+        time.sleep(0.3)
+        primary.kill()
+        primary.wait()
+        thread.join(timeout=60)
+        client.set("after", "1")
+        assert redis.Redis(port=replica_port).get("after") == b"1"
+        # Failover (~1-2 s here) plus the BLPOP's own 2 s on the new primary; the dead address took ~17 s.
+        assert took and took[0] < 8, f"the blocked command took {took} s to come back from the new primary"
+    finally:
+        for process in (sentinel, replica, primary):
+            process.kill()
+            process.wait()
