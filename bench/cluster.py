@@ -1,7 +1,7 @@
 """A simulated cluster on one box: hosts in network namespaces, latency to Redis, a dead host. Needs root.
 
 Run (as root): python bench/cluster.py [--hosts 4] [--workers-per-host 2] [--concurrency 16]
-               [--rtts direct,0,0.5,2,10] [--window 10] [--outage 12] [--skip-dead-host]
+               [--rtts direct,0,0.5,2,10] [--window 10] [--rounds 1] [--outage 12] [--skip-dead-host]
 
 What it builds, and removes again on exit, Ctrl+C or SIGTERM included (a ``finally`` and signal
 handlers; every process it started is stopped by its pid, every namespace it made deleted):
@@ -479,6 +479,7 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--rtts", default="direct,0,0.5,2,10", help="'direct' (no proxy) or round trips in ms")
     parser.add_argument("--window", type=float, default=10.0)
+    parser.add_argument("--rounds", type=int, default=1, help="times to run every round-trip setting")
     parser.add_argument("--outage", type=float, default=12.0, help="seconds host 0's link stays down")
     parser.add_argument("--dead-host-tasks", type=int, default=3000)
     parser.add_argument("--dead-host-rtt", default="2")
@@ -517,8 +518,11 @@ def main() -> None:
         try:
             cluster.build()
             cluster.start_redis()
-            for rtt in args.rtts.split(","):
-                rows.append(run_setting(cluster, args, rtt, dead_host=False))
+            for round_ in range(args.rounds):
+                settings = args.rtts.split(",")
+                # Alternate the order round by round, so that drift on the shared machine hits every setting alike.
+                for rtt in settings if round_ % 2 == 0 else list(reversed(settings)):
+                    rows.append({**run_setting(cluster, args, rtt, dead_host=False), "round": round_ + 1})
             if not args.skip_dead_host:
                 dead = run_setting(cluster, args, args.dead_host_rtt, dead_host=True)
         finally:

@@ -91,6 +91,18 @@ def targets(al: dict[str, Any] | None, big: dict[str, Any] | None, k10: dict[str
     return "## Issue 15 targets\n\n" + table(["target", "asked", "measured", ""], rows)
 
 
+def _per_round(al: dict[str, Any], scenario: str, in_flight: int) -> str:
+    """ " (1.31x, 2.05x)": the ratio in each round, when there were several."""
+    ratios = []
+    for round_ in sorted({r["round"] for r in al["rows"]}):
+        rates = {
+            r["system"]: r["rollouts_per_s"] for r in _rows(al, scenario=scenario, in_flight=in_flight, round=round_)
+        }
+        if rates.get("agentlightning"):
+            ratios.append(rates.get("rollq", 0.0) / rates["agentlightning"])
+    return " (" + ", ".join(f"{x:.2f}x" for x in ratios) + ")" if len(ratios) > 1 else ""
+
+
 def al_section(al: dict[str, Any], mock: dict[str, Any] | None) -> str:
     rq_rates = {r["in_flight"]: r for r in (mock or {}).get("rows", []) if r["system"] == "rq"}
     rows = []
@@ -122,7 +134,7 @@ def al_section(al: dict[str, Any], mock: dict[str, Any] | None) -> str:
                 c["in_flight"],
                 fmt(c["rollq_rollouts_per_s"]) + pct_of("rollq"),
                 fmt(c["al_rollouts_per_s"]) + pct_of("agentlightning"),
-                f"{c['rollq_over_al']:.2f}x",
+                f"{c['rollq_over_al']:.2f}x" + _per_round(al, c["scenario"], c["in_flight"]),
                 (f"{fmt(rq['rollouts_per_s'])} ({rq['percent_of_ideal']:.0f}%, {rq['worker_processes']} proc.)")
                 if rq
                 else "-",
@@ -136,7 +148,8 @@ def al_section(al: dict[str, Any], mock: dict[str, Any] | None) -> str:
 
 `{al["command"]}`
 
-Interleaved in one run (rollq, then AL, per setting), {al["worker_processes"]} worker processes each,
+Interleaved in one run (rollq, then AL, per setting; the order flips every round), {al["worker_processes"]} worker
+processes each; rates are means over the rounds, the ratio of each round in brackets,
 {al["window_seconds"]:g} s of steady state after a {
         al["warmup_seconds"]:g} s warm-up. Agent Lightning runs in its own venv
 (`bench/.venv-al`, made by the script): its `AgentLightningServer` with the trainer's feeding and taking in the
@@ -339,23 +352,34 @@ not by Redis (Redis used well under half a core throughout).
 
 def cluster_section(cl: dict[str, Any]) -> str:
     rows = []
-    for r in cl["rows"]:
+    settings = list(dict.fromkeys(r["rtt_setting"] for r in cl["rows"]))
+    for setting in settings:
+        mine = [r for r in cl["rows"] if r["rtt_setting"] == setting]
+
+        def mean(key: str, mine: list[dict[str, Any]] = mine) -> float | None:
+            values = [r[key] for r in mine if r.get(key) is not None]
+            return sum(values) / len(values) if values else None
+
+        pct = [r["percent_of_ideal"] for r in mine]
+        first = sorted(r["seconds_to_first_claim"]["median"] for r in mine if r["seconds_to_first_claim"]["median"])
+        writes, proxy = mean("client_writes_per_rollout"), mean("proxy_cpu_ms_per_rollout")
         rows.append(
             [
-                r["rtt_setting"] + ("" if r["rtt_setting"] == "direct" else " ms"),
-                f"{r['ping_rtt_ms_measured']:.2f}",
-                fmt(r["rollouts_per_s"]),
-                f"{r['percent_of_ideal']:.0f}%",
-                r["redis_connections"],
-                fmt(r["redis_commands_per_s"], 0),
-                f"{r['redis_commands_per_rollout']:.1f}",
-                "-" if r["client_writes_per_rollout"] is None else f"{r['client_writes_per_rollout']:.1f}",
-                f"{r['redis_cpu_ms_per_rollout']:.2f}",
-                f"{r['worker_cpu_ms_per_rollout']:.2f}",
-                "-" if r["proxy_cpu_ms_per_rollout"] is None else f"{r['proxy_cpu_ms_per_rollout']:.2f}",
-                f"{r['seconds_to_first_claim']['median']} ({r['seconds_to_first_claim']['max']})",
+                setting + ("" if setting == "direct" else " ms"),
+                f"{mean('ping_rtt_ms_measured'):.2f}",
+                fmt(mean("rollouts_per_s") or 0),
+                f"{sum(pct) / len(pct):.0f}%" + (f" ({min(pct):.0f}-{max(pct):.0f})" if len(pct) > 1 else ""),
+                f"{mean('redis_connections'):.0f}",
+                fmt(mean("redis_commands_per_s") or 0, 0),
+                f"{mean('redis_commands_per_rollout'):.1f}",
+                "-" if writes is None else f"{writes:.1f}",
+                f"{mean('redis_cpu_ms_per_rollout'):.2f}",
+                f"{mean('worker_cpu_ms_per_rollout'):.2f}",
+                "-" if proxy is None else f"{proxy:.2f}",
+                f"{first[len(first) // 2]}" if first else "-",
             ]
         )
+    rounds = max((r.get("round", 1) for r in cl["rows"]), default=1)
     dead = cl.get("dead_host")
     dead_text = "The dead-host case was not run."
     if dead:
@@ -376,7 +400,8 @@ over its own veth pair through `bench/delay_proxy.py`, which delays each directi
 (this kernel has no netem). "direct" skips the proxy; "0 ms" goes through it undelayed (its own cost).
 {cl["note"]}. "Writes/rollout" counts client-to-Redis writes the proxies saw per rollout: each is a round
 trip (a command, a pipeline or a Lua call) that pays the latency. First claim: seconds from a worker's
-start to its first claim, median (max).
+start to its first claim (median). Each setting ran {rounds} time(s), the order alternating round by round;
+the table shows means ("of ideal" with its range).
 
 {
         table(
