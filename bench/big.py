@@ -107,7 +107,7 @@ def replay(turns: int, count: int) -> dict[str, Any]:
         claims = []
         for t in tasks:
             job_id = producer.connection.hget(producer.keys.task(t.rollout_id), "job").decode()  # type: ignore[union-attr]
-            claim = lifecycle.claim(t.rollout_id, job_id, "replay-worker", time.time())
+            claim = lifecycle.claim(t.rollout_id, job_id, "replay-worker")
             assert isinstance(claim, Claim), claim
             claims.append(claim)
         reader = iter(producer.rollouts(idle_timeout=5.0, batch=1))

@@ -1,6 +1,6 @@
 """Run every benchmark, then regenerate docs/benchmarks.md, docs/throughput.png and docs/scaling.png.
 
-Run: nice -n 10 python bench/run_all.py [--skip-profile] [--skip-cluster]   (about 20 minutes on 2 cores)
+Run: nice -n 10 python bench/run_all.py [--skip-profile] [--skip-cluster]   (about 25 minutes on 2 cores)
 
 Each benchmark runs with the short settings below (each setting well under a minute), so that the whole
 suite fits in a sitting on a shared 2-core machine; run a script on its own for longer windows.
@@ -26,7 +26,7 @@ BENCH = Path(__file__).resolve().parent
 BENCHMARKS: list[tuple[str, list[str]]] = [
     ("noop", ["--rounds", "2", "--jobs", "1000"]),
     ("mock_llm", ["--window", "10"]),
-    ("al", ["--window", "10"]),
+    ("al", ["--window", "8", "--rounds", "2"]),
     ("big", ["--window", "10"]),
     ("inflight10k", []),
     ("scaling", ["--window", "8"]),
@@ -46,7 +46,7 @@ def main() -> None:
     names = list(BENCHMARKS)
     if not args.skip_cluster:
         if os.geteuid() == 0:
-            names.append(("cluster", []))
+            names.append(("cluster", ["--rounds", "2"]))
         else:
             print("not root: skipping bench/cluster.py (network namespaces need root)")
     has_py_spy = shutil.which("py-spy") or (Path(sys.executable).parent / "py-spy").exists()
