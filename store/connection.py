@@ -27,7 +27,7 @@ import fakeredis
 import redis
 from redis.backoff import ExponentialBackoff
 from redis.retry import Retry
-from redis.sentinel import Sentinel, SentinelManagedConnection
+from redis.sentinel import Sentinel, SentinelConnectionPool, SentinelManagedConnection
 
 log = logging.getLogger(__name__)
 
@@ -255,7 +255,11 @@ def check_reachable(url: str | None = None, *, timeout: float = CONNECT_TIMEOUT_
     if urlsplit(url).scheme == "memory":
         return url
     connect(url)  # rejects unknown schemes with its own message
-    client = redis.Redis.from_url(url, socket_timeout=timeout, socket_connect_timeout=timeout, retry=None)
+    options: dict[str, Any] = {"socket_timeout": timeout, "socket_connect_timeout": timeout, "retry": None}
+    if urlsplit(url).scheme == "redis+sentinel":
+        client = _via_sentinel(url, options)
+    else:
+        client = redis.Redis.from_url(url, **options)
     try:
         client.ping()
     except redis.AuthenticationError:
@@ -275,8 +279,15 @@ def describe_client(client: Any) -> str:
     """The URL a redis-py client points at, password masked, for start-up logs."""
     if isinstance(client, fakeredis.FakeRedis):
         return "memory:// (in-process)"
-    kwargs = client.connection_pool.connection_kwargs
+    pool = client.connection_pool
+    kwargs = pool.connection_kwargs
     auth = ":***@" if kwargs.get("password") else ""
+    if isinstance(pool, SentinelConnectionPool):
+        sentinels = ",".join(
+            f"{s.connection_pool.connection_kwargs.get('host')}:{s.connection_pool.connection_kwargs.get('port')}"
+            for s in pool.sentinel_manager.sentinels
+        )
+        return f"redis+sentinel://{auth}{sentinels}/{pool.service_name}/{kwargs.get('db', 0)}"
     if kwargs.get("path"):
         return f"unix://{kwargs['path']}?db={kwargs.get('db', 0)}" + ("&password=***" if auth else "")
     scheme = "rediss" if "ssl" in client.connection_pool.connection_class.__name__.lower() else "redis"

@@ -14,7 +14,7 @@ import redis
 from redis.sentinel import SentinelConnectionPool
 from servers import RedisServer, free_port, require_redis_server
 
-from rollq.store.connection import connect
+from rollq.store.connection import check_reachable, connect, describe_client
 
 
 def test_sentinel_url_names_the_sentinels_service_db_and_primary_password() -> None:
@@ -167,3 +167,11 @@ def test_a_command_sent_while_the_primary_dies_reaches_the_promoted_replica(tmp_
         for process in (sentinel, replica, primary):
             process.kill()
             process.wait()
+
+
+@pytest.mark.redis
+def test_the_cli_reachability_check_and_start_up_log_accept_a_sentinel_url(sentinel: tuple[RedisServer, str]) -> None:
+    # `rollq worker` checks the URL before starting; that check once parsed only redis://, rediss://, unix://.
+    _, url = sentinel
+    assert check_reachable(url) == url
+    assert describe_client(connect(url)) == url
