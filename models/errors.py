@@ -43,6 +43,14 @@ class PayloadTooLargeError(RollqError, ValueError):
         super().__init__(f"{what} is {size} bytes of JSON, over the limit of {limit} bytes")
 
 
+class ContractShapeError(RollqError, ValueError):
+    """An object that does not have the shape of the contract model it stands for; ``field`` names where."""
+
+    def __init__(self, message: str, *, field: str) -> None:
+        self.field = field
+        super().__init__(message)
+
+
 class InvalidTaskError(RollqError, ValueError):
     """A queue entry that is not a valid rollq task."""
 

@@ -9,6 +9,7 @@ from typing import Any, cast
 
 import redis
 
+from rollq.models.coerce import coerce_resources
 from rollq.models.contract import ResourcesUpdate, Rollout, Task, TaskInput
 from rollq.models.errors import JobIdTakenError, PayloadTooLargeError, UnknownResourcesError
 from rollq.models.policy import RolloutPolicy
@@ -151,9 +152,13 @@ class Producer:
 
     # -- resources -----------------------------------------------------------
 
-    def update_resources(self, resources: Mapping[str, Any]) -> str:
-        """Publish a new immutable resources version, make it the latest, and return its id."""
-        return self.resources.publish(resources)
+    def update_resources(self, resources: Mapping[str, Any] | Any) -> str:
+        """Publish a new immutable resources version, make it the latest, and return its id.
+
+        Values may be rollq's ``LLM``/``PromptTemplate``, Agent Lightning's, or dicts of that
+        shape; a ``ResourcesUpdate``-shaped object gives its ``resources``.
+        """
+        return self.resources.publish(coerce_resources(resources))
 
     def get_resources(self, resources_id: str | None = None) -> ResourcesUpdate:
         """A resources version by id, or the latest; :class:`UnknownResourcesError` if unknown."""

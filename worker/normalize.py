@@ -7,6 +7,9 @@
   spans); a list of ``ReadableSpan``: the trace, via ``span.to_json()``; an empty
   list: nothing beyond the captured spans;
 - a ``Rollout``: taken as is, with the task's rollout id;
+- Agent Lightning's ``Triplet``/``Rollout`` (or any pydantic model of that shape) count as
+  rollq's: they are validated from their ``model_dump()`` (see :mod:`rollq.models.coerce`),
+  and a wrong shape fails the rollout with an error naming the field;
 - anything else: :class:`UnsupportedResultError` naming what came back.
 
 Then, without a trace the captured spans become it; without triplets they are
@@ -29,6 +32,7 @@ from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.util import ns_to_iso_str
 from opentelemetry.trace import SpanContext, format_span_id, format_trace_id
 
+from rollq.models.coerce import coerce, is_model_like
 from rollq.models.contract import Rollout, Triplet
 from rollq.models.errors import UnsupportedResultError
 
@@ -97,6 +101,10 @@ def _from_list(rollout_id: str, raw: list[Any]) -> Rollout:
         return Rollout(rollout_id=rollout_id)
     if all(isinstance(v, Triplet) for v in raw):
         return Rollout(rollout_id=rollout_id, triplets=raw)
+    if all(is_model_like(v) for v in raw):
+        return Rollout(
+            rollout_id=rollout_id, triplets=[coerce(Triplet, v, f"item {i} of the list") for i, v in enumerate(raw)]
+        )
     if all(isinstance(v, ReadableSpan) for v in raw):
         return Rollout(rollout_id=rollout_id, trace=[span_json(s) for s in raw])
     if all(isinstance(v, dict) for v in raw):
@@ -120,7 +128,8 @@ def to_rollout(
         raise UnsupportedResultError("agent returned a bool; return float(value) if it is meant as the reward")
     elif isinstance(raw, (int, float)):
         rollout = Rollout(rollout_id=rollout_id, final_reward=float(raw))
-    elif isinstance(raw, Rollout):
+    elif isinstance(raw, Rollout) or is_model_like(raw):
+        raw = coerce(Rollout, raw, "the returned rollout")
         if raw.rollout_id != rollout_id:
             log.warning(
                 "agent returned a Rollout for %r while running %r; using %r", raw.rollout_id, rollout_id, rollout_id
