@@ -22,6 +22,8 @@ class TaskState(StrEnum):
     RUNNING = "running"
     SUCCEEDED = "succeeded"
     FAILED = "failed"
+    CANCELLED = "cancelled"
+    """Ended by ``Producer.cancel``: it never ran, or its running attempt's result is dropped."""
 
 
 class RolloutStatus(StrEnum):
@@ -29,6 +31,7 @@ class RolloutStatus(StrEnum):
 
     SUCCEEDED = "succeeded"
     FAILED = "failed"
+    CANCELLED = "cancelled"
 
 
 class RolloutPolicy(BaseModel):

@@ -5,22 +5,24 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any, cast
+from typing import Any, Literal, cast, overload
 
 import redis
 
 from rollq.models.coerce import coerce_resources
 from rollq.models.contract import ResourcesUpdate, Rollout, Task, TaskInput
 from rollq.models.errors import JobIdTakenError, PayloadTooLargeError, UnknownResourcesError
-from rollq.models.policy import RolloutPolicy
+from rollq.models.policy import RolloutPolicy, TaskState
 from rollq.store.connection import connect
+from rollq.store.control import CancelResult, cancel_call, cancel_script_source, parse_cancel
 from rollq.store.keys import DEFAULT_NAMESPACE, Keys, job_id
+from rollq.store.queries import AttemptInfo, TaskInfo, TaskPage, query_tasks, read_attempts
 from rollq.store.reaper import ReapReport, reap
 from rollq.store.records import read_record, read_records
 from rollq.store.resources import ResourceStore
 from rollq.store.transitions import DEFAULT_RESULTS_MAX_BYTES, Enqueued, Lifecycle
 
-from .results import ResultReader, wait
+from .results import ResultReader, WaitResult, collect, fetch_rollouts, wait
 
 Mode = str | None
 
@@ -55,6 +57,7 @@ class Producer:
         self.max_task_bytes = max_task_bytes
         self.lifecycle = Lifecycle(connection, self.keys, results_max_bytes=results_max_bytes)
         self.resources = ResourceStore(connection, self.keys, keep_versions=keep_versions)
+        self._cancel = connection.register_script(cancel_script_source())
 
     @classmethod
     def from_url(cls, url: str | None = None, namespace: str = DEFAULT_NAMESPACE, **kwargs: Any) -> Producer:
@@ -150,6 +153,52 @@ class Producer:
         """The task with ``num_claims`` and ``last_claim_time`` as the workers left them."""
         return read_record(self.connection, self.keys, rollout_id).task
 
+    def task_info(self, rollout_id: str) -> TaskInfo:
+        """State, attempt counts, worker and times of a task; :class:`UnknownTaskError` if unknown."""
+        return TaskInfo.from_record(read_record(self.connection, self.keys, rollout_id))
+
+    def attempts(self, rollout_id: str) -> list[AttemptInfo]:
+        """The task's attempts, oldest first (the newest 32 are kept): worker, claim and end times, outcome."""
+        read_record(self.connection, self.keys, rollout_id)  # an unknown id raises rather than reading as "none"
+        return read_attempts(self.connection, self.keys, rollout_id)
+
+    def query_tasks(
+        self,
+        state: TaskState | str | None = None,
+        mode: str | None = None,
+        *,
+        limit: int = 100,
+        cursor: str | None = None,
+    ) -> TaskPage:
+        """A page of tasks in ``state`` and/or ``mode``; pass ``page.cursor`` back for the next page.
+
+        Walks the namespace's task records with SCAN: a full walk costs O(keys in the
+        database), so use it to inspect, not on every step (see :func:`rollq.store.queries.query_tasks`).
+        """
+        return query_tasks(self.connection, self.keys, state=state, mode=mode, limit=limit, cursor=cursor)
+
+    def cancel(self, rollout_ids: Sequence[str]) -> list[CancelResult]:
+        """Cancel tasks that have not finished, in one pipelined round trip.
+
+        A queued task never runs (a worker that takes its job refuses the claim); a running
+        one loses its attempt, and the worker's result, when it comes, is dropped. Each
+        cancelled task ends with a rollout whose ``metadata["status"]`` is ``"cancelled"``, so
+        ``wait`` and ``rollouts()`` still see exactly one outcome per task. Finished and
+        unknown ids are reported, not changed.
+        """
+        pipe = self.connection.pipeline(transaction=False)
+        now = time.time()
+        for rid in rollout_ids:
+            keys, args = cancel_call(
+                self.keys,
+                rid,
+                results_maxlen=self.results_maxlen,
+                now=now,
+                results_max_bytes=self.lifecycle.results_max_bytes,
+            )
+            self._cancel(keys=keys, args=args, client=pipe)
+        return [parse_cancel(rid, reply) for rid, reply in zip(rollout_ids, pipe.execute(), strict=True)]
+
     # -- resources -----------------------------------------------------------
 
     def update_resources(self, resources: Mapping[str, Any] | Any) -> str:
@@ -166,15 +215,55 @@ class Producer:
 
     # -- results -------------------------------------------------------------
 
+    @overload
     def wait(
-        self, rollout_ids: Sequence[str], timeout: float, on_progress: Callable[[int], None] | None = None
-    ) -> list[Rollout]:
+        self,
+        rollout_ids: Sequence[str],
+        timeout: float,
+        on_progress: Callable[[int], None] | None = None,
+        *,
+        partial: Literal[False] = False,
+    ) -> list[Rollout]: ...
+
+    @overload
+    def wait(
+        self,
+        rollout_ids: Sequence[str],
+        timeout: float,
+        on_progress: Callable[[int], None] | None = None,
+        *,
+        partial: Literal[True],
+    ) -> WaitResult: ...
+
+    def wait(
+        self,
+        rollout_ids: Sequence[str],
+        timeout: float,
+        on_progress: Callable[[int], None] | None = None,
+        *,
+        partial: bool = False,
+    ) -> list[Rollout] | WaitResult:
         """The rollouts of ``rollout_ids``, in that order, once all have finished.
 
         Non-destructive (anyone may wait on the same ids); blocks on the results
-        stream; raises :class:`RolloutTimeoutError` naming the missing ids.
+        stream; raises :class:`RolloutTimeoutError` naming the missing ids. With
+        ``partial=True`` it returns a :class:`WaitResult` instead: the rollouts that
+        finished by the timeout, in order, and the ids still missing.
         """
+        if partial:
+            return collect(
+                self.lifecycle, rollout_ids, timeout, results_maxlen=self.results_maxlen, on_progress=on_progress
+            )
         return wait(self.lifecycle, rollout_ids, timeout, results_maxlen=self.results_maxlen, on_progress=on_progress)
+
+    def get_rollout(self, rollout_id: str) -> Rollout | None:
+        """The task's rollout if it has finished, else None, without blocking; :class:`UnknownTaskError` if unknown."""
+        read_record(self.connection, self.keys, rollout_id)
+        return fetch_rollouts(self.connection, self.keys, [rollout_id]).get(rollout_id)
+
+    def get_rollouts(self, rollout_ids: Sequence[str]) -> dict[str, Rollout]:
+        """The rollouts of those of ``rollout_ids`` that have finished (unknown ids are left out), without blocking."""
+        return fetch_rollouts(self.connection, self.keys, list(rollout_ids))
 
     def rollouts(
         self, group: str = "trainers", consumer: str | None = None, *, idle_timeout: float | None = None, **kwargs: Any

@@ -13,6 +13,7 @@ import os
 import socket
 import time
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
 from typing import Any, cast
 
 import redis
@@ -32,7 +33,7 @@ log = logging.getLogger(__name__)
 REAP_EVERY_SECONDS = 5.0
 
 
-def _parse(fields: dict[bytes, bytes]) -> Rollout:
+def parse_entry(fields: dict[bytes, bytes]) -> Rollout:
     # One entry that is not a Rollout (corrupt, or written by something else) becomes a failed rollout naming
     # the problem, rather than an error that stops the caller reading every other rollout.
     rid = fields.get(StreamField.ROLLOUT_ID.encode(), b"").decode(errors="replace")
@@ -70,11 +71,25 @@ class _Collected:
             pipe.xrange(keys.results, min=entry_id, max=entry_id)
         for rid, entries in zip(ended, pipe.execute(), strict=True):
             if entries:
-                self.found[rid] = _parse(entries[0][1])
+                self.found[rid] = parse_entry(entries[0][1])
             else:
                 self.trimmed.append(rid)
             self.missing.discard(rid)
         return len(ended)
+
+
+@dataclass(frozen=True)
+class WaitResult:
+    """What ``wait(..., partial=True)`` found: the finished rollouts in the order asked, the ids still missing,
+    and the ids that ended but whose rollouts were trimmed from the stream before they were read."""
+
+    finished: list[Rollout]
+    missing: list[str]
+    trimmed: list[str] = field(default_factory=list)
+
+    @property
+    def complete(self) -> bool:
+        return not self.missing and not self.trimmed
 
 
 def wait(
@@ -93,6 +108,39 @@ def wait(
     were read. Redis outages are ridden out up to ``timeout``. ``on_progress(n)``
     is called as ``n`` more ids are settled.
     """
+    got = _wait(lifecycle, rollout_ids, timeout, results_maxlen=results_maxlen, on_progress=on_progress, partial=False)
+    if got.trimmed:
+        raise RolloutTrimmedError(got.trimmed, got.found)
+    return [got.found[rid] for rid in got.wanted]
+
+
+def collect(
+    lifecycle: Lifecycle,
+    rollout_ids: Sequence[str],
+    timeout: float,
+    *,
+    results_maxlen: int,
+    on_progress: Callable[[int], None] | None = None,
+) -> WaitResult:
+    """Like :func:`wait`, but at the timeout (or an outage that outlasts it) returns what finished and what is
+    missing instead of raising; trimmed rollouts are listed, not raised."""
+    got = _wait(lifecycle, rollout_ids, timeout, results_maxlen=results_maxlen, on_progress=on_progress, partial=True)
+    return WaitResult(
+        [got.found[rid] for rid in got.wanted if rid in got.found],
+        [rid for rid in got.wanted if rid in got.missing],
+        list(got.trimmed),
+    )
+
+
+def _wait(
+    lifecycle: Lifecycle,
+    rollout_ids: Sequence[str],
+    timeout: float,
+    *,
+    results_maxlen: int,
+    on_progress: Callable[[int], None] | None,
+    partial: bool,
+) -> _Collected:
     connection, keys = lifecycle.connection, lifecycle.keys
     deadline = time.monotonic() + timeout
     got = _Collected(list(dict.fromkeys(rollout_ids)))
@@ -112,6 +160,8 @@ def wait(
             remaining = deadline - time.monotonic()
             if got.missing and remaining <= 0:
                 settled += got.check_records(connection, keys)
+                if got.missing and partial:
+                    break
                 if got.missing:
                     raise RolloutTimeoutError([r for r in got.wanted if r in got.missing], timeout, got.trimmed)
             if not got.missing:
@@ -123,7 +173,7 @@ def wait(
                     cursor = entry_id
                     rid = fields[StreamField.ROLLOUT_ID.encode()].decode()
                     if rid in got.missing:
-                        got.found[rid] = _parse(fields)
+                        got.found[rid] = parse_entry(fields)
                         got.missing.discard(rid)
                         settled += 1
             # Entries past the cursor trimmed before this reader got to them: their records say how they ended.
@@ -141,14 +191,26 @@ def wait(
             except (redis.ConnectionError, redis.TimeoutError):
                 if unrecoverable(exc) is not None:
                     raise
+                if partial:
+                    break
                 error = RolloutTimeoutError([r for r in got.wanted if r in got.missing], timeout, got.trimmed)
                 error.add_note(f"Redis has been unreachable for {time.monotonic() - (outage.since or 0):.0f}s: {exc}")
                 raise error from exc
         if on_progress and settled:
             on_progress(settled)
+    return got
+
+
+def fetch_rollouts(connection: redis.Redis, keys: Keys, rollout_ids: Sequence[str]) -> dict[str, Rollout]:
+    """The rollouts of those of ``rollout_ids`` that have finished, without blocking (two round trips).
+
+    :class:`RolloutTrimmedError` (with the others) when an ended task's rollout was trimmed from the stream.
+    """
+    got = _Collected(list(dict.fromkeys(rollout_ids)))
+    got.check_records(connection, keys)
     if got.trimmed:
         raise RolloutTrimmedError(got.trimmed, got.found)
-    return [got.found[rid] for rid in got.wanted]
+    return got.found
 
 
 def default_consumer_name() -> str:
@@ -273,7 +335,7 @@ class ResultReader:
                 idle_since = time.monotonic()
                 for entry_id, fields in entries:
                     self._unacked.append(entry_id)
-                    yield _parse(fields)
+                    yield parse_entry(fields)
         finally:
             try:
                 self._ack()

@@ -46,6 +46,10 @@ class Keys:
         """Hash with the task as enqueued, its policy, state, claim count and current attempt."""
         return f"{self._tag}:task:{rollout_id}"
 
+    def rollout_id_of_task_key(self, key: str) -> str:
+        """The rollout id in a task hash's key (the inverse of :meth:`task`)."""
+        return key[len(self.task("")) :]
+
     @property
     def inflight(self) -> str:
         """Sorted set of running attempts (``rollout_id|attempt``) scored by heartbeat deadline."""
@@ -197,6 +201,7 @@ class StatsField(StrEnum):
     SUPERSEDED = "superseded"
     DURATION_SUM = "duration:sum"
     RESULTS_BYTES = "results:bytes"  # payload bytes (rollout JSON + rollout id) on the results stream
+    DROPPED_CANCELLED = "dropped:cancelled"  # results of cancelled attempts that arrived and were dropped
 
 
 TRIMMED_TO = "trimmed-to"
@@ -256,6 +261,29 @@ def parse_inflight_member(member: str | bytes) -> tuple[str, int]:
     return rollout_id, int(attempt)
 
 
+HISTORY_LIMIT = 32
+"""Attempts whose history a task record keeps (the newest)."""
+HISTORY_MATCH = "[ae]:*"
+"""HSCAN ``MATCH`` pattern of a task record's attempt-history fields."""
+
+
+def claim_field(attempt: int) -> str:
+    """The task record field holding ``worker|claim time`` of ``attempt``."""
+    return f"a:{attempt}"
+
+
+def end_field(attempt: int) -> str:
+    """The task record field holding ``outcome|end time`` of ``attempt``."""
+    return f"e:{attempt}"
+
+
+def parse_history(name: bytes, value: bytes) -> tuple[str, int, str, float]:
+    """``(kind, attempt, head, time)`` of one history field: kind ``a`` (head = worker) or ``e`` (head = outcome)."""
+    kind, _, attempt = name.decode().partition(":")
+    head, _, when = value.decode().rpartition(_MEMBER_SEPARATOR)
+    return kind, int(attempt), head, float(when)
+
+
 def lua_header() -> str:
     """Lua source that every rollq script starts with: the names above, so that no script spells them.
 
@@ -275,6 +303,11 @@ def lua_header() -> str:
             f"local STATS_SUPERSEDED, STATS_DURATION_SUM = '{StatsField.SUPERSEDED}', '{StatsField.DURATION_SUM}'",
             f"local STATS_RESULTS_BYTES = '{StatsField.RESULTS_BYTES}'",
             f"local TRIMMED_TO = '{TRIMMED_TO}'",
+            f"local STATS_DROPPED_CANCELLED = '{StatsField.DROPPED_CANCELLED}'",
+            f"local HISTORY_LIMIT = {HISTORY_LIMIT}",
+            f"local function claim_field(attempt) return '{claim_field(0)[:-1]}' .. attempt end",
+            f"local function end_field(attempt) return '{end_field(0)[:-1]}' .. attempt end",
+            f"local function history(head, time) return head .. '{_MEMBER_SEPARATOR}' .. time end",
             f"local function member(rid, attempt) return rid .. '{_MEMBER_SEPARATOR}' .. attempt end",
             "local function outcome_stat(status, mode) return status .. ':' .. (mode or '') end",
             f"local function requeue_stat(reason) return '{REQUEUED_PREFIX}' .. reason end",

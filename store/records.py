@@ -37,7 +37,7 @@ def _validate(model: type[BaseModel], raw: bytes | str, what: str) -> Any:
     return model.model_validate(data)
 
 
-_FIELDS = (
+RECORD_FIELDS = (
     TaskField.TASK,
     TaskField.POLICY,
     TaskField.STATE,
@@ -48,7 +48,9 @@ _FIELDS = (
     TaskField.ATTEMPTS,
     TaskField.RESULT,
     TaskField.GENERATION,
+    TaskField.ENDED,
 )
+"""The task hash fields a :class:`TaskRecord` is parsed from, in ``HMGET`` order."""
 
 
 def parse_task(
@@ -80,11 +82,12 @@ class TaskRecord:
     worker: str | None
     result_id: str | None
     generation: int = 1
+    ended: float | None = None
 
     @classmethod
     def parse(cls, rollout_id: str, values: list[bytes | None]) -> TaskRecord:
         """The record from its fields; :class:`InvalidTaskError` naming the field that is not what rollq wrote."""
-        task_json, policy_json, state, claims, last_claim, attempt, worker, used, result, generation = values
+        task_json, policy_json, state, claims, last_claim, attempt, worker, used, result, generation, ended = values
         if task_json is None or policy_json is None:
             raise InvalidTaskError(f"task {rollout_id} has no {TaskField.POLICY if task_json else TaskField.TASK}")
         named = {TaskField.CLAIMS: claims, TaskField.ATTEMPT: attempt, TaskField.ATTEMPTS: used}
@@ -92,6 +95,7 @@ class TaskRecord:
         try:
             numbers = {field: int(raw or 0) for field, raw in named.items()}
             claimed_at = float(last_claim) if last_claim else None
+            ended_at = float(ended) if ended else None
             task_state = TaskState((state or b"queued").decode())
         except ValueError as exc:
             raise InvalidTaskError(f"task {rollout_id} has a field that is not what rollq wrote: {exc}") from exc
@@ -107,6 +111,7 @@ class TaskRecord:
             worker=worker.decode() if worker else None,
             result_id=result.decode() if result else None,
             generation=numbers[TaskField.GENERATION],
+            ended=ended_at,
         )
 
 
@@ -117,7 +122,7 @@ def read_records_or_errors(
     cannot be parsed: one bad record must not stop the caller from handling the others."""
     pipe = connection.pipeline(transaction=False)
     for rid in rollout_ids:
-        pipe.hmget(keys.task(rid), _FIELDS)
+        pipe.hmget(keys.task(rid), RECORD_FIELDS)
     records: dict[str, TaskRecord] = {}
     errors: dict[str, InvalidTaskError] = {}
     for rid, values in zip(rollout_ids, pipe.execute(), strict=True):

@@ -86,6 +86,11 @@ class Superseded:
 
 
 @dataclass(frozen=True)
+class Cancelled:
+    """The task was cancelled (``lua/cancel.lua``): the attempt's result is dropped."""
+
+
+@dataclass(frozen=True)
 class StillAlive:
     """A reaper's transition lost the race: the attempt heartbeated after the reaper judged it stale."""
 
@@ -95,12 +100,13 @@ class JobTaken:
     """Nothing was written: the new job id holds a job hash that stands for something else."""
 
 
-FinishReply = Published | Superseded | StillAlive
+FinishReply = Published | Superseded | StillAlive | Cancelled
 RequeueReply = Requeued | Superseded | StillAlive | JobTaken
 
 _SUPERSEDED, _STILL_ALIVE, _REQUEUED = Superseded(), StillAlive(), Requeued()
-_WORDS: dict[bytes, Superseded | StillAlive | Requeued | JobTaken] = {
+_WORDS: dict[bytes, Superseded | StillAlive | Requeued | JobTaken | Cancelled] = {
     b"superseded": _SUPERSEDED,
+    b"cancelled": Cancelled(),
     b"alive": _STILL_ALIVE,
     b"requeued": _REQUEUED,
     b"conflict": JobTaken(),
@@ -145,7 +151,7 @@ DEFAULT_RESULTS_MAX_BYTES = 1024**3
 """The results stream's hard byte limit (payload bytes); routine trimming keeps it under half of this."""
 
 # Libraries of Lua functions put before a script (after the header).
-_LIBRARIES = {"finish": ("trim_results",), "reject": ("trim_results",)}
+_LIBRARIES = {"finish": ("trim_results",), "reject": ("trim_results",), "cancel": ("trim_results",)}
 
 
 def _file(name: str) -> str:
@@ -271,7 +277,8 @@ class Lifecycle:
 
         :class:`Superseded` when it is not (the rollout is kept on the superseded
         stream instead); :class:`StillAlive` when ``stale_before`` is given and the
-        attempt heartbeated after it.
+        attempt heartbeated after it; :class:`Cancelled` when the task was cancelled
+        (the rollout is dropped).
         """
         k = self.keys
         reply = self._finish(

@@ -37,6 +37,8 @@ class FaultAgent(LitAgent):
             await asyncio.sleep(random.uniform(*spec["sleep_between"]))
         if "sleep" in spec:
             await asyncio.sleep(spec["sleep"])
+        if "sleep_first" in spec and _attempt_of(rollout_id) == 1:
+            await asyncio.sleep(spec["sleep_first"])
         if "raise" in spec:
             raise RuntimeError(spec["raise"])
         if spec.get("wrong_type"):
@@ -44,6 +46,14 @@ class FaultAgent(LitAgent):
         if "huge" in spec:
             return Rollout(rollout_id=rollout_id, final_reward=1.0, logs=["x" * spec["huge"]])
         return 1.0
+
+
+def _attempt_of(rollout_id: str) -> int:
+    # The attempt number is on the rollout's root span (see worker/tracer.py).
+    from opentelemetry import trace
+
+    attributes = getattr(trace.get_current_span(), "attributes", None) or {}
+    return int(attributes.get("rollq.attempt", 1))
 
 
 class RaisingHook(Hook):

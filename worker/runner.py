@@ -37,7 +37,7 @@ from rollq.models.outcomes import failed_rollout, stamp
 from rollq.models.policy import FailureKind, RolloutPolicy, RolloutStatus
 from rollq.store.keys import inflight_member
 from rollq.store.records import parse_task
-from rollq.store.transitions import Claim, ClaimRefused, Lifecycle, Superseded
+from rollq.store.transitions import Cancelled, Claim, ClaimRefused, Lifecycle, Superseded
 
 from .agent import LitAgent
 from .capture import AttemptCapture, CaptureProxy
@@ -60,6 +60,7 @@ class AttemptStatus(StrEnum):
     RELEASED = "released"  # handed back to the queue on a graceful stop
     SUPERSEDED = "superseded"  # a newer attempt took over; the result was kept aside, not delivered
     SKIPPED = "skipped"  # the job no longer stands for its task; nothing ran
+    CANCELLED = "cancelled"  # the task was cancelled while the attempt ran; its result was dropped
 
 
 @dataclass(frozen=True)
@@ -353,6 +354,9 @@ class AgentRunner:
             reward=rollout.final_reward if _finite(rollout.final_reward) else None,
             resources_id=resources_id,
         )
+        if isinstance(reply, Cancelled):
+            log.info("task %s was cancelled while attempt %d ran; its result is dropped", rollout_id, attempt)
+            return AttemptResult(rollout_id, AttemptStatus.CANCELLED, attempt)
         if isinstance(reply, Superseded):
             log.warning(
                 "result of %s attempt %d arrived after a newer attempt took over; kept as superseded",

@@ -2,6 +2,9 @@
 -- Only the RQ job that currently stands for the task may claim it, so a stray or duplicated job runs nothing.
 -- The heartbeat deadline is Redis's own time plus unresponsive_seconds, so clients' clocks do not matter.
 -- Every number is checked before the first write: Redis does not undo a script that fails part way.
+-- A cancelled task is not 'queued', so its claim is refused as stale.
+-- Also records the attempt in the task's history (claim_field(attempt) = worker|claim time; only the newest
+-- HISTORY_LIMIT attempts are kept).
 -- KEYS: task, inflight, resources_latest
 -- ARGV: rollout_id, job_id, worker_name
 -- Returns {'missing'} | {'stale', state} | {'invalid', reason} (nothing written) |
@@ -34,6 +37,10 @@ for _, i in ipairs({8, 9}) do
 end
 local attempt = redis.call('HINCRBY', KEYS[1], F.claims, 1)
 local used = redis.call('HINCRBY', KEYS[1], F.attempts, 1)
-redis.call('HSET', KEYS[1], F.state, 'running', F.attempt, attempt, F.last_claim, tostring(now), F.worker, ARGV[3])
+redis.call('HSET', KEYS[1], F.state, 'running', F.attempt, attempt, F.last_claim, tostring(now), F.worker, ARGV[3],
+  claim_field(attempt), history(ARGV[3], tostring(now)))
+if attempt > HISTORY_LIMIT then
+  redis.call('HDEL', KEYS[1], claim_field(attempt - HISTORY_LIMIT), end_field(attempt - HISTORY_LIMIT))
+end
 redis.call('ZADD', KEYS[2], now + unresponsive, member(ARGV[1], attempt))
 return {'claimed', attempt, t[1], t[2], redis.call('GET', KEYS[3]) or '', used, tostring(now), generation}

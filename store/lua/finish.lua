@@ -7,10 +7,15 @@
 --       reward_bucket|'' (no reward), reward, resources version used|''
 -- Returns {'published', entry_id}; {'superseded'} when the attempt is not current (its rollout is kept on the
 -- superseded stream); {'alive'} when stale_before is set and the attempt heartbeated after it (a reaper lost the
--- race to a live worker).
+-- race to a live worker); {'cancelled'} when the task was cancelled (the result is dropped: the cancelled rollout
+-- already stands for the task). Records the attempt's end in the task's history (end_field(attempt) = status|now).
 -- Counters are added to with count() (see the header), which leaves a corrupt counter alone instead of failing
 -- after the first write: Redis does not undo a script that fails part way.
 local t = redis.call('HMGET', KEYS[1], F.state, F.attempt, F.mode, F.resources_id, F.result)
+if t[1] == 'cancelled' then
+  count(KEYS[7], STATS_DROPPED_CANCELLED, 1)
+  return {'cancelled'}
+end
 if t[1] ~= 'running' or t[2] ~= ARGV[2] then
   if ARGV[8] == '' and t[2] == ARGV[2] and t[5] then
     -- This attempt already published: if it was this very rollout (sent again because a
@@ -36,7 +41,7 @@ end
 -- The rollout is the second field of the entry: the idempotency check above reads it at index 4.
 local id = redis.call('XADD', KEYS[3], '*', S.rollout_id, ARGV[1], S.rollout, ARGV[3])
 trim_results(KEYS[3], KEYS[7], KEYS[8], tonumber(ARGV[5]), tonumber(ARGV[12]), id, #ARGV[1] + #ARGV[3])
-redis.call('HSET', KEYS[1], F.state, ARGV[4], F.result, id, F.ended, ARGV[6])
+redis.call('HSET', KEYS[1], F.state, ARGV[4], F.result, id, F.ended, ARGV[6], end_field(ARGV[2]), history(ARGV[4], ARGV[6]))
 redis.call('ZREM', KEYS[2], running)
 if t[4] and t[4] ~= '' then
   if count(KEYS[6], t[4], -1) <= 0 then

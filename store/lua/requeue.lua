@@ -4,6 +4,7 @@
 -- KEYS: task, inflight, rq_queue, rq_queues, rq_job (new), stats
 -- ARGV: rollout_id, attempt, new_job_id, reason, stale_before|'', at_front(0|1), job hash field/value pairs...
 --       (the first pair is 'data', payload)
+-- Records the attempt's end in the task's history (end_field(attempt) = reason|server time).
 -- Returns 'requeued'; 'superseded' when the attempt is not current; 'alive' when stale_before is set and the
 -- attempt heartbeated after it; 'conflict' when the new job id is taken by another job.
 local running = member(ARGV[1], ARGV[2])
@@ -22,7 +23,9 @@ if taken and taken ~= ARGV[8] then
   return 'conflict'
 end
 redis.call('ZREM', KEYS[2], running)
-redis.call('HSET', KEYS[1], F.state, 'queued', F.job, ARGV[3])
+local clock = redis.call('TIME')
+redis.call('HSET', KEYS[1], F.state, 'queued', F.job, ARGV[3],
+  end_field(ARGV[2]), history(ARGV[4], clock[1] .. '.' .. string.format('%06d', clock[2])))
 if ARGV[4] == 'released' and t[3] and string.match(t[3], '^%d+$') then
   redis.call('HINCRBY', KEYS[1], F.attempts, -1)
 end

@@ -1,0 +1,199 @@
+"""Trainer-side reads of task records: one task's state and times, its attempt history, and paged queries.
+
+The parsing here is shared by the blocking producer and the asyncio one; only the
+Redis round trips differ. Attempt history lives in the task hash itself, written by
+the transitions (a claim field ``worker|claim time`` at claim, an end field
+``outcome|time`` when the attempt ends; see :mod:`rollq.store.keys`), the newest 32 kept.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import cast
+
+import redis
+
+from rollq.models.policy import TaskState
+
+from .keys import HISTORY_MATCH, Keys, TaskField, parse_history
+from .records import TaskRecord, read_records
+
+SCAN_COUNT = 500
+"""Keys SCAN looks at per round trip in :func:`query_tasks`."""
+
+
+class AttemptOutcome(StrEnum):
+    """How one attempt ended: its published status, a requeue reason, or cancellation."""
+
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    RETRY = "retry"
+    UNRESPONSIVE = "unresponsive"
+    RELEASED = "released"
+
+
+@dataclass(frozen=True)
+class AttemptInfo:
+    """One claim of a task by a worker; ``outcome`` and ``ended_at`` are None while it runs."""
+
+    attempt: int
+    worker: str
+    claimed_at: float
+    ended_at: float | None
+    outcome: AttemptOutcome | None
+
+
+@dataclass(frozen=True)
+class TaskInfo:
+    """Where a task is: its state, attempts, worker and times (epoch seconds)."""
+
+    rollout_id: str
+    state: TaskState
+    mode: str | None
+    attempt: int
+    """The current (or last) attempt number; 0 if it was never claimed."""
+    attempts_used: int
+    """Attempts that count against ``max_attempts`` (a graceful hand-back does not)."""
+    worker: str | None
+    resources_id: str | None
+    created_at: float | None
+    last_claim_at: float | None
+    ended_at: float | None
+    result_id: str | None
+    """The results-stream entry of its rollout, once it has one."""
+
+    @classmethod
+    def from_record(cls, record: TaskRecord) -> TaskInfo:
+        task = record.task
+        return cls(
+            rollout_id=task.rollout_id,
+            state=record.state,
+            mode=task.mode,
+            attempt=record.attempt,
+            attempts_used=record.attempts_used,
+            worker=record.worker,
+            resources_id=task.resources_id,
+            created_at=task.create_time,
+            last_claim_at=task.last_claim_time,
+            ended_at=record.ended,
+            result_id=record.result_id,
+        )
+
+
+@dataclass(frozen=True)
+class TaskPage:
+    """One page of :func:`query_tasks`; pass ``cursor`` back for the next, None when the scan is complete."""
+
+    tasks: list[TaskInfo]
+    cursor: str | None
+
+
+ATTEMPT_FIELDS = HISTORY_MATCH
+
+
+def parse_attempts(fields: Mapping[bytes, bytes]) -> list[AttemptInfo]:
+    """The attempt history from a task hash's history fields (see :func:`rollq.store.keys.claim_field`), oldest
+    first."""
+    claims: dict[int, tuple[str, float]] = {}
+    ends: dict[int, tuple[AttemptOutcome, float]] = {}
+    for name, value in fields.items():
+        kind, attempt, head, when = parse_history(name, value)
+        if kind == "a":
+            claims[attempt] = (head, when)
+        else:
+            ends[attempt] = (AttemptOutcome(head), when)
+    return [
+        AttemptInfo(
+            attempt=n,
+            worker=worker,
+            claimed_at=claimed,
+            ended_at=ends[n][1] if n in ends else None,
+            outcome=ends[n][0] if n in ends else None,
+        )
+        for n, (worker, claimed) in sorted(claims.items())
+    ]
+
+
+def read_attempts(connection: redis.Redis, keys: Keys, rollout_id: str) -> list[AttemptInfo]:
+    """The attempt history of ``rollout_id`` (HSCAN: the task JSON in the same hash is filtered out server-side)."""
+    fields = dict(connection.hscan_iter(keys.task(rollout_id), match=ATTEMPT_FIELDS, count=100))
+    return parse_attempts(cast(dict[bytes, bytes], fields))
+
+
+def decode_cursor(cursor: str | None) -> tuple[int, int]:
+    """``(scan cursor, matches of that SCAN batch already returned)`` from a page cursor."""
+    if not cursor:
+        return 0, 0
+    scan, _, skip = cursor.partition(":")
+    try:
+        return int(scan), int(skip or 0)
+    except ValueError:
+        raise ValueError(f"not a query_tasks cursor: {cursor!r}") from None
+
+
+def encode_cursor(scan: int, skip: int) -> str:
+    return f"{scan}:{skip}"
+
+
+def matching(
+    rollout_ids: Iterable[str], states_modes: Iterable[list[bytes | None]], state: TaskState | None, mode: str | None
+) -> list[str]:
+    """The ids whose (state, mode) from HMGET pass the filters; ids whose record vanished meanwhile are left out."""
+    out = []
+    for rid, (raw_state, raw_mode) in zip(rollout_ids, states_modes, strict=True):
+        if raw_state is None:
+            continue
+        if state is not None and raw_state.decode() != state.value:
+            continue
+        if mode is not None and (raw_mode or b"").decode() != mode:
+            continue
+        out.append(rid)
+    return out
+
+
+def query_tasks(
+    connection: redis.Redis,
+    keys: Keys,
+    *,
+    state: TaskState | str | None = None,
+    mode: str | None = None,
+    limit: int = 100,
+    cursor: str | None = None,
+) -> TaskPage:
+    """Up to ``limit`` tasks with ``state``/``mode``, walking the namespace's task hashes with SCAN.
+
+    Cost: a full walk is O(keys in the database) round trips of ``SCAN_COUNT`` keys each,
+    plus one HMGET per task seen; it is meant for inspection and occasional sweeps, not
+    for every training step. As with SCAN, a task created or deleted during the walk may
+    or may not be seen, and one may (rarely) be seen twice.
+    """
+    if limit < 1:
+        raise ValueError("limit must be at least 1")
+    wanted_state = TaskState(state) if state is not None else None
+    scan, skip = decode_cursor(cursor)
+    found: list[str] = []
+    next_cursor: str | None = None
+    while True:
+        after, raw_keys = connection.scan(scan, match=keys.task_pattern, count=SCAN_COUNT)
+        rids = sorted(keys.rollout_id_of_task_key(k.decode()) for k in cast(list[bytes], raw_keys))
+        pipe = connection.pipeline(transaction=False)
+        for rid in rids:
+            pipe.hmget(keys.task(rid), [TaskField.STATE, TaskField.MODE])
+        matches = matching(rids, pipe.execute(), wanted_state, mode)[skip:]
+        room = limit - len(found)
+        if len(matches) > room:
+            found += matches[:room]
+            next_cursor = encode_cursor(scan, skip + room)  # the rest of this batch comes first next time
+            break
+        found += matches
+        scan, skip = int(after), 0
+        if scan == 0:
+            break
+        if len(found) == limit:
+            next_cursor = encode_cursor(scan, 0)
+            break
+    records = read_records(connection, keys, found)
+    return TaskPage([TaskInfo.from_record(records[rid]) for rid in found if rid in records], next_cursor)
