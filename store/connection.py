@@ -292,3 +292,38 @@ def describe_client(client: Any) -> str:
         return f"unix://{kwargs['path']}?db={kwargs.get('db', 0)}" + ("&password=***" if auth else "")
     scheme = "rediss" if "ssl" in client.connection_pool.connection_class.__name__.lower() else "redis"
     return f"{scheme}://{auth}{kwargs.get('host', 'localhost')}:{kwargs.get('port', 6379)}/{kwargs.get('db', 0)}"
+
+
+def connect_async(url: str | None = None, *, retries: int = _RETRIES, max_connections: int = 16, **kwargs: Any) -> Any:
+    """A ``redis.asyncio`` client for ``url``, with the same URL forms, retries and timeouts as :func:`connect`.
+
+    At most ``max_connections`` connections; more concurrent commands wait for one. ``kwargs``
+    go to redis-py's connection pool (e.g. ``client_name``).
+    """
+    import redis.asyncio
+    import redis.asyncio.retry
+
+    url = resolve_url(url)
+    scheme = urlsplit(url).scheme
+    if scheme == "memory":
+        return fakeredis.FakeAsyncRedis(server=memory_server(urlsplit(url).netloc))
+    if scheme not in ("redis", "rediss", "unix"):
+        raise ValueError(
+            f"unsupported Redis URL scheme {scheme!r} in {describe(url)!r}: use redis://, rediss://, unix:// or memory://"
+        )
+    tcp_only = {} if scheme == "unix" else {"socket_keepalive": True}
+    # A bounded pool that makes callers wait for a connection: a trainer gathering thousands
+    # of coroutines must not open a connection per coroutine.
+    pool = redis.asyncio.BlockingConnectionPool.from_url(
+        url,
+        max_connections=max_connections,
+        timeout=None,
+        retry=redis.asyncio.retry.Retry(ExponentialBackoff(cap=_BACKOFF_CAP_SECONDS, base=0.05), retries),
+        retry_on_error=[redis.ConnectionError, redis.TimeoutError],
+        socket_timeout=_SOCKET_TIMEOUT_SECONDS,
+        socket_connect_timeout=5.0,
+        health_check_interval=30,
+        **tcp_only,
+        **kwargs,
+    )
+    return redis.asyncio.Redis(connection_pool=pool)

@@ -1,0 +1,359 @@
+"""``AsyncProducer``: the producer's verbs for asyncio trainers, on ``redis.asyncio``.
+
+Reads and waits are native: any number of ``wait`` calls (``asyncio.gather`` of
+thousands) share one task that follows the results stream, so they cost one
+blocking connection, not one each. Writes that build RQ jobs (``enqueue``,
+``update_resources``, dead-letter requeues) are one pipelined round trip each and
+reuse the blocking :class:`Producer` on a thread (``asyncio.to_thread``), so there
+is one implementation of the enqueue protocol. Close with ``await producer.aclose()``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator, Sequence
+from typing import Any, Literal, overload
+
+from rollq.models.contract import ResourcesUpdate, Rollout, Task
+from rollq.models.errors import RolloutTimeoutError, RolloutTrimmedError, UnknownTaskError
+from rollq.models.policy import TaskState
+from rollq.store.connection import connect_async
+from rollq.store.control import CancelResult, cancel_call, cancel_script_source, parse_cancel
+from rollq.store.keys import DEFAULT_NAMESPACE
+from rollq.store.queries import (
+    ATTEMPT_FIELDS,
+    SCAN_COUNT,
+    AttemptInfo,
+    TaskInfo,
+    TaskPage,
+    decode_cursor,
+    encode_cursor,
+    matching,
+    parse_attempts,
+)
+from rollq.store.records import RECORD_FIELDS, TaskRecord
+
+from .producer import Producer
+from .results import REAP_EVERY_SECONDS, WaitResult, default_consumer_name, parse_entry
+
+log = logging.getLogger(__name__)
+
+
+class _Follower:
+    """One task reading the results stream and settling the futures of every waiting rollout id."""
+
+    def __init__(self, producer: AsyncProducer) -> None:
+        self.producer = producer
+        self.waiters: dict[str, list[asyncio.Future[Rollout]]] = {}
+        self.ready = asyncio.Event()
+        self.task: asyncio.Task[None] | None = None
+
+    def ensure_running(self) -> None:
+        if self.task is None or self.task.done():
+            self.ready = asyncio.Event()
+            self.task = asyncio.get_running_loop().create_task(self._run())
+
+    def add(self, rollout_id: str) -> asyncio.Future[Rollout]:
+        future: asyncio.Future[Rollout] = asyncio.get_running_loop().create_future()
+        self.waiters.setdefault(rollout_id, []).append(future)
+        return future
+
+    def remove(self, rollout_id: str, future: asyncio.Future[Rollout]) -> None:
+        futures = self.waiters.get(rollout_id, [])
+        if future in futures:
+            futures.remove(future)
+        if not futures:
+            self.waiters.pop(rollout_id, None)
+
+    def settle(self, rollout_id: str, rollout: Rollout) -> None:
+        for future in self.waiters.pop(rollout_id, []):
+            if not future.done():
+                future.set_result(rollout)
+
+    async def _run(self) -> None:
+        p = self.producer
+        last = await p.connection.xrevrange(p.keys.results, count=1)
+        cursor = last[0][0] if last else b"0-0"
+        # Whatever is published from here on is read below; waiters read what came before from the records.
+        self.ready.set()
+        next_reap = time.monotonic() + REAP_EVERY_SECONDS
+        while True:
+            try:
+                reply: Any = await p.connection.xread({p.keys.results: cursor}, count=1000, block=1000)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # a Redis outage: the client retried already; keep following
+                log.warning("following the results stream failed (%s); retrying", exc)
+                await asyncio.sleep(1.0)
+                continue
+            for _, entries in reply or []:
+                for entry_id, fields in entries:
+                    cursor = entry_id
+                    rid = fields[b"rollout_id"].decode()
+                    if rid in self.waiters:
+                        self.settle(rid, parse_entry(fields))
+            if self.waiters and time.monotonic() >= next_reap:
+                # As the blocking wait does: a run with every worker gone still ends.
+                await asyncio.to_thread(p.sync.reap)
+                next_reap = time.monotonic() + REAP_EVERY_SECONDS
+
+
+class AsyncProducer:
+    """The :class:`Producer` verbs as coroutines, for one namespace.
+
+    >>> async def main():
+    ...     producer = AsyncProducer.from_url("redis://localhost:6379/0", namespace="runs")
+    ...     tasks = await producer.enqueue_many([{"q": "2+2"}], mode="train")
+    ...     result = await producer.wait([t.rollout_id for t in tasks], timeout=60, partial=True)
+    ...     async for rollout in producer.rollouts(group="trainers", idle_timeout=5): ...
+    ...     await producer.aclose()
+    """
+
+    def __init__(self, connection: Any, sync: Producer) -> None:
+        self.connection = connection
+        self.sync = sync
+        self.keys = sync.keys
+        self._cancel = connection.register_script(cancel_script_source())
+        self._follower: _Follower | None = None
+
+    @classmethod
+    def from_url(cls, url: str | None = None, namespace: str = DEFAULT_NAMESPACE, **kwargs: Any) -> AsyncProducer:
+        """An async producer on ``url`` (same forms as :func:`rollq.store.connection.connect`)."""
+        return cls(connect_async(url), Producer.from_url(url, namespace, **kwargs))
+
+    @property
+    def namespace(self) -> str:
+        return self.keys.namespace
+
+    async def aclose(self) -> None:
+        """Stop following the results stream and close the connections."""
+        if self._follower is not None and self._follower.task is not None:
+            self._follower.task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._follower.task
+        await self.connection.aclose()
+        self.sync.connection.close()
+
+    async def __aenter__(self) -> AsyncProducer:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    # -- writes (one round trip each, on a thread) -------------------------------------
+
+    async def enqueue(self, input: Any, **kwargs: Any) -> Task:
+        """See :meth:`Producer.enqueue`."""
+        return await asyncio.to_thread(self.sync.enqueue, input, **kwargs)
+
+    async def enqueue_many(self, inputs: Sequence[Any], **kwargs: Any) -> list[Task]:
+        """See :meth:`Producer.enqueue_many`."""
+        return await asyncio.to_thread(self.sync.enqueue_many, list(inputs), **kwargs)
+
+    async def update_resources(self, resources: Any) -> str:
+        """See :meth:`Producer.update_resources`."""
+        return await asyncio.to_thread(self.sync.update_resources, resources)
+
+    async def get_resources(self, resources_id: str | None = None) -> ResourcesUpdate:
+        """See :meth:`Producer.get_resources`."""
+        return await asyncio.to_thread(self.sync.get_resources, resources_id)
+
+    async def requeue_dead(self, rollout_ids: Sequence[str] | None = None) -> list[str]:
+        """See :meth:`Producer.requeue_dead`."""
+        return await asyncio.to_thread(self.sync.requeue_dead, rollout_ids)
+
+    # -- reads ---------------------------------------------------------------------------
+
+    async def _records(self, rollout_ids: Sequence[str]) -> dict[str, TaskRecord]:
+        pipe = self.connection.pipeline(transaction=False)
+        for rid in rollout_ids:
+            pipe.hmget(self.keys.task(rid), RECORD_FIELDS)
+        values = await pipe.execute()
+        return {rid: TaskRecord.parse(v) for rid, v in zip(rollout_ids, values, strict=True) if v[0] is not None}
+
+    async def _record(self, rollout_id: str) -> TaskRecord:
+        records = await self._records([rollout_id])
+        if rollout_id not in records:
+            raise UnknownTaskError(rollout_id, self.namespace)
+        return records[rollout_id]
+
+    async def get_task(self, rollout_id: str) -> Task:
+        """See :meth:`Producer.get_task`."""
+        return (await self._record(rollout_id)).task
+
+    async def task_info(self, rollout_id: str) -> TaskInfo:
+        """See :meth:`Producer.task_info`."""
+        return TaskInfo.from_record(await self._record(rollout_id))
+
+    async def attempts(self, rollout_id: str) -> list[AttemptInfo]:
+        """See :meth:`Producer.attempts`."""
+        await self._record(rollout_id)
+        fields = {k: v async for k, v in self.connection.hscan_iter(self.keys.task(rollout_id), match=ATTEMPT_FIELDS)}
+        return parse_attempts(fields)
+
+    async def get_rollouts(self, rollout_ids: Sequence[str]) -> dict[str, Rollout]:
+        """See :meth:`Producer.get_rollouts`."""
+        ids = list(rollout_ids)
+        pipe = self.connection.pipeline(transaction=False)
+        for rid in ids:
+            pipe.hget(self.keys.task(rid), "result")
+        entry_ids = {rid: eid for rid, eid in zip(ids, await pipe.execute(), strict=True) if eid}
+        pipe = self.connection.pipeline(transaction=False)
+        for eid in entry_ids.values():
+            pipe.xrange(self.keys.results, min=eid, max=eid)
+        found: dict[str, Rollout] = {}
+        for rid, entries in zip(entry_ids, await pipe.execute(), strict=True):
+            if not entries:
+                raise RolloutTrimmedError(rid)
+            found[rid] = parse_entry(entries[0][1])
+        return found
+
+    async def get_rollout(self, rollout_id: str) -> Rollout | None:
+        """See :meth:`Producer.get_rollout`."""
+        await self._record(rollout_id)
+        return (await self.get_rollouts([rollout_id])).get(rollout_id)
+
+    async def query_tasks(
+        self,
+        state: TaskState | str | None = None,
+        mode: str | None = None,
+        *,
+        limit: int = 100,
+        cursor: str | None = None,
+    ) -> TaskPage:
+        """See :meth:`Producer.query_tasks` (same paging and the same SCAN cost)."""
+        if limit < 1:
+            raise ValueError("limit must be at least 1")
+        wanted = TaskState(state) if state is not None else None
+        scan, skip = decode_cursor(cursor)
+        found: list[str] = []
+        next_cursor: str | None = None
+        while True:
+            after, raw_keys = await self.connection.scan(scan, match=self.keys.task_pattern, count=SCAN_COUNT)
+            rids = sorted(self.keys.rollout_id_of_task_key(k.decode()) for k in raw_keys)
+            pipe = self.connection.pipeline(transaction=False)
+            for rid in rids:
+                pipe.hmget(self.keys.task(rid), ["state", "mode"])
+            matches = matching(rids, await pipe.execute(), wanted, mode)[skip:]
+            room = limit - len(found)
+            if len(matches) > room:
+                found += matches[:room]
+                next_cursor = encode_cursor(scan, skip + room)
+                break
+            found += matches
+            scan, skip = int(after), 0
+            if scan == 0:
+                break
+            if len(found) == limit:
+                next_cursor = encode_cursor(scan, 0)
+                break
+        records = await self._records(found)
+        return TaskPage([TaskInfo.from_record(records[rid]) for rid in found if rid in records], next_cursor)
+
+    async def cancel(self, rollout_ids: Sequence[str]) -> list[CancelResult]:
+        """See :meth:`Producer.cancel`."""
+        ids = list(rollout_ids)
+        pipe = self.connection.pipeline(transaction=False)
+        now = time.time()
+        for rid in ids:
+            keys, args = cancel_call(self.keys, rid, results_maxlen=self.sync.results_maxlen, now=now)
+            await self._cancel(keys=keys, args=args, client=pipe)
+        return [parse_cancel(rid, reply) for rid, reply in zip(ids, await pipe.execute(), strict=True)]
+
+    # -- waiting -------------------------------------------------------------------------
+
+    @overload
+    async def wait(
+        self, rollout_ids: Sequence[str], timeout: float, *, partial: Literal[False] = False
+    ) -> list[Rollout]: ...
+
+    @overload
+    async def wait(self, rollout_ids: Sequence[str], timeout: float, *, partial: Literal[True]) -> WaitResult: ...
+
+    async def wait(
+        self, rollout_ids: Sequence[str], timeout: float, *, partial: bool = False
+    ) -> list[Rollout] | WaitResult:
+        """See :meth:`Producer.wait`; many concurrent waits share one reader of the results stream."""
+        wanted = list(dict.fromkeys(rollout_ids))
+        if self._follower is None:
+            self._follower = _Follower(self)
+        follower = self._follower
+        follower.ensure_running()
+        futures = {rid: follower.add(rid) for rid in wanted}
+        try:
+            await follower.ready.wait()
+            for rid, rollout in (await self.get_rollouts(wanted)).items():
+                follower.settle(rid, rollout)
+            pending = [f for f in futures.values() if not f.done()]
+            if pending:
+                await asyncio.wait(pending, timeout=timeout)
+        finally:
+            for rid, future in futures.items():
+                follower.remove(rid, future)
+        finished = [futures[rid].result() for rid in wanted if futures[rid].done() and not futures[rid].cancelled()]
+        missing = [rid for rid in wanted if not futures[rid].done()]
+        if partial:
+            return WaitResult(finished, missing)
+        if missing:
+            raise RolloutTimeoutError(missing, timeout)
+        return finished
+
+    def rollouts(
+        self,
+        group: str = "trainers",
+        consumer: str | None = None,
+        *,
+        idle_timeout: float | None = None,
+        claim_idle_seconds: float = 60.0,
+        batch: int = 100,
+        start: str = "0",
+    ) -> AsyncIterator[Rollout]:
+        """``async for rollout in producer.rollouts()``: see :meth:`Producer.rollouts` (same consumer-group rules)."""
+        return self._read_group(
+            group, consumer or default_consumer_name(), idle_timeout, int(claim_idle_seconds * 1000), batch, start
+        )
+
+    async def _read_group(
+        self, group: str, consumer: str, idle_timeout: float | None, claim_idle_ms: int, batch: int, start: str
+    ) -> AsyncIterator[Rollout]:
+        conn, stream = self.connection, self.keys.results
+        try:
+            await conn.xgroup_create(stream, group, id=start, mkstream=True)
+        except Exception as exc:
+            if "BUSYGROUP" not in str(exc):
+                raise
+        unacked: list[bytes] = []
+        idle_since = time.monotonic()
+        next_claim = 0.0
+        try:
+            while True:
+                if unacked:
+                    await conn.xack(stream, group, *unacked)
+                    unacked = []
+                mine: Any = await conn.xreadgroup(group, consumer, {stream: "0"}, count=batch)
+                entries = [e for _, es in mine or [] for e in es if e[1]]
+                idle = idle_timeout is not None and time.monotonic() - idle_since >= idle_timeout
+                if not entries and (time.monotonic() >= next_claim or idle):
+                    next_claim = time.monotonic() + claim_idle_ms / 4000
+                    claimed: Any = await conn.xautoclaim(stream, group, consumer, claim_idle_ms, count=batch)
+                    entries = [e for e in claimed[1] if e[1]]
+                if not entries and not idle:
+                    block_s = 1.0 if idle_timeout is None else max(0.001, min(1.0, idle_timeout))
+                    new: Any = await conn.xreadgroup(
+                        group, consumer, {stream: ">"}, count=batch, block=int(block_s * 1000)
+                    )
+                    entries = [e for _, es in new or [] for e in es]
+                if not entries:
+                    if idle:
+                        return
+                    continue
+                idle_since = time.monotonic()
+                for entry_id, fields in entries:
+                    unacked.append(entry_id)
+                    yield parse_entry(fields)
+        finally:
+            if unacked:
+                await conn.xack(stream, group, *unacked)
