@@ -32,6 +32,10 @@ class HookSet:
                 exc_info=True,
             )
 
+    def init(self) -> None:
+        for hook in self.hooks:
+            self._call(hook, "init")
+
     def init_worker(self, worker_id: int) -> None:
         for hook in self.hooks:
             self._call(hook, "init_worker", worker_id)
@@ -40,6 +44,10 @@ class HookSet:
         for hook in self.hooks:
             self._call(hook, "teardown_worker", worker_id)
 
+    def teardown(self) -> None:
+        for hook in self.hooks:
+            self._call(hook, "teardown")
+
     def rollout_start(self, task: Task, runner: AgentRunner, tracer: BaseTracer, context: contextvars.Context) -> None:
         for hook in self.hooks:
             self._call(hook, "on_rollout_start", task, runner, tracer, context=context)
@@ -47,5 +55,8 @@ class HookSet:
     def rollout_end(
         self, task: Task, rollout: Rollout, runner: AgentRunner, tracer: BaseTracer, context: contextvars.Context
     ) -> None:
+        # A copy: a sync agent that timed out is abandoned on its thread, still inside ``context``,
+        # and a context cannot be entered twice at once. The copy holds the same values.
+        ended = context.copy()
         for hook in self.hooks:
-            self._call(hook, "on_rollout_end", task, rollout, runner, tracer, context=context)
+            self._call(hook, "on_rollout_end", task, rollout, runner, tracer, context=ended)

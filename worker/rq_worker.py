@@ -219,6 +219,13 @@ class RolloutWorker(SimpleWorker):
             worker_name=self.name,
             capture=self._capture,
         )
+        self.runner.worker_id = self.worker_id
+        self.agent.set_trainer(self)
+        self.agent.set_runner(self.runner)
+        # rollq has no parent process over its workers: each worker process is the "main" of
+        # ParallelWorkerBase, so init() runs here, right before init_worker(), and teardown() after
+        # teardown_worker() when the worker stops. run() has no meaning for a hook and is not called.
+        self.hook_set.init()
         self.hook_set.init_worker(self.worker_id)
         self._heartbeat = Heartbeat(
             lifecycle,
@@ -538,6 +545,7 @@ class RolloutWorker(SimpleWorker):
                 self._heartbeat.stop()
             if self.worker_id is not None:
                 self.hook_set.teardown_worker(self.worker_id)
+                self.hook_set.teardown()
             self._executor.stop()
             if self._capture is not None:
                 self._capture.stop()

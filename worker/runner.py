@@ -129,6 +129,7 @@ class AgentRunner:
         self.settings = settings
         self.worker_name = worker_name
         self.capture = capture
+        self.worker_id: int | None = None  # set by the worker once Redis gave it one (Agent Lightning's runner has it)
         self._running: dict[str, Pending] = {}
         self._lock = threading.Lock()
 

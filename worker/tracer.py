@@ -71,6 +71,10 @@ class _RoutingProcessor(SpanProcessor):
             if bucket is not None:
                 bucket.append(span)
 
+    def peek(self, trace_id: int) -> list[ReadableSpan]:
+        with self._lock:
+            return list(self._buckets.get(trace_id, []))
+
 
 class RolloutTrace:
     """The tracing state of one rollout: run code in :attr:`context`, then :meth:`finish`."""
@@ -79,6 +83,8 @@ class RolloutTrace:
         self.root = root
         self.context = context
         self._processor = processor
+        self.spans: list[ReadableSpan] | None = None
+        context.run(_CURRENT.set, self)
 
     def finish(self, *, error: BaseException | None = None, reward: float | None = None) -> list[ReadableSpan]:
         """End the root span and return every span captured for this rollout, root included.
@@ -99,18 +105,57 @@ class RolloutTrace:
             self.root.set_status(Status(StatusCode.OK))
         self.root.end()
         trace_id = self.root.get_span_context().trace_id
-        return sorted(self._processor.close(trace_id), key=lambda s: s.start_time or 0)
+        self.spans = sorted(self._processor.close(trace_id), key=lambda s: s.start_time or 0)
+        return self.spans
+
+    def spans_so_far(self) -> list[ReadableSpan]:
+        """The spans finished so far (all of them, root included, once :meth:`finish` ran)."""
+        if self.spans is not None:
+            return list(self.spans)
+        trace_id = self.root.get_span_context().trace_id
+        return sorted(self._processor.peek(trace_id), key=lambda s: s.start_time or 0)
+
+
+_CURRENT: contextvars.ContextVar[RolloutTrace | None] = contextvars.ContextVar("rollq_rollout_trace", default=None)
+"""The rollout whose context the code runs in (set in each rollout's own context)."""
 
 
 class BaseTracer:
-    """What a runner and its hooks see of tracing: one :class:`RolloutTrace` per rollout."""
+    """What a runner and its hooks see of tracing: one :class:`RolloutTrace` per rollout.
 
-    def start_rollout(self, rollout_id: str, attempt: int) -> RolloutTrace:
+    It also offers Agent Lightning's tracer read methods: :meth:`get_last_trace` and
+    :meth:`trace_context`.
+    """
+
+    _last: RolloutTrace | None = None
+
+    def start_rollout(self, rollout_id: str, attempt: int, *, span_name: str = "rollout") -> RolloutTrace:
         raise NotImplementedError
 
     def capture_tracer(self) -> trace.Tracer:
         """The tracer that records captured LLM calls; they must reach the same span processors."""
         return trace.get_tracer("rollq.capture")
+
+    def get_last_trace(self) -> list[ReadableSpan]:
+        """The spans of the rollout the caller runs in: inside an agent, those finished so far; in an
+        end hook, all of them. Outside any rollout, the spans of the last :meth:`trace_context` block."""
+        current = _CURRENT.get() or self._last
+        return current.spans_so_far() if current is not None else []
+
+    @contextmanager
+    def trace_context(self, name: str | None = None) -> Iterator[RolloutTrace]:
+        """Capture the spans of the ``with`` block as one trace (for running an agent by hand);
+        read them afterwards with :meth:`get_last_trace`."""
+        rollout = self.start_rollout(name or "trace", 0, span_name=name or "trace")
+        otel_token = otel_context.attach(trace.set_span_in_context(rollout.root))
+        token = _CURRENT.set(rollout)
+        try:
+            yield rollout
+        finally:
+            _CURRENT.reset(token)
+            otel_context.detach(otel_token)
+            rollout.finish()
+            self._last = rollout
 
 
 class OtelTracer(BaseTracer):
@@ -139,10 +184,12 @@ class OtelTracer(BaseTracer):
     def capture_tracer(self) -> trace.Tracer:
         return self.provider.get_tracer("rollq.capture")
 
-    def start_rollout(self, rollout_id: str, attempt: int) -> RolloutTrace:
+    def start_rollout(self, rollout_id: str, attempt: int, *, span_name: str = "rollout") -> RolloutTrace:
         # An empty parent context forces a new trace id: the key spans are routed by.
         root = self._tracer.start_span(
-            "rollout", context=Context(), attributes={"rollq.rollout_id": rollout_id, "rollq.attempt": attempt}
+            span_name,
+            context=Context(),
+            attributes={"rollq.rollout_id": rollout_id, "rollq.attempt": attempt},
         )
         self._processor.open(root.get_span_context().trace_id)
         ctx = contextvars.Context()
