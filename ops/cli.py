@@ -630,3 +630,8 @@ def metrics(ctx: click.Context, bind: str, port: int) -> None:
             thread.join(1.0)
     except KeyboardInterrupt:
         server.shutdown()
+
+
+from rollq.compat.serve_al import serve_al  # noqa: E402  # kept at the end: one line to merge
+
+main.add_command(serve_al)

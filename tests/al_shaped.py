@@ -58,3 +58,10 @@ class ForeignResultAgent(LitAgent):
         if kind == "resources":
             return float(resources["llm"].model == task_input["model"])
         return [NotATriplet(question="?")]
+
+
+class PromptAgent(LitAgent):
+    """Rewards 1.0 when the task ran with the prompt version its input names (an APO-like signal)."""
+
+    def training_rollout(self, task_input: Any, rollout_id: str, resources: Any) -> Any:
+        return float(resources["system_prompt"].template.startswith(task_input["want"]))

@@ -57,12 +57,12 @@ from rollq.store.keys import Keys
 from rollq.store.resources import ResourceStore
 from rollq.store.transitions import Lifecycle
 
-from .agent import LitAgent
 from .bookkeeping import Bookkeeping
 from .capture import CaptureProxy
 from .config import WorkerSettings
 from .executor import AgentExecutor
 from .faults import crash_point
+from .foreign import as_lit_agent
 from .heartbeat import Heartbeat
 from .hooks import HookSet
 from .loader import load_object
@@ -124,7 +124,7 @@ class RolloutWorker(SimpleWorker):
         queues: str | Queue | Sequence[str] | Sequence[Queue],
         *args: Any,
         settings: WorkerSettings | None = None,
-        agent: LitAgent | None = None,
+        agent: Any = None,
         hooks: Sequence[Hook] | None = None,
         tracer: BaseTracer | None = None,
         honour_rollq_url: bool = True,
@@ -157,9 +157,7 @@ class RolloutWorker(SimpleWorker):
             if not self.settings.agent:
                 raise ValueError("no agent configured: set ROLLQ_AGENT=package.module:AgentClass or pass --agent")
             agent = load_object(self.settings.agent)
-        if not isinstance(agent, LitAgent):
-            raise TypeError(f"the agent must be a worker.LitAgent, got {type(agent).__name__}")
-        self.agent = agent
+        self.agent = as_lit_agent(agent)
         self.hook_set = HookSet(hooks if hooks is not None else [load_object(h) for h in self.settings.hooks])
         self.tracer = tracer
         self.worker_id: int | None = None
@@ -220,6 +218,7 @@ class RolloutWorker(SimpleWorker):
             capture=self._capture,
         )
         self.runner.worker_id = self.worker_id
+        self.tracer = self.runner.tracer  # an Agent Lightning agent's ``tracer`` is ``trainer.tracer``
         self.agent.set_trainer(self)
         self.agent.set_runner(self.runner)
         # rollq has no parent process over its workers: each worker process is the "main" of

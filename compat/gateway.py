@@ -1,0 +1,240 @@
+"""rollq's queue and attempts behind Agent Lightning 0.1's worker-facing API, without HTTP.
+
+An AL 0.1 client polls for a task, fetches resources and posts a rollout; it knows
+nothing of attempts. The gateway makes each poll a real rollq claim (same Lua
+transition a worker uses) and keeps attempts exact:
+
+- the task handed out carries the id ``<rollout_id>#<attempt>``, so a posted rollout
+  names the attempt it belongs to, whichever client posts it and however late;
+- the gateway remembers every attempt it handed out and heartbeats it for
+  ``lease_seconds`` (at most the task's ``timeout_seconds``). A client that dies or
+  hangs stops being covered when its lease ends; after ``unresponsive_seconds`` the
+  reaper requeues the task (or fails it when no attempts remain), like a dead worker's;
+- a post for an attempt that is no longer current is recorded in the superseded stream
+  and never delivered; a post for a cancelled task is dropped.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+import time
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+import redis
+from pydantic import ValidationError
+from rq.job import Job
+from rq.serializers import JSONSerializer
+
+from rollq.models.coerce import coerce
+from rollq.models.contract import ResourcesUpdate, Rollout, Task
+from rollq.models.errors import ContractShapeError, InvalidTaskError, UnknownResourcesError
+from rollq.models.outcomes import failed_rollout, stamp
+from rollq.models.policy import RolloutPolicy, RolloutStatus
+from rollq.store.jobs import rollout_id_of
+from rollq.store.keys import Keys
+from rollq.store.resources import ResourceStore
+from rollq.store.transitions import ClaimRefused, Lifecycle
+from rollq.worker.heartbeat import Heartbeat
+
+log = logging.getLogger(__name__)
+
+ATTEMPT_SEPARATOR = "#"
+"""Between the rollout id and the attempt number in the id an AL client sees."""
+
+# Jobs skipped per poll (stale, cancelled, not rollq's) before answering "no task" for now.
+_SKIP_LIMIT = 32
+# Attempts whose lease ended are forgotten this long after, bounding the gateway's memory.
+_FORGET_AFTER_SECONDS = 3600.0
+
+
+def client_rollout_id(rollout_id: str, attempt: int) -> str:
+    return f"{rollout_id}{ATTEMPT_SEPARATOR}{attempt}"
+
+
+def split_client_rollout_id(value: str) -> tuple[str, int]:
+    """``(rollout_id, attempt)`` from the id a client posts; ContractShapeError if it is not one handed out."""
+    rollout_id, sep, attempt = value.rpartition(ATTEMPT_SEPARATOR)
+    if not sep or not rollout_id or not attempt.isdigit():
+        raise ContractShapeError(
+            f"rollout id {value!r} was not handed out by this server (expected <rollout_id>#<attempt>)",
+            field="rollout_id",
+        )
+    return rollout_id, int(attempt)
+
+
+class PostOutcome(StrEnum):
+    """What became of a posted rollout."""
+
+    DELIVERED = "delivered"
+    SUPERSEDED = "superseded"
+    """Its attempt was no longer current: recorded in the superseded stream, not delivered."""
+    CANCELLED = "cancelled"
+    """The task was cancelled: dropped."""
+
+
+@dataclass
+class _Held:
+    rollout_id: str
+    attempt: int
+    policy: RolloutPolicy
+    handed_at: float
+    lease_until: float
+
+
+class Gateway:
+    """One namespace's tasks served to Agent Lightning 0.1 clients (thread-safe; blocking Redis calls)."""
+
+    def __init__(
+        self,
+        connection: redis.Redis,
+        namespace: str,
+        *,
+        lease_seconds: float = 300.0,
+        heartbeat_seconds: float = 5.0,
+        results_maxlen: int = 100_000,
+        name: str | None = None,
+    ) -> None:
+        if lease_seconds <= 0:
+            raise ValueError("lease_seconds must be > 0")
+        self.connection = connection
+        self.keys = Keys(namespace)
+        self.lifecycle = Lifecycle(connection, self.keys)
+        self.resources = ResourceStore(connection, self.keys)
+        self.lease_seconds = lease_seconds
+        self.results_maxlen = results_maxlen
+        self.name = name or f"serve-al-{socket.gethostname()}-{id(self):x}"
+        self._held: dict[str, _Held] = {}
+        self._lock = threading.Lock()
+        self._heartbeat = Heartbeat(
+            self.lifecycle, self._deadlines, interval=heartbeat_seconds, results_maxlen=results_maxlen
+        )
+
+    def start(self) -> None:
+        """Start heartbeating held attempts and reaping stale ones (in a background thread)."""
+        self._heartbeat.start()
+
+    def stop(self) -> None:
+        self._heartbeat.stop()
+
+    def held(self) -> list[tuple[str, int]]:
+        """The attempts handed out and not yet posted, as ``(rollout_id, attempt)``."""
+        with self._lock:
+            return [(h.rollout_id, h.attempt) for h in self._held.values()]
+
+    def _deadlines(self, now: float) -> dict[str, float]:
+        with self._lock:
+            for member in [m for m, h in self._held.items() if now > h.lease_until + _FORGET_AFTER_SECONDS]:
+                del self._held[member]
+            return {
+                member: now + h.policy.unresponsive_seconds for member, h in self._held.items() if now < h.lease_until
+            }
+
+    # -- GET /task -----------------------------------------------------------------------
+
+    def next_task(self) -> Task | None:
+        """Claim the next queued task for a client, or None when there is none right now."""
+        k = self.keys
+        for _ in range(_SKIP_LIMIT):
+            # Into RQ's intermediate list, as RQ's own dequeue does: if this process dies before the
+            # claim, the reaper puts the job back on the queue.
+            raw = self.connection.lmove(k.rq_queue, k.rq_intermediate, "LEFT", "RIGHT")
+            if raw is None:
+                return None
+            job_id = raw.decode() if isinstance(raw, bytes) else str(raw)
+            task = self._claim(job_id)
+            if task is not None:
+                return task
+        return None
+
+    def _claim(self, job_id: str) -> Task | None:
+        k = self.keys
+        try:
+            rollout_id = rollout_id_of(Job.fetch(job_id, connection=self.connection, serializer=JSONSerializer))
+        except Exception as exc:  # missing, not rollq's, or a hash RQ cannot even restore
+            log.error("skipped job %s on queue %s: not a rollq job (%s)", job_id, k.queue_name, exc)
+            self.connection.lrem(k.rq_intermediate, 1, job_id)
+            return None
+        now = time.time()
+        claim = self.lifecycle.claim(rollout_id, job_id, self.name, now)
+        # The job never runs in RQ: the claim is what counts from here on.
+        pipe = self.connection.pipeline(transaction=False)
+        pipe.lrem(k.rq_intermediate, 1, job_id)
+        pipe.delete(k.rq_job(job_id))
+        pipe.execute()
+        if isinstance(claim, ClaimRefused):
+            log.info("skipped job %s: task %s is %s %s", job_id, rollout_id, claim.reason, claim.state)
+            return None
+        try:
+            task = Task.model_validate_json(claim.task_json)
+            policy = RolloutPolicy.model_validate_json(claim.policy_json)
+        except ValidationError as exc:
+            error = InvalidTaskError(f"task {rollout_id} is not a valid rollq task: {exc}")
+            rollout = failed_rollout(rollout_id, attempt=claim.attempt, worker=self.name, error=error)
+            self.lifecycle.finish(
+                rollout_id,
+                claim.attempt,
+                rollout.model_dump_json(),
+                RolloutStatus.FAILED.value,
+                results_maxlen=self.results_maxlen,
+                dead_letter=True,
+                now=now,
+            )
+            return None
+        lease = min(self.lease_seconds, policy.timeout_seconds)
+        with self._lock:
+            self._held[f"{rollout_id}|{claim.attempt}"] = _Held(rollout_id, claim.attempt, policy, now, now + lease)
+        return task.model_copy(
+            update={
+                "rollout_id": client_rollout_id(rollout_id, claim.attempt),
+                # The version the claim saw as latest, so the client runs with what a worker would have.
+                "resources_id": task.resources_id or claim.latest_resources_id,
+                "num_claims": claim.attempt,
+                "last_claim_time": now,
+            }
+        )
+
+    # -- GET /resources ------------------------------------------------------------------
+
+    def get_resources(self, resources_id: str | None) -> ResourcesUpdate | None:
+        try:
+            return self.resources.get(resources_id)
+        except UnknownResourcesError:
+            return None
+
+    # -- POST /rollout -------------------------------------------------------------------
+
+    def post_rollout(self, payload: Any, client: str) -> tuple[PostOutcome, str]:
+        """Publish a posted rollout for the attempt its id names; ContractShapeError for a bad payload."""
+        posted = coerce(Rollout, payload, "the posted rollout")
+        rollout_id, attempt = split_client_rollout_id(posted.rollout_id)
+        with self._lock:
+            held = self._held.pop(f"{rollout_id}|{attempt}", None)
+        now = time.time()
+        rollout = stamp(
+            posted.model_copy(update={"rollout_id": rollout_id}),
+            status=RolloutStatus.SUCCEEDED,
+            attempt=attempt,
+            worker=client,
+        )
+        reply = self.lifecycle.finish(
+            rollout_id,
+            attempt,
+            rollout.model_dump_json(),
+            RolloutStatus.SUCCEEDED.value,
+            results_maxlen=self.results_maxlen,
+            dead_letter=False,
+            now=now,
+            duration=now - held.handed_at if held else None,
+        )
+        if reply == -2:
+            return PostOutcome.CANCELLED, f"rollout {rollout_id} was cancelled; this result is dropped"
+        if reply == 0:
+            log.warning(
+                "late rollout for %s attempt %d from %s: superseded, not delivered", rollout_id, attempt, client
+            )
+            return PostOutcome.SUPERSEDED, f"attempt {attempt} of {rollout_id} is no longer current; not delivered"
+        return PostOutcome.DELIVERED, f"rollout {rollout_id} (attempt {attempt}) received and stored"

@@ -1,0 +1,101 @@
+"""Agent Lightning 0.1's worker-facing HTTP endpoints over a :class:`~rollq.compat.gateway.Gateway` (aiohttp).
+
+``GET /task`` -> ``TaskIfAny``; ``GET /resources/latest`` and ``GET /resources/{id}`` ->
+``ResourcesUpdate`` (404 when there is none); ``POST /rollout`` (a ``Rollout``) ->
+``GenericResponse`` whose ``status`` is ``delivered``, ``superseded`` or ``cancelled``
+(400 naming the field for a malformed body). Redis calls run on threads, off the event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from typing import Any
+
+from aiohttp import web
+
+from rollq.models.contract import GenericResponse, TaskIfAny
+from rollq.models.errors import ContractShapeError
+
+from .gateway import Gateway
+
+log = logging.getLogger(__name__)
+
+_GATEWAY = web.AppKey("gateway", Gateway)
+
+
+def _json(model: Any, status: int = 200) -> web.Response:
+    return web.Response(text=model.model_dump_json(), status=status, content_type="application/json")
+
+
+def _error(status: int, message: str) -> web.Response:
+    # FastAPI's shape, which AL 0.1 clients already log.
+    return web.json_response({"detail": message}, status=status)
+
+
+async def _next_task(request: web.Request) -> web.Response:
+    task = await asyncio.to_thread(request.app[_GATEWAY].next_task)
+    return _json(TaskIfAny(is_available=task is not None, task=task))
+
+
+async def _latest_resources(request: web.Request) -> web.Response:
+    update = await asyncio.to_thread(request.app[_GATEWAY].get_resources, None)
+    return _json(update) if update else _error(404, "No resources have been set on the server.")
+
+
+async def _resources(request: web.Request) -> web.Response:
+    resources_id = request.match_info["resources_id"]
+    update = await asyncio.to_thread(request.app[_GATEWAY].get_resources, resources_id)
+    return _json(update) if update else _error(404, f"Resource ID '{resources_id}' not found.")
+
+
+async def _post_rollout(request: web.Request) -> web.Response:
+    try:
+        payload = await request.json()
+    except json.JSONDecodeError as exc:
+        return _error(400, f"the body is not JSON: {exc}")
+    client = f"al-client@{request.remote}"
+    try:
+        outcome, message = await asyncio.to_thread(request.app[_GATEWAY].post_rollout, payload, client)
+    except ContractShapeError as exc:
+        return _error(400, str(exc))
+    return _json(GenericResponse(status=outcome.value, message=message))
+
+
+def make_app(gateway: Gateway) -> web.Application:
+    """The aiohttp application serving ``gateway`` (start and stop the gateway around it)."""
+    app = web.Application()
+    app[_GATEWAY] = gateway
+    app.router.add_get("/task", _next_task)
+    app.router.add_get("/resources/latest", _latest_resources)
+    app.router.add_get("/resources/{resources_id}", _resources)
+    app.router.add_post("/rollout", _post_rollout)
+    return app
+
+
+class Server:
+    """The endpoints on ``host:port`` inside a running event loop: ``await start()``, ``await stop()``."""
+
+    def __init__(self, gateway: Gateway, host: str = "127.0.0.1", port: int = 8000) -> None:
+        self.gateway = gateway
+        self.host, self.port = host, port
+        self._runner: web.AppRunner | None = None
+
+    async def start(self) -> None:
+        self.gateway.start()
+        self._runner = web.AppRunner(make_app(self.gateway), access_log=None)
+        await self._runner.setup()
+        await web.TCPSite(self._runner, self.host, self.port).start()
+        log.info(
+            "serving Agent Lightning 0.1 endpoints on http://%s:%d/ (namespace %r)",
+            self.host,
+            self.port,
+            self.gateway.keys.namespace,
+        )
+
+    async def stop(self) -> None:
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+        await asyncio.to_thread(self.gateway.stop)
