@@ -60,3 +60,11 @@ def workers(tmp_path: Path) -> Iterator[Callable[..., WorkerProcess]]:
     for proc in started:
         proc.stop(timeout=30)
         print(f"--- {proc.log_path.name} ---\n{proc.log()[-4000:]}")
+
+
+@pytest.fixture(scope="session")
+def al_bin(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """``bin/`` of a venv with Agent Lightning 0.1.2 and rollq (see al_venv.py); built once per session."""
+    import al_venv
+
+    return al_venv.build(tmp_path_factory.mktemp("agentlightning"))
