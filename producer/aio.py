@@ -22,7 +22,7 @@ from rollq.models.errors import RolloutTimeoutError, RolloutTrimmedError, Unknow
 from rollq.models.policy import TaskState
 from rollq.store.connection import connect_async
 from rollq.store.control import CancelResult, cancel_call, cancel_script_source, parse_cancel
-from rollq.store.keys import DEFAULT_NAMESPACE
+from rollq.store.keys import DEFAULT_NAMESPACE, StreamField, TaskField
 from rollq.store.queries import (
     ATTEMPT_FIELDS,
     SCAN_COUNT,
@@ -92,7 +92,7 @@ class _Follower:
             for _, entries in reply or []:
                 for entry_id, fields in entries:
                     cursor = entry_id
-                    rid = fields[b"rollout_id"].decode()
+                    rid = fields[StreamField.ROLLOUT_ID.encode()].decode()
                     if rid in self.waiters:
                         self.settle(rid, parse_entry(fields))
             if self.waiters and time.monotonic() >= next_reap:
@@ -172,7 +172,7 @@ class AsyncProducer:
         for rid in rollout_ids:
             pipe.hmget(self.keys.task(rid), RECORD_FIELDS)
         values = await pipe.execute()
-        return {rid: TaskRecord.parse(v) for rid, v in zip(rollout_ids, values, strict=True) if v[0] is not None}
+        return {rid: TaskRecord.parse(rid, v) for rid, v in zip(rollout_ids, values, strict=True) if v[0] is not None}
 
     async def _record(self, rollout_id: str) -> TaskRecord:
         records = await self._records([rollout_id])
@@ -199,7 +199,7 @@ class AsyncProducer:
         ids = list(rollout_ids)
         pipe = self.connection.pipeline(transaction=False)
         for rid in ids:
-            pipe.hget(self.keys.task(rid), "result")
+            pipe.hget(self.keys.task(rid), TaskField.RESULT)
         entry_ids = {rid: eid for rid, eid in zip(ids, await pipe.execute(), strict=True) if eid}
         pipe = self.connection.pipeline(transaction=False)
         for eid in entry_ids.values():
@@ -236,7 +236,7 @@ class AsyncProducer:
             rids = sorted(self.keys.rollout_id_of_task_key(k.decode()) for k in raw_keys)
             pipe = self.connection.pipeline(transaction=False)
             for rid in rids:
-                pipe.hmget(self.keys.task(rid), ["state", "mode"])
+                pipe.hmget(self.keys.task(rid), [TaskField.STATE, TaskField.MODE])
             matches = matching(rids, await pipe.execute(), wanted, mode)[skip:]
             room = limit - len(found)
             if len(matches) > room:

@@ -3,14 +3,19 @@ wait(partial=True) and cancel of queued and running tasks."""
 
 from __future__ import annotations
 
+import time
+import uuid
+
 import pytest
 from fault_agents import assert_exactly_once, wait_until
 
+from rollq.models.contract import Rollout
 from rollq.models.errors import UnknownTaskError
 from rollq.models.policy import RolloutPolicy, TaskState
 from rollq.producer.producer import Producer
 from rollq.store.control import CancelOutcome
 from rollq.store.queries import AttemptOutcome
+from rollq.store.transitions import ClaimRefused
 
 pytestmark = pytest.mark.redis
 
@@ -104,7 +109,7 @@ def test_wait_partial_returns_what_finished_and_what_is_missing(producer, serve)
     quick = producer.enqueue({"sleep": 0}).rollout_id
     slow = producer.enqueue({"sleep": 30}).rollout_id
     serve()
-    result = producer.wait([slow, quick], timeout=3, partial=True)
+    result = producer.wait([slow, quick], timeout=8, partial=True)
     assert [r.rollout_id for r in result.finished] == [quick]
     assert result.missing == [slow] and not result.complete
 
@@ -124,7 +129,7 @@ def test_cancel_of_a_queued_task_means_it_never_runs(producer, serve, namespace)
     assert_exactly_once(producer.connection, namespace, [doomed, kept])
 
 
-def test_cancel_of_a_running_task_drops_its_result_and_the_worker_serves_on(producer, serve, namespace) -> None:
+def test_cancel_of_a_running_task_ends_it_once_and_the_worker_serves_on(producer, serve, namespace) -> None:
     rid = producer.enqueue({"sleep": 2}).rollout_id
     _, name = serve()
     wait_until(lambda: producer.task_info(rid).state == TaskState.RUNNING, 20, "the task to start running")
@@ -132,11 +137,45 @@ def test_cancel_of_a_running_task_drops_its_result_and_the_worker_serves_on(prod
     assert result.was_running and result.attempt == 1
     [rollout] = producer.wait([rid], timeout=5)
     assert rollout.metadata["status"] == "cancelled" and rollout.metadata["worker"] == name
-    wait_until(lambda: producer.connection.hget(producer.keys.stats, "dropped:cancelled"), 20, "the dropped result")
     after = producer.enqueue({"sleep": 0}).rollout_id
     assert producer.wait([after], timeout=30)[0].metadata["status"] == "succeeded"
     assert producer.connection.xlen(producer.keys.superseded) == 0
     assert [a.outcome for a in producer.attempts(rid)] == [AttemptOutcome.CANCELLED]
     stats = {k.decode(): float(v) for k, v in producer.connection.hgetall(producer.keys.stats).items()}
-    assert (stats["succeeded:"], stats["cancelled:"], stats["dropped:cancelled"]) == (1, 1, 1)
+    assert (stats["succeeded:"], stats["cancelled:"]) == (1, 1)
     assert_exactly_once(producer.connection, namespace, [rid, after])
+
+
+def test_cancel_stops_a_running_agent_and_frees_its_slot(producer, workers, redis_server, namespace) -> None:
+    env = {**AGENT, "ROLLQ_CONCURRENCY": "1"}
+    long = producer.enqueue({"sleep": 60}).rollout_id
+    workers(redis_server.url, namespace, env=env)
+    wait_until(lambda: producer.task_info(long).state == TaskState.RUNNING, 20, "the long task to start")
+    nxt = producer.enqueue({"sleep": 0}).rollout_id
+    started = time.monotonic()
+    producer.cancel([long])
+    # With one slot, the next task runs only once the cancelled agent was stopped (within a heartbeat).
+    [rollout] = producer.wait([nxt], timeout=20)
+    assert rollout.metadata["status"] == "succeeded" and time.monotonic() - started < 10
+
+
+def test_a_cancelled_attempts_late_finish_is_dropped_not_superseded() -> None:
+    # The worker stops a cancelled agent at its next heartbeat; one that finished just before still
+    # calls finish, which must drop the result (it is neither delivered nor kept as superseded).
+    producer = Producer.from_url(f"memory://{uuid.uuid4().hex}", namespace="drop")
+    rid = producer.enqueue({"sleep": 0}).rollout_id
+    job = producer.connection.lindex(producer.keys.rq_queue, 0).decode()
+    claim = producer.lifecycle.claim(rid, job, "w1", time.time())
+    assert not isinstance(claim, ClaimRefused)
+    [result] = producer.cancel([rid])
+    assert result.was_running and result.attempt == claim.attempt
+    late = Rollout(rollout_id=rid, final_reward=1.0).model_dump_json()
+    reply = producer.lifecycle.finish(
+        rid, claim.attempt, late, "succeeded", results_maxlen=100, dead_letter=False, now=time.time()
+    )
+    assert reply == -2
+    assert producer.connection.xlen(producer.keys.superseded) == 0
+    assert producer.connection.xlen(producer.keys.results) == 1
+    assert producer.get_rollout(rid).metadata == {"status": "cancelled", "attempt": claim.attempt, "worker": "w1"}
+    assert producer.connection.hget(producer.keys.stats, "dropped:cancelled") == b"1"
+    assert producer.lifecycle.claim(rid, job, "w2", time.time()) == ClaimRefused("stale", "cancelled")

@@ -33,6 +33,7 @@ class Heartbeat(threading.Thread):
         interval: float,
         results_maxlen: int,
         on_beat: Callable[[], None] | None = None,
+        on_lost: Callable[[list[str]], None] | None = None,
     ) -> None:
         super().__init__(name="rollq-heartbeat", daemon=True)
         self.lifecycle = lifecycle
@@ -40,10 +41,20 @@ class Heartbeat(threading.Thread):
         self.interval = interval
         self.results_maxlen = results_maxlen
         self.on_beat = on_beat
+        self.on_lost = on_lost
         self._stop_event = threading.Event()
 
     def beat(self) -> None:
-        self.lifecycle.heartbeat(self.members(), within=self.interval)
+        members = self.members()
+        self.lifecycle.heartbeat(members, within=self.interval)
+        if members and self.on_lost is not None:
+            # An attempt no longer in flight was cancelled or taken over by a reaper: its agent
+            # works for nothing, so the worker is told to stop it and free the slot.
+            names = list(members)
+            scores = self.lifecycle.connection.zmscore(self.lifecycle.keys.inflight, names)
+            lost = [m for m, score in zip(names, scores, strict=True) if score is None]
+            if lost:
+                self.on_lost(lost)
         if self.on_beat is not None:
             self.on_beat()
         reap(self.lifecycle, results_maxlen=self.results_maxlen, within=self.interval)

@@ -232,6 +232,7 @@ class RolloutWorker(SimpleWorker):
             interval=self.settings.heartbeat_seconds,
             results_maxlen=self.settings.results_maxlen,
             on_beat=self._beat_while_busy,
+            on_lost=self.runner.abandon,
         )
         self._heartbeat.start()
         self.log.info("rollq worker %s: Redis at %s", self.name, describe_client(self.connection))

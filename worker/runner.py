@@ -61,6 +61,7 @@ class AttemptStatus(StrEnum):
     SUPERSEDED = "superseded"  # a newer attempt took over; the result was kept aside, not delivered
     SKIPPED = "skipped"  # the job no longer stands for its task; nothing ran
     CANCELLED = "cancelled"  # the task was cancelled while the attempt ran; its result was dropped
+    LOST = "lost"  # no longer in flight (cancelled, or taken over by a reaper): the agent was stopped
 
 
 @dataclass(frozen=True)
@@ -85,6 +86,10 @@ class AttemptResult:
 
 class AttemptReleased(Exception):
     """Set on a running attempt's future when the worker stops before the attempt finished."""
+
+
+class AttemptLost(Exception):
+    """Set on a running attempt's future when it is no longer in flight: cancelled, or taken over by a reaper."""
 
 
 @dataclass
@@ -157,6 +162,18 @@ class AgentRunner:
                 future.set_exception(AttemptReleased())
             except concurrent.futures.InvalidStateError:
                 pass  # it finished on its own meanwhile
+            self.executor.cancel(future)
+        return len(futures)
+
+    def abandon(self, members: list[str]) -> int:
+        """Stop the agents of attempts (``rollout_id|attempt``) that are no longer this worker's; returns how many."""
+        with self._lock:
+            futures = [self._running[m].future for m in members if m in self._running]
+        for future in futures:
+            try:
+                future.set_exception(AttemptLost())
+            except concurrent.futures.InvalidStateError:
+                continue  # it finished meanwhile; finish decides
             self.executor.cancel(future)
         return len(futures)
 
@@ -255,6 +272,10 @@ class AgentRunner:
                 self.lifecycle.requeue(task, attempt, policy, "released")
                 log.info("handed %s back to the queue (attempt %d)", rid, attempt)
                 return AttemptResult(rid, AttemptStatus.RELEASED, attempt)
+            except AttemptLost:
+                pending.trace.finish()
+                log.info("stopped %s attempt %d: it was cancelled or taken over", rid, attempt)
+                return AttemptResult(rid, AttemptStatus.LOST, attempt)
             except AgentTimeoutError as exc:
                 error, kind = AgentTimeoutError(f"attempt {attempt} {exc}"), "timeout"
             except Exception as exc:
