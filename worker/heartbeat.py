@@ -33,7 +33,7 @@ class Heartbeat(threading.Thread):
         interval: float,
         results_maxlen: int,
         on_beat: Callable[[], None] | None = None,
-        on_lost: Callable[[list[str]], None] | None = None,
+        on_lost: Callable[[list[str]], object] | None = None,
     ) -> None:
         super().__init__(name="rollq-heartbeat", daemon=True)
         self.lifecycle = lifecycle
