@@ -26,18 +26,16 @@ from typing import Any
 
 import redis
 from pydantic import ValidationError
-from rq.job import Job
-from rq.serializers import JSONSerializer
 
 from rollq.models.coerce import coerce
 from rollq.models.contract import ResourcesUpdate, Rollout, Task
 from rollq.models.errors import ContractShapeError, InvalidTaskError, UnknownResourcesError
 from rollq.models.outcomes import failed_rollout, stamp
 from rollq.models.policy import RolloutPolicy, RolloutStatus
-from rollq.store.jobs import rollout_id_of
-from rollq.store.keys import Keys
+from rollq.store.jobs import fetch_jobs, rollout_id_of
+from rollq.store.keys import Keys, inflight_member
 from rollq.store.resources import ResourceStore
-from rollq.store.transitions import ClaimRefused, Lifecycle
+from rollq.store.transitions import Cancelled, ClaimRefused, Lifecycle
 from rollq.worker.heartbeat import Heartbeat
 
 log = logging.getLogger(__name__)
@@ -153,7 +151,10 @@ class Gateway:
     def _claim(self, job_id: str) -> Task | None:
         k = self.keys
         try:
-            rollout_id = rollout_id_of(Job.fetch(job_id, connection=self.connection, serializer=JSONSerializer))
+            [job] = fetch_jobs(self.connection, [job_id])
+            if job is None:
+                raise InvalidTaskError(f"job {job_id} does not exist")
+            rollout_id = rollout_id_of(job)
         except Exception as exc:  # missing, not rollq's, or a hash RQ cannot even restore
             log.error("skipped job %s on queue %s: not a rollq job (%s)", job_id, k.queue_name, exc)
             self.connection.lrem(k.rq_intermediate, 1, job_id)
@@ -186,7 +187,9 @@ class Gateway:
             return None
         lease = min(self.lease_seconds, policy.timeout_seconds)
         with self._lock:
-            self._held[f"{rollout_id}|{claim.attempt}"] = _Held(rollout_id, claim.attempt, policy, now, now + lease)
+            self._held[inflight_member(rollout_id, claim.attempt)] = _Held(
+                rollout_id, claim.attempt, policy, now, now + lease
+            )
         return task.model_copy(
             update={
                 "rollout_id": client_rollout_id(rollout_id, claim.attempt),
@@ -212,7 +215,7 @@ class Gateway:
         posted = coerce(Rollout, payload, "the posted rollout")
         rollout_id, attempt = split_client_rollout_id(posted.rollout_id)
         with self._lock:
-            held = self._held.pop(f"{rollout_id}|{attempt}", None)
+            held = self._held.pop(inflight_member(rollout_id, attempt), None)
         now = time.time()
         rollout = stamp(
             posted.model_copy(update={"rollout_id": rollout_id}),
@@ -230,7 +233,7 @@ class Gateway:
             now=now,
             duration=now - held.handed_at if held else None,
         )
-        if reply == -2:
+        if isinstance(reply, Cancelled):
             return PostOutcome.CANCELLED, f"rollout {rollout_id} was cancelled; this result is dropped"
         if reply == 0:
             log.warning(

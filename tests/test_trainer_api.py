@@ -15,7 +15,7 @@ from rollq.models.policy import RolloutPolicy, TaskState
 from rollq.producer.producer import Producer
 from rollq.store.control import CancelOutcome
 from rollq.store.queries import AttemptOutcome
-from rollq.store.transitions import ClaimRefused
+from rollq.store.transitions import Cancelled, ClaimRefused
 
 pytestmark = pytest.mark.redis
 
@@ -173,7 +173,7 @@ def test_a_cancelled_attempts_late_finish_is_dropped_not_superseded() -> None:
     reply = producer.lifecycle.finish(
         rid, claim.attempt, late, "succeeded", results_maxlen=100, dead_letter=False, now=time.time()
     )
-    assert reply == -2
+    assert reply == Cancelled()
     assert producer.connection.xlen(producer.keys.superseded) == 0
     assert producer.connection.xlen(producer.keys.results) == 1
     assert producer.get_rollout(rid).metadata == {"status": "cancelled", "attempt": claim.attempt, "worker": "w1"}
