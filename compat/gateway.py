@@ -35,7 +35,7 @@ from rollq.models.policy import RolloutPolicy, RolloutStatus
 from rollq.store.jobs import fetch_jobs, rollout_id_of
 from rollq.store.keys import Keys, inflight_member
 from rollq.store.resources import ResourceStore
-from rollq.store.transitions import Cancelled, ClaimRefused, Lifecycle
+from rollq.store.transitions import Cancelled, ClaimRefused, Lifecycle, Published
 from rollq.worker.heartbeat import Heartbeat
 
 log = logging.getLogger(__name__)
@@ -235,7 +235,7 @@ class Gateway:
         )
         if isinstance(reply, Cancelled):
             return PostOutcome.CANCELLED, f"rollout {rollout_id} was cancelled; this result is dropped"
-        if reply == 0:
+        if not isinstance(reply, Published):
             log.warning(
                 "late rollout for %s attempt %d from %s: superseded, not delivered", rollout_id, attempt, client
             )
