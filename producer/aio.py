@@ -22,7 +22,7 @@ from rollq.models.errors import RolloutTimeoutError, RolloutTrimmedError, Unknow
 from rollq.models.policy import TaskState
 from rollq.store.connection import connect_async
 from rollq.store.control import CancelResult, cancel_call, cancel_script_source, parse_cancel
-from rollq.store.keys import DEFAULT_NAMESPACE, StreamField, TaskField
+from rollq.store.keys import DEFAULT_NAMESPACE, StreamField, TaskField, rollout_id_of_task_key
 from rollq.store.queries import (
     ATTEMPT_FIELDS,
     SCAN_COUNT,
@@ -233,7 +233,7 @@ class AsyncProducer:
         next_cursor: str | None = None
         while True:
             after, raw_keys = await self.connection.scan(scan, match=self.keys.task_pattern, count=SCAN_COUNT)
-            rids = sorted(self.keys.rollout_id_of_task_key(k.decode()) for k in raw_keys)
+            rids = sorted(rollout_id_of_task_key(self.keys, k) for k in raw_keys)
             pipe = self.connection.pipeline(transaction=False)
             for rid in rids:
                 pipe.hmget(self.keys.task(rid), [TaskField.STATE, TaskField.MODE])

@@ -46,10 +46,6 @@ class Keys:
         """Hash with the task as enqueued, its policy, state, claim count and current attempt."""
         return f"{self._tag}:task:{rollout_id}"
 
-    def rollout_id_of_task_key(self, key: str) -> str:
-        """The rollout id in a task hash's key (the inverse of :meth:`task`)."""
-        return key[len(self.task("")) :]
-
     @property
     def inflight(self) -> str:
         """Sorted set of running attempts (``rollout_id|attempt``) scored by heartbeat deadline."""
@@ -282,6 +278,12 @@ def parse_history(name: bytes, value: bytes) -> tuple[str, int, str, float]:
     kind, _, attempt = name.decode().partition(":")
     head, _, when = value.decode().rpartition(_MEMBER_SEPARATOR)
     return kind, int(attempt), head, float(when)
+
+
+def rollout_id_of_task_key(keys: Keys, key: str | bytes) -> str:
+    """The rollout id in a task hash's key (the inverse of :meth:`Keys.task`)."""
+    text = key.decode() if isinstance(key, bytes) else key
+    return text[len(keys.task("")) :]
 
 
 def lua_header() -> str:

@@ -17,7 +17,7 @@ import redis
 
 from rollq.models.policy import TaskState
 
-from .keys import HISTORY_MATCH, Keys, TaskField, parse_history
+from .keys import HISTORY_MATCH, Keys, TaskField, parse_history, rollout_id_of_task_key
 from .records import TaskRecord, read_records
 
 SCAN_COUNT = 500
@@ -178,7 +178,7 @@ def query_tasks(
     next_cursor: str | None = None
     while True:
         after, raw_keys = connection.scan(scan, match=keys.task_pattern, count=SCAN_COUNT)
-        rids = sorted(keys.rollout_id_of_task_key(k.decode()) for k in cast(list[bytes], raw_keys))
+        rids = sorted(rollout_id_of_task_key(keys, k) for k in cast(list[bytes], raw_keys))
         pipe = connection.pipeline(transaction=False)
         for rid in rids:
             pipe.hmget(keys.task(rid), [TaskField.STATE, TaskField.MODE])
