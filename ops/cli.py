@@ -632,6 +632,8 @@ def metrics(ctx: click.Context, bind: str, port: int) -> None:
         server.shutdown()
 
 
-from rollq.compat.serve_al import serve_al  # noqa: E402  # kept at the end: one line to merge
+from rollq.compat.serve_al import serve_al  # noqa: E402  # kept at the end: few lines to merge
+from rollq.ops.tasks_cli import tasks  # noqa: E402
 
 main.add_command(serve_al)
+main.add_command(tasks)

@@ -1,0 +1,65 @@
+"""``rollq tasks show|list|rollout|cancel`` on a memory:// Redis shared with a Producer and an in-process worker."""
+
+from __future__ import annotations
+
+import json
+import signal
+import uuid
+from collections.abc import Callable
+
+import pytest
+from click.testing import CliRunner, Result
+
+from rollq.ops.cli import main
+from rollq.producer import Producer
+from rollq.store.connection import connect
+from rollq.worker import LitAgent, RolloutWorker, WorkerSettings
+
+
+class OneAgent(LitAgent):
+    def training_rollout(self, task_input, rollout_id, resources):  # type: ignore[no-untyped-def]
+        return 1.0
+
+
+@pytest.fixture
+def url() -> str:
+    return f"memory://{uuid.uuid4().hex}"
+
+
+@pytest.fixture
+def rollq(url: str, namespace: str, monkeypatch: pytest.MonkeyPatch) -> Callable[..., Result]:
+    for name in ("ROLLQ_REDIS_URL", "REDIS_URL", "ROLLQ_NAMESPACE"):
+        monkeypatch.delenv(name, raising=False)
+    return lambda *args: CliRunner().invoke(main, ["--url", url, "-n", namespace, *args], prog_name="rollq")
+
+
+def run_worker(url: str, namespace: str) -> None:
+    worker = RolloutWorker([namespace], connection=connect(url), agent=OneAgent(), settings=WorkerSettings())
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        worker.work(burst=True, logging_level="WARNING")
+    finally:
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
+
+
+def test_tasks_list_show_rollout_and_cancel(url: str, namespace: str, rollq: Callable[..., Result]) -> None:
+    producer = Producer.from_url(url, namespace)
+    ran, cancelled = [t.rollout_id for t in producer.enqueue_many([{}, {}], mode="train")]
+    result = rollq("tasks", "cancel", cancelled, "nope")
+    assert result.exit_code == 0 and result.output.splitlines() == [
+        f"{cancelled}: cancelled (was queued)",
+        "nope: unknown",
+    ]
+    pending = rollq("tasks", "rollout", ran)
+    assert pending.exit_code == 1 and "has not finished" in pending.stderr
+    run_worker(url, namespace)
+    listed = rollq("tasks", "list", "--state", "succeeded")
+    assert [json.loads(line)["rollout_id"] for line in listed.stdout.splitlines()] == [ran]
+    shown = json.loads(rollq("tasks", "show", ran).stdout)
+    assert shown["state"] == "succeeded" and [a["outcome"] for a in shown["attempts"]] == ["succeeded"]
+    assert json.loads(rollq("tasks", "rollout", cancelled).stdout)["metadata"]["status"] == "cancelled"
+    first = rollq("tasks", "list", "--limit", "1")
+    assert len(first.stdout.splitlines()) == 1 and "--cursor" in first.stderr
+    unknown = rollq("tasks", "show", "nope")
+    assert unknown.exit_code == 1 and unknown.stderr.startswith("rollq: no task 'nope'")
