@@ -3,9 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import json
+import threading
+import time
+import urllib.request
+from typing import Any
 
 import pytest
 from al_shaped import PromptTemplate
+from servers import free_port
 
 from rollq.compat.agentlightning import AgentLightningServer
 from rollq.models.contract import Rollout
@@ -56,3 +62,32 @@ def test_an_apo_style_loop_runs_on_the_facade_with_rollq_workers(redis_server, n
         assert not server.startup_event.is_set()
 
     asyncio.run(main())
+
+
+def test_the_verl_daemon_pattern_runs_the_facade_on_a_thread_of_its_own(redis_server, namespace, workers) -> None:
+    # AL 0.1's VERL daemon: asyncio.run(server.run_forever()) on a thread, startup_event.wait(), then coroutines
+    # sent to server.loop with run_coroutine_threadsafe; its HTTP endpoints answer meanwhile.
+    port = free_port()
+    server = AgentLightningServer(host="127.0.0.1", port=port, url=redis_server.url, namespace=namespace)
+    thread = threading.Thread(target=lambda: asyncio.run(server.run_forever()), daemon=True)
+    thread.start()
+    assert server.startup_event.wait(timeout=20)
+
+    def call(coro: Any) -> Any:
+        assert server.loop is not None
+        return asyncio.run_coroutine_threadsafe(coro, server.loop).result(timeout=30)
+
+    resources_id = call(server.update_resources({"system_prompt": PromptTemplate(template="v9 {q}", engine="jinja")}))
+    with urllib.request.urlopen(f"{server.endpoint}/resources/latest", timeout=10) as response:
+        assert json.loads(response.read())["resources_id"] == resources_id
+    ids = {call(server.queue_task({"want": "v9"}, mode="train")) for _ in range(6)}
+    workers(redis_server.url, namespace, env=AGENT)
+    got: list[Rollout] = []
+    deadline = time.monotonic() + 30
+    while len(got) < len(ids) and time.monotonic() < deadline:
+        got += call(server.retrieve_completed_rollouts())
+        time.sleep(0.2)
+    assert {r.rollout_id for r in got} == ids and {r.final_reward for r in got} == {1.0}
+    call(server.stop())
+    thread.join(timeout=10)
+    assert not thread.is_alive()
