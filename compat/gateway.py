@@ -25,7 +25,6 @@ from enum import StrEnum
 from typing import Any
 
 import redis
-from pydantic import ValidationError
 
 from rollq.models.coerce import coerce
 from rollq.models.contract import ResourcesUpdate, Rollout, Task
@@ -34,6 +33,7 @@ from rollq.models.outcomes import failed_rollout, stamp
 from rollq.models.policy import RolloutPolicy, RolloutStatus
 from rollq.store.jobs import fetch_jobs, rollout_id_of
 from rollq.store.keys import Keys, inflight_member
+from rollq.store.records import parse_task
 from rollq.store.resources import ResourceStore
 from rollq.store.transitions import Cancelled, ClaimRefused, Lifecycle, Published
 from rollq.worker.heartbeat import Heartbeat
@@ -108,7 +108,7 @@ class Gateway:
         self._held: dict[str, _Held] = {}
         self._lock = threading.Lock()
         self._heartbeat = Heartbeat(
-            self.lifecycle, self._deadlines, interval=heartbeat_seconds, results_maxlen=results_maxlen
+            self.lifecycle, self._members, interval=heartbeat_seconds, results_maxlen=results_maxlen
         )
 
     def start(self) -> None:
@@ -123,13 +123,13 @@ class Gateway:
         with self._lock:
             return [(h.rollout_id, h.attempt) for h in self._held.values()]
 
-    def _deadlines(self, now: float) -> dict[str, float]:
+    def _members(self) -> dict[str, float]:
+        """The attempts still within their lease (``member`` -> unresponsive_seconds), for the heartbeat."""
+        now = time.time()
         with self._lock:
             for member in [m for m, h in self._held.items() if now > h.lease_until + _FORGET_AFTER_SECONDS]:
                 del self._held[member]
-            return {
-                member: now + h.policy.unresponsive_seconds for member, h in self._held.items() if now < h.lease_until
-            }
+            return {member: h.policy.unresponsive_seconds for member, h in self._held.items() if now < h.lease_until}
 
     # -- GET /task -----------------------------------------------------------------------
 
@@ -159,8 +159,14 @@ class Gateway:
             log.error("skipped job %s on queue %s: not a rollq job (%s)", job_id, k.queue_name, exc)
             self.connection.lrem(k.rq_intermediate, 1, job_id)
             return None
-        now = time.time()
-        claim = self.lifecycle.claim(rollout_id, job_id, self.name, now)
+        claim = self.lifecycle.claim(rollout_id, job_id, self.name)
+        if isinstance(claim, ClaimRefused) and claim.reason == "invalid":
+            invalid = InvalidTaskError(f"task {rollout_id} cannot be claimed: {claim.state}")
+            log.error("%s; failing it", invalid)
+            failed = failed_rollout(rollout_id, attempt=0, worker=self.name, error=invalid)
+            self.lifecycle.reject(
+                rollout_id, job_id, failed.model_dump_json(), results_maxlen=self.results_maxlen, now=time.time()
+            )
         # The job never runs in RQ: the claim is what counts from here on.
         pipe = self.connection.pipeline(transaction=False)
         pipe.lrem(k.rq_intermediate, 1, job_id)
@@ -169,11 +175,12 @@ class Gateway:
         if isinstance(claim, ClaimRefused):
             log.info("skipped job %s: task %s is %s %s", job_id, rollout_id, claim.reason, claim.state)
             return None
+        now = time.time()
         try:
-            task = Task.model_validate_json(claim.task_json)
-            policy = RolloutPolicy.model_validate_json(claim.policy_json)
-        except ValidationError as exc:
-            error = InvalidTaskError(f"task {rollout_id} is not a valid rollq task: {exc}")
+            task, policy = parse_task(
+                rollout_id, claim.task_json, claim.policy_json, claims=claim.attempt, last_claim=claim.claimed_at
+            )
+        except InvalidTaskError as error:
             rollout = failed_rollout(rollout_id, attempt=claim.attempt, worker=self.name, error=error)
             self.lifecycle.finish(
                 rollout_id,
@@ -196,7 +203,7 @@ class Gateway:
                 # The version the claim saw as latest, so the client runs with what a worker would have.
                 "resources_id": task.resources_id or claim.latest_resources_id,
                 "num_claims": claim.attempt,
-                "last_claim_time": now,
+                "last_claim_time": claim.claimed_at,
             }
         )
 
