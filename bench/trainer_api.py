@@ -44,7 +44,7 @@ def main() -> None:
         ids = [t.rollout_id for t in producer.enqueue_many([{"i": i} for i in range(n)])]
         finished = ids[: n // 10]
         for rid in finished:
-            claim = producer.lifecycle.claim(rid, job_id(rid), "bench-worker", time.time())
+            claim = producer.lifecycle.claim(rid, job_id(rid), "bench-worker")
             rollout = Rollout(rollout_id=rid, final_reward=1.0, metadata={"status": "succeeded"})
             producer.lifecycle.finish(
                 rid,

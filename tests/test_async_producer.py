@@ -70,6 +70,7 @@ def test_async_for_over_rollouts_reads_each_once_as_a_group_member(redis_server,
         async with AsyncProducer.from_url(redis_server.url, namespace) as producer:
             ids = {t.rollout_id for t in await producer.enqueue_many([{"sleep": 0}] * 40)}
             workers(redis_server.url, namespace, env=AGENT)
+            await producer.wait(sorted(ids), timeout=60)  # readers stop after 2 s idle: let a slow start pass first
 
             async def read(name: str) -> list[str]:
                 return [r.rollout_id async for r in producer.rollouts(group="g", consumer=name, idle_timeout=2)]

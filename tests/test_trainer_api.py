@@ -165,7 +165,7 @@ def test_a_cancelled_attempts_late_finish_is_dropped_not_superseded() -> None:
     producer = Producer.from_url(f"memory://{uuid.uuid4().hex}", namespace="drop")
     rid = producer.enqueue({"sleep": 0}).rollout_id
     job = producer.connection.lindex(producer.keys.rq_queue, 0).decode()
-    claim = producer.lifecycle.claim(rid, job, "w1", time.time())
+    claim = producer.lifecycle.claim(rid, job, "w1")
     assert not isinstance(claim, ClaimRefused)
     [result] = producer.cancel([rid])
     assert result.was_running and result.attempt == claim.attempt
@@ -178,4 +178,4 @@ def test_a_cancelled_attempts_late_finish_is_dropped_not_superseded() -> None:
     assert producer.connection.xlen(producer.keys.results) == 1
     assert producer.get_rollout(rid).metadata == {"status": "cancelled", "attempt": claim.attempt, "worker": "w1"}
     assert producer.connection.hget(producer.keys.stats, "dropped:cancelled") == b"1"
-    assert producer.lifecycle.claim(rid, job, "w2", time.time()) == ClaimRefused("stale", "cancelled")
+    assert producer.lifecycle.claim(rid, job, "w2") == ClaimRefused("stale", "cancelled")
