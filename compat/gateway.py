@@ -31,7 +31,7 @@ from rollq.models.contract import ResourcesUpdate, Rollout, Task
 from rollq.models.errors import ContractShapeError, InvalidTaskError, UnknownResourcesError
 from rollq.models.outcomes import failed_rollout, stamp
 from rollq.models.policy import RolloutPolicy, RolloutStatus
-from rollq.store.jobs import fetch_jobs, rollout_id_of
+from rollq.store.jobs import read_rollq_jobs, rollout_id_of
 from rollq.store.keys import Keys, inflight_member
 from rollq.store.records import parse_task
 from rollq.store.resources import ResourceStore
@@ -150,15 +150,13 @@ class Gateway:
 
     def _claim(self, job_id: str) -> Task | None:
         k = self.keys
-        try:
-            [job] = fetch_jobs(self.connection, [job_id])
-            if job is None:
-                raise InvalidTaskError(f"job {job_id} does not exist")
-            rollout_id = rollout_id_of(job)
-        except Exception as exc:  # missing, not rollq's, or a hash RQ cannot even restore
-            log.error("skipped job %s on queue %s: not a rollq job (%s)", job_id, k.queue_name, exc)
-            self.connection.lrem(k.rq_intermediate, 1, job_id)
+        job = read_rollq_jobs(self.connection, [job_id])[job_id]
+        if job is None or isinstance(job, InvalidTaskError):
+            # Not a rollq job (or its hash is gone): set aside as a worker would, never run.
+            log.error("set job %s of queue %s aside: %s", job_id, k.queue_name, job or "it has no hash")
+            self.lifecycle.quarantine(k.rq_intermediate, job_id)
             return None
+        rollout_id = rollout_id_of(job)
         claim = self.lifecycle.claim(rollout_id, job_id, self.name)
         if isinstance(claim, ClaimRefused) and claim.reason == "invalid":
             invalid = InvalidTaskError(f"task {rollout_id} cannot be claimed: {claim.state}")

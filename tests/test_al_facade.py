@@ -83,7 +83,7 @@ def test_the_verl_daemon_pattern_runs_the_facade_on_a_thread_of_its_own(redis_se
     ids = {call(server.queue_task({"want": "v9"}, mode="train")) for _ in range(6)}
     workers(redis_server.url, namespace, env=AGENT)
     got: list[Rollout] = []
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + 60
     while len(got) < len(ids) and time.monotonic() < deadline:
         got += call(server.retrieve_completed_rollouts())
         time.sleep(0.2)
