@@ -1,4 +1,5 @@
-"""``rollq tasks``: the producer's read and control verbs at the terminal (show, list, rollout, cancel)."""
+"""``rollq tasks``: list tasks by state and mode, cancel tasks (``rollq task ID`` shows one, ``rollq rollouts get``
+prints its rollout)."""
 
 from __future__ import annotations
 
@@ -25,21 +26,7 @@ def _plain(value: Any) -> Any:
 
 @click.group()
 def tasks() -> None:
-    """Look at and cancel tasks: state, attempts, rollout."""
-
-
-@tasks.command("show")
-@click.argument("rollout_id")
-@click.pass_context
-def tasks_show(ctx: click.Context, rollout_id: str) -> None:
-    """A task's state, worker, times and attempt history, as JSON."""
-
-    def action(producer: Producer) -> None:
-        info = _plain(producer.task_info(rollout_id))
-        info["attempts"] = [_plain(a) for a in producer.attempts(rollout_id)]
-        click.echo(json.dumps(info, indent=2))
-
-    _run(ctx, action)
+    """List tasks by state and mode; cancel unfinished tasks."""
 
 
 @tasks.command("list")
@@ -57,21 +44,6 @@ def tasks_list(ctx: click.Context, state: str | None, mode: str | None, limit: i
             click.echo(json.dumps(_plain(info)))
         if page.cursor is not None:
             click.echo(f"more: rollq tasks list --cursor {page.cursor}", err=True)
-
-    _run(ctx, action)
-
-
-@tasks.command("rollout")
-@click.argument("rollout_id")
-@click.pass_context
-def tasks_rollout(ctx: click.Context, rollout_id: str) -> None:
-    """A task's rollout as JSON (exit 1 if it has not finished)."""
-
-    def action(producer: Producer) -> None:
-        rollout = producer.get_rollout(rollout_id)
-        if rollout is None:
-            raise ValueError(f"task {rollout_id!r} has not finished")
-        click.echo(rollout.model_dump_json(indent=2))
 
     _run(ctx, action)
 
