@@ -1,4 +1,4 @@
-"""``rollq serve-al``: Agent Lightning 0.1's HTTP endpoints for existing AL clients (needs ``rollq[al]``)."""
+"""``rollq serve-al``: Agent Lightning 0.1's HTTP endpoints for existing AL clients."""
 
 from __future__ import annotations
 
@@ -32,11 +32,8 @@ def serve_al(ctx: click.Context, host: str, port: int, lease_seconds: float, hea
     namespace's tasks. The id a client sees is <rollout_id>#<attempt>; a late result from an
     attempt that was superseded is recorded, never delivered.
     """
-    try:
-        from .http import Server
-    except ImportError as exc:  # aiohttp is an extra
-        raise click.ClickException(f"serve-al needs aiohttp: pip install 'rollq[al]' ({exc})") from exc
     from .gateway import Gateway
+    from .http import Server
 
     root = ctx.find_root().params
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")

@@ -20,7 +20,7 @@ def build(directory: Path) -> Path:
     venv = directory / "al-venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
     pip = subprocess.run(
-        [str(venv / "bin" / "pip"), "install", "-q", AL_REQUIREMENT, "-e", f"{REPO}[al]"],
+        [str(venv / "bin" / "pip"), "install", "-q", AL_REQUIREMENT, "-e", str(REPO)],
         capture_output=True,
         text=True,
         timeout=900,
