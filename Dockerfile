@@ -19,6 +19,7 @@ COPY store store
 COPY producer producer
 COPY worker worker
 COPY ops ops
+COPY compat compat
 RUN pip install --no-deps ".[dashboard]"
 COPY examples examples
 

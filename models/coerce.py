@@ -35,10 +35,10 @@ def _fields(value: Any) -> Any:
     return value
 
 
-def _shape_error(what: str, target: str, exc: ValidationError) -> ContractShapeError:
+def _shape_error(what: str, target: str, exc: ValidationError, prefix: str = "") -> ContractShapeError:
     first = exc.errors()[0]
-    field = ".".join(str(part) for part in first["loc"]) or "(the value itself)"
-    return ContractShapeError(f"{what} is not a {target}: field {field!r}: {first['msg']}", field=field)
+    field = ".".join([prefix] * bool(prefix) + [str(part) for part in first["loc"]]) or "(the value itself)"
+    return ContractShapeError(f"{what} is not a {target}: {field}: {first['msg']}", field=field)
 
 
 def coerce(model: type[M], value: Any, what: str = "value") -> M:
@@ -51,12 +51,12 @@ def coerce(model: type[M], value: Any, what: str = "value") -> M:
         raise _shape_error(what, model.__name__, exc) from None
 
 
-def coerce_resource(value: Any, what: str = "resource") -> Any:
-    """One named resource (an ``LLM`` or ``PromptTemplate`` by its ``resource_type``)."""
+def coerce_resource(value: Any, name: str = "") -> Any:
+    """One named resource (an ``LLM`` or ``PromptTemplate`` by its ``resource_type``); errors name ``name.field``."""
     try:
         return _RESOURCE.validate_python(_fields(value))
     except ValidationError as exc:
-        raise _shape_error(what, "resource (LLM or PromptTemplate)", exc) from None
+        raise _shape_error(f"resource {name!r}", "resource (LLM or PromptTemplate)", exc, prefix=name) from None
 
 
 def coerce_resources(value: Any) -> NamedResources:
@@ -67,4 +67,4 @@ def coerce_resources(value: Any) -> NamedResources:
         raise ContractShapeError(
             f"resources must be a mapping of name -> LLM/PromptTemplate, got {type(value).__name__}", field=""
         )
-    return {str(name): coerce_resource(item, f"resource {name!r}") for name, item in value.items()}
+    return {str(name): coerce_resource(item, str(name)) for name, item in value.items()}

@@ -26,13 +26,13 @@ def test_a_foreign_rollout_is_taken_with_the_tasks_id() -> None:
 
 
 def test_a_list_of_wrongly_shaped_models_names_the_missing_field() -> None:
-    with pytest.raises(ContractShapeError, match="item 0 of the list is not a Triplet: field 'prompt'") as info:
+    with pytest.raises(ContractShapeError, match="item 0 of the list is not a Triplet: prompt: Field required") as info:
         to_rollout("r1", [NotATriplet(question="?")], [])
     assert info.value.field == "prompt"
 
 
 def test_coerce_names_a_nested_field() -> None:
-    with pytest.raises(ContractShapeError, match=r"field 'triplets\.0\.prompt'"):
+    with pytest.raises(ContractShapeError, match=r"it is not a Rollout: triplets\.0\.prompt: Field required"):
         coerce(contract.Rollout, {"rollout_id": "r", "triplets": [{"response": "x"}]}, "it")
 
 
@@ -50,7 +50,7 @@ def test_resources_of_foreign_classes_and_dicts_become_rollq_resources() -> None
 
 
 def test_a_wrong_resource_shape_names_the_resource_and_field() -> None:
-    with pytest.raises(ContractShapeError, match="resource 'llm' .*field 'llm.endpoint'"):
+    with pytest.raises(ContractShapeError, match="resource 'llm' .*: llm.llm.endpoint: Field required"):
         coerce_resources({"llm": {"resource_type": "llm", "model": "m"}})
 
 
@@ -82,5 +82,5 @@ def test_a_real_worker_publishes_foreign_results_and_uses_foreign_resources(redi
     assert rollouts["rollout"].final_reward == 0.5 and rollouts["rollout"].triplets[0].prompt == "p"
     assert rollouts["resources"].final_reward == 1.0
     error = rollouts["wrong"].metadata["error"]
-    assert error["type"] == "ContractShapeError" and "field 'prompt'" in error["message"]
+    assert error["type"] == "ContractShapeError" and "prompt: Field required" in error["message"]
     assert_exactly_once(producer.connection, namespace, [t.rollout_id for t in tasks])
