@@ -10,7 +10,8 @@ from typing import Any, cast
 import redis
 from rq.worker import Worker
 
-from rollq.store.keys import REQUEUED_PREFIX, Keys, StatsField, TaskField, parse_inflight_member
+from rollq.models.policy import RolloutStatus
+from rollq.store.keys import REQUEUED_PREFIX, Keys, StatsField, TaskField, outcome_stat, parse_inflight_member
 from rollq.worker.rq_worker import WORKER_CONCURRENCY_FIELD
 
 # A worker heartbeats at least every few seconds while alive; RolloutPolicy's default
@@ -107,10 +108,11 @@ def snapshot(
         in_flight=len(inflight),
         in_flight_by_worker=dict(by_worker),
         stale_attempts=int(stale),
-        succeeded=total("succeeded:"),
-        failed=total("failed:"),
+        # outcome_stat(status, None) is the prefix every mode's counter of that status starts with.
+        succeeded=total(outcome_stat(RolloutStatus.SUCCEEDED, None)),
+        failed=total(outcome_stat(RolloutStatus.FAILED, None)),
         dead_letter=int(dead),
-        superseded=int(counters.get("superseded", 0)),
+        superseded=int(counters.get(StatsField.SUPERSEDED, 0)),
         requeued={
             k.removeprefix(REQUEUED_PREFIX): int(v) for k, v in counters.items() if k.startswith(REQUEUED_PREFIX)
         },
