@@ -1,10 +1,10 @@
 """Describe a contract module as JSON: exported names, model fields, JSON schemas, lifecycle signatures.
 
 The contract tests compare ``rollq.models.contract`` with ``contract_snapshot.json``, which this script made
-from the specification (Agent Lightning's ``types.py``, kept as ``shared/seed/types.py`` beside the checkout).
-Regenerate it when the specification changes:
+from the specification (Agent Lightning's ``types.py``, which the project keeps outside this repository; no test
+reads it). Regenerate the snapshot when the specification changes:
 
-    python tests/contract_snapshot.py ../shared/seed/types.py > tests/contract_snapshot.json
+    python tests/contract_snapshot.py PATH/TO/types.py > tests/contract_snapshot.json
 """
 
 from __future__ import annotations
