@@ -22,16 +22,15 @@ from rollq.models.errors import RolloutTimeoutError, RolloutTrimmedError, Unknow
 from rollq.models.policy import TaskState
 from rollq.store.connection import connect_async
 from rollq.store.control import CancelResult, cancel_call, cancel_script_source, parse_cancel
-from rollq.store.keys import DEFAULT_NAMESPACE, StreamField, TaskField, rollout_id_of_task_key
+from rollq.store.keys import DEFAULT_NAMESPACE, StreamField, TaskField
 from rollq.store.queries import (
     ATTEMPT_FIELDS,
+    FILTER_FIELDS,
     SCAN_COUNT,
     AttemptInfo,
     TaskInfo,
     TaskPage,
-    decode_cursor,
-    encode_cursor,
-    matching,
+    TaskPager,
     parse_attempts,
 )
 from rollq.store.records import RECORD_FIELDS, TaskRecord
@@ -225,33 +224,15 @@ class AsyncProducer:
         cursor: str | None = None,
     ) -> TaskPage:
         """See :meth:`Producer.query_tasks` (same paging and the same SCAN cost)."""
-        if limit < 1:
-            raise ValueError("limit must be at least 1")
-        wanted = TaskState(state) if state is not None else None
-        scan, skip = decode_cursor(cursor)
-        found: list[str] = []
-        next_cursor: str | None = None
-        while True:
-            after, raw_keys = await self.connection.scan(scan, match=self.keys.task_pattern, count=SCAN_COUNT)
-            rids = sorted(rollout_id_of_task_key(self.keys, k) for k in raw_keys)
+        pager = TaskPager(self.keys, state, mode, limit, cursor)
+        while not pager.done:
+            after, raw_keys = await self.connection.scan(pager.scan, match=self.keys.task_pattern, count=SCAN_COUNT)
+            rids = pager.ids(raw_keys)
             pipe = self.connection.pipeline(transaction=False)
             for rid in rids:
-                pipe.hmget(self.keys.task(rid), [TaskField.STATE, TaskField.MODE])
-            matches = matching(rids, await pipe.execute(), wanted, mode)[skip:]
-            room = limit - len(found)
-            if len(matches) > room:
-                found += matches[:room]
-                next_cursor = encode_cursor(scan, skip + room)
-                break
-            found += matches
-            scan, skip = int(after), 0
-            if scan == 0:
-                break
-            if len(found) == limit:
-                next_cursor = encode_cursor(scan, 0)
-                break
-        records = await self._records(found)
-        return TaskPage([TaskInfo.from_record(records[rid]) for rid in found if rid in records], next_cursor)
+                pipe.hmget(self.keys.task(rid), FILTER_FIELDS)
+            pager.add(after, rids, await pipe.execute())
+        return pager.page(await self._records(pager.found))
 
     async def cancel(self, rollout_ids: Sequence[str]) -> list[CancelResult]:
         """See :meth:`Producer.cancel`."""

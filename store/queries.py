@@ -154,6 +154,54 @@ def matching(
     return out
 
 
+FILTER_FIELDS = [TaskField.STATE, TaskField.MODE]
+"""What a page walk reads of each task hash it finds (``HMGET``), to filter it."""
+
+
+class TaskPager:
+    """The paging of ``query_tasks`` without the Redis calls, so that the blocking and the asyncio producer
+    share it. Drive it: while not :attr:`done`, ``SCAN`` from :attr:`scan` (match ``keys.task_pattern``, count
+    ``SCAN_COUNT``), ``HMGET`` :data:`FILTER_FIELDS` of each id :meth:`ids` gives, and hand both to :meth:`add`;
+    then read the records of :attr:`found`."""
+
+    def __init__(self, keys: Keys, state: TaskState | str | None, mode: str | None, limit: int, cursor: str | None):
+        if limit < 1:
+            raise ValueError("limit must be at least 1")
+        self.keys = keys
+        self.state = TaskState(state) if state is not None else None
+        self.mode = mode
+        self.limit = limit
+        self.scan, self._skip = decode_cursor(cursor)
+        self.found: list[str] = []
+        self.next_cursor: str | None = None
+        self.done = False
+
+    def ids(self, raw_keys: Iterable[bytes]) -> list[str]:
+        """The rollout ids of the task keys one SCAN returned, in a stable order (the cursor counts into it)."""
+        return sorted(rollout_id_of_task_key(self.keys, k) for k in raw_keys)
+
+    def add(self, after: int | bytes, rollout_ids: list[str], states_modes: Iterable[list[bytes | None]]) -> None:
+        """Take one SCAN batch (``after`` is SCAN's next cursor) with its HMGET replies."""
+        matches = matching(rollout_ids, states_modes, self.state, self.mode)[self._skip :]
+        room = self.limit - len(self.found)
+        if len(matches) > room:
+            self.found += matches[:room]
+            self.next_cursor = encode_cursor(self.scan, self._skip + room)  # the rest of this batch comes first
+            self.done = True
+            return
+        self.found += matches
+        self.scan, self._skip = int(after), 0
+        if self.scan == 0:
+            self.done = True
+        elif len(self.found) == self.limit:
+            self.next_cursor = encode_cursor(self.scan, 0)
+            self.done = True
+
+    def page(self, records: Mapping[str, TaskRecord]) -> TaskPage:
+        """The page, from the records of :attr:`found` (a task deleted meanwhile is left out)."""
+        return TaskPage([TaskInfo.from_record(records[rid]) for rid in self.found if rid in records], self.next_cursor)
+
+
 def query_tasks(
     connection: redis.Redis,
     keys: Keys,
@@ -170,30 +218,12 @@ def query_tasks(
     for every training step. As with SCAN, a task created or deleted during the walk may
     or may not be seen, and one may (rarely) be seen twice.
     """
-    if limit < 1:
-        raise ValueError("limit must be at least 1")
-    wanted_state = TaskState(state) if state is not None else None
-    scan, skip = decode_cursor(cursor)
-    found: list[str] = []
-    next_cursor: str | None = None
-    while True:
-        after, raw_keys = connection.scan(scan, match=keys.task_pattern, count=SCAN_COUNT)
-        rids = sorted(rollout_id_of_task_key(keys, k) for k in cast(list[bytes], raw_keys))
+    pager = TaskPager(keys, state, mode, limit, cursor)
+    while not pager.done:
+        after, raw_keys = connection.scan(pager.scan, match=keys.task_pattern, count=SCAN_COUNT)
+        rids = pager.ids(cast(list[bytes], raw_keys))
         pipe = connection.pipeline(transaction=False)
         for rid in rids:
-            pipe.hmget(keys.task(rid), [TaskField.STATE, TaskField.MODE])
-        matches = matching(rids, pipe.execute(), wanted_state, mode)[skip:]
-        room = limit - len(found)
-        if len(matches) > room:
-            found += matches[:room]
-            next_cursor = encode_cursor(scan, skip + room)  # the rest of this batch comes first next time
-            break
-        found += matches
-        scan, skip = int(after), 0
-        if scan == 0:
-            break
-        if len(found) == limit:
-            next_cursor = encode_cursor(scan, 0)
-            break
-    records = read_records(connection, keys, found)
-    return TaskPage([TaskInfo.from_record(records[rid]) for rid in found if rid in records], next_cursor)
+            pipe.hmget(keys.task(rid), FILTER_FIELDS)
+        pager.add(after, rids, pipe.execute())
+    return pager.page(read_records(connection, keys, pager.found))
