@@ -43,10 +43,29 @@ PINNED: dict[str, str] = {
     "rq.worker.Worker.teardown": "self",
     "rq.worker.Worker.clean_registries": "self",
     "rq.worker.Worker.register_death": "self",
-    "rq.worker.Worker.prepare_execution": "self, job",
-    "rq.worker.Worker.prepare_job_execution": "self, job, remove_from_intermediate_queue=False",
-    "rq.worker.Worker.handle_job_success": "self, job, queue, started_job_registry",
     "rq.worker.Worker.handle_job_failure": "self, job, queue, started_job_registry=None, exc_string=''",
+    # RolloutWorker does RQ's start and end bookkeeping of many jobs in one pipeline with these (it replaces
+    # prepare_execution, prepare_job_execution and handle_job_success/failure, whose bodies it follows).
+    "rq.executions.Execution.create": "job, ttl, pipeline, worker_name=''",
+    "rq.executions.Execution.delete": "self, job, pipeline",
+    "rq.job.Job.prepare_for_execution": "self, worker_name, pipeline",
+    "rq.job.Job.heartbeat": "self, timestamp, ttl, pipeline=None, xx=False",
+    "rq.job.Job._handle_success": (
+        "self, result_ttl, pipeline, worker_name='', execution_id=None, execution_started_at=None,"
+        " execution_ended_at=None"
+    ),
+    "rq.job.Job._handle_failure": (
+        "self, exc_string, pipeline, worker_name='', execution_id=None, execution_started_at=None,"
+        " execution_ended_at=None"
+    ),
+    "rq.job.Job.cleanup": "self, ttl=None, pipeline=None, remove_from_queue=True",
+    "rq.job.Job.set_status": "self, status, pipeline=None",
+    "rq.job.Job.get_result_ttl": "self, default_ttl",
+    "rq.worker.Worker.increment_successful_job_count": "self, pipeline=None",
+    "rq.worker.Worker.increment_failed_job_count": "self, pipeline=None",
+    "rq.worker.Worker.increment_total_working_time": "self, job_execution_time, pipeline",
+    "rq.worker.Worker.set_current_job_working_time": "self, current_job_working_time, pipeline=None",
+    "rq.worker.Worker.get_heartbeat_ttl": "self, job",
     "rq.worker.Worker.work": (
         "self, burst=False, logging_level=None, date_format='%H:%M:%S', log_format='%(asctime)s %(message)s',"
         " max_jobs=None, max_idle_time=None, with_scheduler=False,"
@@ -163,3 +182,9 @@ def test_render_notices_a_changed_default() -> None:
     def after(self: Any, job: Any, remove_from_intermediate_queue: bool = True) -> None: ...
 
     assert render(before) != render(after)
+
+
+def test_rq_dependencies_key_is_what_store_jobs_spells() -> None:
+    from rollq.store.jobs import RollqJob, dependencies_key
+
+    assert dependencies_key("abc") == RollqJob("abc", connection=fakeredis.FakeRedis()).dependencies_key

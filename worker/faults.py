@@ -6,8 +6,11 @@ that step. The steps of the start path, in order:
 
 - ``dequeued``: RQ moved the job into its intermediate list; nothing else happened;
 - ``claimed``: the task is claimed (``running``, with a heartbeat deadline);
-  RQ's start bookkeeping has not run;
-- ``rq-started``: RQ's start bookkeeping ran (started registry, intermediate list left);
+  RQ's start bookkeeping has not run. The worker sends both in one pipeline,
+  claims first, so this is the state a pipeline cut short after its claims
+  leaves; to reach it, the worker sends the claims alone first;
+- ``rq-started``: the claims and RQ's start bookkeeping (started registry,
+  intermediate list left) both ran;
 - ``agent-started``: the agent was handed the task.
 
 tests/test_none_lost.py kills a worker at each to prove no task is lost. The
@@ -22,6 +25,11 @@ CRASH_EXIT_CODE = 86
 STEPS = ("dequeued", "claimed", "rq-started", "agent-started")
 
 _CRASH_AT = os.environ.get("ROLLQ_CRASH_AT", "")
+
+
+def armed(step: str) -> bool:
+    """Whether ``ROLLQ_CRASH_AT`` names ``step``."""
+    return _CRASH_AT == step
 
 
 def crash_point(step: str) -> None:

@@ -38,9 +38,11 @@ import time
 import traceback
 from collections import deque
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any, cast
 
 from rq.exceptions import StopRequested
+from rq.executions import Execution
 from rq.job import Job, JobStatus
 from rq.logutils import setup_loghandlers
 from rq.queue import Queue
@@ -55,20 +57,20 @@ from rollq.store.connection import connect, describe, describe_client, retry_pol
 from rollq.store.jobs import RollqJob, read_rollq_jobs, rollout_id_of
 from rollq.store.keys import Keys
 from rollq.store.resources import ResourceStore
-from rollq.store.transitions import Lifecycle
+from rollq.store.transitions import FinishReply, Lifecycle, run_pipelined
 
-from .bookkeeping import Bookkeeping
+from .bookkeeping import Batcher
 from .capture import CaptureProxy
 from .config import WorkerSettings
 from .executor import AgentExecutor
-from .faults import crash_point
+from .faults import armed, crash_point
 from .foreign import as_lit_agent
 from .heartbeat import Heartbeat
 from .hooks import HookSet
 from .loader import load_object
 from .logs import reformat
 from .resource_cache import ResourceCache
-from .runner import AgentRunner, AttemptResult, AttemptStatus, Pending
+from .runner import AgentRunner, AttemptResult, AttemptStatus, Pending, Publication
 from .tracer import BaseTracer, OtelTracer
 
 log = logging.getLogger(__name__)
@@ -112,6 +114,37 @@ class _NoDeathPenalty(BaseDeathPenalty):
 
     def cancel_death_penalty(self) -> None:
         pass
+
+
+@dataclass
+class _Start:
+    """A dequeued job waiting for its claim and RQ's start bookkeeping."""
+
+    job: Job
+    queue: Queue
+    rollout_id: str
+    execution: Any = None  # RQ's Execution of the job, once its start is queued
+
+
+@dataclass(frozen=True)
+class _Done:
+    """A job whose agent has settled: its attempt waits to be published."""
+
+    job: Job
+    queue: Queue
+    execution: Any
+    pending: Pending
+
+
+@dataclass(frozen=True)
+class _Ended:
+    """A job whose attempt is over: RQ's end bookkeeping records ``result``, or ``error`` (a rollq fault)."""
+
+    job: Job
+    queue: Queue
+    execution: Any
+    result: AttemptResult | None = None
+    error: str | None = None
 
 
 class RolloutWorker(SimpleWorker):
@@ -166,7 +199,8 @@ class RolloutWorker(SimpleWorker):
         self._executor = AgentExecutor(on_wedged=self._on_loop_wedged)
         self._capture: CaptureProxy | None = None
         self._slots = threading.BoundedSemaphore(self.settings.concurrency)
-        self._bookkeeping: Bookkeeping | None = None
+        self._starts: Batcher[_Start] | None = None
+        self._finishes: Batcher[_Done] | None = None
         self._busy = 0
         self._running_jobs: dict[str, None] = {}  # job ids in start order, for the "current job" shown
         self._busy_lock = threading.Lock()
@@ -204,8 +238,8 @@ class RolloutWorker(SimpleWorker):
         lifecycle = Lifecycle(self.connection, self.keys, results_max_bytes=self.settings.results_max_bytes)
         self._executor.start()
         self._capture = CaptureProxy().start() if self.settings.capture_llm else None
-        # Redis round trips for job bookkeeping overlap on a few threads; more would only contend for the GIL.
-        self._bookkeeping = Bookkeeping(min(self.settings.concurrency, 8))
+        self._starts = Batcher("rollq-start", self._start_batch)
+        self._finishes = Batcher("rollq-finish", self._finish_batch)
         self.runner = AgentRunner(
             lifecycle=lifecycle,
             resources=ResourceCache(ResourceStore(self.connection, self.keys)),
@@ -427,82 +461,191 @@ class RolloutWorker(SimpleWorker):
         with self._busy_lock:
             self._busy += 1
             self._running_jobs[job.id] = None
-        assert self._bookkeeping is not None
-        self._bookkeeping.submit(self._start, job, queue, rollout_id)
+        assert self._starts is not None
+        self._starts.put(_Start(job, queue, rollout_id))
 
-    # RQ's perform_job holds a thread for the whole job. rollq splits it: RQ's
-    # start-of-job bookkeeping and the claim on a pool thread, the agent on the
-    # executor, and RQ's end-of-job bookkeeping on a pool thread again once the
-    # agent's future settles, so a few threads serve any number of rollouts.
+    # RQ's perform_job holds a thread for the whole job, and its bookkeeping costs
+    # three to four round trips per job. rollq splits a job in two halves, each run
+    # in batches on one thread: the claims and RQ's start bookkeeping of every job
+    # taken since the last batch go in one pipeline, the agents run on the executor,
+    # and as their futures settle the publications go in one pipeline and RQ's
+    # end bookkeeping of the batch in another. So a few threads serve any number of
+    # rollouts, and round trips per rollout fall as the load rises.
 
-    def _start(self, job: Job, queue: Queue, rollout_id: str) -> None:
-        # The claim comes first: it moves the task from `queued` (its job still in RQ's intermediate list, where
-        # reapers look) to `running` with a heartbeat deadline (where reapers look too). RQ's start bookkeeping
-        # takes the job out of the intermediate list; done before the claim, a worker dying in between left the
-        # task queued with its job nowhere a reaper looked.
-        assert self.runner is not None
+    def _start_batch(self, starts: list[_Start]) -> None:
+        """Claim each job's task and do RQ's start bookkeeping, in one pipeline; then launch the agents.
+
+        The claims come first in the pipeline: each moves its task from ``queued`` (its job still in RQ's
+        intermediate list, where reapers look) to ``running`` with a heartbeat deadline (where reapers look
+        too); RQ's start bookkeeping after them takes the job out of the intermediate list. Redis runs a
+        pipeline's commands in order, so a worker dying at any point leaves each task where a reaper finds it.
+        """
+        runner = self.runner
+        assert runner is not None
         try:
-            claim = self.runner.claim(rollout_id, job.id)
-            crash_point("claimed")
-            self.prepare_execution(job)
-            self.prepare_job_execution(job, remove_from_intermediate_queue=True)
-            job.started_at = now()
-            crash_point("rq-started")
-            outcome = claim if isinstance(claim, AttemptResult) else self.runner.launch(rollout_id, claim)
+            calls = [runner.lifecycle.claim_call(s.rollout_id, s.job.id, self.name) for s in starts]
+            if armed("claimed"):  # test-only: the state of a pipeline cut short after its claims
+                run_pipelined(self.connection, calls)
+                crash_point("claimed")
+            pipe = self.connection.pipeline(transaction=False)
+            for call in calls:
+                call.queue(pipe)
+            for start in starts:
+                start.execution = self._rq_start(start.job, start.queue, pipe)
+            self.set_current_job_id(starts[0].job.id, pipeline=pipe)
+            self.set_current_job_working_time(0, pipeline=pipe)
+            self.heartbeat(self.get_heartbeat_ttl(starts[0].job), pipeline=pipe)
+            self.set_state(WorkerStatus.BUSY, pipeline=pipe)
+            replies = pipe.execute(raise_on_error=False)
+        except BaseException:
+            error = traceback.format_exc()
+            self._end_jobs([_Ended(s.job, s.queue, s.execution, error=error) for s in starts])
+            return
+        crash_point("rq-started")
+        ended: list[_Ended] = []
+        for start, call, reply in zip(starts, calls, replies, strict=False):
+            try:
+                claim = runner.claimed(start.rollout_id, start.job.id, runner.lifecycle.read_claim(call.settle(reply)))
+                outcome = claim if isinstance(claim, AttemptResult) else runner.launch(start.rollout_id, claim)
+            except BaseException:
+                ended.append(_Ended(start.job, start.queue, start.execution, error=traceback.format_exc()))
+                continue
+            if isinstance(outcome, AttemptResult):
+                ended.append(_Ended(start.job, start.queue, start.execution, result=outcome))
+                continue
             crash_point("agent-started")
-        except BaseException:
-            self._end_job(job, queue, self.execution, error=traceback.format_exc())
-            return
-        execution, bookkeeping = self.execution, self._bookkeeping
-        assert bookkeeping is not None
-        if isinstance(outcome, AttemptResult):
-            self._end_job(job, queue, execution, result=outcome)
-            return
-        outcome.future.add_done_callback(lambda _: bookkeeping.submit(self._finish, job, queue, execution, outcome))
+            self._finish_when_settled(_Done(start.job, start.queue, start.execution, outcome))
+        if ended:
+            self._end_jobs(ended)
 
-    def _finish(self, job: Job, queue: Queue, execution: Any, pending: Pending) -> None:
-        assert self.runner is not None
-        try:
-            result = self.runner.complete(pending)
-        except BaseException:
-            self._end_job(job, queue, execution, error=traceback.format_exc())
-            return
-        self._end_job(job, queue, execution, result=result)
+    def _finish_when_settled(self, done: _Done) -> None:
+        finishes = self._finishes
+        assert finishes is not None
+        done.pending.future.add_done_callback(lambda _: finishes.put(done))
 
-    def _end_job(
-        self, job: Job, queue: Queue, execution: Any, *, result: AttemptResult | None = None, error: str | None = None
-    ) -> None:
-        """RQ's end-of-job bookkeeping (status, finished/failed registry, result), then free the slot."""
-        self.execution = execution
-        job.ended_at = now()
-        with self._busy_lock:
-            self._running_jobs.pop(job.id, None)
-        try:
-            _record_outcome(job, result, error)
-            if error is None and result is not None and result.status == AttemptStatus.FAILED:
-                # A failed rollout is a failed job for RQ too: its failed registry, `rq info`
-                # and rq-dashboard count it, and the job page shows the error.
-                error = _failure_text(result)
-            if error is None:
-                job._result = result.to_json() if result is not None else None
-                job._status = JobStatus.FINISHED
-                self.handle_job_success(job=job, queue=queue, started_job_registry=queue.started_job_registry)
+    def _rq_start(self, job: Job, queue: Queue, pipe: Any) -> Any:
+        """RQ's start-of-job bookkeeping (``prepare_execution`` and ``prepare_job_execution`` of RQ 2.12, minus
+        the worker-wide writes done once per batch), queued on ``pipe``; returns the job's RQ Execution."""
+        ttl = self.get_heartbeat_ttl(job)
+        execution = Execution.create(job, ttl, pipeline=pipe, worker_name=self.name)
+        job.heartbeat(now(), ttl, pipeline=pipe)
+        job.prepare_for_execution(self.name, pipeline=pipe)
+        pipe.lrem(queue.intermediate_queue_key, 1, job.id)
+        return execution
+
+    def _finish_batch(self, done: list[_Done]) -> None:
+        """Publish the rollouts of attempts that have settled, in one pipeline, then end their jobs."""
+        runner = self.runner
+        assert runner is not None
+        ended: list[_Ended] = []
+        publishing: list[tuple[_Done, Publication]] = []
+        for item in done:
+            try:
+                outcome = runner.conclude(item.pending)
+            except BaseException:
+                ended.append(_Ended(item.job, item.queue, item.execution, error=traceback.format_exc()))
+                continue
+            if isinstance(outcome, AttemptResult):
+                ended.append(_Ended(item.job, item.queue, item.execution, result=outcome))
             else:
-                self.log.error("job %s failed: %s", job.id, error)
-                job._status = JobStatus.FAILED
-                self.handle_job_failure(job, queue, started_job_registry=queue.started_job_registry, exc_string=error)
+                publishing.append((item, outcome))
+        if publishing:
+            failure: BaseException | None = None
+            try:
+                replies: list[Any] = run_pipelined(self.connection, [p.call for _, p in publishing])
+            except BaseException as exc:
+                replies, failure = [None] * len(publishing), exc
+            for (item, publication), raw in zip(publishing, replies, strict=True):
+                reply: FinishReply | BaseException
+                try:
+                    if failure is not None:
+                        raise failure
+                    reply = runner.lifecycle.read_finish(publication.call.settle(raw))
+                except BaseException as exc:
+                    reply = exc
+                try:
+                    ended.append(_Ended(item.job, item.queue, item.execution, result=runner.settle(publication, reply)))
+                except BaseException:
+                    ended.append(_Ended(item.job, item.queue, item.execution, error=traceback.format_exc()))
+        self._end_jobs(ended)
+
+    def _end_jobs(self, ended: list[_Ended]) -> None:
+        """RQ's end-of-job bookkeeping (status, finished/failed registry, result, worker stats) for a batch of
+        jobs in one pipeline, then free their slots.
+
+        RQ's own ``handle_job_success`` costs two round trips more per job (a WATCH on the job's dependents
+        and a SMEMBERS of them): rollq jobs never have dependents, so neither is needed here.
+        """
+        finished_at = now()
+        with self._busy_lock:
+            for item in ended:
+                self._running_jobs.pop(item.job.id, None)
+            still_running = next(iter(self._running_jobs), None)
+        try:
+            pipe = self.connection.pipeline(transaction=False)
+            for item in ended:
+                item.job.ended_at = finished_at
+                self._rq_end(item, pipe)
+            self.set_current_job_id(still_running, pipeline=pipe)
+            pipe.execute()
         except Exception:
-            self.log.exception("job %s: RQ bookkeeping failed", job.id)
+            self.log.exception("RQ bookkeeping of %d job(s) failed", len(ended))
         finally:
             with self._busy_lock:
-                self._busy -= 1
+                self._busy -= len(ended)
                 idle = self._busy == 0
-            self._slots.release()
+            for _ in ended:
+                self._slots.release()
             if idle:
                 try:
                     self.set_state(WorkerStatus.IDLE)
                 except Exception as exc:
                     self.log.debug("could not mark the worker idle: %s", exc)
+
+    def _rq_end(self, item: _Ended, pipe: Any) -> None:
+        """One job's part of RQ's end bookkeeping (``handle_job_success``/``handle_job_failure`` of RQ 2.12)."""
+        job, result, error, execution = item.job, item.result, item.error, item.execution
+        _record_outcome(job, result, error, pipe)
+        if error is None and result is not None and result.status == AttemptStatus.FAILED:
+            # A failed rollout is a failed job for RQ too: its failed registry, `rq info`
+            # and rq-dashboard count it, and the job page shows the error.
+            error = _failure_text(result)
+        started = job.started_at or job.ended_at
+        execution_id = execution.id if execution is not None else None
+        execution_started_at = execution.created_at if execution is not None else None
+        if error is None:
+            job._result = result.to_json() if result is not None else None
+            job._status = JobStatus.FINISHED
+            self.increment_successful_job_count(pipeline=pipe)
+            result_ttl = job.get_result_ttl(self.default_result_ttl)
+            if result_ttl != 0:
+                job._handle_success(
+                    result_ttl,
+                    pipeline=pipe,
+                    worker_name=self.name,
+                    execution_id=execution_id,
+                    execution_started_at=execution_started_at,
+                    execution_ended_at=job.ended_at,
+                )
+            job.cleanup(result_ttl, pipeline=pipe, remove_from_queue=False)
+            self.log.info("job %s: %s", job.id, job.description)
+        else:
+            self.log.error("job %s failed: %s", job.id, error)
+            job._status = JobStatus.FAILED
+            job.set_status(JobStatus.FAILED, pipeline=pipe)
+            job._handle_failure(
+                error,
+                pipeline=pipe,
+                worker_name=self.name,
+                execution_id=execution_id,
+                execution_started_at=execution_started_at,
+                execution_ended_at=job.ended_at,
+            )
+            self.increment_failed_job_count(pipeline=pipe)
+        if started is not None and job.ended_at is not None:
+            self.increment_total_working_time(job.ended_at - started, pipe)
+        if execution is not None:
+            execution.delete(job=job, pipeline=pipe)
 
     def _on_loop_wedged(self, blocker: str, stalled_for: float) -> None:
         """The agent event loop has been blocked past the time limit of every attempt it held: no async rollout
@@ -549,8 +692,9 @@ class RolloutWorker(SimpleWorker):
             self._executor.stop()
             if self._capture is not None:
                 self._capture.stop()
-            if self._bookkeeping is not None:
-                self._bookkeeping.shutdown()
+            for batcher in (self._starts, self._finishes):
+                if batcher is not None:
+                    batcher.shutdown()
             self.runner = None
         super().teardown()
         if self._loop_wedged:
@@ -644,7 +788,7 @@ def _failure_text(result: AttemptResult) -> str:
     )
 
 
-def _record_outcome(job: Job, result: AttemptResult | None, error: str | None) -> None:
+def _record_outcome(job: Job, result: AttemptResult | None, error: str | None, pipe: Any) -> None:
     """Show the rollout's outcome on the job's page: in its description always, in its meta when it failed.
 
     The description is saved with the job by RQ's own bookkeeping (no extra round trip) and job lists show it;
@@ -664,7 +808,5 @@ def _record_outcome(job: Job, result: AttemptResult | None, error: str | None) -
         job.meta["rollout"] = {"status": "error", "error": error.strip().splitlines()[-1] if error.strip() else ""}
     else:
         return
-    try:
-        job.save_meta()
-    except Exception as exc:  # the outcome itself is safe in rollq's keys; this is display only
-        log.debug("job %s: could not save meta: %s", job.id, exc)
+    # Job.save_meta() of RQ 2.12, on the batch's pipeline.
+    pipe.hset(job.key, "meta", job.serializer.dumps(job.meta))

@@ -37,7 +37,7 @@ from rollq.models.outcomes import failed_rollout, stamp
 from rollq.models.policy import FailureKind, RolloutPolicy, RolloutStatus
 from rollq.store.keys import inflight_member
 from rollq.store.records import parse_task
-from rollq.store.transitions import Cancelled, Claim, ClaimRefused, Lifecycle, Superseded
+from rollq.store.transitions import Cancelled, Claim, ClaimRefused, FinishReply, Lifecycle, ScriptCall, Superseded
 
 from .agent import LitAgent
 from .capture import AttemptCapture, CaptureProxy
@@ -107,6 +107,23 @@ class Pending:
     @property
     def member(self) -> str:
         return inflight_member(self.task.rollout_id, self.claim.attempt)
+
+
+@dataclass(frozen=True)
+class Publication:
+    """A finished attempt's rollout, ready to publish: ``call`` is the finish transition, to run alone or in a
+    pipeline with others; :meth:`AgentRunner.settle` turns its reply into the job's result."""
+
+    rollout: Rollout
+    attempt: int
+    status: AttemptStatus  # SUCCEEDED or FAILED: what the rollout says of itself
+    call: ScriptCall
+    task: Task | None = None
+    member: str | None = None  # the running attempt this publishes, heartbeated until it is settled
+
+    @property
+    def rollout_id(self) -> str:
+        return self.rollout.rollout_id
 
 
 class AgentRunner:
@@ -185,7 +202,10 @@ class AgentRunner:
     def claim(self, rollout_id: str, job_id: str) -> Claim | AttemptResult:
         """Claim ``rollout_id`` for ``job_id``: from here the task is ``running`` with a heartbeat deadline, where
         a reaper finds it whatever happens to this process. The result at once when there is nothing to run."""
-        claim = self.lifecycle.claim(rollout_id, job_id, self.worker_name)
+        return self.claimed(rollout_id, job_id, self.lifecycle.claim(rollout_id, job_id, self.worker_name))
+
+    def claimed(self, rollout_id: str, job_id: str, claim: Claim | ClaimRefused) -> Claim | AttemptResult:
+        """What a claim's reply means for the job: the claim to launch, or the job's result when refused."""
         if isinstance(claim, ClaimRefused) and claim.reason == "invalid":
             error = InvalidTaskError(f"task {rollout_id} cannot be claimed: {claim.state}")
             log.error("%s; failing it", error)
@@ -257,10 +277,25 @@ class AgentRunner:
 
     def complete(self, pending: Pending) -> AttemptResult:
         """Publish, retry or hand back the attempt whose agent has finished; returns the RQ job result."""
+        outcome = self.conclude(pending)
+        if isinstance(outcome, AttemptResult):
+            return outcome
+        try:
+            reply: FinishReply | BaseException = self.lifecycle.read_finish(outcome.call.run())
+        except BaseException as exc:
+            reply = exc
+        return self.settle(outcome, reply)
+
+    def conclude(self, pending: Pending) -> AttemptResult | Publication:
+        """Turn a settled attempt into the rollout to publish, or retry or hand it back (the job's result then).
+
+        A :class:`Publication` still counts as running (heartbeated) until :meth:`settle` is given its reply.
+        """
         task, policy, claim = pending.task, pending.policy, pending.claim
         rid, attempt = task.rollout_id, claim.attempt
         if pending.capture is not None:
             pending.capture.close()  # from here on, calls on this attempt's addresses are refused
+        publishing = False
         try:
             error: BaseException | None = None
             kind: FailureKind | None = None
@@ -302,7 +337,7 @@ class AgentRunner:
                     error,
                 )
                 return AttemptResult(rid, AttemptStatus.RETRYING, attempt)
-            return self._publish(
+            publication = self.publication(
                 rid,
                 attempt,
                 rollout,
@@ -310,10 +345,18 @@ class AgentRunner:
                 duration=time.monotonic() - pending.started,
                 task=task,
                 resources_id=task.resources_id or claim.latest_resources_id,
+                member=pending.member,
             )
+            publishing = True
+            return publication
         finally:
+            if not publishing:
+                self._forget(pending.member)
+
+    def _forget(self, member: str | None) -> None:
+        if member is not None:
             with self._lock:
-                self._running.pop(pending.member, None)
+                self._running.pop(member, None)
 
     def _resources(self, task: Task, claim: Claim) -> NamedResources:
         resources_id = task.resources_id or claim.latest_resources_id
@@ -343,6 +386,25 @@ class AgentRunner:
         task: Task | None = None,
         resources_id: str | None = None,
     ) -> AttemptResult:
+        publication = self.publication(
+            rollout_id, attempt, rollout, failed=failed, duration=duration, task=task, resources_id=resources_id
+        )
+        return self.settle(publication, self.lifecycle.read_finish(publication.call.run()))
+
+    def publication(
+        self,
+        rollout_id: str,
+        attempt: int,
+        rollout: Rollout,
+        *,
+        failed: bool,
+        duration: float | None,
+        task: Task | None = None,
+        resources_id: str | None = None,
+        member: str | None = None,
+    ) -> Publication:
+        """The rollout as it will be published, with its finish call; a rollout that cannot be serialised or is
+        too big becomes a failed rollout that says so."""
         if resources_id:
             rollout = rollout.model_copy(update={"metadata": {**rollout.metadata, "resources_id": resources_id}})
         try:
@@ -363,7 +425,7 @@ class AgentRunner:
             data = rollout.model_dump_json()
             failed = True
         status = RolloutStatus.FAILED if failed else RolloutStatus.SUCCEEDED
-        reply = self.lifecycle.finish(
+        call = self.lifecycle.finish_call(
             rollout_id,
             attempt,
             data,
@@ -376,6 +438,14 @@ class AgentRunner:
             reward=rollout.final_reward if _finite(rollout.final_reward) else None,
             resources_id=resources_id,
         )
+        return Publication(rollout, attempt, AttemptStatus(status.value), call, task, member)
+
+    def settle(self, publication: Publication, reply: FinishReply | BaseException) -> AttemptResult:
+        """The job's result once the finish call has answered (or failed: the error is raised here)."""
+        self._forget(publication.member)
+        if isinstance(reply, BaseException):
+            raise reply
+        rollout_id, attempt, rollout = publication.rollout_id, publication.attempt, publication.rollout
         if isinstance(reply, Cancelled):
             log.info("task %s was cancelled while attempt %d ran; its result is dropped", rollout_id, attempt)
             return AttemptResult(rollout_id, AttemptStatus.CANCELLED, attempt)
@@ -386,7 +456,7 @@ class AgentRunner:
                 attempt,
             )
             return AttemptResult(rollout_id, AttemptStatus.SUPERSEDED, attempt)
-        return _published(rollout, AttemptStatus(status.value), attempt, task)
+        return _published(rollout, publication.status, attempt, publication.task)
 
 
 _INPUT_PREVIEW_CHARS = 500
