@@ -160,8 +160,10 @@ class Replicated:
         self.sentinel = subprocess.Popen(
             [require_redis_server(), str(config), "--sentinel"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
         )
-        replica = self.replica.client()
+        replica, primary = self.replica.client(), self.primary.client()
         wait_until(lambda: replica.info("replication")["master_link_status"] == "up", "the replica in sync")
+        # The primary counts a replica for WAIT only once it acknowledged something; before that WAIT says 0.
+        wait_until(lambda: bool(primary.set("rollq-warm", "1")) and primary.wait(1, 100) == 1, "a replica ack")
         sentinel = redis.Redis(port=self.sentinel_port)
         wait_until(
             lambda: int(sentinel.sentinel_master(self.SERVICE)["num-slaves"]) >= 1,  # type: ignore[index]
