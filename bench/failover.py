@@ -1,27 +1,35 @@
-"""Redis failover under load: a primary, a replica, 3 Sentinels; SIGKILL the primary while rollouts run.
+"""Redis failover under load, with and without wait_replicas: a primary, a replica, 3 Sentinels; SIGKILL the primary.
 
-Run: python bench/failover.py [--tasks 2400] [--rate 80] [--kill-after 10] [--workers 2] [--concurrency 32]
+Run: nice -n 10 python bench/failover.py [--tasks 2400] [--rate 80] [--kill-after 10] [--workers 2]
+     [--concurrency 32] [--replica-rtt-ms 10] [--rejoin-after 5] [--wait-timeout-ms 1000]
 
 Everything is local and private: redis-servers and ``redis-server --sentinel`` processes on free
 ports of 127.0.0.1, each in a temporary directory (no persistence), stopped at the end. rollq connects
 only through the Sentinels, with ``redis+sentinel://127.0.0.1:S1,127.0.0.1:S2,127.0.0.1:S3/rollq/0``
 (store/connection.py): the producer, the trainer (a consumer-group reader) and ``rollq worker``
 processes running the mock-LLM agent (3 turns x U(0.1, 0.5) s), 1 s heartbeats, tasks with
-``unresponsive_seconds`` 5. The producer enqueues ``--rate`` tasks per second in batches of 10 (so
-enqueues are in flight when the primary dies) until ``--tasks``; ``--kill-after`` seconds in, the
-primary gets SIGKILL. Sentinels: down-after 1000 ms, quorum 2.
+``unresponsive_seconds`` 5. The replica follows the primary through a delaying TCP proxy
+(bench/delay_proxy.py, ``--replica-rtt-ms``), as a replica in another zone does: on loopback the
+replication lag is microseconds and a failover has nothing to lose. The producer enqueues ``--rate``
+tasks per second in batches of 10 until ``--tasks``; ``--kill-after`` seconds in, the primary and its
+end of the replication link (the proxy) get SIGKILL; ``--rejoin-after`` seconds later the old primary
+restarts empty and the Sentinels make it a replica of the new one. Sentinels: down-after 1000 ms, quorum 2.
 
-Reported: when the Sentinels named the new primary, how long until the trainer received rollouts
-again; tasks whose enqueue Redis acknowledged but which the new
-primary does not hold (lost tasks), rollouts never received, rollouts received twice, tasks run more
-than once, and the stats the new primary holds (requeued, superseded). Then the cost of ``WAIT 1``
-after a transition: the round trip of one enqueue with and without ``WAIT 1 1000`` against the
-replica. Writes bench/results/failover.json.
+Two runs, the same but for ``wait_replicas`` (0, then 1) on the producer and every worker. Reported for
+each: when the Sentinels named the new primary, how long until work resumed, tasks whose enqueue Redis
+acknowledged but which the new primary does not hold (lost tasks), rollouts never received, rollouts
+received twice, tasks run more than once, transitions that fell short of wait_replicas, the stats the
+new primary holds. Then each transition's cost: one enqueue's latency and the no-op rollouts/s of one
+worker, with and without wait_replicas=1, with the replica on loopback and ``--replica-rtt-ms`` away.
+Writes bench/results/failover.json.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
+import re
 import shutil
 import signal
 import subprocess
@@ -36,7 +44,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import redis  # noqa: E402
 
-from bench.common import free_port, worker_env, write_result  # noqa: E402
+from bench.common import free_port, rate, worker_env, write_result  # noqa: E402
 from rollq.models.policy import RolloutPolicy  # noqa: E402
 from rollq.producer import Producer  # noqa: E402
 from rollq.store.connection import connect  # noqa: E402
@@ -56,6 +64,7 @@ class Servers:
         self.primary_port, self.replica_port = free_port(), free_port()
         self.sentinel_ports = [free_port() for _ in range(3)]
         self.processes: dict[str, subprocess.Popen[bytes]] = {}
+        self.proxy: subprocess.Popen[bytes] | None = None
 
     def _start(self, name: str, args: list[str]) -> None:
         directory = self.tmp / name
@@ -65,19 +74,31 @@ class Servers:
                 [self.binary, *args, "--dir", str(directory)], stdout=log, stderr=subprocess.STDOUT
             )
 
-    def start(self) -> None:
+    def start(self, replica_rtt_ms: float = 0.0, sentinels: bool = True) -> None:
+        """The servers; with ``replica_rtt_ms`` > 0 the replica reaches the primary through a delaying proxy
+        (bench/delay_proxy.py), the replication link of a replica in another zone."""
         common = ["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
         self._start("primary", ["--port", str(self.primary_port), *common])
-        self._start(
-            "replica", ["--port", str(self.replica_port), *common, "--replicaof", "127.0.0.1", str(self.primary_port)]
-        )
-        for i, port in enumerate(self.sentinel_ports):
+        upstream = self.primary_port
+        if replica_rtt_ms > 0:
+            upstream = free_port()
+            self.proxy = subprocess.Popen(
+                [sys.executable, str(Path(__file__).parent / "delay_proxy.py"), "--listen", f"127.0.0.1:{upstream}"]
+                + ["--upstream", f"127.0.0.1:{self.primary_port}", "--rtt-ms", str(replica_rtt_ms)],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.STDOUT,
+            )
+            time.sleep(0.5)
+        self._start("replica", ["--port", str(self.replica_port), *common, "--replicaof", "127.0.0.1", str(upstream)])
+        for i, port in enumerate(self.sentinel_ports if sentinels else []):
             config = self.tmp / f"sentinel-{i}.conf"
+            # failover-timeout 60 s: Sentinels "fix" a replica that follows another address than the primary's
+            # (here: the proxy) once failover-timeout has passed; the run is over by then.
             config.write_text(
                 f"port {port}\nbind 127.0.0.1\n"
                 f"sentinel monitor {SERVICE} 127.0.0.1 {self.primary_port} 2\n"
                 f"sentinel down-after-milliseconds {SERVICE} 1000\n"
-                f"sentinel failover-timeout {SERVICE} 10000\n"
+                f"sentinel failover-timeout {SERVICE} 60000\n"
                 f"sentinel parallel-syncs {SERVICE} 1\n"
             )
             self._start(f"sentinel-{i}", [str(config), "--sentinel"])
@@ -86,10 +107,14 @@ class Servers:
         while True:
             try:
                 if dict(replica.info("replication")).get("master_link_status") == "up":  # type: ignore[arg-type]
-                    sentinels: list[Any] = [redis.Redis(port=p).sentinel_master(SERVICE) for p in self.sentinel_ports]
+                    if not sentinels:
+                        return
+                    sentinels_seen: list[Any] = [
+                        redis.Redis(port=p).sentinel_master(SERVICE) for p in self.sentinel_ports
+                    ]
                     if all(
                         int(s.get("num-other-sentinels", 0)) >= 2 and int(s.get("num-slaves", 0)) >= 1
-                        for s in sentinels
+                        for s in sentinels_seen
                     ):
                         return
             except redis.ConnectionError:
@@ -112,7 +137,23 @@ class Servers:
                 continue
         return None
 
+    def kill_primary_host(self) -> None:
+        """SIGKILL the primary and its end of the replication link: what was still on the wire is lost."""
+        self.processes["primary"].send_signal(signal.SIGKILL)
+        if self.proxy is not None:
+            self.proxy.send_signal(signal.SIGKILL)
+
+    def restart_old_primary(self) -> None:
+        """Start the killed primary again, empty, as an operator would; the Sentinels make it a replica."""
+        self.processes["primary"].wait()
+        common = ["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
+        (self.tmp / "primary").rename(self.tmp / f"primary-killed-{time.monotonic_ns()}")
+        self._start("primary", ["--port", str(self.primary_port), *common])
+
     def stop(self) -> None:
+        if self.proxy is not None and self.proxy.poll() is None:
+            self.proxy.kill()
+            self.proxy.wait()
         for p in self.processes.values():
             if p.poll() is None:
                 p.terminate()
@@ -151,29 +192,208 @@ class Trainer(threading.Thread):
         self.join(timeout=10)
 
 
-def wait_cost(port: int, rounds: int = 300) -> dict[str, Any]:
-    """One enqueue's round trip with and without a following WAIT 1 (the replica acknowledging it)."""
-    producer = Producer(redis.Redis(port=port), "wait-cost")
-    client = redis.Redis(port=port)
-    plain, waited = [], []
-    for i in range(rounds):
-        t = time.perf_counter()
-        producer.enqueue({"i": i}, mode="train")
-        plain.append(time.perf_counter() - t)
-        t = time.perf_counter()
-        producer.enqueue({"i": i}, mode="train")
-        acked = client.wait(1, 1000)
-        waited.append(time.perf_counter() - t)
-        assert acked >= 1
-    plain.sort()
-    waited.sort()
-    return {
-        "rounds": rounds,
-        "enqueue_ms_median": round(1000 * plain[rounds // 2], 3),
-        "enqueue_plus_wait_ms_median": round(1000 * waited[rounds // 2], 3),
-        "enqueue_ms_p99": round(1000 * plain[int(rounds * 0.99)], 3),
-        "enqueue_plus_wait_ms_p99": round(1000 * waited[int(rounds * 0.99)], 3),
-    }
+def shortfalls_in_logs(paths: list[Path]) -> int:
+    """Transitions the workers' logs say fell short of wait_replicas (each log line carries the running count)."""
+    total = 0
+    for path in paths:
+        counts = [int(m) for m in re.findall(r"\((\d+) such transitions so far\)", path.read_text(errors="replace"))]
+        total += max(counts, default=0)
+    return total
+
+
+def failover_run(args: argparse.Namespace, wait_replicas: int, tmp: Path) -> dict[str, Any]:
+    """One failover under load with every producer and worker at ``wait_replicas``; what it lost and when work
+    resumed."""
+    servers = Servers(tmp)
+    workers: list[subprocess.Popen[bytes]] = []
+    result: dict[str, Any] = {"wait_replicas": wait_replicas}
+    try:
+        servers.start(args.replica_rtt_ms)
+        url = servers.url
+        producer = Producer(
+            connect(url),
+            NAMESPACE,
+            policy=RolloutPolicy(unresponsive_seconds=5.0),
+            wait_replicas=wait_replicas,
+            wait_timeout_ms=args.wait_timeout_ms,
+        )
+        trainer = Trainer(url)
+        trainer.start()
+        env = worker_env(
+            ROLLQ_AGENT="bench.agents:MockLLMAgent",
+            ROLLQ_WAIT_REPLICAS=str(wait_replicas),
+            ROLLQ_WAIT_TIMEOUT_MS=str(args.wait_timeout_ms),
+        )
+        for i in range(args.workers):
+            command = [ROLLQ, "--url", url, "--namespace", NAMESPACE, "worker", "--concurrency"]
+            command += [str(args.concurrency), "--heartbeat-seconds", "1", "--name", f"fo-{i}"]
+            command += ["--logging-level", "WARNING"]
+            with open(tmp / f"worker-{i}.log", "wb") as log:
+                workers.append(subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env))
+        acked: list[str] = []
+        batch_ms_before_kill: list[float] = []
+        enqueue_errors = 0
+        started = time.monotonic()
+        killed_at: float | None = None
+        events: dict[str, float] = {}
+        new = redis.Redis(port=servers.replica_port, socket_timeout=2)
+
+        def watch() -> None:
+            """Note when the Sentinels name the replica, restart the old primary, note when it replicates again."""
+            if killed_at is None:
+                return
+            if "new_primary" not in events and servers.primary_named() == servers.replica_port:
+                events["new_primary"] = time.time()
+            if "restarted" not in events and time.time() - killed_at >= args.rejoin_after:
+                servers.restart_old_primary()
+                events["restarted"] = time.time()
+            if "restarted" in events and "rejoined" not in events:
+                with contextlib.suppress(redis.RedisError):
+                    info: Any = new.info("replication")
+                    if info.get("role") == "master" and info.get("slave0", {}).get("state") == "online":
+                        events["rejoined"] = time.time()
+
+        while len(acked) < args.tasks or killed_at is None:
+            now = time.monotonic()
+            if killed_at is None and now - started >= args.kill_after:
+                servers.kill_primary_host()
+                killed_at = time.time()
+            watch()
+            due = min(args.tasks, int((now - started) * args.rate))
+            if len(acked) < due:
+                try:
+                    sent = time.perf_counter()
+                    batch = producer.enqueue_many([{"i": len(acked) + j} for j in range(10)], mode="train")
+                    if killed_at is None:
+                        batch_ms_before_kill.append(1000 * (time.perf_counter() - sent))
+                    acked += [t.rollout_id for t in batch]
+                except redis.RedisError:
+                    enqueue_errors += 1
+            time.sleep(0.02)
+        deadline = time.monotonic() + args.deadline
+        while time.monotonic() < deadline:
+            watch()
+            if {rid for _, rid in trainer.received} >= set(acked) and "rejoined" in events:
+                break
+            time.sleep(0.5)
+        time.sleep(2.0)
+        trainer.stop()
+        for p in workers:
+            p.send_signal(signal.SIGTERM)
+        assert killed_at is not None
+        keys = Keys(NAMESPACE)
+        with new.pipeline(transaction=False) as pipe:
+            for rid in acked:
+                pipe.hmget(keys.task(rid), "state", "claims")
+            records = pipe.execute()
+        stats = {k.decode(): v.decode() for k, v in new.hgetall(keys.stats).items()}  # type: ignore[union-attr]
+        received_ids = [rid for _, rid in trainer.received]
+        after_kill = [t for t, _ in trainer.received if t > killed_at]
+        first_new: Any = new.xrange(keys.results, min=f"{int(killed_at * 1000)}-0", count=1)
+        published = int(first_new[0][0].decode().split("-")[0]) / 1000 if first_new else None
+
+        def since_kill(at: float | None) -> float | None:
+            return round(at - killed_at, 2) if at is not None else None  # type: ignore[operator]
+
+        batch_ms_before_kill.sort()
+        result |= {
+            "enqueue_batch_of_10_ms_median_before_kill": round(batch_ms_before_kill[len(batch_ms_before_kill) // 2], 2),
+            "tasks_enqueued_acknowledged": len(acked),
+            "enqueue_errors_during_failover": enqueue_errors,
+            "sentinel_named_new_primary_after_seconds": since_kill(events.get("new_primary")),
+            "workers_published_again_after_seconds": since_kill(published),
+            "trainer_received_again_after_seconds": since_kill(min(after_kill) if after_kill else None),
+            "old_primary_restarted_after_seconds": since_kill(events.get("restarted")),
+            "old_primary_replicating_again_after_seconds": since_kill(events.get("rejoined")),
+            "tasks_lost": sum(1 for r in records if r[0] is None),
+            "rollouts_never_received": len(set(acked) - set(received_ids)),
+            "rollouts_received_twice": len(received_ids) - len(set(received_ids)),
+            "tasks_run_more_than_once": sum(1 for r in records if r[1] and int(r[1]) > 1),
+            "states_on_new_primary": {
+                s: sum(1 for r in records if (r[0] or b"missing").decode() == s)
+                for s in {(r[0] or b"missing").decode() for r in records}
+            },
+            "stats_on_new_primary": {k: v for k, v in stats.items() if not k.startswith(("duration", "reward"))},
+            "producer_replication_shortfalls": producer.lifecycle.replication_shortfalls,
+            "trainer_reconnects": trainer.errors,
+            "workers_alive": sum(1 for p in workers if p.poll() is None),
+        }
+        print(result, flush=True)
+    finally:
+        for p in workers:
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        for p in workers:
+            try:
+                p.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                p.kill()
+        servers.stop()
+        logs = sorted(tmp.glob("worker-*.log"))
+        result["worker_replication_shortfalls"] = shortfalls_in_logs(logs)
+        # What went wrong in the workers (each distinct line naming an error, with how often).
+        errors: dict[str, int] = {}
+        for log_path in logs:
+            for line in log_path.read_text(errors="replace").splitlines():
+                if ("Error" in line or line.startswith("rollq:")) and not line.startswith(" "):
+                    key = line.split(" ", 2)[-1] if line[:4].isdigit() else line
+                    errors[key[:200]] = errors.get(key[:200], 0) + 1
+        result["worker_error_lines"] = errors
+        if args.keep_logs:
+            shutil.copytree(tmp, Path(args.keep_logs) / f"wait-{wait_replicas}", dirs_exist_ok=True)
+    return result
+
+
+def transition_cost(replica_rtt_ms: float, tasks: int, rounds: int) -> dict[str, Any]:
+    """With and without wait_replicas=1 on a primary and one replica (``replica_rtt_ms`` apart): one enqueue's
+    latency, and the rollouts/s of one worker (concurrency 16) running no-op rollouts, where rollq's own
+    transitions are all the work."""
+    with tempfile.TemporaryDirectory(prefix="rollq-wait-") as directory:
+        pair = Servers(Path(directory))
+        try:
+            pair.start(replica_rtt_ms, sentinels=False)
+            url = f"redis://127.0.0.1:{pair.primary_port}/0"
+            producers = {w: Producer(connect(url), f"cost-{w}", wait_replicas=w) for w in (0, 1)}
+            latency: dict[int, list[float]] = {0: [], 1: []}
+            for i in range(rounds):
+                for w, producer in producers.items():  # interleaved, so drift hits both alike
+                    t = time.perf_counter()
+                    producer.enqueue({"i": i}, mode="train")
+                    latency[w].append(1000 * (time.perf_counter() - t))
+            assert all(p.lifecycle.replication_shortfalls == 0 for p in producers.values())
+            rates = {w: worker_rate(url, w, tasks, Path(directory)) for w in (0, 1)}
+        finally:
+            pair.stop()
+    out: dict[str, Any] = {"replica_rtt_ms": replica_rtt_ms, "enqueue_rounds": rounds, "rollouts": tasks}
+    for w in (0, 1):
+        values = sorted(latency[w])
+        out[f"wait_replicas_{w}"] = {
+            "enqueue_ms_median": round(values[len(values) // 2], 3),
+            "enqueue_ms_p99": round(values[int(len(values) * 0.99)], 3),
+            "worker_rollouts_per_s": rates[w],
+        }
+    return out
+
+
+def worker_rate(url: str, wait_replicas: int, tasks: int, log_dir: Path) -> float:
+    """No-op rollouts/s of one worker process (concurrency 16) at ``wait_replicas``, after a warm-up."""
+    namespace = f"rate-{wait_replicas}"
+    producer = Producer(connect(url), namespace)
+    env = worker_env(ROLLQ_AGENT="bench.agents:NoopAgent", ROLLQ_WAIT_REPLICAS=str(wait_replicas))
+
+    command = [ROLLQ, "--url", url, "--namespace", namespace, "worker", "--concurrency", "16"]
+    command += ["--logging-level", "WARNING"]
+    with open(log_dir / f"rate-{wait_replicas}.log", "wb") as log:
+        worker = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
+    try:
+        producer.wait([t.rollout_id for t in producer.enqueue_many([{"warm": i} for i in range(50)])], timeout=120)
+        ids = [t.rollout_id for t in producer.enqueue_many([{"i": i} for i in range(tasks)])]
+        started = time.perf_counter()
+        producer.wait(ids, timeout=600)
+        return rate(tasks, time.perf_counter() - started)
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        worker.wait(timeout=60)
 
 
 def main() -> None:
@@ -183,153 +403,20 @@ def main() -> None:
     parser.add_argument("--kill-after", type=float, default=10.0)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--concurrency", type=int, default=32)
-    parser.add_argument("--deadline", type=float, default=90.0, help="seconds to wait for every rollout")
+    parser.add_argument("--replica-rtt-ms", type=float, default=10.0, help="round trip of the replication link")
+    parser.add_argument("--rejoin-after", type=float, default=5.0, help="seconds until the old primary restarts")
+    parser.add_argument("--wait-timeout-ms", type=int, default=1000)
+    parser.add_argument("--cost-tasks", type=int, default=1000, help="no-op rollouts per worker rollouts/s run")
+    parser.add_argument("--cost-rounds", type=int, default=300, help="single enqueues per latency measure")
+    parser.add_argument("--deadline", type=float, default=120.0, help="seconds to wait for every rollout")
     parser.add_argument("--keep-logs", help="copy the servers' and workers' logs to this directory")
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory(prefix="rollq-failover-") as tmp:
-        servers = Servers(Path(tmp))
-        workers: list[subprocess.Popen[bytes]] = []
-        result: dict[str, Any] = {}
-        try:
-            servers.start()
-            url = servers.url
-            producer = Producer(connect(url), NAMESPACE, policy=RolloutPolicy(unresponsive_seconds=5.0))
-            trainer = Trainer(url)
-            trainer.start()
-            env = worker_env(ROLLQ_AGENT="bench.agents:MockLLMAgent")
-            for i in range(args.workers):
-                command = [ROLLQ, "--url", url, "--namespace", NAMESPACE, "worker", "--concurrency"]
-                command += [str(args.concurrency), "--heartbeat-seconds", "1", "--name", f"fo-{i}"]
-                command += ["--logging-level", "WARNING"]
-                with open(Path(tmp) / f"worker-{i}.log", "wb") as log:
-                    workers.append(subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env))
-            acked: list[str] = []
-            enqueue_errors = 0
-            started = time.monotonic()
-            killed_at: float | None = None
-            new_primary_at: float | None = None
-            while len(acked) < args.tasks or killed_at is None:
-                now = time.monotonic()
-                if killed_at is None and now - started >= args.kill_after:
-                    servers.processes["primary"].send_signal(signal.SIGKILL)
-                    killed_at = time.time()
-                if killed_at is not None and new_primary_at is None and servers.primary_named() == servers.replica_port:
-                    new_primary_at = time.time()
-                due = min(args.tasks, int((now - started) * args.rate))
-                if len(acked) < due:
-                    try:
-                        batch = producer.enqueue_many([{"i": len(acked) + j} for j in range(10)], mode="train")
-                        acked += [t.rollout_id for t in batch]
-                    except redis.RedisError:
-                        enqueue_errors += 1
-                time.sleep(0.02)
-            while new_primary_at is None:
-                if servers.primary_named() == servers.replica_port:
-                    new_primary_at = time.time()
-                time.sleep(0.05)
-            deadline = time.monotonic() + args.deadline
-            while time.monotonic() < deadline:
-                got = {rid for _, rid in trainer.received}
-                if got >= set(acked):
-                    break
-                time.sleep(0.5)
-            time.sleep(2.0)
-            trainer.stop()
-            for p in workers:
-                p.send_signal(signal.SIGTERM)
-            new = redis.Redis(port=servers.replica_port)
-            keys = Keys(NAMESPACE)
-            with new.pipeline(transaction=False) as pipe:
-                for rid in acked:
-                    pipe.hmget(keys.task(rid), "state", "claims")
-                records = pipe.execute()
-            stats = {k.decode(): v.decode() for k, v in new.hgetall(keys.stats).items()}  # type: ignore[union-attr]
-            claims_after: Any = new.zrange(keys.inflight, 0, -1, withscores=True)
-            missing = sorted(set(acked) - {rid for _, rid in trainer.received})[:5]
-            # What the new primary says about rollouts the trainer never got: the first few, whole.
-            unreceived = {
-                rid: {k.decode(): v.decode()[:200] for k, v in new.hgetall(keys.task(rid)).items()}  # type: ignore[union-attr]
-                for rid in missing
-            }
-            received_ids = [rid for _, rid in trainer.received]
-            after_kill = [t for t, _ in trainer.received if t > killed_at]  # type: ignore[operator]
-            resumed = min(after_kill) if after_kill else None
-            # Stream ids are millisecond timestamps: the first entry the new primary got after the kill is
-            # when workers published again, whatever the trainer was doing.
-            first_new: Any = new.xrange(keys.results, min=f"{int(killed_at * 1000)}-0", count=1)  # type: ignore[operator]
-            published = int(first_new[0][0].decode().split("-")[0]) / 1000 if first_new else None
-            result |= {
-                "tasks_enqueued_acknowledged": len(acked),
-                "enqueue_errors_during_failover": enqueue_errors,
-                "sentinel_named_new_primary_after_seconds": round(new_primary_at - killed_at, 2),  # type: ignore[operator]
-                "workers_published_again_after_seconds": round(published - killed_at, 2) if published else None,  # type: ignore[operator]
-                "trainer_received_again_after_seconds": round(resumed - killed_at, 2) if resumed else None,
-                "tasks_lost": sum(1 for r in records if r[0] is None),
-                "rollouts_never_received": len(set(acked) - set(received_ids)),
-                "rollouts_received_twice": len(received_ids) - len(set(received_ids)),
-                "tasks_run_more_than_once": sum(1 for r in records if r[1] and int(r[1]) > 1),
-                "states_on_new_primary": {
-                    s: sum(1 for r in records if (r[0] or b"missing").decode() == s)
-                    for s in {(r[0] or b"missing").decode() for r in records}
-                },
-                "stats_on_new_primary": stats,
-                "still_in_flight": [(m.decode(), round(score - time.time(), 1)) for m, score in claims_after[:5]],
-                "unreceived_records": unreceived,
-                "trainer_reconnects": trainer.errors,
-                "workers_alive": sum(1 for p in workers if p.poll() is None),
-            }
-            print(result, flush=True)
-        finally:
-            for p in workers:
-                if p.poll() is None:
-                    p.send_signal(signal.SIGTERM)
-            for p in workers:
-                try:
-                    p.wait(timeout=30)
-                except subprocess.TimeoutExpired:
-                    p.kill()
-            servers.stop()
-            # What went wrong in the workers (each distinct line naming an error, with how often).
-            errors: dict[str, int] = {}
-            for log_path in Path(tmp).glob("worker-*.log"):
-                for line in log_path.read_text(errors="replace").splitlines():
-                    if ("Error" in line or line.startswith("rollq:")) and not line.startswith(" "):
-                        key = line.split(" ", 2)[-1] if line[:4].isdigit() else line
-                        errors[key[:200]] = errors.get(key[:200], 0) + 1
-            result["worker_error_lines"] = errors
-            if args.keep_logs:
-                shutil.copytree(tmp, args.keep_logs, dirs_exist_ok=True)
-        # WAIT's cost, on a fresh pair (primary + replica), no Sentinels needed.
-        with tempfile.TemporaryDirectory(prefix="rollq-wait-") as tmp2:
-            pair = Servers(Path(tmp2))
-            try:
-                pair._start("primary", ["--port", str(pair.primary_port), "--bind", "127.0.0.1", "--save", ""])
-                pair._start(
-                    "replica",
-                    [
-                        "--port",
-                        str(pair.replica_port),
-                        "--bind",
-                        "127.0.0.1",
-                        "--save",
-                        "",
-                        "--replicaof",
-                        "127.0.0.1",
-                        str(pair.primary_port),
-                    ],
-                )
-                replica = redis.Redis(port=pair.replica_port)
-                while True:
-                    try:
-                        if replica.info("replication").get("master_link_status") == "up":
-                            break
-                    except redis.ConnectionError:
-                        pass
-                    time.sleep(0.1)
-                cost = wait_cost(pair.primary_port)
-            finally:
-                pair.stop()
-        print(cost, flush=True)
+    runs = {}
+    for wait_replicas in (0, 1):
+        with tempfile.TemporaryDirectory(prefix="rollq-failover-") as tmp:
+            runs[f"wait_replicas_{wait_replicas}"] = failover_run(args, wait_replicas, Path(tmp))
+    cost = [transition_cost(rtt, args.cost_tasks, args.cost_rounds) for rtt in sorted({0.0, args.replica_rtt_ms})]
+    print(cost, flush=True)
     write_result(
         "failover",
         {
@@ -343,9 +430,13 @@ def main() -> None:
                 "unresponsive_seconds": 5,
                 "sentinel_down_after_ms": 1000,
                 "quorum": 2,
+                "replica_rtt_ms": args.replica_rtt_ms,
+                "rejoin_after_seconds": args.rejoin_after,
+                "wait_timeout_ms": args.wait_timeout_ms,
+                "load_average_at_end": [round(x, 2) for x in os.getloadavg()],
             },
-            **result,
-            "wait_cost": cost,
+            "runs": runs,
+            "transition_cost": cost,
         },
         sys.argv[1:],
     )

@@ -429,44 +429,70 @@ the table shows means ("of ideal" with its range).
 
 def failover_section(fo: dict[str, Any]) -> str:
     s = fo["settings"]
-    wait = fo["wait_cost"]
-    rows = [
-        ["Sentinels named the replica primary after", f"{fo['sentinel_named_new_primary_after_seconds']} s"],
-        ["workers published rollouts again after", f"{fo.get('workers_published_again_after_seconds')} s"],
-        [
-            "trainer received rollouts again after",
-            f"{fo['trainer_received_again_after_seconds']} s"
-            if fo["trainer_received_again_after_seconds"] is not None
-            else "never",
-        ],
-        ["tasks enqueued (acknowledged by Redis)", fo["tasks_enqueued_acknowledged"]],
-        ["enqueue calls that failed during the failover (retried by the script)", fo["enqueue_errors_during_failover"]],
-        ["tasks lost (acknowledged, absent on the new primary)", fo["tasks_lost"]],
-        ["rollouts never received", fo["rollouts_never_received"]],
-        ["rollouts received twice", fo["rollouts_received_twice"]],
-        ["tasks run more than once", fo["tasks_run_more_than_once"]],
-        ["task states on the new primary", fo["states_on_new_primary"]],
-        ["worker processes still running at the end", f"{fo['workers_alive']} of {s['workers']}"],
-        [
-            "error lines in the workers' logs",
-            "; ".join(f"`{k}` x{v}" for k, v in fo.get("worker_error_lines", {}).items()) or "none",
-        ],
+    runs = [fo["runs"]["wait_replicas_0"], fo["runs"]["wait_replicas_1"]]
+
+    def seconds(value: float | None) -> str:
+        return "never" if value is None else f"{value} s"
+
+    measures: list[tuple[str, Any]] = [
+        ("Sentinels named the replica primary after", lambda r: seconds(r["sentinel_named_new_primary_after_seconds"])),
+        ("workers published rollouts again after", lambda r: seconds(r["workers_published_again_after_seconds"])),
+        ("trainer received rollouts again after", lambda r: seconds(r["trainer_received_again_after_seconds"])),
+        (
+            "old primary restarted, replicating again after",
+            lambda r: seconds(r["old_primary_replicating_again_after_seconds"]),
+        ),
+        (
+            "enqueue of a batch of 10, median before the kill",
+            lambda r: f"{r['enqueue_batch_of_10_ms_median_before_kill']} ms",
+        ),
+        ("tasks enqueued (acknowledged by Redis)", lambda r: r["tasks_enqueued_acknowledged"]),
+        ("enqueue calls that failed during the failover", lambda r: r["enqueue_errors_during_failover"]),
+        ("tasks lost (acknowledged, absent on the new primary)", lambda r: r["tasks_lost"]),
+        ("rollouts never received", lambda r: r["rollouts_never_received"]),
+        ("rollouts received twice", lambda r: r["rollouts_received_twice"]),
+        ("tasks run more than once", lambda r: r["tasks_run_more_than_once"]),
+        (
+            "requeues on the new primary",
+            lambda r: {k: v for k, v in r["stats_on_new_primary"].items() if k.startswith("requeued")} or "none",
+        ),
+        (
+            "transitions short of wait_replicas (producer + workers)",
+            lambda r: r["producer_replication_shortfalls"] + r["worker_replication_shortfalls"],
+        ),
+        ("worker processes still running at the end", lambda r: f"{r['workers_alive']} of {s['workers']}"),
     ]
-    return f"""## Redis failover under load (Sentinel)
+    rows = [[name, *(get(r) for r in runs)] for name, get in measures]
+    cost_rows = []
+    for c in fo["transition_cost"]:
+        off, on = c["wait_replicas_0"], c["wait_replicas_1"]
+        cost_rows.append(
+            [
+                f"{c['replica_rtt_ms']:g} ms",
+                f"{off['enqueue_ms_median']} -> {on['enqueue_ms_median']} ms",
+                f"{off['enqueue_ms_p99']} -> {on['enqueue_ms_p99']} ms",
+                f"{off['worker_rollouts_per_s']} -> {on['worker_rollouts_per_s']}",
+            ]
+        )
+    return f"""## Redis failover under load (Sentinel), with and without `wait_replicas`
 
-`{fo["command"]}`
+`{fo["command"]}` (load average at the end {s.get("load_average_at_end")})
 
-A primary, one replica and 3 Sentinels (quorum {s["quorum"]}, down-after {s["sentinel_down_after_ms"]} ms),
-all local; producer, trainer and {s["workers"]} `rollq worker` processes (concurrency {s["concurrency"]}) connect
-with `redis+sentinel://...`; {s["rate_per_s"]:g} tasks/s enqueued up to {s["tasks"]}; the primary is SIGKILLed
-{s["kill_after_seconds"]:g} s in.
+A primary, one replica {s["replica_rtt_ms"]:g} ms (round trip) away through a delaying proxy, and 3 Sentinels
+(quorum {s["quorum"]}, down-after {s["sentinel_down_after_ms"]} ms), all local; producer, trainer and {s["workers"]}
+`rollq worker` processes (concurrency {s["concurrency"]}) connect with `redis+sentinel://...`; {s["rate_per_s"]:g}
+tasks/s enqueued up to {s["tasks"]}; the primary and its end of the replication link are SIGKILLed
+{s["kill_after_seconds"]:g} s in, and the old primary restarts {s["rejoin_after_seconds"]:g} s later (the Sentinels
+make it a replica). Two runs, the same but for `wait_replicas` on every producer and worker
+(`WAIT` timeout {s["wait_timeout_ms"]} ms).
 
-{table(["measure", "value"], rows)}
+{table(["measure", "wait_replicas=0", "wait_replicas=1"], rows)}
 
-The cost of making a transition wait for the replica: one enqueue (one Lua call) took
-{wait["enqueue_ms_median"]} ms (median; p99 {wait["enqueue_ms_p99"]} ms), and
-{wait["enqueue_plus_wait_ms_median"]} ms followed by `WAIT 1 1000` (p99 {wait["enqueue_plus_wait_ms_p99"]} ms),
-over {wait["rounds"]} rounds on loopback.
+Each transition's cost, `wait_replicas` 0 -> 1: one enqueue (median and p99 of
+{fo["transition_cost"][0]["enqueue_rounds"]} interleaved rounds), and the no-op rollouts/s of one worker
+process at concurrency 16 ({fo["transition_cost"][0]["rollouts"]} rollouts), where rollq's transitions are all the work.
+
+{table(["replica round trip", "enqueue median", "enqueue p99", "worker rollouts/s"], cost_rows)}
 """
 
 

@@ -120,7 +120,8 @@ class AsyncProducer:
 
     @classmethod
     def from_url(cls, url: str | None = None, namespace: str = DEFAULT_NAMESPACE, **kwargs: Any) -> AsyncProducer:
-        """An async producer on ``url`` (same forms as :func:`rollq.store.connection.connect`)."""
+        """An async producer on ``url`` (same forms as :func:`rollq.store.connection.connect`, ``redis+sentinel://``
+        included); ``kwargs`` go to :class:`Producer` (``policy``, ``wait_replicas``, ``wait_timeout_ms``, ...)."""
         return cls(connect_async(url), Producer.from_url(url, namespace, **kwargs))
 
     @property

@@ -49,13 +49,23 @@ class Producer:
         results_max_bytes: int = DEFAULT_RESULTS_MAX_BYTES,
         keep_versions: int = 10,
         max_task_bytes: int = 1024 * 1024,
+        wait_replicas: int = 0,
+        wait_timeout_ms: int = 1000,
     ) -> None:
         self.connection = connection
         self.keys = Keys(namespace)
         self.policy = policy or RolloutPolicy()
         self.results_maxlen = results_maxlen
         self.max_task_bytes = max_task_bytes
-        self.lifecycle = Lifecycle(connection, self.keys, results_max_bytes=results_max_bytes)
+        # wait_replicas > 0: an enqueue returns once that many replicas hold it (or wait_timeout_ms passed,
+        # with a warning), so a Sentinel failover cannot silently drop a task the producer was told is queued.
+        self.lifecycle = Lifecycle(
+            connection,
+            self.keys,
+            results_max_bytes=results_max_bytes,
+            wait_replicas=wait_replicas,
+            wait_timeout_ms=wait_timeout_ms,
+        )
         self.resources = ResourceStore(connection, self.keys, keep_versions=keep_versions)
         self._cancel = connection.register_script(cancel_script_source())
 

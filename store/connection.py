@@ -13,6 +13,7 @@ the process.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import re
@@ -216,22 +217,32 @@ class _SentinelConnection(SentinelManagedConnection):
         super().connect_check_health(check_health=check_health, retry_socket_connect=retry_socket_connect)
 
 
-def _via_sentinel(url: str, options: dict[str, Any]) -> redis.Redis:
-    """A client of the primary that the Sentinels in ``url`` name; it asks them again after a failover."""
+def _sentinel_parts(url: str) -> tuple[list[tuple[str, int]], str, int, str | None]:
+    """A ``redis+sentinel://`` URL's Sentinels, service name, db and primary password; ValueError if malformed."""
     parts = urlsplit(url)
     credentials, _, hosts = parts.netloc.rpartition("@")
     password = unquote(credentials.partition(":")[2]) if credentials else None
-    sentinels = []
-    for entry in hosts.split(","):
-        host, _, port = entry.rpartition(":") if ":" in entry else (entry, "", "26379")
-        sentinels.append((host, int(port)))
+    entries = [entry.rpartition(":") if ":" in entry else (entry, "", "26379") for entry in hosts.split(",")]
     path = [p for p in parts.path.split("/") if p]
-    if not sentinels or not path or len(path) > 2 or not all(host for host, _ in sentinels):
-        raise ValueError(f"expected redis+sentinel://host:port[,host:port]/service_name[/db], got {describe(url)!r}")
-    db = int(path[1]) if len(path) == 2 else 0
+    if (
+        not path
+        or len(path) > 2
+        or (len(path) == 2 and not path[1].isdigit())
+        or not all(host and port.isdigit() for host, _, port in entries)
+    ):
+        raise ValueError(
+            f"expected redis+sentinel://[:password@]host:port[,host:port...]/service_name[/db], got {describe(url)!r}"
+        )
+    sentinels = [(host, int(port)) for host, _, port in entries]
+    return sentinels, path[0], int(path[1]) if len(path) == 2 else 0, password
+
+
+def _via_sentinel(url: str, options: dict[str, Any]) -> redis.Redis:
+    """A client of the primary that the Sentinels in ``url`` name; it asks them again after a failover."""
+    sentinels, service, db, password = _sentinel_parts(url)
     # Sentinels answer at once or not at all: a short timeout moves on to the next one quickly.
     sentinel = Sentinel(sentinels, sentinel_kwargs={"socket_timeout": 1.0, "socket_connect_timeout": 1.0})
-    return sentinel.master_for(path[0], db=db, password=password, connection_class=_SentinelConnection, **options)
+    return sentinel.master_for(service, db=db, password=password, connection_class=_SentinelConnection, **options)
 
 
 def describe(url: str) -> str:
@@ -307,23 +318,58 @@ def connect_async(url: str | None = None, *, retries: int = _RETRIES, max_connec
     scheme = urlsplit(url).scheme
     if scheme == "memory":
         return fakeredis.FakeAsyncRedis(server=memory_server(urlsplit(url).netloc))
-    if scheme not in ("redis", "rediss", "unix"):
+    if scheme not in ("redis", "rediss", "unix", "redis+sentinel"):
         raise ValueError(
-            f"unsupported Redis URL scheme {scheme!r} in {describe(url)!r}: use redis://, rediss://, unix:// or memory://"
+            f"unsupported Redis URL scheme {scheme!r} in {describe(url)!r}: "
+            "use redis://, rediss://, unix://, redis+sentinel:// or memory://"
         )
     tcp_only = {} if scheme == "unix" else {"socket_keepalive": True}
-    # A bounded pool that makes callers wait for a connection: a trainer gathering thousands
-    # of coroutines must not open a connection per coroutine.
-    pool = redis.asyncio.BlockingConnectionPool.from_url(
-        url,
-        max_connections=max_connections,
-        timeout=None,
-        retry=redis.asyncio.retry.Retry(ExponentialBackoff(cap=_BACKOFF_CAP_SECONDS, base=0.05), retries),
-        retry_on_error=[redis.ConnectionError, redis.TimeoutError],
-        socket_timeout=_SOCKET_TIMEOUT_SECONDS,
-        socket_connect_timeout=5.0,
-        health_check_interval=30,
+    options: dict[str, Any] = {
+        # A bounded pool that makes callers wait for a connection: a trainer gathering thousands
+        # of coroutines must not open a connection per coroutine.
+        "max_connections": max_connections,
+        "timeout": None,
+        "retry": redis.asyncio.retry.Retry(ExponentialBackoff(cap=_BACKOFF_CAP_SECONDS, base=0.05), retries),
+        "retry_on_error": [redis.ConnectionError, redis.TimeoutError],
+        "socket_timeout": _SOCKET_TIMEOUT_SECONDS,
+        "socket_connect_timeout": CONNECT_TIMEOUT_SECONDS,
+        "health_check_interval": 30,
         **tcp_only,
         **kwargs,
-    )
+    }
+    if scheme == "redis+sentinel":
+        return _via_sentinel_async(url, options)
+    pool = redis.asyncio.BlockingConnectionPool.from_url(url, **options)
     return redis.asyncio.Redis(connection_pool=pool)
+
+
+def _via_sentinel_async(url: str, options: dict[str, Any]) -> Any:
+    """:func:`_via_sentinel` for ``redis.asyncio``: a client of the named primary, over a bounded blocking pool."""
+    from redis.asyncio.connection import BlockingConnectionPool
+    from redis.asyncio.sentinel import Sentinel as AsyncSentinel
+    from redis.asyncio.sentinel import SentinelConnectionPool as AsyncSentinelPool
+    from redis.asyncio.sentinel import SentinelManagedConnection as AsyncSentinelConnection
+
+    class BlockingSentinelPool(AsyncSentinelPool, BlockingConnectionPool):  # type: ignore[misc]
+        """redis-py's Sentinel pool raises "Too many connections" past ``max_connections``; this one waits,
+        as connect_async's redis:// pool does."""
+
+    class Connection(AsyncSentinelConnection):  # type: ignore[misc]
+        async def connect_check_health(self, check_health: bool = True, retry_socket_connect: bool = True) -> None:
+            # As _SentinelConnection: a dropped connection asks the Sentinels for the primary again
+            # rather than retrying the dead primary's address until the retries run out.
+            if retry_socket_connect and not self.is_connected:
+                await self.retry.call_with_retry(self._connect_retry, lambda error: asyncio.sleep(0))
+                return
+            await super().connect_check_health(check_health=check_health, retry_socket_connect=retry_socket_connect)
+
+    sentinels, service, db, password = _sentinel_parts(url)
+    sentinel = AsyncSentinel(sentinels, sentinel_kwargs={"socket_timeout": 1.0, "socket_connect_timeout": 1.0})
+    return sentinel.master_for(
+        service,
+        db=db,
+        password=password,
+        connection_class=Connection,
+        connection_pool_class=BlockingSentinelPool,
+        **options,
+    )

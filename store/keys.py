@@ -143,6 +143,12 @@ class Keys:
         return f"{self._tag}:audit-lock"
 
     @property
+    def replication_mark(self) -> str:
+        """Pub/sub channel nobody subscribes to: a PUBLISH on it before ``WAIT`` gives any pooled connection a write
+        of its own to wait for (see ``Lifecycle._replicated``)."""
+        return f"{self._tag}:replication-mark"
+
+    @property
     def task_pattern(self) -> str:
         """``SCAN MATCH`` pattern of every task record of the namespace."""
         return f"{self._tag}:task:*"

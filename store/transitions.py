@@ -13,6 +13,9 @@ from __future__ import annotations
 import bisect
 import functools
 import itertools
+import logging
+import threading
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
@@ -31,7 +34,13 @@ from rollq.models.policy import RolloutPolicy
 from .jobs import JobTemplate
 from .keys import Keys, job_id, lua_header
 
+log = logging.getLogger(__name__)
+
 RequeueReason = Literal["retry", "unresponsive", "released"]
+
+# At most one shortfall warning per this many seconds per Lifecycle: with no replica (right after a failover)
+# every transition falls short, and a line per transition would drown the log.
+_SHORTFALL_LOG_SECONDS = 10.0
 
 # Tasks per enqueue Lua call: big enough to share the per-call cost, small enough
 # that one call never holds Redis for long.
@@ -215,15 +224,34 @@ def run_pipelined(connection: redis.Redis, calls: Sequence[ScriptCall]) -> list[
 class Lifecycle:
     """The transitions for one namespace, over one connection.
 
-    ``results_max_bytes`` is the results stream's hard byte limit (see :meth:`finish`).
+    ``results_max_bytes`` is the results stream's hard byte limit (see :meth:`finish`). ``wait_replicas`` > 0
+    makes enqueue, claim, finish and requeue wait (``WAIT``) until that many replicas hold the write, for at
+    most ``wait_timeout_ms``; a shortfall is logged and counted in ``replication_shortfalls``, never raised:
+    the transition is already applied on the primary, so raising would only report a success as a failure.
     """
 
     def __init__(
-        self, connection: redis.Redis, keys: Keys, *, results_max_bytes: int = DEFAULT_RESULTS_MAX_BYTES
+        self,
+        connection: redis.Redis,
+        keys: Keys,
+        *,
+        results_max_bytes: int = DEFAULT_RESULTS_MAX_BYTES,
+        wait_replicas: int = 0,
+        wait_timeout_ms: int = 1000,
     ) -> None:
+        if wait_replicas < 0 or wait_timeout_ms < 1:
+            # WAIT's timeout 0 means "block forever": a dead replica would stop every transition.
+            raise ValueError(
+                f"wait_replicas must be >= 0 and wait_timeout_ms >= 1, got {wait_replicas}, {wait_timeout_ms}"
+            )
         self.connection = connection
         self.keys = keys
         self.results_max_bytes = results_max_bytes
+        self.wait_replicas = wait_replicas
+        self.wait_timeout_ms = wait_timeout_ms
+        self.replication_shortfalls = 0
+        self._shortfall_lock = threading.Lock()
+        self._shortfall_logged: float | None = None
         self._enqueue = _load(connection, "enqueue")
         self._claim = _load(connection, "claim")
         self._finish = _load(connection, "finish")
@@ -234,6 +262,39 @@ class Lifecycle:
         self._beat = _load(connection, "beat")
         self._quarantine = _load(connection, "quarantine")
         self._reissue = _load(connection, "reissue")
+
+    def _replicated(self) -> None:
+        """Wait until ``wait_replicas`` replicas hold every write this process made so far (no-op when 0).
+
+        ``WAIT`` only covers writes made on the connection it is sent on, and the pool may hand out another
+        one: measured with the replica frozen, a bare ``WAIT 1`` on a second connection answered 1 at once
+        for a write it never saw. So the WAIT follows a PUBLISH on the same connection, in one round trip;
+        the replication stream is ordered, so a replica that acknowledged the PUBLISH holds every earlier
+        write, the transition's included.
+        """
+        if not self.wait_replicas:
+            return
+        pipe = self.connection.pipeline(transaction=False)
+        pipe.publish(self.keys.replication_mark, b"")
+        pipe.execute_command("WAIT", self.wait_replicas, self.wait_timeout_ms)
+        acknowledged = int(pipe.execute()[-1])
+        if acknowledged >= self.wait_replicas:
+            return
+        with self._shortfall_lock:
+            self.replication_shortfalls += 1
+            now = time.monotonic()
+            if self._shortfall_logged is not None and now - self._shortfall_logged < _SHORTFALL_LOG_SECONDS:
+                return
+            self._shortfall_logged = now
+            count = self.replication_shortfalls
+        log.warning(
+            "only %d of %d replica(s) acknowledged a transition within %d ms (%d such transitions so far): "
+            "it is applied on the primary but a failover now could undo it",
+            acknowledged,
+            self.wait_replicas,
+            self.wait_timeout_ms,
+            count,
+        )
 
     def _template(self, policy: RolloutPolicy) -> JobTemplate:
         return JobTemplate(self.connection, queue_name=self.keys.queue_name, timeout_seconds=policy.timeout_seconds)
@@ -265,8 +326,10 @@ class Lifecycle:
                     args += [task_json, jid, template.payload(task.rollout_id), self._description(task)]
                 self._enqueue(keys=keys, args=args, client=pipe)
                 sizes.append(len(batch))
+        replies = pipe.execute()
+        self._replicated()
         outcomes: list[Enqueued] = []
-        for size, reply in zip(sizes, pipe.execute(), strict=True):
+        for size, reply in zip(sizes, replies, strict=True):
             words = reply if isinstance(reply, list) else [reply] * size
             outcomes += [Enqueued(word.decode()) for word in words]
         return outcomes
@@ -282,8 +345,11 @@ class Lifecycle:
             self._claim, [k.task(rollout_id), k.inflight, k.resources_latest], [rollout_id, job_id, worker_name]
         )
 
-    @staticmethod
-    def read_claim(reply: Any) -> Claim | ClaimRefused:
+    def read_claim(self, reply: Any) -> Claim | ClaimRefused:
+        """The claim's reply, once ``wait_replicas`` replicas hold it (see :meth:`_replicated`)."""
+        # Every path that claims or publishes reads its reply here, batched or not. A batch waits once per
+        # reply (each WAIT a round trip to the replica); one WAIT at the end of the batch's own pipeline would do.
+        self._replicated()
         if reply[0] != b"claimed":
             return ClaimRefused(reply[0].decode(), reply[1].decode() if len(reply) > 1 else "")  # type: ignore[arg-type]
         _, attempt, task_json, policy_json, latest, used, claimed_at, generation = reply
@@ -396,8 +462,9 @@ class Lifecycle:
             ],
         )
 
-    @staticmethod
-    def read_finish(reply: Any) -> FinishReply:
+    def read_finish(self, reply: Any) -> FinishReply:
+        """The finish's reply, once ``wait_replicas`` replicas hold it (see :meth:`_replicated`)."""
+        self._replicated()
         if reply[0] == b"published":
             return Published(reply[1].decode())
         return _WORDS[reply[0]]  # type: ignore[return-value]
@@ -431,6 +498,7 @@ class Lifecycle:
                 *self._template(policy).fields(task.rollout_id, self._description(task)),
             ],
         )
+        self._replicated()
         return _WORDS[reply]  # type: ignore[return-value]
 
     def revive(self, task: Task, policy: RolloutPolicy, claims: int) -> bool:

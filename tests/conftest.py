@@ -7,7 +7,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from servers import RedisServer, WorkerProcess
+from servers import RedisServer, Replicated, WorkerProcess
 
 
 @pytest.fixture(scope="session")
@@ -32,6 +32,16 @@ def own_redis(tmp_path: Path) -> Iterator[Callable[..., RedisServer]]:
     yield start
     for server in servers:
         server.stop()
+
+
+@pytest.fixture
+def replicated(tmp_path: Path) -> Iterator[Replicated]:
+    """A private primary, a replica in sync and a Sentinel: see :class:`servers.Replicated`."""
+    servers = Replicated(tmp_path / "replicated")
+    try:
+        yield servers
+    finally:
+        servers.stop()
 
 
 @pytest.fixture

@@ -13,6 +13,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -42,11 +43,14 @@ def require_redis_server() -> str:
 class RedisServer:
     """A redis-server of the test's own: free port, private directory, optional password and AOF."""
 
-    def __init__(self, directory: Path, *, password: str | None = None, appendonly: bool = False) -> None:
+    def __init__(
+        self, directory: Path, *, password: str | None = None, appendonly: bool = False, replica_of: int | None = None
+    ) -> None:
         self.binary = require_redis_server()
         self.directory = directory
         self.password = password
         self.appendonly = appendonly
+        self.replica_of = replica_of
         self.port = free_port()
         self.process: subprocess.Popen[bytes] | None = None
 
@@ -78,6 +82,8 @@ class RedisServer:
         ]
         if self.password:
             args += ["--requirepass", self.password]
+        if self.replica_of is not None:
+            args += ["--replicaof", "127.0.0.1", str(self.replica_of)]
         self.process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:
@@ -102,6 +108,88 @@ class RedisServer:
         self.stop()
         time.sleep(down_seconds)
         self.start()
+
+
+def wait_until(check: Callable[[], bool], what: str, timeout: float = 15) -> None:
+    """Poll ``check`` (connection errors count as not yet) until it holds; AssertionError naming ``what``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            if check():
+                return
+        except redis.ConnectionError:
+            pass
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what} within {timeout} s")
+        time.sleep(0.05)
+
+
+class Replicated:
+    """A private primary, one replica in sync with it, and one Sentinel watching them (down-after 500 ms).
+
+    ``url`` is the ``redis+sentinel://`` URL of the primary; ``pause_replica`` freezes the replica (SIGSTOP)
+    so that it acknowledges nothing, as a replica behind a slow link would.
+    """
+
+    SERVICE = "rollq-replicated"
+
+    def __init__(self, directory: Path) -> None:
+        (directory / "primary").mkdir(parents=True)
+        (directory / "replica").mkdir()
+        self.directory = directory
+        self.primary = RedisServer(directory / "primary")
+        self.replica = RedisServer(directory / "replica", replica_of=self.primary.port)
+        self.sentinel: subprocess.Popen[bytes] | None = None
+        try:
+            self._start()
+        except BaseException:
+            self.stop()
+            raise
+
+    def _start(self) -> None:
+        directory = self.directory
+        self.primary.start()
+        self.replica.start()
+        self.sentinel_port = free_port()
+        config = directory / "sentinel.conf"
+        config.write_text(
+            f"port {self.sentinel_port}\nbind 127.0.0.1\ndir {directory}\n"
+            f"sentinel monitor {self.SERVICE} 127.0.0.1 {self.primary.port} 1\n"
+            f"sentinel down-after-milliseconds {self.SERVICE} 500\nsentinel failover-timeout {self.SERVICE} 5000\n"
+        )
+        self.sentinel = subprocess.Popen(
+            [require_redis_server(), str(config), "--sentinel"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
+        replica, primary = self.replica.client(), self.primary.client()
+        wait_until(lambda: replica.info("replication")["master_link_status"] == "up", "the replica in sync")
+        # The primary counts a replica for WAIT only once it acknowledged something; before that WAIT says 0.
+        wait_until(lambda: bool(primary.set("rollq-warm", "1")) and primary.wait(1, 100) == 1, "a replica ack")
+        sentinel = redis.Redis(port=self.sentinel_port)
+        wait_until(
+            lambda: int(sentinel.sentinel_master(self.SERVICE)["num-slaves"]) >= 1,  # type: ignore[index]
+            "the Sentinel seeing the replica",
+        )
+
+    @property
+    def url(self) -> str:
+        return f"redis+sentinel://127.0.0.1:{self.sentinel_port}/{self.SERVICE}/0"
+
+    def pause_replica(self) -> None:
+        assert self.replica.process is not None
+        self.replica.process.send_signal(signal.SIGSTOP)
+
+    def resume_replica(self) -> None:
+        assert self.replica.process is not None
+        self.replica.process.send_signal(signal.SIGCONT)
+
+    def stop(self) -> None:
+        if self.sentinel is not None:
+            self.sentinel.kill()
+            self.sentinel.wait()
+        if self.replica.process is not None:
+            self.resume_replica()
+        self.replica.stop()
+        self.primary.stop()
 
 
 class WorkerProcess:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import signal
 import subprocess
 import threading
@@ -11,10 +12,13 @@ from pathlib import Path
 
 import pytest
 import redis
+from redis.asyncio.connection import BlockingConnectionPool
+from redis.asyncio.sentinel import SentinelConnectionPool as AsyncSentinelPool
 from redis.sentinel import SentinelConnectionPool
-from servers import RedisServer, free_port, require_redis_server
+from servers import RedisServer, Replicated, WorkerProcess, free_port, require_redis_server
 
-from rollq.store.connection import check_reachable, connect, describe_client
+from rollq.producer.aio import AsyncProducer
+from rollq.store.connection import check_reachable, connect, connect_async, describe_client
 
 
 def test_sentinel_url_names_the_sentinels_service_db_and_primary_password() -> None:
@@ -29,13 +33,35 @@ def test_sentinel_url_names_the_sentinels_service_db_and_primary_password() -> N
     assert client.get_retry() is not None  # the same retry policy as a redis:// client
 
 
-@pytest.mark.parametrize(
-    "url",
-    ["redis+sentinel://h:26379/", "redis+sentinel://h:26379/svc/0/extra", "redis+sentinel://:26379/svc"],
-)
+_MALFORMED = [
+    "redis+sentinel://h:26379/",
+    "redis+sentinel://h:26379/svc/0/extra",
+    "redis+sentinel://:26379/svc",
+    "redis+sentinel://h:port/svc",
+    "redis+sentinel://h:26379/svc/zero",
+]
+
+
+@pytest.mark.parametrize("url", _MALFORMED)
 def test_sentinel_url_without_a_service_or_host_is_rejected(url: str) -> None:
     with pytest.raises(ValueError, match="service_name"):
         connect(url)
+
+
+@pytest.mark.parametrize("url", _MALFORMED)
+def test_a_malformed_sentinel_url_is_rejected_by_the_async_client_with_the_expected_form(url: str) -> None:
+    with pytest.raises(ValueError, match=r"expected redis\+sentinel://\[:password@\]host:port"):
+        connect_async(url)
+
+
+def test_an_async_sentinel_url_names_the_sentinels_service_db_and_primary_password() -> None:
+    client = connect_async("redis+sentinel://:s3cret@10.0.0.1:26380,10.0.0.2/rollq-primary/3", max_connections=4)
+    pool = client.connection_pool
+    assert isinstance(pool, AsyncSentinelPool) and isinstance(pool, BlockingConnectionPool)
+    assert (pool.service_name, pool.max_connections) == ("rollq-primary", 4)
+    assert pool.connection_kwargs["db"] == 3 and pool.connection_kwargs["password"] == "s3cret"
+    sentinels = [s.connection_pool.connection_kwargs for s in pool.sentinel_manager.sentinels]
+    assert [(s["host"], s["port"]) for s in sentinels] == [("10.0.0.1", 26380), ("10.0.0.2", 26379)]
 
 
 @pytest.fixture
@@ -175,3 +201,54 @@ def test_the_cli_reachability_check_and_start_up_log_accept_a_sentinel_url(senti
     _, url = sentinel
     assert check_reachable(url) == url
     assert describe_client(connect(url)) == url
+
+
+@pytest.mark.redis
+def test_an_async_producer_over_sentinel_enqueues_and_reads_a_rollout(
+    replicated: Replicated, namespace: str, workers: Callable[..., WorkerProcess]
+) -> None:
+    async def main() -> None:
+        async with AsyncProducer.from_url(replicated.url, namespace) as producer:
+            assert isinstance(producer.connection.connection_pool, AsyncSentinelPool)
+            task = await producer.enqueue({"sleep": 0})
+            assert replicated.primary.client().exists(producer.keys.task(task.rollout_id))
+            workers(replicated.primary.url, namespace, env={"ROLLQ_AGENT": "tests.fault_agents:FaultAgent"})
+            [rollout] = await producer.wait([task.rollout_id], timeout=30)
+            assert rollout.rollout_id == task.rollout_id and rollout.metadata["status"] == "succeeded"
+            assert (await producer.get_rollout(task.rollout_id)) is not None
+
+    asyncio.run(main())
+
+
+@pytest.mark.redis
+def test_an_async_sentinel_client_waits_for_a_free_connection_instead_of_failing(replicated: Replicated) -> None:
+    # redis-py's asyncio Sentinel pool raises "Too many connections" past max_connections; a trainer
+    # gathering thousands of coroutines must queue on the pool, as it does on a redis:// URL.
+    async def main() -> None:
+        client = connect_async(replicated.url, max_connections=2)
+        replies = await asyncio.gather(*(client.blpop([f"rollq-empty-{i}"], timeout=0.2) for i in range(6)))
+        assert replies == [None] * 6
+        await client.aclose()
+
+    asyncio.run(main())
+
+
+@pytest.mark.redis
+def test_an_async_command_after_the_primary_dies_reaches_the_promoted_replica(replicated: Replicated) -> None:
+    # As the blocking client (see above): a dropped connection asks the Sentinel again rather than
+    # retrying the dead primary's address until its retries run out.
+    async def main() -> float:
+        client = connect_async(replicated.url)
+        await client.set("before", "1")
+        assert replicated.primary.process is not None
+        replicated.primary.process.kill()
+        replicated.primary.process.wait()
+        started = time.monotonic()
+        await client.set("after", "1")
+        took = time.monotonic() - started
+        await client.aclose()
+        return took
+
+    took = asyncio.run(main())
+    assert replicated.replica.client().get("after") == b"1"
+    assert took < 8, f"the write took {took:.1f} s to reach the promoted replica"

@@ -235,7 +235,13 @@ class RolloutWorker(SimpleWorker):
             setup_loghandlers(level, name=name)
         reformat(self.settings.log_format, "rq.worker", "rollq")
         self.worker_id = int(self.connection.incr(self.keys.worker_seq))
-        lifecycle = Lifecycle(self.connection, self.keys, results_max_bytes=self.settings.results_max_bytes)
+        lifecycle = Lifecycle(
+            self.connection,
+            self.keys,
+            results_max_bytes=self.settings.results_max_bytes,
+            wait_replicas=self.settings.wait_replicas,
+            wait_timeout_ms=self.settings.wait_timeout_ms,
+        )
         self._executor.start()
         self._capture = CaptureProxy().start() if self.settings.capture_llm else None
         self._starts = Batcher("rollq-start", self._start_batch)
