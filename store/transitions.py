@@ -186,11 +186,11 @@ class ScriptCall:
 
     A worker sends the claims (or publications) of many rollouts, with RQ's
     bookkeeping for their jobs, as one pipeline: one round trip where each used
-    to cost two to four (measured: 8.5 -> about 3 per rollout at concurrency 16,
+    to cost two to four (measured: 8.5 -> 2.0 per rollout at concurrency 16,
     fewer under load; see bench/noop.py). The pipeline sends ``EVALSHA`` without
     redis-py's per-pipeline ``SCRIPT EXISTS`` check (a round trip of its own);
     a Redis that has forgotten the script (restarted, failed over) answers
-    ``NOSCRIPT`` and :meth:`settle` runs that call again on its own, which loads it.
+    ``NOSCRIPT`` and :meth:`Lifecycle.settle_all` runs that call again on its own, which loads it.
     """
 
     script: Script
@@ -203,22 +203,12 @@ class ScriptCall:
     def queue(self, pipe: Pipeline) -> None:
         pipe.evalsha(self.script.sha, len(self.keys), *self.keys, *self.args)
 
-    def settle(self, reply: Any) -> Any:
-        """The script's reply from ``pipe.execute(raise_on_error=False)``; raises the error it got, if any."""
-        if isinstance(reply, NoScriptError):
-            return self.run()
-        if isinstance(reply, Exception):
-            raise reply
-        return reply
 
-
-def run_pipelined(connection: redis.Redis, calls: Sequence[ScriptCall]) -> list[Any]:
-    """Send ``calls`` in one pipeline; each item is the raw reply or the exception its call got (see
-    :meth:`ScriptCall.settle`)."""
-    pipe = connection.pipeline(transaction=False)
-    for call in calls:
-        call.queue(pipe)
-    return pipe.execute(raise_on_error=False) if calls else []
+def replied(reply: Any) -> Any:
+    """A reply from :meth:`Lifecycle.settle_all`: the reply itself, or the error it stands for raised."""
+    if isinstance(reply, BaseException):
+        raise reply
+    return reply
 
 
 class Lifecycle:
@@ -277,8 +267,54 @@ class Lifecycle:
         pipe = self.connection.pipeline(transaction=False)
         pipe.publish(self.keys.replication_mark, b"")
         pipe.execute_command("WAIT", self.wait_replicas, self.wait_timeout_ms)
-        acknowledged = int(pipe.execute()[-1])
-        if acknowledged >= self.wait_replicas:
+        self._count_acknowledged(pipe.execute()[-1])
+
+    def queue_wait(self, pipe: Pipeline) -> bool:
+        """End a pipeline of transitions with one ``WAIT`` for all of them (on the connection that wrote them,
+        so no PUBLISH is needed); False, and nothing queued, when ``wait_replicas`` is 0. Pass the pipeline's
+        last reply to :meth:`settle_all` as ``acknowledged``."""
+        if not self.wait_replicas:
+            return False
+        pipe.execute_command("WAIT", self.wait_replicas, self.wait_timeout_ms)
+        return True
+
+    def run_pipelined(self, calls: Sequence[ScriptCall]) -> list[Any]:
+        """Send ``calls`` in one pipeline (ended by a ``WAIT`` when ``wait_replicas`` is set); each item of the
+        result is a reply or the exception its call got (see :meth:`settle_all`)."""
+        if not calls:
+            return []
+        pipe = self.connection.pipeline(transaction=False)
+        for call in calls:
+            call.queue(pipe)
+        waits = self.queue_wait(pipe)
+        replies = pipe.execute(raise_on_error=False)
+        return self.settle_all(calls, replies[: len(calls)], acknowledged=replies[-1] if waits else None)
+
+    def settle_all(self, calls: Sequence[ScriptCall], replies: Sequence[Any], *, acknowledged: Any = None) -> list[Any]:
+        """The replies of ``calls`` sent in a pipeline (``execute(raise_on_error=False)``), each a reply or the
+        exception its call got; a call Redis answered ``NOSCRIPT`` is run again on its own, which loads the
+        script, then waited for like :meth:`claim` waits. ``acknowledged``: the reply of the pipeline's
+        ``WAIT`` (see :meth:`queue_wait`)."""
+        if acknowledged is not None:
+            self._count_acknowledged(acknowledged)
+        settled: list[Any] = []
+        rerun = False
+        for call, reply in zip(calls, replies, strict=True):
+            if isinstance(reply, NoScriptError):
+                rerun = True
+                try:
+                    reply = call.run()
+                except Exception as exc:
+                    reply = exc
+            settled.append(reply)
+        if rerun:
+            self._replicated()
+        return settled
+
+    def _count_acknowledged(self, acknowledged: Any) -> None:
+        if isinstance(acknowledged, Exception) or int(acknowledged) >= self.wait_replicas:
+            if isinstance(acknowledged, Exception):
+                log.warning("WAIT for replicas failed: %s", acknowledged)
             return
         with self._shortfall_lock:
             self.replication_shortfalls += 1
@@ -290,7 +326,7 @@ class Lifecycle:
         log.warning(
             "only %d of %d replica(s) acknowledged a transition within %d ms (%d such transitions so far): "
             "it is applied on the primary but a failover now could undo it",
-            acknowledged,
+            int(acknowledged),
             self.wait_replicas,
             self.wait_timeout_ms,
             count,
@@ -336,7 +372,9 @@ class Lifecycle:
 
     def claim(self, rollout_id: str, job_id: str, worker_name: str) -> Claim | ClaimRefused:
         """Start an attempt: count the claim and stamp its time (Redis's), atomically."""
-        return self.read_claim(self.claim_call(rollout_id, job_id, worker_name).run())
+        reply = self.claim_call(rollout_id, job_id, worker_name).run()
+        self._replicated()
+        return self.read_claim(reply)
 
     def claim_call(self, rollout_id: str, job_id: str, worker_name: str) -> ScriptCall:
         """:meth:`claim` as a call to queue in a pipeline; :meth:`read_claim` reads its settled reply."""
@@ -345,11 +383,8 @@ class Lifecycle:
             self._claim, [k.task(rollout_id), k.inflight, k.resources_latest], [rollout_id, job_id, worker_name]
         )
 
-    def read_claim(self, reply: Any) -> Claim | ClaimRefused:
-        """The claim's reply, once ``wait_replicas`` replicas hold it (see :meth:`_replicated`)."""
-        # Every path that claims or publishes reads its reply here, batched or not. A batch waits once per
-        # reply (each WAIT a round trip to the replica); one WAIT at the end of the batch's own pipeline would do.
-        self._replicated()
+    @staticmethod
+    def read_claim(reply: Any) -> Claim | ClaimRefused:
         if reply[0] != b"claimed":
             return ClaimRefused(reply[0].decode(), reply[1].decode() if len(reply) > 1 else "")  # type: ignore[arg-type]
         _, attempt, task_json, policy_json, latest, used, claimed_at, generation = reply
@@ -396,22 +431,22 @@ class Lifecycle:
         attempt heartbeated after it; :class:`Cancelled` when the task was cancelled
         (the rollout is dropped).
         """
-        return self.read_finish(
-            self.finish_call(
-                rollout_id,
-                attempt,
-                rollout_json,
-                status,
-                results_maxlen=results_maxlen,
-                dead_letter=dead_letter,
-                now=now,
-                duration=duration,
-                keep_seconds=keep_seconds,
-                stale_before=stale_before,
-                reward=reward,
-                resources_id=resources_id,
-            ).run()
-        )
+        reply = self.finish_call(
+            rollout_id,
+            attempt,
+            rollout_json,
+            status,
+            results_maxlen=results_maxlen,
+            dead_letter=dead_letter,
+            now=now,
+            duration=duration,
+            keep_seconds=keep_seconds,
+            stale_before=stale_before,
+            reward=reward,
+            resources_id=resources_id,
+        ).run()
+        self._replicated()
+        return self.read_finish(reply)
 
     def finish_call(
         self,
@@ -462,9 +497,8 @@ class Lifecycle:
             ],
         )
 
-    def read_finish(self, reply: Any) -> FinishReply:
-        """The finish's reply, once ``wait_replicas`` replicas hold it (see :meth:`_replicated`)."""
-        self._replicated()
+    @staticmethod
+    def read_finish(reply: Any) -> FinishReply:
         if reply[0] == b"published":
             return Published(reply[1].decode())
         return _WORDS[reply[0]]  # type: ignore[return-value]

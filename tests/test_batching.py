@@ -15,7 +15,7 @@ from servers import RedisServer
 
 from rollq.producer import Producer
 from rollq.store.keys import job_id
-from rollq.store.transitions import Lifecycle, run_pipelined
+from rollq.store.transitions import Lifecycle
 from rollq.worker import LitAgent, RolloutWorker, WorkerSettings
 
 
@@ -95,9 +95,12 @@ def test_a_redis_that_forgot_the_scripts_still_claims_and_publishes(redis_server
     task = producer.enqueue_many([{"i": 1}], mode="train")[0]
     redis_server.client().script_flush()
     call = lifecycle.claim_call(task.rollout_id, job_id(task.rollout_id), "w")
-    (raw,) = run_pipelined(redis_server.client(), [call])
+    pipe = redis_server.client().pipeline(transaction=False)
+    call.queue(pipe)
+    (raw,) = pipe.execute(raise_on_error=False)
     assert isinstance(raw, redis.exceptions.NoScriptError)
-    claim = lifecycle.read_claim(call.settle(raw))
+    (settled,) = lifecycle.settle_all([call], [raw])
+    claim = lifecycle.read_claim(settled)
     assert getattr(claim, "attempt", None) == 1
 
     others = producer.enqueue_many([{"i": i} for i in range(20)], mode="train")

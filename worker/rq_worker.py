@@ -57,7 +57,7 @@ from rollq.store.connection import connect, describe, describe_client, retry_pol
 from rollq.store.jobs import RollqJob, read_rollq_jobs, rollout_id_of
 from rollq.store.keys import Keys
 from rollq.store.resources import ResourceStore
-from rollq.store.transitions import FinishReply, Lifecycle, run_pipelined
+from rollq.store.transitions import FinishReply, Lifecycle, replied
 
 from .bookkeeping import Batcher
 from .capture import CaptureProxy
@@ -491,7 +491,7 @@ class RolloutWorker(SimpleWorker):
         try:
             calls = [runner.lifecycle.claim_call(s.rollout_id, s.job.id, self.name) for s in starts]
             if armed("claimed"):  # test-only: the state of a pipeline cut short after its claims
-                run_pipelined(self.connection, calls)
+                runner.lifecycle.run_pipelined(calls)
                 crash_point("claimed")
             pipe = self.connection.pipeline(transaction=False)
             for call in calls:
@@ -502,16 +502,20 @@ class RolloutWorker(SimpleWorker):
             self.set_current_job_working_time(0, pipeline=pipe)
             self.heartbeat(self.get_heartbeat_ttl(starts[0].job), pipeline=pipe)
             self.set_state(WorkerStatus.BUSY, pipeline=pipe)
+            waits = runner.lifecycle.queue_wait(pipe)  # the claims reach the replicas before any agent starts
             replies = pipe.execute(raise_on_error=False)
+            claimed = runner.lifecycle.settle_all(
+                calls, replies[: len(calls)], acknowledged=replies[-1] if waits else None
+            )
         except BaseException:
             error = traceback.format_exc()
             self._end_jobs([_Ended(s.job, s.queue, s.execution, error=error) for s in starts])
             return
         crash_point("rq-started")
         ended: list[_Ended] = []
-        for start, call, reply in zip(starts, calls, replies, strict=False):
+        for start, reply in zip(starts, claimed, strict=True):
             try:
-                claim = runner.claimed(start.rollout_id, start.job.id, runner.lifecycle.read_claim(call.settle(reply)))
+                claim = runner.claimed(start.rollout_id, start.job.id, runner.lifecycle.read_claim(replied(reply)))
                 outcome = claim if isinstance(claim, AttemptResult) else runner.launch(start.rollout_id, claim)
             except BaseException:
                 ended.append(_Ended(start.job, start.queue, start.execution, error=traceback.format_exc()))
@@ -558,7 +562,7 @@ class RolloutWorker(SimpleWorker):
         if publishing:
             failure: BaseException | None = None
             try:
-                replies: list[Any] = run_pipelined(self.connection, [p.call for _, p in publishing])
+                replies: list[Any] = runner.lifecycle.run_pipelined([p.call for _, p in publishing])
             except BaseException as exc:
                 replies, failure = [None] * len(publishing), exc
             for (item, publication), raw in zip(publishing, replies, strict=True):
@@ -566,7 +570,7 @@ class RolloutWorker(SimpleWorker):
                 try:
                     if failure is not None:
                         raise failure
-                    reply = runner.lifecycle.read_finish(publication.call.settle(raw))
+                    reply = runner.lifecycle.read_finish(replied(raw))
                 except BaseException as exc:
                     reply = exc
                 try:

@@ -37,7 +37,16 @@ from rollq.models.outcomes import failed_rollout, stamp
 from rollq.models.policy import FailureKind, RolloutPolicy, RolloutStatus
 from rollq.store.keys import inflight_member
 from rollq.store.records import parse_task
-from rollq.store.transitions import Cancelled, Claim, ClaimRefused, FinishReply, Lifecycle, ScriptCall, Superseded
+from rollq.store.transitions import (
+    Cancelled,
+    Claim,
+    ClaimRefused,
+    FinishReply,
+    Lifecycle,
+    ScriptCall,
+    Superseded,
+    replied,
+)
 
 from .agent import LitAgent
 from .capture import AttemptCapture, CaptureProxy
@@ -281,7 +290,9 @@ class AgentRunner:
         if isinstance(outcome, AttemptResult):
             return outcome
         try:
-            reply: FinishReply | BaseException = self.lifecycle.read_finish(outcome.call.run())
+            reply: FinishReply | BaseException = self.lifecycle.read_finish(
+                replied(self.lifecycle.run_pipelined([outcome.call])[0])
+            )
         except BaseException as exc:
             reply = exc
         return self.settle(outcome, reply)
@@ -389,7 +400,8 @@ class AgentRunner:
         publication = self.publication(
             rollout_id, attempt, rollout, failed=failed, duration=duration, task=task, resources_id=resources_id
         )
-        return self.settle(publication, self.lifecycle.read_finish(publication.call.run()))
+        reply = replied(self.lifecycle.run_pipelined([publication.call])[0])
+        return self.settle(publication, self.lifecycle.read_finish(reply))
 
     def publication(
         self,
