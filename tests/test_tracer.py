@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import threading
+import weakref
 from concurrent.futures import ThreadPoolExecutor
 
 from opentelemetry import trace
@@ -117,3 +119,28 @@ def test_genai_helpers_report_through_the_global_provider_into_the_rollout() -> 
             ({"text": f"question {marker}"}, {"text": f"answer {marker}"})
         ]
         assert rollout.final_reward == marker / 10
+
+
+def test_a_finished_rollouts_trace_is_freed_without_the_cycle_collector() -> None:
+    # At 500 rollouts in flight per worker, spans kept alive by a reference cycle reached the oldest GC
+    # generation and made full collections ~30% of the worker's CPU (bench/rollout_cpu.py).
+    rollq_tracer = OtelTracer(TracerProvider())
+
+    def agent() -> None:
+        with llm_call_span("m", "q"):
+            pass
+        emit_reward(1.0)
+
+    gc.collect()
+    gc.disable()
+    try:
+        rollout_trace = rollq_tracer.start_rollout("r", attempt=1)
+        rollout_trace.context.run(agent)
+        spans = rollout_trace.finish()
+        # An end hook runs in the rollout's context and still reads every span.
+        assert rollout_trace.context.run(rollq_tracer.get_last_trace) == spans
+        trace_ref, root_ref = weakref.ref(rollout_trace), weakref.ref(spans[0])
+        del rollout_trace, spans
+        assert trace_ref() is None and root_ref() is None
+    finally:
+        gc.enable()
