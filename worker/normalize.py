@@ -29,7 +29,7 @@ from typing import Any
 
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan
-from opentelemetry.trace import SpanContext, SpanKind, TraceState
+from opentelemetry.trace import DEFAULT_TRACE_STATE, SpanContext, SpanKind
 
 from rollq.models.coerce import coerce, is_model_like
 from rollq.models.contract import Rollout, Triplet
@@ -53,7 +53,7 @@ def _context(context: SpanContext) -> dict[str, str]:
     return {
         "trace_id": f"0x{context.trace_id:032x}",
         "span_id": f"0x{context.span_id:016x}",
-        "trace_state": "[]" if type(state) is TraceState and not state else repr(state),
+        "trace_state": "[]" if state is DEFAULT_TRACE_STATE else repr(state),
     }
 
 
