@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from rollq.worker.collector import YOUNG_THRESHOLD, widen_young_generation
 from rollq.worker.executor import AgentExecutor
 
 
@@ -90,3 +91,25 @@ def test_a_failing_callback_does_not_stop_the_next(executor: AgentExecutor, capl
         pass
     assert seen == [42]
     assert "exception calling callback" in caplog.text
+
+
+@pytest.fixture
+def gc_threshold() -> Iterator[None]:
+    saved = gc.get_threshold()
+    yield
+    gc.set_threshold(*saved)
+
+
+@pytest.mark.usefixtures("gc_threshold")
+def test_starting_an_executor_widens_the_young_generation_but_never_narrows_it_or_turns_collection_back_on() -> None:
+    gc.set_threshold(700, 10, 10)
+    started = AgentExecutor()
+    started.start()
+    started.stop()
+    assert gc.get_threshold() == (YOUNG_THRESHOLD, 10, 10)
+    gc.set_threshold(20_000, 5, 5)
+    widen_young_generation()
+    assert gc.get_threshold() == (20_000, 5, 5)
+    gc.set_threshold(0, 10, 10)
+    widen_young_generation()
+    assert gc.get_threshold() == (0, 10, 10)
