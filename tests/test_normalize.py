@@ -3,14 +3,22 @@
 from __future__ import annotations
 
 import json
+import random
+import time
 from typing import Any
 
 import pytest
+from opentelemetry import trace
+from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.sdk.util import ns_to_iso_str
+from opentelemetry.trace import NonRecordingSpan, SpanContext, SpanKind, TraceFlags, TraceState
 
 from rollq.models.contract import Rollout, Triplet
 from rollq.models.errors import UnsupportedResultError
-from rollq.worker.normalize import to_rollout
+from rollq.worker.normalize import iso_time, span_json, to_rollout
 from rollq.worker.tracer import REWARD_ATTRIBUTE
 
 RID = "rollout-under-test"
@@ -199,3 +207,33 @@ def test_returned_triplets_are_not_replaced_by_derived_ones(make_span: Any) -> N
     ]
     rollout = to_rollout(RID, own, captured)
     assert rollout.triplets == own and rollout.final_reward == 0.3
+
+
+def test_iso_time_writes_every_timestamp_as_the_sdk_does() -> None:
+    # span_json writes times with a per-second cache instead of the SDK's ns_to_iso_str; the trace format
+    # is the data contract, so they must agree to the character, rounding and carries included.
+    rng = random.Random(15)
+    now = time.time_ns()
+    edges = [1, 999, 1_000, 499, 500, 501, 1_500, 2_500, 999_999_499, 999_999_500, 999_999_501, 999_999_999]
+    samples = [now, 1_000_000_000, 86_400 * 10**9 - 1, 951_782_400 * 10**9 + 500]
+    samples += [s * 10**9 + e for s in (0, 1, 1_700_000_000, 1_796_100_000, 4_102_444_799) for e in edges]
+    samples += [now + rng.randrange(-(10**17), 10**17) for _ in range(20_000)]
+    samples += [rng.randrange(1, 4 * 10**18) for _ in range(20_000)]
+    for ns in samples:
+        assert iso_time(ns) == ns_to_iso_str(ns), ns
+
+
+def test_span_json_equals_the_sdk_json_of_spans_from_two_providers_and_with_a_trace_state() -> None:
+    spans: list[ReadableSpan] = []
+    for service in ("a", "b", "a"):
+        exporter = InMemorySpanExporter()
+        provider = TracerProvider(resource=Resource.create({"service.name": service}))
+        provider.add_span_processor(SimpleSpanProcessor(exporter))
+        tracer = provider.get_tracer("tests.normalize")
+        parent = SpanContext(1, 2, is_remote=True, trace_flags=TraceFlags(1), trace_state=TraceState([("k", "v")]))
+        with tracer.start_as_current_span("child", context=trace.set_span_in_context(NonRecordingSpan(parent))):
+            tracer.start_span("plain", kind=SpanKind.CLIENT).end()
+        spans += exporter.get_finished_spans()
+    assert len(spans) == 6
+    for span in spans:
+        assert span_json(span) == json.loads(span.to_json())

@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import threading
+import weakref
 from concurrent.futures import ThreadPoolExecutor
 
+import pytest
 from opentelemetry import trace
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.trace import StatusCode
 
 from rollq.worker.normalize import to_rollout
 from rollq.worker.tracer import REWARD_ATTRIBUTE, OtelTracer, RolloutTrace, emit_reward, llm_call_span
@@ -117,3 +121,71 @@ def test_genai_helpers_report_through_the_global_provider_into_the_rollout() -> 
             ({"text": f"question {marker}"}, {"text": f"answer {marker}"})
         ]
         assert rollout.final_reward == marker / 10
+
+
+def test_a_finished_rollouts_trace_is_freed_without_the_cycle_collector() -> None:
+    # At 500 rollouts in flight per worker, spans kept alive by a reference cycle reached the oldest GC
+    # generation and made full collections ~30% of the worker's CPU (bench/rollout_cpu.py).
+    rollq_tracer = OtelTracer(TracerProvider())
+
+    def agent() -> None:
+        with llm_call_span("m", "q"):
+            pass
+        emit_reward(1.0)
+
+    gc.collect()
+    gc.disable()
+    try:
+        rollout_trace = rollq_tracer.start_rollout("r", attempt=1)
+        rollout_trace.context.run(agent)
+        spans = rollout_trace.finish()
+        # An end hook runs in the rollout's context and still reads every span.
+        assert rollout_trace.context.run(rollq_tracer.get_last_trace) == spans
+        trace_ref, root_ref = weakref.ref(rollout_trace), weakref.ref(spans[0])
+        del rollout_trace, spans
+        assert trace_ref() is None and root_ref() is None
+    finally:
+        gc.enable()
+
+
+def test_llm_call_span_is_current_in_its_block_and_records_a_failure_like_start_as_current_span() -> None:
+    rollq_tracer = OtelTracer()  # the helpers report through the global provider
+    tracer = rollq_tracer.provider.get_tracer("tests.tracer")
+
+    def agent() -> None:
+        with llm_call_span("m", {"q": 1}) as span:
+            tracer.start_span("inner").end()
+            emit_reward(0.5)
+            span.set_attribute("gen_ai.completion", "a")
+        emit_reward(1.0)
+        with llm_call_span("m", "boom"):
+            raise ValueError("backend down")
+
+    rollout_trace = rollq_tracer.start_rollout("r", attempt=1)
+    with pytest.raises(ValueError, match="backend down"):
+        rollout_trace.context.run(agent)
+    root, call, inner, reward, outer_reward, failed = rollout_trace.finish()
+    assert [s.name for s in (call, inner, reward, outer_reward, failed)] == [
+        "chat m",
+        "inner",
+        "reward",
+        "reward",
+        "chat m",
+    ]
+    assert call.parent is not None and call.parent.span_id == root.context.span_id
+    assert inner.parent is not None and inner.parent.span_id == call.context.span_id
+    assert reward.parent is not None and reward.parent.span_id == call.context.span_id
+    assert outer_reward.parent is not None and outer_reward.parent.span_id == root.context.span_id
+    assert dict(call.attributes or {}) == {
+        "gen_ai.operation.name": "chat",
+        "gen_ai.system": "rollq",
+        "gen_ai.request.model": "m",
+        "gen_ai.prompt": "{'q': 1}",
+        "gen_ai.completion": "a",
+    }
+    assert dict(outer_reward.attributes or {}) == {REWARD_ATTRIBUTE: 1.0}
+    assert call.status.status_code is StatusCode.UNSET
+    assert failed.status.status_code is StatusCode.ERROR
+    assert failed.status.description == "ValueError: backend down"
+    assert [e.name for e in failed.events] == ["exception"]
+    assert all(s.end_time is not None for s in (call, reward, outer_reward, failed))

@@ -21,16 +21,15 @@ Rewards that cannot be placed, and calls without token ids, are listed in
 
 from __future__ import annotations
 
-import functools
 import json
 import logging
 import math
+from datetime import UTC, datetime
 from typing import Any
 
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan
-from opentelemetry.sdk.util import ns_to_iso_str
-from opentelemetry.trace import SpanContext, format_span_id, format_trace_id
+from opentelemetry.trace import DEFAULT_TRACE_STATE, SpanContext, SpanKind
 
 from rollq.models.coerce import coerce, is_model_like
 from rollq.models.contract import Rollout, Triplet
@@ -50,16 +49,59 @@ def _plain(attributes: Any) -> dict[str, Any] | None:
 
 
 def _context(context: SpanContext) -> dict[str, str]:
+    state = context.trace_state
     return {
-        "trace_id": f"0x{format_trace_id(context.trace_id)}",
-        "span_id": f"0x{format_span_id(context.span_id)}",
-        "trace_state": repr(context.trace_state),
+        "trace_id": f"0x{context.trace_id:032x}",
+        "span_id": f"0x{context.span_id:016x}",
+        "trace_state": "[]" if state is DEFAULT_TRACE_STATE else repr(state),
     }
 
 
-@functools.lru_cache(maxsize=64)
+# The resource's JSON, by the resource's identity: every span of a provider shares one Resource, and hashing
+# it (what functools.lru_cache did) JSON-encodes it, ~5 us for each span. Entries keep their Resource alive,
+# so an id is never reused while it is in here.
+_RESOURCES: dict[int, tuple[Resource, dict[str, Any]]] = {}
+
+
 def _resource(resource: Resource) -> dict[str, Any]:
-    return json.loads(resource.to_json(indent=None))
+    cached = _RESOURCES.get(id(resource))
+    if cached is not None and cached[0] is resource:
+        return cached[1]
+    if len(_RESOURCES) >= 64:
+        _RESOURCES.clear()
+    found: dict[str, Any] = json.loads(resource.to_json(indent=None))
+    _RESOURCES[id(resource)] = (resource, found)
+    return found
+
+
+# "%Y-%m-%dT%H:%M:%S." of whole UTC seconds: strftime for each timestamp was ~2 us, 14 times a rollout.
+_SECONDS: dict[int, str] = {}
+
+
+def iso_time(nanoseconds: int) -> str:
+    """``opentelemetry.sdk.util.ns_to_iso_str(nanoseconds)``, character for character, with the date cached.
+
+    The microseconds are rounded from the same float and in the same way (half to
+    even, a carry into the next second) as ``datetime.fromtimestamp`` does there.
+    """
+    fraction, whole = math.modf(nanoseconds / 1e9)
+    micros = round(fraction * 1e6)
+    second = int(whole)
+    if micros >= 1_000_000:
+        micros -= 1_000_000
+        second += 1
+    elif micros < 0:
+        micros += 1_000_000
+        second -= 1
+    prefix = _SECONDS.get(second)
+    if prefix is None:
+        if len(_SECONDS) >= 4096:
+            _SECONDS.clear()
+        prefix = _SECONDS[second] = datetime.fromtimestamp(second, tz=UTC).strftime("%Y-%m-%dT%H:%M:%S.")
+    return f"{prefix}{micros:06d}Z"
+
+
+_KINDS = {kind: str(kind) for kind in SpanKind}
 
 
 def span_json(span: ReadableSpan) -> dict[str, Any]:
@@ -74,14 +116,14 @@ def span_json(span: ReadableSpan) -> dict[str, Any]:
     return {
         "name": span.name,
         "context": _context(span.context) if span.context else None,
-        "kind": str(span.kind),
-        "parent_id": f"0x{format_span_id(span.parent.span_id)}" if span.parent is not None else None,
-        "start_time": ns_to_iso_str(span.start_time) if span.start_time else None,
-        "end_time": ns_to_iso_str(span.end_time) if span.end_time else None,
+        "kind": _KINDS[span.kind],
+        "parent_id": f"0x{span.parent.span_id:016x}" if span.parent is not None else None,
+        "start_time": iso_time(span.start_time) if span.start_time else None,
+        "end_time": iso_time(span.end_time) if span.end_time else None,
         "status": status,
         "attributes": _plain(span.attributes),
         "events": [
-            {"name": e.name, "timestamp": ns_to_iso_str(e.timestamp), "attributes": _plain(e.attributes)}
+            {"name": e.name, "timestamp": iso_time(e.timestamp), "attributes": _plain(e.attributes)}
             for e in span.events
         ],
         "links": [{"context": _context(link.context), "attributes": _plain(link.attributes)} for link in span.links],

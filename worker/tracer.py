@@ -76,6 +76,32 @@ class _RoutingProcessor(SpanProcessor):
             return list(self._buckets.get(trace_id, []))
 
 
+class _Capture:
+    """What a rollout's context knows of its trace: where its spans are, not the context itself.
+
+    The context holds this object rather than the :class:`RolloutTrace`, which holds
+    the context: that reference cycle kept each finished rollout's spans alive until
+    a full garbage collection, and with 500 rollouts in flight per worker the full
+    collections it brought took ~30% of the worker's CPU (bench/rollout_cpu.py).
+    """
+
+    __slots__ = ("processor", "spans", "trace_id")
+
+    def __init__(self, processor: _RoutingProcessor, trace_id: int) -> None:
+        self.processor = processor
+        self.trace_id = trace_id
+        self.spans: list[ReadableSpan] | None = None
+
+    def spans_so_far(self) -> list[ReadableSpan]:
+        if self.spans is not None:
+            return list(self.spans)
+        return sorted(self.processor.peek(self.trace_id), key=_start_time)
+
+
+def _start_time(span: ReadableSpan) -> int:
+    return span.start_time or 0
+
+
 class RolloutTrace:
     """The tracing state of one rollout: run code in :attr:`context`, then :meth:`finish`."""
 
@@ -83,8 +109,13 @@ class RolloutTrace:
         self.root = root
         self.context = context
         self._processor = processor
-        self.spans: list[ReadableSpan] | None = None
-        context.run(_CURRENT.set, self)
+        self._capture = _Capture(processor, root.get_span_context().trace_id)
+        context.run(_CURRENT.set, self._capture)
+
+    @property
+    def spans(self) -> list[ReadableSpan] | None:
+        """Every span captured for this rollout, root included, once :meth:`finish` ran; None before."""
+        return self._capture.spans
 
     def finish(self, *, error: BaseException | None = None, reward: float | None = None) -> list[ReadableSpan]:
         """End the root span and return every span captured for this rollout, root included.
@@ -94,8 +125,9 @@ class RolloutTrace:
         ``rollq.final_reward`` is ``reward`` (from the agent's result) or else the
         last reward span's (``emit_reward``).
         """
+        trace_id = self._capture.trace_id
         if reward is None:
-            reward = self._processor.last_reward(self.root.get_span_context().trace_id)
+            reward = self._processor.last_reward(trace_id)
         if reward is not None:
             self.root.set_attribute("rollq.final_reward", reward)
         if error is not None:
@@ -104,20 +136,16 @@ class RolloutTrace:
         else:
             self.root.set_status(Status(StatusCode.OK))
         self.root.end()
-        trace_id = self.root.get_span_context().trace_id
-        self.spans = sorted(self._processor.close(trace_id), key=lambda s: s.start_time or 0)
-        return self.spans
+        spans = self._capture.spans = sorted(self._processor.close(trace_id), key=_start_time)
+        return spans
 
     def spans_so_far(self) -> list[ReadableSpan]:
         """The spans finished so far (all of them, root included, once :meth:`finish` ran)."""
-        if self.spans is not None:
-            return list(self.spans)
-        trace_id = self.root.get_span_context().trace_id
-        return sorted(self._processor.peek(trace_id), key=lambda s: s.start_time or 0)
+        return self._capture.spans_so_far()
 
 
-_CURRENT: contextvars.ContextVar[RolloutTrace | None] = contextvars.ContextVar("rollq_rollout_trace", default=None)
-"""The rollout whose context the code runs in (set in each rollout's own context)."""
+_CURRENT: contextvars.ContextVar[_Capture | None] = contextvars.ContextVar("rollq_rollout_trace", default=None)
+"""The spans of the rollout whose context the code runs in (set in each rollout's own context)."""
 
 
 class BaseTracer:
@@ -139,7 +167,7 @@ class BaseTracer:
     def get_last_trace(self) -> list[ReadableSpan]:
         """The spans of the rollout the caller runs in: inside an agent, those finished so far; in an
         end hook, all of them. Outside any rollout, the spans of the last :meth:`trace_context` block."""
-        current = _CURRENT.get() or self._last
+        current = _CURRENT.get() or (self._last._capture if self._last is not None else None)
         return current.spans_so_far() if current is not None else []
 
     @contextmanager
@@ -148,7 +176,7 @@ class BaseTracer:
         read them afterwards with :meth:`get_last_trace`."""
         rollout = self.start_rollout(name or "trace", 0, span_name=name or "trace")
         otel_token = otel_context.attach(trace.set_span_in_context(rollout.root))
-        token = _CURRENT.set(rollout)
+        token = _CURRENT.set(rollout._capture)
         try:
             yield rollout
         finally:
@@ -223,8 +251,11 @@ def llm_call_span(model: str, prompt: Any, *, system: str = "rollq", operation: 
         "gen_ai.request.model": model,
         "gen_ai.prompt": prompt if isinstance(prompt, str) else str(prompt),
     }
-    with _agent_tracer.start_as_current_span(f"{operation} {model}", attributes=attributes) as span:
-        yield span
+    # What start_as_current_span does, minus its two nested context managers (the proxy's and the SDK's):
+    # 24 -> ~16 us per call span.
+    span = _agent_tracer.start_span(f"{operation} {model}", attributes=attributes)
+    with trace.use_span(span, end_on_exit=True) as current:
+        yield current
 
 
 def emit_reward(value: float) -> None:
@@ -235,5 +266,5 @@ def emit_reward(value: float) -> None:
     reward = float(value)
     if not math.isfinite(reward):
         raise InvalidRewardError(f"emit_reward({reward}): rewards must be finite numbers")
-    with _agent_tracer.start_as_current_span(REWARD_SPAN, attributes={REWARD_ATTRIBUTE: reward}):
-        pass
+    # Nothing runs inside it, so it need not be made current: 17 -> ~12 us.
+    _agent_tracer.start_span(REWARD_SPAN, attributes={REWARD_ATTRIBUTE: reward}).end()
