@@ -11,8 +11,10 @@ from collections.abc import Iterator
 from concurrent.futures import Future
 from typing import Any
 
+import fakeredis
 import pytest
 
+from rollq.worker import LitAgent, RolloutWorker, WorkerSettings
 from rollq.worker.collector import YOUNG_THRESHOLD, widen_young_generation
 from rollq.worker.executor import AgentExecutor
 
@@ -101,15 +103,24 @@ def gc_threshold() -> Iterator[None]:
 
 
 @pytest.mark.usefixtures("gc_threshold")
-def test_starting_an_executor_widens_the_young_generation_but_never_narrows_it_or_turns_collection_back_on() -> None:
+def test_starting_a_worker_widens_the_young_generation_but_never_narrows_it_or_turns_collection_back_on() -> None:
     gc.set_threshold(700, 10, 10)
-    started = AgentExecutor()
-    started.start()
-    started.stop()
-    assert gc.get_threshold() == (YOUNG_THRESHOLD, 10, 10)
+    worker = RolloutWorker(
+        ["gc"], connection=fakeredis.FakeRedis(), agent=_Noop(), settings=WorkerSettings(capture_llm=False)
+    )
+    worker.bootstrap(logging_level="WARNING")
+    try:
+        assert gc.get_threshold() == (YOUNG_THRESHOLD, 10, 10)
+    finally:
+        worker.teardown()
     gc.set_threshold(20_000, 5, 5)
     widen_young_generation()
     assert gc.get_threshold() == (20_000, 5, 5)
     gc.set_threshold(0, 10, 10)
     widen_young_generation()
     assert gc.get_threshold() == (0, 10, 10)
+
+
+class _Noop(LitAgent):
+    async def training_rollout_async(self, task_input: object, rollout_id: str, resources: object) -> float:
+        return 1.0

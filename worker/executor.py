@@ -29,8 +29,6 @@ from typing import Any
 
 from rollq.models.errors import AgentExitError, AgentTimeoutError
 
-from .collector import widen_young_generation
-
 log = logging.getLogger(__name__)
 
 TICK_SECONDS = 0.1
@@ -139,8 +137,6 @@ class AgentExecutor:
         self.on_wedged = on_wedged
 
     def start(self) -> None:
-        # The rollouts this loop holds outlive Python's default young collections (see .collector).
-        widen_young_generation()
         ready = threading.Event()
 
         def serve() -> None:

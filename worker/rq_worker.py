@@ -61,6 +61,7 @@ from rollq.store.transitions import FinishReply, Lifecycle, replied
 
 from .bookkeeping import Batcher
 from .capture import CaptureProxy
+from .collector import widen_young_generation
 from .config import WorkerSettings
 from .executor import AgentExecutor
 from .faults import armed, crash_point
@@ -235,6 +236,8 @@ class RolloutWorker(SimpleWorker):
             setup_loghandlers(level, name=name)
         reformat(self.settings.log_format, "rq.worker", "rollq")
         self.worker_id = int(self.connection.incr(self.keys.worker_seq))
+        # The rollouts a worker holds outlive Python's default young collections (see .collector).
+        widen_young_generation()
         lifecycle = Lifecycle(
             self.connection,
             self.keys,
