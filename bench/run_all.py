@@ -8,7 +8,8 @@ bench/cluster.py needs root and is skipped without it.
 
 Each benchmark runs in a subprocess of its own, one after the other, and writes
 bench/results/<name>.json; ``bench/report.py`` then builds the page from those
-files. The profile needs py-spy (pip install py-spy) and is skipped without it.
+files. The profile (bench/before_after.py runs it for this tree and for rollq 0.2.0 as it landed) needs
+py-spy (pip install py-spy) and is skipped without it.
 """
 
 from __future__ import annotations
@@ -52,7 +53,9 @@ def main() -> None:
     has_py_spy = shutil.which("py-spy") or (Path(sys.executable).parent / "py-spy").exists()
     if not args.skip_profile:
         if has_py_spy:
-            names.append(("profile", ["--seconds", "10"]))
+            # The profile of this tree, beside the same profile of rollq 0.2.0 as it landed (and both trees'
+            # round trips per rollout); it also writes bench/results/profile.json.
+            names.append(("before_after", ["--seconds", "10", "--rounds", "2"]))
         else:
             print("py-spy is not installed (pip install py-spy): skipping bench/profile.py")
     started = time.monotonic()
