@@ -2,6 +2,11 @@
 
 Run (as root): python bench/cluster.py [--hosts 4] [--workers-per-host 2] [--concurrency 16]
                [--rtts direct,0,0.5,2,10] [--window 10] [--rounds 1] [--outage 12] [--skip-dead-host]
+               [--stagger 0] [--out cluster]
+The 256-process run (writes bench/results/cluster_256.json):
+               python bench/cluster.py --hosts 8 --workers-per-host 32 --concurrency 4 --stagger 0.25
+               --rtts 0.5,10,2 --window 20 --skip-dead-host --budget 660 --out cluster_256
+(each setting starts its 256 processes afresh; ``--budget`` skips the settings that would not end in time)
 
 What it builds, and removes again on exit, Ctrl+C or SIGTERM included (a ``finally`` and signal
 handlers; every process it started is stopped by its pid, every namespace it made deleted):
@@ -24,15 +29,22 @@ round trip a PING actually took through the proxy, Redis connections, commands/s
 per rollout, proxy CPU, client->Redis writes per rollout seen by the proxies (each is one round
 trip: a command, a pipeline or a Lua call), and each worker's time from its start to its first claim.
 
+Per setting also: the machine's load average at the window's start and end, and the resident and unique
+memory of the worker processes (psutil RSS and USS: USS is what one more process really costs, RSS
+counts the shared libraries again in every process). ``--stagger`` spaces the worker starts (each
+costs about 0.6 CPU-seconds of imports), so 256 processes do not all import at once.
+
 Dead host (at the 2 ms setting unless ``--skip-dead-host``): a fixed task list with
 ``unresponsive_seconds`` 6 and 1 s heartbeats; a few seconds in, host 0's link is taken down for
 ``--outage`` seconds, then restored. Reported: rollouts received, lost and duplicated, attempts
 requeued as unresponsive, late results kept as superseded, tasks host 0 claimed after the link came
 back, and whether its workers were all still running.
 
-2 shared cores cannot carry 8 hosts x 32 worker processes: the defaults (4 hosts x 2 processes x 16
-in flight = 128 in flight) are what they bear, and the sizing guide (docs/scaling.md) scales from the
-per-rollout costs measured here. Writes bench/results/cluster.json.
+The defaults (4 hosts x 2 processes x 16 in flight = 128 in flight) are what 2 shared cores carry at
+full speed. 8 hosts x 32 processes x 4 in flight (1024 in flight) runs on them too, CPU-bound: there
+the figures are connections, Redis load and start-up at fleet size, not the fleet's rollout rate
+(the machine's cores, not Redis, set it). It needs about 51 MB of memory per worker process (USS); the
+script checks MemAvailable first. Writes bench/results/<--out>.json (cluster.json by default).
 """
 
 from __future__ import annotations
@@ -62,6 +74,9 @@ PROXY_PORT = 6380
 REDIS_PORT = 6379
 MEAN_ROLLOUT_SECONDS = 0.9
 PRODUCER_SUBNET = 250
+WORKER_MB = 55
+"""Memory one more mock-LLM `rq worker` process (concurrency 4) takes: 51 MB unique (USS) measured, 69 MB resident
+counting the shared libraries again; with some margin."""
 
 
 def sh(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
@@ -238,6 +253,41 @@ def proxy_stats(cluster: Cluster) -> dict[str, int]:
     return total
 
 
+def worker_memory(processes: list[psutil.Process]) -> dict[str, float]:
+    """Median and max RSS and USS of the worker processes, in MB."""
+    rss: list[float] = []
+    uss: list[float] = []
+    for p in processes:
+        try:
+            info = p.memory_full_info()
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+        rss.append(info.rss / 2**20)
+        uss.append(info.uss / 2**20)
+    if not rss:
+        return {}
+    rss.sort()
+    uss.sort()
+    return {
+        "rss_median": round(rss[len(rss) // 2], 1),
+        "rss_max": round(rss[-1], 1),
+        "uss_median": round(uss[len(uss) // 2], 1),
+        "uss_max": round(uss[-1], 1),
+        "uss_total": round(sum(uss)),
+    }
+
+
+def check_memory(processes: int) -> None:
+    """Refuse to start when the worker processes would not fit in the memory available now."""
+    needed = processes * WORKER_MB + 1024
+    available = psutil.virtual_memory().available / 2**20
+    if available < needed:
+        sys.exit(
+            f"{processes} worker processes need about {needed / 1024:.1f} GB ({WORKER_MB} MB each and 1 GB to "
+            f"spare); only {available / 1024:.1f} GB is available"
+        )
+
+
 def run_setting(cluster: Cluster, args: argparse.Namespace, rtt: str, dead_host: bool) -> dict[str, Any]:
     via_proxy = rtt != "direct"
     rtt_ms = 0.0 if rtt == "direct" else float(rtt)
@@ -300,14 +350,17 @@ def run_setting(cluster: Cluster, args: argparse.Namespace, rtt: str, dead_host:
     workers: list[subprocess.Popen[bytes]] = []
     started: dict[str, float] = {}
     extra = {"ROLLQ_HEARTBEAT_SECONDS": "1"} if dead_host else {}
-    for i, ns in enumerate(cluster.host_ns):
-        url = f"redis://127.0.0.1:{PROXY_PORT}/0" if via_proxy else f"redis://10.231.{i + 1}.1:{REDIS_PORT}/0"
-        for j in range(args.workers_per_host):
+    # Round-robin over the hosts, so a staggered start fills every host alike.
+    for j in range(args.workers_per_host):
+        for i, ns in enumerate(cluster.host_ns):
+            url = f"redis://127.0.0.1:{PROXY_PORT}/0" if via_proxy else f"redis://10.231.{i + 1}.1:{REDIS_PORT}/0"
             name = f"h{i}w{j}-{namespace}"
             env = worker_env(ROLLQ_AGENT="bench.agents:MockLLMAgent", ROLLQ_CONCURRENCY=str(args.concurrency), **extra)
             rq = [RQ, "worker", "-w", "rollq.worker.RolloutWorker", "--url", url, "--name", name, "--quiet", namespace]
             started[name] = time.time()
             workers.append(cluster.spawn(ns, rq, f"worker-{name}.log", env))
+            if args.stagger:
+                time.sleep(args.stagger)
     try:
         ps = [psutil.Process(p.pid) for p in workers]
         px = [psutil.Process(p.pid) for p in proxies]
@@ -316,10 +369,13 @@ def run_setting(cluster: Cluster, args: argparse.Namespace, rtt: str, dead_host:
         def cpu(group: list[psutil.Process]) -> float:
             return sum_over(group, lambda p: sum(p.cpu_times()[:2]))
 
-        lines.expect("WINDOW_START", 180)
+        lines.expect("WINDOW_START", max(180, 2 * len(workers)))
         w0, p0, r0, s0 = cpu(ps), cpu(px), sum(redis_proc.cpu_times()[:2]), proxy_stats(cluster)
+        load0 = os.getloadavg()
         lines.expect("WINDOW_END", args.window + 600)
         w1, p1, r1, s1 = cpu(ps), cpu(px), sum(redis_proc.cpu_times()[:2]), proxy_stats(cluster)
+        load1 = os.getloadavg()
+        memory = worker_memory(ps)
         result: dict[str, Any] = json.loads(lines.expect("RESULT", 120))
         alive = {f"h{i}": [] for i in range(cluster.hosts)}  # type: dict[str, list[bool]]
         for name, p in zip(started, workers, strict=True):
@@ -329,9 +385,9 @@ def run_setting(cluster: Cluster, args: argparse.Namespace, rtt: str, dead_host:
         cluster.stop(proxies, timeout=5)
         cluster.stop([producer], timeout=5)
     done = max(result["rollouts_in_window"], 1)
-    first_claims = [
+    first_claims = sorted(
         result["first_claim"][name] - t0 for name, t0 in started.items() if name in result.get("first_claim", {})
-    ]
+    )
     row: dict[str, Any] = {
         "rtt_setting": rtt,
         "rtt_ms_asked": rtt_ms if via_proxy else None,
@@ -348,10 +404,17 @@ def run_setting(cluster: Cluster, args: argparse.Namespace, rtt: str, dead_host:
         if via_proxy
         else None,
         "seconds_to_first_claim": {
-            "min": round(min(first_claims), 2) if first_claims else None,
-            "median": round(sorted(first_claims)[len(first_claims) // 2], 2) if first_claims else None,
-            "max": round(max(first_claims), 2) if first_claims else None,
+            "workers": len(first_claims),
+            "min": round(first_claims[0], 2) if first_claims else None,
+            "median": round(first_claims[len(first_claims) // 2], 2) if first_claims else None,
+            "p95": round(first_claims[min(len(first_claims) - 1, int(0.95 * len(first_claims)))], 2)
+            if first_claims
+            else None,
+            "max": round(first_claims[-1], 2) if first_claims else None,
         },
+        "redis_connections_per_worker_process": round(result["redis_connections"] / len(workers), 2),
+        "load_average_1m": {"window_start": round(load0[0], 2), "window_end": round(load1[0], 2)},
+        "worker_memory_mb": memory,
         "workers_alive_at_end": alive,
     }
     if not dead_host:
@@ -484,6 +547,11 @@ def main() -> None:
     parser.add_argument("--dead-host-tasks", type=int, default=3000)
     parser.add_argument("--dead-host-rtt", default="2")
     parser.add_argument("--skip-dead-host", action="store_true")
+    parser.add_argument("--stagger", type=float, default=0.0, help="seconds between worker process starts")
+    parser.add_argument("--out", default="cluster", help="results name: bench/results/<out>.json")
+    parser.add_argument(
+        "--budget", type=float, default=0.0, help="seconds: skip a setting that would end past them (0: no limit)"
+    )
     # Internal: the producer process inside its namespace.
     parser.add_argument("--role", default="driver", choices=["driver", "producer"], help=argparse.SUPPRESS)
     parser.add_argument("--url", help=argparse.SUPPRESS)
@@ -511,8 +579,12 @@ def main() -> None:
 
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, interrupted)
+    check_memory(args.hosts * args.workers_per_host)
+    began = time.monotonic()
     rows: list[dict[str, Any]] = []
     dead: dict[str, Any] | None = None
+    skipped: list[str] = []
+    longest = 0.0  # the longest setting so far: the next one is assumed to take as long
     with tempfile.TemporaryDirectory(prefix="rollq-cluster-") as tmp:
         cluster = Cluster(args.hosts, Path(tmp))
         try:
@@ -522,22 +594,40 @@ def main() -> None:
                 settings = args.rtts.split(",")
                 # Alternate the order round by round, so that drift on the shared machine hits every setting alike.
                 for rtt in settings if round_ % 2 == 0 else list(reversed(settings)):
+                    if args.budget and time.monotonic() - began + longest > args.budget:
+                        print(f"skipping the {rtt} setting: it would end past --budget {args.budget:.0f} s", flush=True)
+                        skipped.append(rtt)
+                        continue
+                    at = time.monotonic()
                     rows.append({**run_setting(cluster, args, rtt, dead_host=False), "round": round_ + 1})
+                    longest = max(longest, time.monotonic() - at)
             if not args.skip_dead_host:
                 dead = run_setting(cluster, args, args.dead_host_rtt, dead_host=True)
         finally:
             cluster.close()
+    processes = args.hosts * args.workers_per_host
+    note = (
+        "2 shared cores: 4 hosts x 2 worker processes stand in for the issue's 8 x 32"
+        if processes < 256
+        else f"{processes} worker processes x {args.concurrency} in flight on 2 shared cores: CPU-bound, so "
+        "rollouts/s and % of ideal show the machine's cores; connections, Redis load and start-up are the fleet's"
+    )
     write_result(
-        "cluster",
+        args.out,
         {
             "hosts": args.hosts,
             "workers_per_host": args.workers_per_host,
             "concurrency": args.concurrency,
-            "note": "2 shared cores: 4 hosts x 2 worker processes stand in for the issue's 8 x 32",
+            "stagger_seconds": args.stagger,
+            "note": note,
+            "run_seconds": round(time.monotonic() - began),
+            "load_average_at_end": [round(x, 2) for x in os.getloadavg()],
             "rows": rows,
+            "settings_skipped_for_time": skipped,
             "dead_host": dead,
         },
         sys.argv[1:],
+        script="cluster",
     )
 
 
