@@ -463,7 +463,15 @@ def producer_role(args: argparse.Namespace) -> None:
         )
         feeder.start()
     say("QUEUED")
-    while connection.scard(f"rq:workers:{args.namespace}") < args.workers:  # type: ignore[operator]
+    # Every worker registered, or (one that failed to start must not hang a 256-process run) 90% of them and
+    # no new one for 30 s.
+    registered, grew_at = 0, time.monotonic()
+    while registered < args.workers:
+        now_registered = int(connection.scard(f"rq:workers:{args.namespace}"))  # type: ignore[arg-type]
+        if now_registered > registered:
+            registered, grew_at = now_registered, time.monotonic()
+        elif registered >= 0.9 * args.workers and time.monotonic() - grew_at > 30:
+            break
         time.sleep(0.1)
     started = time.monotonic()
     warm = min(args.in_flight, args.dead_host_tasks or args.in_flight)
@@ -513,6 +521,7 @@ def producer_role(args: argparse.Namespace) -> None:
             (info1["total_commands_processed"] - info0["total_commands_processed"]) / max(n1 - n0, 1), 1
         ),
         "redis_connections": info1["connected_clients"],
+        "workers_registered": registered,
         "redis_used_memory_mb": round(info1["used_memory"] / 2**20, 1),
         "duplicates": trainer.duplicates,
         "first_claim": first_claim,
