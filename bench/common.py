@@ -292,14 +292,15 @@ def machine() -> dict[str, Any]:
     }
 
 
-def write_result(name: str, data: dict[str, Any], argv: Sequence[str] = ()) -> Path:
-    """``bench/results/<name>.json`` with the date, the machine and the command that reproduces it."""
+def write_result(name: str, data: dict[str, Any], argv: Sequence[str] = (), *, script: str | None = None) -> Path:
+    """``bench/results/<name>.json`` with the date, the machine and the command (``bench/<script or name>.py``)
+    that reproduces it."""
     path = RESULTS / f"{name}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     document = {
         "benchmark": name,
         "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-        "command": " ".join(["python", f"bench/{name}.py", *argv]),
+        "command": " ".join(["python", f"bench/{script or name}.py", *argv]),
         "machine": machine(),
         # Other engineers' tests ran on the same 2 cores during these runs: figures are noisy.
         "shared_machine": True,

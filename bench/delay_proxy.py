@@ -9,6 +9,8 @@ chunk (order kept). With ``--rtt-ms 0`` chunks are forwarded at once, which is h
 cost is measured against the direct path. asyncio's timers wait in whole milliseconds (epoll), so a
 sub-millisecond delay comes out at about 1 ms each way: bench/cluster.py measures the round trip it
 actually got and reports that. ``--stats`` gets, four times a second, the chunks and bytes seen each way.
+``--rtt-file`` (a file holding "rtt_ms jitter_ms") overrides ``--rtt-ms``/``--jitter-ms`` and is read
+again four times a second, so one run of worker processes can be measured at several round trips.
 """
 
 from __future__ import annotations
@@ -22,13 +24,23 @@ import socket
 from pathlib import Path
 
 
+class Delay:
+    """Half the round trip and half the jitter, in seconds, as the proxy applies them now."""
+
+    def __init__(self, rtt_ms: float, jitter_ms: float) -> None:
+        self.set(rtt_ms, jitter_ms)
+
+    def set(self, rtt_ms: float, jitter_ms: float) -> None:
+        self.delay, self.jitter = rtt_ms / 2000, jitter_ms / 2000
+
+
 class Counters:
     def __init__(self) -> None:
         self.up_chunks = self.up_bytes = self.down_chunks = self.down_bytes = self.connections = 0
 
 
 async def pump(
-    reader: asyncio.StreamReader, writer: asyncio.StreamWriter, delay: float, jitter: float, up: bool, c: Counters
+    reader: asyncio.StreamReader, writer: asyncio.StreamWriter, d: Delay, fixed: bool, up: bool, c: Counters
 ) -> None:
     loop = asyncio.get_running_loop()
     queue: asyncio.Queue[tuple[float, bytes]] = asyncio.Queue()
@@ -44,7 +56,8 @@ async def pump(
             writer.write(data)
             await writer.drain()
 
-    sender = asyncio.create_task(send_later()) if delay > 0 else None
+    # A fixed zero delay forwards at once (the proxy's own cost); a delay that may change always queues.
+    sender = asyncio.create_task(send_later()) if d.delay > 0 or not fixed else None
     last_due = 0.0
     try:
         while True:
@@ -59,7 +72,7 @@ async def pump(
                 writer.write(data)
                 await writer.drain()
                 continue
-            last_due = max(last_due, loop.time() + delay + random.uniform(0, jitter))
+            last_due = max(last_due, loop.time() + d.delay + random.uniform(0, d.jitter))
             queue.put_nowait((last_due, data))
             if not data:
                 await sender
@@ -85,10 +98,12 @@ async def main() -> None:
     parser.add_argument("--rtt-ms", type=float, required=True)
     parser.add_argument("--jitter-ms", type=float, default=0.0)
     parser.add_argument("--stats")
+    parser.add_argument("--rtt-file")
     args = parser.parse_args()
     host, port = args.listen.rsplit(":", 1)
     up_host, up_port = args.upstream.rsplit(":", 1)
-    delay, jitter = args.rtt_ms / 2000, args.jitter_ms / 2000
+    delay = Delay(args.rtt_ms, args.jitter_ms)
+    fixed = args.rtt_file is None
     counters = Counters()
 
     async def handle(client_reader: asyncio.StreamReader, client_writer: asyncio.StreamWriter) -> None:
@@ -101,8 +116,8 @@ async def main() -> None:
         nodelay(client_writer)
         nodelay(server_writer)
         await asyncio.gather(
-            pump(client_reader, server_writer, delay, jitter, True, counters),
-            pump(server_reader, client_writer, delay, jitter, False, counters),
+            pump(client_reader, server_writer, delay, fixed, True, counters),
+            pump(server_reader, client_writer, delay, fixed, False, counters),
         )
 
     server = await asyncio.start_server(handle, host, int(port), backlog=1024)
@@ -112,6 +127,12 @@ async def main() -> None:
 
     async def report() -> None:
         while True:
+            if args.rtt_file:
+                try:
+                    rtt_ms, jitter_ms = (float(x) for x in Path(args.rtt_file).read_text().split())
+                    delay.set(rtt_ms, jitter_ms)
+                except (OSError, ValueError):
+                    pass  # being rewritten: keep the delay in force
             if args.stats:
                 tmp = Path(args.stats + ".tmp")
                 tmp.write_text(json.dumps(vars(counters)))

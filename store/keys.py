@@ -149,6 +149,12 @@ class Keys:
         return f"{self._tag}:replication-mark"
 
     @property
+    def reap_turn(self) -> str:
+        """Held for most of a heartbeat interval by the worker whose turn it is to run the namespace's periodic
+        reaper pass, so N workers make one pass per interval, not N."""
+        return f"{self._tag}:reap-turn"
+
+    @property
     def task_pattern(self) -> str:
         """``SCAN MATCH`` pattern of every task record of the namespace."""
         return f"{self._tag}:task:*"

@@ -63,13 +63,27 @@ class ReapReport:
     waited: bool = False  # the pass judged no deadline: Redis was just stalled or out of reach
 
 
-def reap(lifecycle: Lifecycle, *, results_maxlen: int, limit: int = 200, within: float = 0) -> ReapReport:
+def take_turn(lifecycle: Lifecycle, seconds: float) -> bool:
+    """True when the caller now holds the namespace's reaping turn for ``seconds`` (``SET NX PX``, one command).
+
+    Workers reap in turns: with every worker making every periodic pass, an idle fleet sent N x 5 commands per
+    heartbeat interval for one namespace's worth of work (bench/idle.py: 3.35 commands/s per idle worker,
+    docs/scaling.md). A turn held by a worker that died lapses after ``seconds``; the next worker to try takes it.
+    """
+    return bool(lifecycle.connection.set(lifecycle.keys.reap_turn, 1, nx=True, px=max(1, round(seconds * 1000))))
+
+
+def reap(
+    lifecycle: Lifecycle, *, results_maxlen: int, limit: int = 200, within: float = 0, clock: Clock | None = None
+) -> ReapReport:
     """Handle up to ``limit`` attempts whose heartbeat deadline has passed on Redis's clock, put back stranded
     jobs, move malformed ones aside, and sweep a few records for vanished jobs.
 
-    ``within`` promises the caller's next pass within that many seconds (see :meth:`Lifecycle.beat`).
+    ``within`` promises the caller's next pass within that many seconds (see :meth:`Lifecycle.beat`); a caller that
+    has just called :meth:`Lifecycle.beat` (a heartbeat) passes the ``clock`` it got instead, saving a second call.
     """
-    clock = lifecycle.beat(within=within)
+    if clock is None:
+        clock = lifecycle.beat(within=within)
     report = ReapReport(waited=clock.in_grace)
     if clock.in_grace:
         wait = (clock.grace_until or clock.now) - clock.now

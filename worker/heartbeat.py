@@ -5,6 +5,12 @@ blocked on RQ's dequeue can delay a heartbeat; a missed heartbeat is what makes
 another worker take the task over. Deadlines are computed by Redis when the
 heartbeat arrives (``store/lua/beat.lua``), so a heartbeat held up by a stalled
 Redis still counts in full.
+
+The periodic reaper pass is the namespace's, not each worker's: workers take it in turns
+(:func:`store.reaper.take_turn`), and a worker with no attempt running and no turn sends
+that one ``SET NX`` and nothing else. Whoever holds the turn also keeps the namespace's
+clock (``lua/beat.lua``): a turn is held for ``TURN_SHARE`` of an interval, so some
+worker takes the next one within an interval and the clock's promises hold.
 """
 
 from __future__ import annotations
@@ -15,10 +21,14 @@ from collections.abc import Callable
 
 import redis
 
-from rollq.store.reaper import reap
+from rollq.store.reaper import reap, take_turn
 from rollq.store.transitions import Lifecycle
 
 log = logging.getLogger(__name__)
+
+TURN_SHARE = 0.8
+"""The reaping turn lapses after this share of an interval: before its holder's own next try, so one live worker
+alone still reaps every interval, and a fleet makes about one pass per interval."""
 
 
 class Heartbeat(threading.Thread):
@@ -46,7 +56,13 @@ class Heartbeat(threading.Thread):
 
     def beat(self) -> None:
         members = self.members()
-        self.lifecycle.heartbeat(members, within=self.interval)
+        turn = take_turn(self.lifecycle, self.interval * TURN_SHARE)
+        if not members and not turn:
+            # Idle and not this worker's turn: nothing to vouch for, and the turn's holder keeps the clock.
+            if self.on_beat is not None:
+                self.on_beat()
+            return
+        clock = self.lifecycle.heartbeat(members, within=self.interval)
         if members and self.on_lost is not None:
             # An attempt no longer in flight was cancelled or taken over by a reaper: its agent
             # works for nothing, so the worker is told to stop it and free the slot.
@@ -57,7 +73,8 @@ class Heartbeat(threading.Thread):
                 self.on_lost(lost)
         if self.on_beat is not None:
             self.on_beat()
-        reap(self.lifecycle, results_maxlen=self.results_maxlen, within=self.interval)
+        if turn:
+            reap(self.lifecycle, results_maxlen=self.results_maxlen, within=self.interval, clock=clock)
 
     def run(self) -> None:
         while not self._stop_event.wait(self.interval):
