@@ -8,9 +8,10 @@ import time
 import pytest
 
 from rollq.store.keys import Keys
+from rollq.store.reaper import ReapReport
 from rollq.store.transitions import Lifecycle
 from rollq.worker import heartbeat as heartbeat_module
-from rollq.worker.heartbeat import Heartbeat
+from rollq.worker.heartbeat import REAP_BATCH, Heartbeat
 
 
 def _idle_heartbeats(redis_server, namespace: str, count: int, interval: float) -> list[Heartbeat]:
@@ -25,7 +26,12 @@ def _commands(connection) -> int:
 @pytest.fixture
 def passes(monkeypatch: pytest.MonkeyPatch) -> list[object]:
     made: list[object] = []
-    monkeypatch.setattr(heartbeat_module, "reap", lambda *a, **k: made.append(k.get("clock")))
+
+    def fake_reap(*args: object, **kwargs: object) -> ReapReport:
+        made.append(kwargs.get("clock"))
+        return ReapReport()
+
+    monkeypatch.setattr(heartbeat_module, "reap", fake_reap)
     return made
 
 
@@ -63,3 +69,19 @@ def test_the_turn_holder_keeps_the_clock_so_no_stall_is_seen_between_turns(redis
             beat.beat()
         time.sleep(0.5)
     assert not lifecycle.beat().in_grace
+
+
+def test_the_turn_holder_goes_on_reaping_while_passes_come_back_full(redis_server, namespace, monkeypatch):
+    # A dead host's thousands of attempts: one pass per interval would drain REAP_BATCH per interval.
+    reports = [ReapReport(requeued=REAP_BATCH), ReapReport(requeued=150, failed=50), ReapReport(requeued=7)]
+    made: list[object] = []
+
+    def fake_reap(*args: object, **kwargs: object) -> ReapReport:
+        made.append(kwargs.get("clock"))
+        return reports[len(made) - 1]
+
+    monkeypatch.setattr(heartbeat_module, "reap", fake_reap)
+    [beat] = _idle_heartbeats(redis_server, namespace, 1, interval=5.0)
+    beat.beat()
+    assert len(made) == 3
+    assert made[0] is not None and made[1] is None  # later passes read Redis's clock afresh
