@@ -248,13 +248,15 @@ class AgentRunner:
             rollout = failed_rollout(
                 rollout_id, attempt=claim.attempt, worker=self.worker_name, error=error, generation=claim.generation
             )
-            return self._publish(rollout_id, claim.attempt, rollout, failed=True, duration=None)
+            return self._publish(self.publication(rollout_id, claim.attempt, rollout, failed=True, duration=None))
         try:
             resources = self._resources(task, claim)
         except UnknownResourcesError as exc:
             log.error("task %s: %s", rollout_id, exc)
             rollout = self._stamp(Rollout(rollout_id=rollout_id), claim, exc)
-            return self._publish(rollout_id, claim.attempt, rollout, failed=True, duration=None, task=task)
+            return self._publish(
+                self.publication(rollout_id, claim.attempt, rollout, failed=True, duration=None, task=task)
+            )
         rollout_trace = self.tracer.start_rollout(rollout_id, claim.attempt)
         rollout_trace.root.set_attributes(
             {
@@ -386,20 +388,8 @@ class AgentRunner:
             generation=claim.generation,
         )
 
-    def _publish(
-        self,
-        rollout_id: str,
-        attempt: int,
-        rollout: Rollout,
-        *,
-        failed: bool,
-        duration: float | None,
-        task: Task | None = None,
-        resources_id: str | None = None,
-    ) -> AttemptResult:
-        publication = self.publication(
-            rollout_id, attempt, rollout, failed=failed, duration=duration, task=task, resources_id=resources_id
-        )
+    def _publish(self, publication: Publication) -> AttemptResult:
+        """Publish one rollout on its own (the batched path is the worker's finish batch)."""
         reply = replied(self.lifecycle.run_pipelined([publication.call])[0])
         return self.settle(publication, self.lifecycle.read_finish(reply))
 
