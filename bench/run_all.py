@@ -1,6 +1,7 @@
 """Run every benchmark, then regenerate docs/benchmarks.md, docs/throughput.png and docs/scaling.png.
 
-Run: nice -n 10 python bench/run_all.py [--skip-profile] [--skip-cluster]   (about 25 minutes on 2 cores)
+Run: nice -n 10 python bench/run_all.py [--skip-profile] [--skip-cluster]   (about 35 minutes on 2 cores)
+Needs the bench extra: pip install -e '.[dev,bench]' (matplotlib for the plots, psutil), and py-spy for the profile.
 
 Each benchmark runs with the short settings below (each setting well under a minute), so that the whole
 suite fits in a sitting on a shared 2-core machine; run a script on its own for longer windows.
@@ -15,6 +16,7 @@ py-spy (pip install py-spy) and is skipped without it.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import shutil
 import subprocess
@@ -44,6 +46,10 @@ def main() -> None:
     parser.add_argument("--skip-profile", action="store_true", help="do not run bench/profile.py (py-spy)")
     parser.add_argument("--skip-cluster", action="store_true", help="do not run bench/cluster.py (needs root)")
     args = parser.parse_args()
+    missing = [m for m in ("matplotlib", "psutil") if importlib.util.find_spec(m) is None]
+    if missing:
+        # Found out before 20 minutes of benchmarks, not at the first plot.
+        sys.exit(f"missing {', '.join(missing)}: pip install -e '.[dev,bench]'")
     names = list(BENCHMARKS)
     if not args.skip_cluster:
         if os.geteuid() == 0:
