@@ -163,6 +163,15 @@ def retry_policy(retries: int = _RETRIES) -> Retry:
     return _Retry(ExponentialBackoff(cap=_BACKOFF_CAP_SECONDS, base=0.05), retries)
 
 
+def _check_scheme(scheme: str, url: str) -> None:
+    """Refuse a URL scheme neither client speaks (``memory`` is handled before this)."""
+    if scheme not in ("redis", "rediss", "unix", "redis+sentinel"):
+        raise ValueError(
+            f"unsupported Redis URL scheme {scheme!r} in {describe(url)!r}: "
+            "use redis://, rediss://, unix://, redis+sentinel:// or memory://"
+        )
+
+
 def connect(url: str | None = None, *, retries: int = _RETRIES) -> redis.Redis:
     """A client for ``url`` (see the module docstring), retrying with backoff on connection errors.
 
@@ -173,11 +182,7 @@ def connect(url: str | None = None, *, retries: int = _RETRIES) -> redis.Redis:
     scheme = urlsplit(url).scheme
     if scheme == "memory":
         return fakeredis.FakeRedis(server=memory_server(urlsplit(url).netloc))
-    if scheme not in ("redis", "rediss", "unix", "redis+sentinel"):
-        raise ValueError(
-            f"unsupported Redis URL scheme {scheme!r} in {describe(url)!r}: "
-            "use redis://, rediss://, unix://, redis+sentinel:// or memory://"
-        )
+    _check_scheme(scheme, url)
     # TCP keepalive is a TCP socket option; redis-py's unix socket connection refuses it.
     tcp_only = {} if scheme == "unix" else {"socket_keepalive": True}
     options: dict[str, Any] = {
@@ -318,11 +323,7 @@ def connect_async(url: str | None = None, *, retries: int = _RETRIES, max_connec
     scheme = urlsplit(url).scheme
     if scheme == "memory":
         return fakeredis.FakeAsyncRedis(server=memory_server(urlsplit(url).netloc))
-    if scheme not in ("redis", "rediss", "unix", "redis+sentinel"):
-        raise ValueError(
-            f"unsupported Redis URL scheme {scheme!r} in {describe(url)!r}: "
-            "use redis://, rediss://, unix://, redis+sentinel:// or memory://"
-        )
+    _check_scheme(scheme, url)
     tcp_only = {} if scheme == "unix" else {"socket_keepalive": True}
     options: dict[str, Any] = {
         # A bounded pool that makes callers wait for a connection: a trainer gathering thousands
