@@ -11,15 +11,9 @@ RUN python -c "import tomllib; p = tomllib.load(open('pyproject.toml', 'rb'))['p
 print('\n'.join(p['dependencies'] + p['optional-dependencies']['dashboard']))" > /tmp/requirements.txt \
  && pip install -r /tmp/requirements.txt
 
-# Then rollq itself (rollq/ holds links to the subpackage folders; setuptools follows them).
+# Then rollq itself: the whole package is one folder.
 COPY README.md ./
 COPY rollq rollq
-COPY models models
-COPY store store
-COPY producer producer
-COPY worker worker
-COPY ops ops
-COPY compat compat
 RUN pip install --no-deps ".[dashboard]"
 COPY examples examples
 

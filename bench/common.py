@@ -222,7 +222,7 @@ _COMMAND = re.compile(rb"\*\d+\r\n\$\d+\r\n([A-Za-z]+)\r\n(?:\$\d+\r\n([0-9a-f]{
 # The SHA Redis knows each script by: its source as rollq loads it, with the generated header.
 _SCRIPTS = {
     hashlib.sha1(script_source(f.stem).encode()).hexdigest().encode(): f.stem
-    for f in (ROOT / "store" / "lua").glob("*.lua")
+    for f in (ROOT / "rollq" / "store" / "lua").glob("*.lua")
 }
 
 

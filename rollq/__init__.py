@@ -8,8 +8,8 @@ One import name, five layers, each importing only the ones above it in this list
 - :mod:`rollq.worker`: the worker side (``RolloutWorker``, ``LitAgent``, runner, tracer);
 - :mod:`rollq.ops`: the ``rollq`` command, status, metrics, dashboard, demo.
 
-In the source tree each subpackage is a top-level folder (``models/``, ``store/``, ...); ``rollq/`` holds links
-to them, so a checkout, an editable install and a wheel all import the same ``rollq.*`` names and nothing else.
+Each subpackage is a folder of ``rollq/``: the files live where their import name says, so a checkout, an
+editable install, a wheel, tracebacks and coverage all name the same paths.
 """
 
 from importlib.metadata import PackageNotFoundError, version

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parent.parent / "rollq"
 # What each layer may import from rollq besides itself.
 ALLOWED: dict[str, set[str]] = {
     "models": set(),

@@ -74,7 +74,7 @@ def test_every_field_name_the_scripts_use_comes_from_the_generated_header() -> N
     for field in ("task", "policy", "state", "claims", "attempt", "attempts", "worker", "result", "job"):
         assert f"{field} = '{field}'" in header
     for name in ("claim", "enqueue", "finish", "requeue", "restore", "revive", "reject", "reissue", "beat"):
-        source = (Path(__file__).resolve().parent.parent / "store" / "lua" / f"{name}.lua").read_text()
+        source = (Path(__file__).resolve().parent.parent / "rollq" / "store" / "lua" / f"{name}.lua").read_text()
         code = "\n".join(line for line in source.splitlines() if not line.lstrip().startswith("--"))
         for field in ("'task'", "'policy'", "'claims'", "'attempt'", "'attempts'", "'worker'", "'result'", "'job'"):
             assert field not in code, f"{name}.lua spells {field}"
