@@ -11,11 +11,13 @@ import pytest
 
 from rollq.models.contract import Task
 from rollq.models.errors import InvalidTaskError
-from rollq.models.policy import RolloutPolicy
+from rollq.models.policy import RolloutPolicy, RolloutStatus
 from rollq.store.connection import connect
 from rollq.store.jobs import read_rollq_jobs
-from rollq.store.keys import Keys, job_id, lua_header
-from rollq.store.transitions import Claim, ClaimRefused, Enqueued, FinishReply, Lifecycle, Published, Superseded
+from rollq.store.keys import Keys, job_id
+from rollq.store.replies import Claim, ClaimRefused, Enqueued, FinishReply, Published, Superseded
+from rollq.store.scripts import lua_header
+from rollq.store.transitions import Finish, Lifecycle
 
 JOB = job_id("r1")
 
@@ -29,7 +31,17 @@ def lifecycle() -> Lifecycle:
 
 
 def _publish(lc: Lifecycle, rollout_json: str) -> FinishReply:
-    return lc.finish("r1", 1, rollout_json, "succeeded", results_maxlen=100, dead_letter=False, now=time.time())
+    return lc.finish(
+        Finish(
+            rollout_id="r1",
+            attempt=1,
+            rollout_json=rollout_json,
+            status=RolloutStatus.SUCCEEDED,
+            results_maxlen=100,
+            dead_letter=False,
+            now=time.time(),
+        )
+    )
 
 
 def test_a_claim_sent_again_by_the_same_worker_gets_the_same_attempt(lifecycle: Lifecycle) -> None:
@@ -105,7 +117,7 @@ def test_a_heartbeat_counts_from_when_it_reaches_redis(lifecycle: Lifecycle) -> 
     claim = lifecycle.claim("r1", JOB, "worker-a")
     assert isinstance(claim, Claim)
     member = f"r1|{claim.attempt}"
-    clock = lifecycle.heartbeat({member: 30.0, "gone|1": 30.0})
+    clock = lifecycle.beat({member: 30.0, "gone|1": 30.0})
     deadline = lifecycle.connection.zscore(lifecycle.keys.inflight, member)
     assert deadline is not None and abs(deadline - (clock.now + 30)) < 0.01
     assert lifecycle.connection.zscore(lifecycle.keys.inflight, "gone|1") is None  # never re-added

@@ -34,8 +34,9 @@ from rollq.models.policy import RolloutPolicy, RolloutStatus
 from rollq.store.jobs import read_rollq_jobs, rollout_id_of
 from rollq.store.keys import Keys, inflight_member
 from rollq.store.records import parse_task
+from rollq.store.replies import Cancelled, ClaimRefused, Published
 from rollq.store.resources import ResourceStore
-from rollq.store.transitions import Cancelled, ClaimRefused, Lifecycle, Published
+from rollq.store.transitions import Finish, Lifecycle
 from rollq.worker.heartbeat import Heartbeat
 
 log = logging.getLogger(__name__)
@@ -181,13 +182,15 @@ class Gateway:
         except InvalidTaskError as error:
             rollout = failed_rollout(rollout_id, attempt=claim.attempt, worker=self.name, error=error)
             self.lifecycle.finish(
-                rollout_id,
-                claim.attempt,
-                rollout.model_dump_json(),
-                RolloutStatus.FAILED.value,
-                results_maxlen=self.results_maxlen,
-                dead_letter=True,
-                now=now,
+                Finish(
+                    rollout_id=rollout_id,
+                    attempt=claim.attempt,
+                    rollout_json=rollout.model_dump_json(),
+                    status=RolloutStatus.FAILED,
+                    results_maxlen=self.results_maxlen,
+                    dead_letter=True,
+                    now=now,
+                )
             )
             return None
         lease = min(self.lease_seconds, policy.timeout_seconds)
@@ -229,14 +232,16 @@ class Gateway:
             worker=client,
         )
         reply = self.lifecycle.finish(
-            rollout_id,
-            attempt,
-            rollout.model_dump_json(),
-            RolloutStatus.SUCCEEDED.value,
-            results_maxlen=self.results_maxlen,
-            dead_letter=False,
-            now=now,
-            duration=now - held.handed_at if held else None,
+            Finish(
+                rollout_id=rollout_id,
+                attempt=attempt,
+                rollout_json=rollout.model_dump_json(),
+                status=RolloutStatus.SUCCEEDED,
+                results_maxlen=self.results_maxlen,
+                dead_letter=False,
+                now=now,
+                duration=now - held.handed_at if held else None,
+            )
         )
         if isinstance(reply, Cancelled):
             return PostOutcome.CANCELLED, f"rollout {rollout_id} was cancelled; this result is dropped"

@@ -14,7 +14,8 @@ from rollq.models.contract import Rollout
 from rollq.models.policy import RolloutStatus, TaskState
 
 from .keys import Keys
-from .transitions import DEFAULT_RESULTS_MAX_BYTES, script_source
+from .scripts import script_source
+from .transitions import DEFAULT_RESULTS_MAX_BYTES
 
 
 class CancelOutcome(StrEnum):

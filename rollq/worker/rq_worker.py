@@ -56,8 +56,10 @@ from rollq.models.errors import InvalidTaskError
 from rollq.store.connection import connect, describe, describe_client, retry_policy
 from rollq.store.jobs import RollqJob, read_rollq_jobs, rollout_id_of
 from rollq.store.keys import Keys
+from rollq.store.replies import FinishReply
 from rollq.store.resources import ResourceStore
-from rollq.store.transitions import FinishReply, Lifecycle, replied
+from rollq.store.scripts import replied
+from rollq.store.transitions import Lifecycle
 
 from .bookkeeping import Batcher
 from .capture import CaptureProxy

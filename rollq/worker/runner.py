@@ -37,16 +37,9 @@ from rollq.models.outcomes import failed_rollout, stamp
 from rollq.models.policy import FailureKind, RolloutPolicy, RolloutStatus
 from rollq.store.keys import inflight_member
 from rollq.store.records import parse_task
-from rollq.store.transitions import (
-    Cancelled,
-    Claim,
-    ClaimRefused,
-    FinishReply,
-    Lifecycle,
-    ScriptCall,
-    Superseded,
-    replied,
-)
+from rollq.store.replies import Cancelled, Claim, ClaimRefused, FinishReply, Superseded
+from rollq.store.scripts import ScriptCall, replied
+from rollq.store.transitions import Finish, Lifecycle
 
 from .agent import LitAgent
 from .capture import AttemptCapture, CaptureProxy
@@ -428,17 +421,19 @@ class AgentRunner:
             failed = True
         status = RolloutStatus.FAILED if failed else RolloutStatus.SUCCEEDED
         call = self.lifecycle.finish_call(
-            rollout_id,
-            attempt,
-            data,
-            status.value,
-            results_maxlen=self.settings.results_maxlen,
-            dead_letter=failed,
-            now=time.time(),
-            duration=duration,
-            keep_seconds=self.settings.keep_seconds,
-            reward=rollout.final_reward if _finite(rollout.final_reward) else None,
-            resources_id=resources_id,
+            Finish(
+                rollout_id=rollout_id,
+                attempt=attempt,
+                rollout_json=data,
+                status=status,
+                results_maxlen=self.settings.results_maxlen,
+                dead_letter=failed,
+                now=time.time(),
+                duration=duration,
+                keep_seconds=self.settings.keep_seconds,
+                reward=rollout.final_reward if _finite(rollout.final_reward) else None,
+                resources_id=resources_id,
+            )
         )
         return Publication(rollout, attempt, AttemptStatus(status.value), call, task, member)
 
