@@ -354,7 +354,6 @@ class Lifecycle:
                 k.stats,
             ],
             args=[
-                task.rollout_id,
                 old_job_id,
                 jid,
                 now,
