@@ -197,7 +197,8 @@ class Lifecycle:
         self, rollout_id: str, job_id: str, rollout_json: str, *, results_maxlen: int, now: float
     ) -> FinishReply:
         """Fail a queued task whose record cannot be run, publishing ``rollout_json``; only ``job_id`` (the job
-        that stands for the task) may. :class:`Superseded` when the task no longer waits for that job."""
+        that stands for the task) may. :class:`~rollq.store.replies.Superseded` when the task no longer waits for
+        that job."""
         k = self.keys
         reply = self._reject(
             keys=[k.task(rollout_id), k.results, k.dead_letter, k.stats, k.resources_refs, k.results_trim],
@@ -223,8 +224,7 @@ class Lifecycle:
 
     def finish_call(self, finish: Finish) -> ScriptCall:
         """:meth:`finish` as a call to queue in a pipeline; :meth:`read_finish` reads its settled reply."""
-        k = self.keys
-        f = finish
+        k, f = self.keys, finish
         return ScriptCall(
             self._finish,
             [
@@ -271,8 +271,8 @@ class Lifecycle:
         """End ``attempt`` without an outcome and queue the task again as a new RQ job.
 
         A hand-back (``released``) goes to the front of the queue and gives the
-        attempt back. :class:`Superseded` when the attempt is not current,
-        :class:`StillAlive` when it heartbeated after ``stale_before``.
+        attempt back. :class:`~rollq.store.replies.Superseded` when the attempt is not current,
+        :class:`~rollq.store.replies.StillAlive` when it heartbeated after ``stale_before``.
         """
         k = self.keys
         jid = job_id(task.rollout_id, after_attempt=attempt)
