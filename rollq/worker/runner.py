@@ -1,13 +1,16 @@
-"""Running one claimed task: resources, hooks, tracer, agent, and publishing the outcome.
+"""Running one claimed task: resources, hooks, tracer, agent, and the outcome to publish.
 
-An attempt has two halves so that no thread waits while the agent runs.
-:meth:`AgentRunner.begin` claims the task (one Lua call), runs the start hooks
-and hands the agent to the :class:`AgentExecutor`, returning a
-:class:`Pending` whose future settles when the agent is done, timed out or
-handed back. :meth:`AgentRunner.complete` turns the outcome into a Rollout,
-runs the end hooks, and either publishes it (one Lua call, refused if a newer
-attempt took over) or requeues the task for a retry. The worker's client
-retries until Redis is back, so a finished rollout is not lost to an outage.
+An attempt has two halves so that no thread waits while the agent runs, and the
+worker runs each half for many jobs at once (:mod:`.rq_lifecycle`). The claim
+itself is sent in the worker's start batch; :meth:`AgentRunner.claimed` reads its
+reply, and :meth:`AgentRunner.launch` runs the start hooks and hands the agent to
+the :class:`AgentExecutor`, returning a :class:`Pending` whose future settles
+when the agent is done, timed out or handed back. :meth:`AgentRunner.conclude`
+turns the outcome into a Rollout, runs the end hooks, and either requeues the
+task for a retry or returns a :class:`Publication` whose finish call the
+worker's finish batch sends (refused if a newer attempt took over);
+:meth:`AgentRunner.settle` reads its reply. The worker's client retries until
+Redis is back, so a finished rollout is not lost to an outage.
 """
 
 from __future__ import annotations
@@ -203,16 +206,6 @@ class AgentRunner:
             self.executor.cancel(future)
         return len(futures)
 
-    def begin(self, rollout_id: str, job_id: str) -> Pending | AttemptResult:
-        """Claim ``rollout_id`` and start its agent; the result at once when there is nothing to run."""
-        claim = self.claim(rollout_id, job_id)
-        return claim if isinstance(claim, AttemptResult) else self.launch(rollout_id, claim)
-
-    def claim(self, rollout_id: str, job_id: str) -> Claim | AttemptResult:
-        """Claim ``rollout_id`` for ``job_id``: from here the task is ``running`` with a heartbeat deadline, where
-        a reaper finds it whatever happens to this process. The result at once when there is nothing to run."""
-        return self.claimed(rollout_id, job_id, self.lifecycle.claim(rollout_id, job_id, self.worker_name))
-
     def claimed(self, rollout_id: str, job_id: str, claim: Claim | ClaimRefused) -> Claim | AttemptResult:
         """What a claim's reply means for the job: the claim to launch, or the job's result when refused."""
         if isinstance(claim, ClaimRefused) and claim.reason == "invalid":
@@ -285,19 +278,6 @@ class AgentRunner:
                 task, policy, claim, rollout_trace, future, capture=capture
             )
         return pending
-
-    def complete(self, pending: Pending) -> AttemptResult:
-        """Publish, retry or hand back the attempt whose agent has finished; returns the RQ job result."""
-        outcome = self.conclude(pending)
-        if isinstance(outcome, AttemptResult):
-            return outcome
-        try:
-            reply: FinishReply | BaseException = self.lifecycle.read_finish(
-                replied(self.lifecycle.run_pipelined([outcome.call])[0])
-            )
-        except BaseException as exc:
-            reply = exc
-        return self.settle(outcome, reply)
 
     def conclude(self, pending: Pending) -> AttemptResult | Publication:
         """Turn a settled attempt into the rollout to publish, or retry or hand it back (the job's result then).
