@@ -35,9 +35,10 @@ from rq.worker import BaseWorker, WorkerStatus
 
 from rollq.store.transitions import FinishReply, replied
 
+from .attempt import Publication
 from .bookkeeping import Batcher
 from .faults import armed, crash_point
-from .runner import AgentRunner, AttemptResult, AttemptStatus, Pending, Publication
+from .runner import AgentRunner, AttemptResult, AttemptStatus, Pending
 from .slots import Slots
 
 log = logging.getLogger(__name__)
