@@ -75,6 +75,7 @@ PostOutcome = Settled
 @dataclass
 class _Held:
     attempt: Attempt
+    task: Task
     policy: RolloutPolicy
     resources_id: str | None  # the version the client was told to run with
     handed_at: float
@@ -186,7 +187,7 @@ class Gateway:
         # The version the claim saw as latest, so the client runs with what a worker would have.
         resources_id = task.resources_id or claim.latest_resources_id
         with self._lock:
-            self._held[attempt.member] = _Held(attempt, policy, resources_id, now, now + lease)
+            self._held[attempt.member] = _Held(attempt, task, policy, resources_id, now, now + lease)
         return task.model_copy(
             update={
                 "rollout_id": client_rollout_id(rollout_id, claim.attempt),
@@ -224,6 +225,7 @@ class Gateway:
             who.stamp(posted.model_copy(update={"rollout_id": rollout_id})),
             failed=False,
             duration=time.time() - held.handed_at if held else None,
+            task=held.task if held else None,
             resources_id=held.resources_id if held else None,
         )
         settled = self.attempts.settled(publication, self.attempts.publish(publication))

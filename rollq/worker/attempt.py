@@ -6,7 +6,8 @@ drift apart (they had: a rollout posted through ``serve-al`` for a revived task 
 task record said 2):
 
 - what a published rollout says of its attempt (``status``, ``attempt``, ``worker``, ``generation``,
-  ``error``, ``resources_id``): :meth:`Attempt.stamp`, :meth:`Attempt.failed`;
+  ``error``, ``resources_id``, the task's group): :meth:`Attempt.stamp`, :meth:`Attempt.failed`,
+  :meth:`Attempts.publication`;
 - how a claim the store refused is answered (an invalid task record is failed and dead-lettered, a missing
   or stale one skipped): :meth:`Attempts.refused`;
 - how a rollout that cannot be stored (not serialisable, too big) becomes a failed one saying so, and the
@@ -28,6 +29,7 @@ from enum import StrEnum
 
 from rollq.models.contract import Rollout, Task
 from rollq.models.errors import InvalidTaskError, PayloadTooLargeError, UnserializableResultError
+from rollq.models.groups import GROUP_FIELDS
 from rollq.models.outcomes import failed_rollout, stamp
 from rollq.models.policy import RolloutStatus
 from rollq.store.keys import TaskField, inflight_member
@@ -193,8 +195,12 @@ class Attempts:
         """``rollout`` (stamped by ``attempt``) as it will be published, with its finish call; one that cannot
         be serialised or is larger than ``max_result_bytes`` becomes a failed rollout that says so."""
         rollout_id = attempt.rollout_id
+        # The task's group (GRPO-style) travels with its rollout, for Producer.batches.
+        stamped = {k: task.metadata[k] for k in GROUP_FIELDS if k in task.metadata} if task is not None else {}
         if resources_id:
-            rollout = rollout.model_copy(update={"metadata": {**rollout.metadata, "resources_id": resources_id}})
+            stamped["resources_id"] = resources_id
+        if stamped:
+            rollout = rollout.model_copy(update={"metadata": {**rollout.metadata, **stamped}})
         try:
             data = rollout.model_dump_json()
         except Exception as exc:  # pydantic's error names the type it could not serialise
