@@ -138,6 +138,8 @@ def _check_trl(torch: Any, ns: dict[str, Any], batch: Batch) -> None:
     assert inputs["advantages"].shape == (b,) and inputs["num_items_in_batch"].ndim == 0
     loss_mask = (inputs["completion_mask"] * inputs["tool_mask"]).bool()  # as _compute_loss builds it
     assert [completion_ids[i][loss_mask[i]].tolist() for i in range(b)] == SAMPLED
+    attended = inputs["completion_mask"].bool() & ~loss_mask
+    assert [completion_ids[i][attended[i]].tolist() for i in range(b)] == GIVEN  # the model reads a tool's answer
     new = -completion_ids / 1000  # per_token_logps are those of completion_ids (logits_to_keep = R)
     assert torch.allclose(inputs["old_per_token_logps"] * loss_mask, new * loss_mask)
     assert int(inputs["num_items_in_batch"]) == sum(map(len, SAMPLED))
