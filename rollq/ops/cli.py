@@ -632,8 +632,10 @@ def metrics(ctx: click.Context, bind: str, port: int) -> None:
         server.shutdown()
 
 
+from rollq.compat.agl1.cli import serve_agl  # noqa: E402
 from rollq.compat.serve_al import serve_al  # noqa: E402  # kept at the end: few lines to merge
 from rollq.ops.tasks_cli import tasks  # noqa: E402
 
 main.add_command(serve_al)
+main.add_command(serve_agl)
 main.add_command(tasks)
