@@ -143,9 +143,9 @@ class Agl1Store:
                     "rollq workers run and finish this server's rollouts (run `rollq worker` with the AL 1.0 adapter)"
                 )
             self.producer.cancel([rollout_id])
-        kept = {k: str(v) for k, v in updates.items() if k in ("error_message", "k8s_job_name") and v is not None}
+        kept = [k for k, v in updates.items() if k in ("error_message", "k8s_job_name") and v is not None]
         if kept:
-            self.connection.hset(self.agl.status(rollout_id), mapping=kept)
+            self.connection.hset(self.agl.status(rollout_id), mapping={k: str(updates[k]) for k in kept})
         return self.get(rollout_id)[0]
 
     def delete(self, rollout_id: str) -> None:
