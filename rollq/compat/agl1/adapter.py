@@ -16,12 +16,12 @@ events such as ``{"event_type": "reward", "data": {"value": 1.0}}``) and ``AGL_K
   it), and the events are published with the rollout (``metadata["agl1_events"]``) for
   ``serve-agl``'s ``GET /api/rollouts/{id}/events``.
 
-Which classes may run is the worker's own configuration, never the task's: ``ROLLQ_AGL1_AGENT``
+Which classes may run is the worker's own configuration, never the task's: ``AGL1_AGENT_CLASS``
 names one or more (``module:Class`` or ``module.Class``, comma-separated), loaded when the worker
 starts; a rollout's ``config.local.agent_class`` only picks among them (the same name, or one a
 dotted suffix of the other) and a rollout naming another fails, saying so.
 
-Isolation (``ROLLQ_AGL1_ISOLATION``): ``process`` (default) runs each rollout in a child Python
+Isolation (``AGL1_ISOLATION``): ``process`` (default) runs each rollout in a child Python
 process as AL's local controller does (its own environment, any number in flight per worker, a
 crash or ``os._exit`` fails only that rollout; ~0.1-0.5 s to start); ``inline`` runs ``run()`` in
 the worker itself with ``os.environ`` set for it, one rollout at a time per process (the
@@ -71,8 +71,8 @@ from .upstream import (
 
 log = logging.getLogger(__name__)
 
-AGENT_ENV = "ROLLQ_AGL1_AGENT"
-ISOLATION_ENV = "ROLLQ_AGL1_ISOLATION"
+AGENT_ENV = "AGL1_AGENT_CLASS"
+ISOLATION_ENV = "AGL1_ISOLATION"
 _STDERR_TAIL = 2000
 
 # The child process: load the class named on its command line, run it, exit 0 or 1 (AL's local runner).
@@ -306,9 +306,9 @@ def endpoint() -> AgentEndpoint:
 
 
 class Agl1Agent(LitAgent):
-    """Runs the AL 1.0 agent classes the worker is configured with (``ROLLQ_AGL1_AGENT``, or ``agents``).
+    """Runs the AL 1.0 agent classes the worker is configured with (``AGL1_AGENT_CLASS``, or ``agents``).
 
-    ``rollq worker --agent rollq.compat.agl1:Agl1Agent`` with ``ROLLQ_AGL1_AGENT=calc_agent:Agent``.
+    ``rollq worker --agent rollq.compat.agl1:Agl1Agent`` with ``AGL1_AGENT_CLASS=calc_agent:Agent``.
     """
 
     def __init__(
@@ -398,7 +398,8 @@ class Agl1Agent(LitAgent):
         token = where.open(state)
         env.update(
             {
-                "AGL_KEY": self.key,
+                # Agents send it as a bearer key, so never empty: the worker's AGL_KEY, else the rollout's token.
+                "AGL_KEY": self.key or token,
                 "AGL_OPENAI_BASE_URL": f"{where.base(token)}/openai/v1",
                 "AGL_EVENT_URL": f"{where.base(token)}/events",
             }

@@ -75,7 +75,7 @@ def serve_agl(
     """Serve Agent Lightning 1.0's server API (agl-server's routes) from this namespace.
 
     AL 1.0's AglRolloutManager and clients point at http://HOST:PORT/ unchanged; rollouts are rollq
-    tasks, run by `rollq worker --agent rollq.compat.agl1:Agl1Agent` with ROLLQ_AGL1_AGENT=module:Class,
+    tasks, run by `rollq worker --agent rollq.compat.agl1:Agl1Agent` with AGL1_AGENT_CLASS=module:Class,
     so they survive restarts, are retried with attempts and bounded by config.timeout_seconds.
     """
     from rollq.producer.producer import Producer
