@@ -76,6 +76,21 @@ class Processes:
             ["worker", "--agent", "rollq.compat.agl1:Agl1Agent", "-c", str(concurrency), "--heartbeat-seconds", "1"],
         )
 
+    def controller(self, port: int) -> subprocess.Popen[bytes]:
+        """AL 1.0.2's own ``agl-controller`` (local runner: one Python subprocess per rollout)."""
+        log = open(self.directory / f"agl-controller-{len(self.started)}.log", "wb")  # noqa: SIM115
+        command = [
+            str(self.bin / "agl-controller"),
+            "runner_type=local",
+            f"agl_server.url=http://127.0.0.1:{port}",
+            f"agl_server.key={KEY}",
+            "local_runner.poll_interval=1",
+            f"hydra.run.dir={self.directory / 'hydra'}",
+        ]
+        proc = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=self.env, cwd=self.directory)
+        self.started.append((f"agl-controller-{len(self.started)}", proc))
+        return proc
+
     def stop(self) -> None:
         for name, proc in self.started:
             if proc.poll() is None:
@@ -214,3 +229,26 @@ def test_rollouts_complete_after_serve_agl_and_a_worker_are_killed_mid_run(
     results = _results(connection, namespace)
     assert len(results) == 2 * len(INPUTS) == len({r.rollout_id for r in results})
     assert max(int(r.metadata["attempt"]) for r in results) >= 2
+
+
+def test_agl_controller_runs_rollouts_of_serve_agl_unchanged(
+    agl1: tuple[Processes, HintedVLLM], agl1_bin: Path, redis_server: RedisServer, namespace: str, tmp_path: Path
+) -> None:
+    """AL's own agl-controller as the runner (no rollq worker): it PATCHes the rollouts, its agents call
+    serve-agl's rollout-addressed proxy and post their rewards there; AL's trainer client reads the same
+    triplets, and rollq publishes each rollout with triplets read from its events."""
+    processes, fake = agl1
+    port = free_port()
+    processes.server(port)
+    processes.controller(port)
+    driver = _drive(agl1_bin, f"http://127.0.0.1:{port}", fake, tmp_path)
+    output, _ = driver.communicate(timeout=300)
+    assert driver.returncode == 0, output[-3000:]
+    _check_completed(json.loads((tmp_path / "completed.json").read_text()), fake)
+    results = _results(redis_server.client(), namespace)
+    assert len(results) == 2 * len(INPUTS)
+    sent = {tuple(s.token_ids) for s in fake.sent.values()}
+    for rollout in results:
+        assert rollout.metadata["worker"] == "agl-controller" and rollout.triplets is not None
+        assert [tuple(t.response["token_ids"]) in sent for t in rollout.triplets] == [True, True]
+        assert rollout.final_reward == rollout.triplets[-1].reward

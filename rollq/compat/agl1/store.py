@@ -17,15 +17,17 @@ from typing import Any, cast
 
 import redis
 
-from rollq.models.contract import LLM
+from rollq.models.contract import LLM, Triplet
 from rollq.models.contract import Rollout as RollqRollout
 from rollq.models.errors import RolloutTrimmedError, UnknownTaskError
-from rollq.models.policy import TaskState
+from rollq.models.outcomes import stamp
+from rollq.models.policy import RolloutStatus, TaskState
 from rollq.producer.producer import Producer
 from rollq.producer.results import fetch_rollouts
-from rollq.store.keys import StreamField
+from rollq.store.keys import StreamField, TaskField, inflight_member
 from rollq.store.queries import read_attempts
 from rollq.store.records import TaskRecord, read_record, read_records
+from rollq.store.transitions import ClaimRefused, Published
 
 from . import events as event_views
 from .keys import Agl1Keys
@@ -52,9 +54,47 @@ RESOURCE_PREFIX = "agl1-"
 """Resources ``agl1-0``, ``agl1-1``...: the served model's endpoints, sorted, as rollq ``LLM`` resources."""
 PROXY_SETTINGS_KEY = "agl1_proxy"
 """``LLM.sampling_parameters`` key carrying the server's :class:`ProxySettings` to worker adapters."""
+RUNNER_NAME = "agl-controller"
+"""The worker name of attempts claimed by an external runner through ``PATCH ... running``."""
+RUNNER_GRACE_SECONDS = 60.0
+_PATCHABLE = ("error_message", "k8s_job_name", "last_attempt_id")
 INFLIGHT_LEASE_SECONDS = 330.0
 """A proxied call not ended after this long (its process died) stops counting as in flight."""
 _TERMINAL_BATCH = 1000
+
+
+class RunnerFailure(Exception):
+    """The failure an external runner reported for a rollout (its ``error_message``)."""
+
+
+def triplets_of(events: list[Event]) -> list[Triplet]:
+    """Training triplets from an attempt's triplet-format events, as AL's rollout manager builds them."""
+    triplets = []
+    for event in events:
+        data = event.data
+        if event.event_type != "model_request" or data.get("status") == "error":
+            continue
+        status = data.get("http_status")
+        if (isinstance(status, int) and status >= 400) or not data.get("response_token_ids"):
+            continue
+        triplets.append(
+            Triplet(
+                prompt={"token_ids": data.get("prompt_token_ids", [])},
+                response={"token_ids": data["response_token_ids"], "log_probs": data.get("response_log_probs")},
+                metadata={"server": data.get("server", {})},
+            )
+        )
+    reward = reward_of(events)
+    if triplets and reward is not None:
+        triplets[-1].reward = reward
+    return triplets
+
+
+def reward_of(events: list[Event]) -> float | None:
+    """The last ``reward`` event's value (AL's final reward), when it is a number."""
+    rewards = [e for e in events if e.event_type == "reward"]
+    value = rewards[-1].data.get("value") if rewards else None
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
 class InvalidTransition(Exception):
@@ -129,24 +169,84 @@ class Agl1Store:
         return found[:limit]
 
     def patch(self, rollout_id: str, patch: RolloutPatch) -> Rollout:
-        """Apply a client's PATCH: moving a rollout to ``failed`` cancels it; other moves belong to rollq's workers."""
+        """Apply a client's PATCH, as an external runner (AL's ``agl-controller``) sends them.
+
+        ``queuing -> running`` claims the task for that runner (a rollq attempt, taken off the queue so no
+        worker runs it; 409 if a worker already has it); ``running -> succeeded`` publishes the attempt with
+        triplets read from its events; ``running -> failed`` fails the attempt for good (a runner that
+        reports a failure has already given up; AL's controller never runs a rollout twice);
+        ``queuing -> failed`` cancels. Anything AL forbids is 409.
+        """
         record = self._record(rollout_id)
         current = view(record)
         updates = patch.status.model_dump(exclude_unset=True) if patch.status is not None else {}
         state = updates.pop("state", None)
+        kept = [k for k, v in updates.items() if k in _PATCHABLE and v is not None]
+        if kept:
+            self.connection.hset(self.agl.status(rollout_id), mapping={k: str(updates[k]) for k in kept})
         if state is not None and state != current.status.state:
             if state not in VALID_TRANSITIONS[current.status.state]:
                 raise InvalidTransition(f"Rollout {rollout_id}: cannot transition {current.status.state} -> {state}")
-            if state != RolloutState.FAILED:
-                raise InvalidTransition(
-                    f"Rollout {rollout_id}: cannot transition {current.status.state} -> {state}: "
-                    "rollq workers run and finish this server's rollouts (run `rollq worker` with the AL 1.0 adapter)"
-                )
-            self.producer.cancel([rollout_id])
-        kept = [k for k, v in updates.items() if k in ("error_message", "k8s_job_name") and v is not None]
-        if kept:
-            self.connection.hset(self.agl.status(rollout_id), mapping={k: str(updates[k]) for k in kept})
+            if state == RolloutState.RUNNING:
+                self._claim_for_runner(record)
+            elif current.status.state == RolloutState.QUEUING:
+                self.producer.cancel([rollout_id])
+            else:
+                self._finish_for_runner(self._record(rollout_id), state, updates.get("error_message"))
         return self.get(rollout_id)[0]
+
+    def _claim_for_runner(self, record: TaskRecord) -> None:
+        rid = record.task.rollout_id
+        job = cast(bytes | None, self.connection.hget(self.keys.task(rid), TaskField.JOB))
+        if job is None:
+            raise InvalidTransition(f"Rollout {rid}: it has no queued job to claim")
+        job_id = job.decode()
+        # Off RQ's queue first, so no worker takes it; the claim script then decides (a worker may have won).
+        pipe = self.connection.pipeline(transaction=False)
+        pipe.lrem(self.keys.rq_queue, 1, job_id)
+        pipe.delete(self.keys.rq_job(job_id))
+        pipe.execute()
+        claim = self.producer.lifecycle.claim(rid, job_id, RUNNER_NAME)
+        if isinstance(claim, ClaimRefused):
+            raise InvalidTransition(f"Rollout {rid}: cannot transition queuing -> running: it is {claim.state}")
+        # The runner keeps its own time limit; if it dies, the attempt is requeued once the limit has passed.
+        lease = record.policy.timeout_seconds + RUNNER_GRACE_SECONDS
+        self.producer.lifecycle.beat({inflight_member(rid, claim.attempt): lease})
+
+    def _finish_for_runner(self, record: TaskRecord, state: RolloutState, message: str | None) -> None:
+        rid, attempt = record.task.rollout_id, record.attempt
+        succeeded = state == RolloutState.SUCCEEDED
+        if succeeded and not (record.worker or "").startswith(RUNNER_NAME):
+            raise InvalidTransition(
+                f"Rollout {rid}: cannot transition running -> succeeded: a rollq worker runs it and will publish it"
+            )
+        events = event_views.query(self.events(rid), event_type=None, triplet=True, include_routed_experts=False)
+        triplets = triplets_of(events)
+        rollout = stamp(
+            RollqRollout(
+                rollout_id=rid,
+                triplets=triplets or None,
+                final_reward=reward_of(events),
+                metadata={"agl1_runner": record.worker},
+            ),
+            status=RolloutStatus.SUCCEEDED if succeeded else RolloutStatus.FAILED,
+            attempt=attempt,
+            worker=record.worker or RUNNER_NAME,
+            error=None if succeeded else RunnerFailure(message or "the runner reported the rollout failed"),
+            generation=record.generation,
+        )
+        reply = self.producer.lifecycle.finish(
+            rid,
+            attempt,
+            rollout.model_dump_json(),
+            (RolloutStatus.SUCCEEDED if succeeded else RolloutStatus.FAILED).value,
+            results_maxlen=self.producer.results_maxlen,
+            dead_letter=not succeeded,
+            now=time.time(),
+            reward=rollout.final_reward,
+        )
+        if not isinstance(reply, Published):
+            raise InvalidTransition(f"Rollout {rid}: attempt {attempt} is no longer current ({type(reply).__name__})")
 
     def delete(self, rollout_id: str) -> None:
         """Forget a rollout (cancelling it first if it has not ended); a missing id is a no-op."""
@@ -242,9 +342,20 @@ class Agl1Store:
         return self.record_event(rollout_id, attempt_id, body.event_type, body.data)
 
     def events(self, rollout_id: str) -> list[Event]:
-        """The events of the rollout's last attempt: those its worker published and those posted here, by time."""
+        """The events of the rollout's last attempt: those its worker published and those posted here, by time.
+
+        The last attempt is the one a runner reported (``last_attempt_id``: AL's controller always says "0"),
+        else rollq's current attempt.
+        """
         record = self._record(rollout_id)
-        attempt = str(record.attempt) if record.attempt > 0 else DEFAULT_ATTEMPT_ID
+        reported = self.connection.hget(self.agl.status(rollout_id), "last_attempt_id")
+        attempt = (
+            cast(bytes, reported).decode()
+            if reported
+            else str(record.attempt)
+            if record.attempt > 0
+            else DEFAULT_ATTEMPT_ID
+        )
         found = [e for e in self._posted(rollout_id) if e.attempt_id == attempt]
         result = self._result(record)
         if result is not None:
