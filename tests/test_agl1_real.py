@@ -184,6 +184,27 @@ def test_agl_rollout_manager_completes_calc_agent_with_exact_token_ids_and_rewar
     _check_completed(json.loads((tmp_path / "completed.json").read_text()), fake)
 
 
+def test_worker_agents_wait_out_a_proxy_pause_and_resume(
+    agl1: tuple[Processes, HintedVLLM], agl1_bin: Path, tmp_path: Path
+) -> None:
+    """``/proxy/pause`` reaches the agents in rollq workers: their calls get 429 + Retry-After (the openai SDK
+    waits and retries) and nothing reaches the model server until ``/proxy/resume``; then all complete."""
+    processes, fake = agl1
+    port = free_port()
+    processes.server(port)
+    processes.worker()
+    client = httpx.Client(base_url=f"http://127.0.0.1:{port}", headers={"Authorization": f"Bearer {KEY}"})
+    assert client.post("/proxy/pause", json={"retry_after_seconds": 2, "reason": "weight sync"}).json()["paused"]
+    driver = _drive(agl1_bin, f"http://127.0.0.1:{port}", fake, tmp_path)
+    time.sleep(6.0)  # agents started and were refused meanwhile (6 retries, 2 s apart, outlast it)
+    assert fake.received == []
+    assert client.get("/proxy/state").json()["paused"] is True
+    client.post("/proxy/resume")
+    output, _ = driver.communicate(timeout=240)
+    assert driver.returncode == 0, output[-3000:]
+    _check_completed(json.loads((tmp_path / "completed.json").read_text()), fake)
+
+
 def _results(connection: redis.Redis, namespace: str) -> list[Rollout]:
     entries = connection.xrange(Keys(namespace).results)
     return [Rollout.model_validate_json(fields[StreamField.ROLLOUT.encode()]) for _, fields in entries]
