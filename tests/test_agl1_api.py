@@ -238,3 +238,40 @@ def test_a_rollout_picks_only_among_the_agent_classes_the_worker_was_given() -> 
     assert agent._pick_class(None) == "agl1_agents.CalcAgent"
     with pytest.raises(Agl1AgentError, match="os.system"):
         agent._pick_class("os.system")
+
+
+def test_inline_isolation_runs_the_agent_in_process_with_its_environment_and_restores_it() -> None:
+    """``AGL1_ISOLATION=inline``: ``run()`` in the worker's own process; the calls and the reward become the
+    rollout's events, and ``os.environ`` is as it was afterwards."""
+    import os
+
+    from agl1_llm import HintedVLLM
+
+    from rollq.compat.agl1.mapping import EVENTS_METADATA_KEY, envelope
+    from rollq.compat.agl1.schemas import RolloutConfig, RolloutCreate, RolloutLocalConfig
+    from rollq.compat.agl1.store import PROXY_SETTINGS_KEY
+    from rollq.models.contract import LLM
+
+    fake = HintedVLLM().start()
+    try:
+        agent = Agl1Agent("agl1_agents:CalcAgent", isolation="inline", key="k")
+        local = RolloutLocalConfig(env_map={"QUESTION": "input.question", "RESULT": "input.result"})
+        task_input = envelope(
+            RolloutCreate(input={"question": "2+2? HINT=4", "result": "4"}, config=RolloutConfig(local=local))
+        )
+        settings = {**ProxySettings(model_name=MODEL).to_json(), "endpoint": fake.url, "version": 2}
+        resources = {"agl1-0": LLM(endpoint=fake.url, model=MODEL, sampling_parameters={PROXY_SETTINGS_KEY: settings})}
+        before = dict(os.environ)
+        rollout = asyncio.run(agent.validation_rollout_async(task_input, "r-inline", resources))  # type: ignore[arg-type]
+        assert dict(os.environ) == before
+        events = rollout.metadata[EVENTS_METADATA_KEY]
+        assert [e["event_type"] for e in events] == ["model_request", "model_request", "reward"]
+        assert events[-1]["data"] == {"value": 1.0}
+        assert events[0]["data"]["model_version"] == 2 and events[0]["data"]["server"]["endpoint"] == fake.url
+        # Val mode: the val temperature, no logprobs, token ids asked for.
+        assert [(b["temperature"], "logprobs" in b, b["return_token_ids"]) for b in fake.received] == [
+            (0.7, False, True),
+            (0.7, False, True),
+        ]
+    finally:
+        fake.stop()
