@@ -50,3 +50,14 @@ class CalcAgent:
 class CrashingAgent:
     async def run(self) -> None:
         raise RuntimeError("the agent fell over")
+
+
+class SleepingAgent:
+    """Writes its pid to ``PIDFILE`` and sleeps: for the tests that cut a rollout short."""
+
+    async def run(self) -> None:
+        import asyncio
+
+        with open(os.environ["PIDFILE"], "w") as out:
+            out.write(str(os.getpid()))
+        await asyncio.sleep(600)

@@ -275,3 +275,53 @@ def test_inline_isolation_runs_the_agent_in_process_with_its_environment_and_res
         ]
     finally:
         fake.stop()
+
+
+def _envelope(agent_class: str | None = None, env_map: dict[str, str] | None = None) -> dict[str, Any]:
+    from rollq.compat.agl1.mapping import envelope
+    from rollq.compat.agl1.schemas import RolloutConfig, RolloutCreate, RolloutLocalConfig
+
+    local = RolloutLocalConfig(agent_class=agent_class, env_map=env_map or {})
+    return envelope(RolloutCreate(input={}, config=RolloutConfig(local=local)))
+
+
+def test_an_agent_that_crashes_fails_its_rollout_with_the_child_s_error() -> None:
+    agent = Agl1Agent("agl1_agents:CrashingAgent")
+    with pytest.raises(Agl1AgentError, match=r"exited with code 1 on r-crash:.*the agent fell over"):
+        asyncio.run(agent.training_rollout_async(_envelope(), "r-crash", {}))
+
+
+def test_a_task_not_queued_through_the_al1_api_is_refused_by_name() -> None:
+    agent = Agl1Agent("agl1_agents:CrashingAgent")
+    with pytest.raises(Agl1AgentError, match="no 'agl1' key"):
+        asyncio.run(agent.training_rollout_async({"question": "q"}, "r-plain", {}))
+
+
+def test_a_cut_short_rollout_takes_its_agent_process_with_it(tmp_path: Any) -> None:
+    """A timeout (or hand-back) cancels the rollout: the child process is killed, not left running."""
+    import os
+    import time
+
+    pidfile = tmp_path / "pid"
+    agent = Agl1Agent("agl1_agents:SleepingAgent")
+
+    async def cut_short() -> None:
+        rollout = agent.training_rollout_async(_envelope(env_map={"PIDFILE": str(pidfile)}), "r-sleep", {})
+        task = asyncio.ensure_future(rollout)
+        for _ in range(200):
+            if pidfile.exists() and pidfile.read_text():
+                break
+            await asyncio.sleep(0.05)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(cut_short())
+    pid = int(pidfile.read_text())
+    for _ in range(50):
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.1)
+    pytest.fail(f"the agent's process {pid} outlived its rollout")

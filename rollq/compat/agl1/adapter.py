@@ -444,7 +444,8 @@ class Agl1Agent(LitAgent):
             sys.stderr.write(stderr.decode(errors="replace"))
         if proc.returncode != 0:
             tail = stderr.decode(errors="replace")[-_STDERR_TAIL:].strip()
-            raise Agl1AgentError(f"agent {agent} exited with code {proc.returncode} on {rollout_id}: {tail}")
+            last = tail.splitlines()[-1] if tail else "no output"  # the exception, when it is a traceback
+            raise Agl1AgentError(f"agent {agent} exited with code {proc.returncode} on {rollout_id}: {last}\n{tail}")
 
     async def _run_inline(self, cls: type, env: dict[str, str]) -> None:
         if self._inline_lock is None:
