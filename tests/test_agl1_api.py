@@ -325,3 +325,43 @@ def test_a_cut_short_rollout_takes_its_agent_process_with_it(tmp_path: Any) -> N
             return
         time.sleep(0.1)
     pytest.fail(f"the agent's process {pid} outlived its rollout")
+
+
+def test_an_agent_process_does_not_outlive_a_worker_killed_with_sigkill(tmp_path: Any) -> None:
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from servers import REPO
+
+    pidfile = tmp_path / "pid"
+    script = (
+        "import asyncio, sys\n"
+        "from rollq.compat.agl1.adapter import Agl1Agent\n"
+        "from test_agl1_api import _envelope\n"
+        "agent = Agl1Agent('agl1_agents:SleepingAgent')\n"
+        "asyncio.run(agent.training_rollout_async(_envelope(env_map={'PIDFILE': sys.argv[1]}), 'r-orphan', {}))\n"
+    )
+    env = {**os.environ, "PYTHONPATH": f"{REPO / 'tests'}{os.pathsep}{REPO}"}
+    worker = subprocess.Popen([sys.executable, "-c", script, str(pidfile)], env=env, cwd=REPO)
+    try:
+        for _ in range(200):
+            if pidfile.exists() and pidfile.read_text():
+                break
+            time.sleep(0.05)
+        child = int(pidfile.read_text())
+        worker.send_signal(signal.SIGKILL)
+        worker.wait(10)
+        for _ in range(50):
+            try:
+                os.kill(child, 0)
+            except ProcessLookupError:
+                return
+            time.sleep(0.1)
+        os.kill(child, signal.SIGKILL)
+        pytest.fail(f"the agent's process {child} outlived its SIGKILLed worker")
+    finally:
+        if worker.poll() is None:
+            worker.kill()

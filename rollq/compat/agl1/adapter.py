@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import json
 import logging
 import os
@@ -74,6 +75,7 @@ log = logging.getLogger(__name__)
 AGENT_ENV = "AGL1_AGENT_CLASS"
 ISOLATION_ENV = "AGL1_ISOLATION"
 _STDERR_TAIL = 2000
+_PR_SET_PDEATHSIG = 1
 
 # The child process: load the class named on its command line, run it, exit 0 or 1 (AL's local runner).
 _CHILD = """
@@ -88,6 +90,14 @@ except BaseException:
     traceback.print_exc()
     sys.exit(1)
 """
+
+
+def _die_with_parent() -> None:
+    """In the child, before exec: on Linux, SIGKILL it when the worker dies (even by SIGKILL), so no agent
+    outlives the worker that ran it; elsewhere nothing."""
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(OSError, AttributeError):
+            ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 class Agl1AgentError(RollqError):
@@ -431,6 +441,7 @@ class Agl1Agent(LitAgent):
             stderr=asyncio.subprocess.PIPE,
             env=child_env,
             start_new_session=True,
+            preexec_fn=_die_with_parent,
         )
         try:
             _, stderr = await proc.communicate()

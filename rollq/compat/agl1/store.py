@@ -10,6 +10,7 @@ does not (events posted to the server, models, the terminal log, the pause switc
 from __future__ import annotations
 
 import json
+import logging
 import time
 import uuid
 from collections.abc import Iterable
@@ -49,6 +50,8 @@ from .schemas import (
     TerminalRolloutsPage,
 )
 from .upstream import ProxySettings
+
+log = logging.getLogger(__name__)
 
 RESOURCE_PREFIX = "agl1-"
 """Resources ``agl1-0``, ``agl1-1``...: the served model's endpoints, sorted, as rollq ``LLM`` resources."""
@@ -317,7 +320,13 @@ class Agl1Store:
 
     def _posted(self, rollout_id: str) -> list[Event]:
         raw = cast(list[bytes], self.connection.lrange(self.agl.events(rollout_id), 0, -1))
-        return [Event.model_validate_json(item) for item in raw]
+        found = []
+        for item in raw:
+            try:
+                found.append(Event.model_validate_json(item))
+            except ValueError as exc:  # written by something else: left out, said once per read
+                log.warning("an event of rollout %s is not an AL Event and is left out: %s", rollout_id, exc)
+        return found
 
     def record_event(self, rollout_id: str, attempt_id: str, event_type: str, data: dict[str, Any]) -> Event:
         """Append one event to an attempt of an existing rollout; :class:`UnknownTaskError` if there is none."""
@@ -378,6 +387,13 @@ class Agl1Store:
         if models:
             self.connection.hset(
                 self.agl.models, mapping={json.dumps([m.model, m.endpoint]): m.model_dump_json() for m in models}
+            )
+        if models and not any(m.model == self.proxy.model_name for m in models):
+            log.warning(
+                "registered %s, but this server serves %r (--model-name): its proxy answers 503 until that model has "
+                "an endpoint",
+                sorted({m.model for m in models}),
+                self.proxy.model_name,
             )
         self._publish_resources()
         return models
