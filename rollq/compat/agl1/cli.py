@@ -9,6 +9,7 @@ import logging
 import socket
 
 import click
+from pydantic import ValidationError
 
 from rollq.models.policy import RolloutPolicy
 from rollq.store.connection import connect
@@ -89,7 +90,11 @@ def serve_agl(
     kinds = frozenset(k.strip() for k in retry_on.split(",") if k.strip())
     root = ctx.find_root().params
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    policy = RolloutPolicy(max_attempts=max_attempts, retry_on=kinds, unresponsive_seconds=unresponsive_seconds)  # type: ignore[arg-type]
+    try:
+        policy = RolloutPolicy(max_attempts=max_attempts, retry_on=kinds, unresponsive_seconds=unresponsive_seconds)  # type: ignore[arg-type]
+    except ValidationError as exc:
+        message = f"{retry_on!r}: use exception, timeout, unresponsive ({exc.error_count()} error(s))"
+        raise click.BadParameter(message, param_hint="--retry-on") from None
     producer = Producer(connect(root["url"]), root["namespace"], policy=policy)
     settings = ProxySettings(
         model_name=model_name,
