@@ -43,12 +43,12 @@ BUCKETS: list[tuple[str, tuple[str, ...]]] = [
     ("spans -> trace dicts (span_json)", ("span_json ",)),
     ("trace -> triplets", ("triplets_from_trace ",)),
     ("normalize, other", ("to_rollout ",)),
-    ("RQ start-of-job bookkeeping", ("prepare_execution ", "prepare_job_execution ", "RolloutWorker._rq_start ")),
-    ("RQ end-of-job bookkeeping", ("handle_job_success ", "handle_job_failure ", "RolloutWorker._rq_end ")),
+    ("RQ start-of-job bookkeeping", ("prepare_execution ", "prepare_job_execution ", "RqLifecycle._rq_start ")),
+    ("RQ end-of-job bookkeeping", ("handle_job_success ", "handle_job_failure ", "RqLifecycle._rq_end ")),
     # The batches' pipelines (claims with RQ's start writes; publications; RQ's end writes): packing and
     # sending the commands, reading the replies.
-    ("start batch: the pipeline (claims + RQ start)", ("RolloutWorker._start_batch ",)),
-    ("finish batch: the pipelines (publications, RQ end)", ("RolloutWorker._finish_batch ", "_end_jobs ")),
+    ("start batch: the pipeline (claims + RQ start)", ("RqLifecycle._start_batch ",)),
+    ("finish batch: the pipelines (publications, RQ end)", ("RqLifecycle._finish_batch ", "_end_jobs ")),
     ("rollq per-rollout tracer (root span, context)", ("OtelTracer.start_rollout ", "RolloutTrace.finish ")),
     ("agent code incl. its LLM/reward spans", ("training_rollout_async ", "validation_rollout_async ")),
     ("heartbeat + reaper thread", ("Heartbeat.",)),
