@@ -2,7 +2,7 @@
 
 The group and its global options are here; each command group is a module of this package (``demo``,
 ``worker``, ``enqueue``, ``resources``, ``tasks``, ``dead_letter``, ``rollouts``, ``status``, ``serve``), and
-``serve-al`` is :mod:`rollq.compat.serve_al`'s. Errors and exit codes: :mod:`rollq.ops.cli.errors`. Without
+``serve-al`` and ``serve-agl`` are :mod:`rollq.compat`'s. Errors and exit codes: :mod:`rollq.ops.cli.errors`. Without
 ``--url`` (or ``ROLLQ_REDIS_URL`` / ``REDIS_URL``) every command uses ``redis://localhost:6379/0``.
 """
 
@@ -12,6 +12,7 @@ import os
 
 import click
 
+from rollq.compat.agl1.cli import serve_agl
 from rollq.compat.serve_al import serve_al
 from rollq.store.keys import DEFAULT_NAMESPACE
 from rollq.worker import logs
@@ -83,6 +84,7 @@ for command in (
     serve.dashboard,
     serve.metrics,
     serve_al,
+    serve_agl,
 ):
     main.add_command(command)
 
