@@ -187,7 +187,7 @@ def test_otlp_root_span_carries_status_error_the_exception_and_the_rollout_attri
 
 
 class EmitsRewards(WorkloadAgent):
-    """Reports rewards as spans (emit_reward) and returns nothing: the README's way."""
+    """Reports rewards as spans (emit_reward) and returns nothing: the way docs/workers.md shows."""
 
     async def training_rollout_async(self, task_input, rollout_id, resources):  # type: ignore[no-untyped-def]
         emit_reward(0.1)
