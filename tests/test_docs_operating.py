@@ -1,5 +1,5 @@
-"""docs/operations.md's command-line block runs verbatim against a Redis on localhost:6379 (one of the test's own, inside a
-private network namespace), every line exiting 0."""
+"""docs/operations.md's command-line block runs verbatim against a Redis on localhost:6379 (one of the test's
+own, inside a private network namespace), every line exiting 0."""
 
 from __future__ import annotations
 
