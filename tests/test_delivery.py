@@ -57,6 +57,7 @@ def _ids(producer: Producer, n: int, spec: dict | None = None) -> list[str]:
     return [t.rollout_id for t in producer.enqueue_many([spec or {"sleep": 0}] * n)]
 
 
+@pytest.mark.slow
 def test_a_consumer_group_behind_the_count_bound_loses_nothing(redis_server, namespace, workers):
     # 1000 rollouts finish before the group reads any; the count bound is 100.
     producer = Producer.from_url(redis_server.url, namespace, results_maxlen=100)
@@ -161,6 +162,7 @@ def test_wait_paused_while_its_rollouts_are_trimmed_reports_them_as_trimmed(redi
     assert set(_states(producer, outcome["trimmed"])) != {None}
 
 
+@pytest.mark.slow
 def test_wait_and_a_group_reader_ride_out_a_25s_redis_restart(own_redis, namespace, workers, caplog):
     caplog.set_level(logging.WARNING, logger="rollq")
     server = own_redis(appendonly=True)
