@@ -33,6 +33,7 @@ from rollq.models.errors import (
     UnknownResourcesError,
     UnserializableResultError,
 )
+from rollq.models.llm_options import InvalidLLMOptionsError, agent_view
 from rollq.models.outcomes import failed_rollout, stamp
 from rollq.models.policy import FailureKind, RolloutPolicy, RolloutStatus
 from rollq.store.keys import inflight_member
@@ -268,9 +269,25 @@ class AgentRunner:
         capture = None
         if self.capture is not None and resources:
             # The agent sees its LLM endpoints through this attempt's own proxy addresses.
-            resources, capture = self.capture.open_attempt(
-                resources, trace.set_span_in_context(rollout_trace.root), self.tracer.capture_tracer()
-            )
+            self.capture.gate.note_version(claim.latest_resources_id)
+            try:
+                resources, capture = self.capture.open_attempt(
+                    resources,
+                    trace.set_span_in_context(rollout_trace.root),
+                    self.tracer.capture_tracer(),
+                    rollout_id=rollout_id,
+                    mode=task.mode,
+                    resources_id=task.resources_id or claim.latest_resources_id,
+                )
+            except InvalidLLMOptionsError as exc:
+                log.error("task %s: %s", rollout_id, exc)
+                rollout_trace.finish(error=exc)
+                rollout = self._stamp(Rollout(rollout_id=rollout_id), claim, exc)
+                return self._publish(
+                    self.publication(rollout_id, claim.attempt, rollout, failed=True, duration=None, task=task)
+                )
+        else:
+            resources = agent_view(resources)  # rollq's own LLM options are not the agent's to see
         self.hooks.rollout_start(task, self, self.tracer, rollout_trace.context)
         with self._lock:
             future = self.executor.submit(
