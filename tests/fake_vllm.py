@@ -64,6 +64,11 @@ class FakeVLLM:
     chunk_chars: int = 3
     chunk_pause: float = 0.0
     token_count_skew: int = 0
+    fail_next: int = 0
+    """Answer the next this many calls with ``fail_next_status`` (then answer normally)."""
+    fail_next_status: int = 503
+    name: str = "fake"
+    """In every response id (``chatcmpl-<name>-<n>``): several fakes behind one resource keep their ids apart."""
     in_flight: int = 0
     received: list[dict[str, Any]] = field(default_factory=list)
     sent: dict[str, Sent] = field(default_factory=dict)
@@ -119,6 +124,13 @@ class FakeVLLM:
                 await asyncio.sleep(self.delay)
             finally:
                 self.in_flight -= 1
+        if self.fail_next > 0:
+            self.fail_next -= 1
+            return web.json_response(
+                {"error": {"message": "the fake backend is failing on purpose", "type": "server_error"}},
+                status=self.fail_next_status,
+                headers={"Retry-After": "0"},
+            )
         if self.fail_status is not None:
             return web.json_response(
                 {"error": {"message": "the fake backend is failing on purpose", "type": "server_error"}},
@@ -138,7 +150,7 @@ class FakeVLLM:
 
     def _answer(self, body: dict[str, Any], chat: bool) -> tuple[str, str, Sent]:
         n = next(self._counter)
-        response_id = f"{'chatcmpl' if chat else 'cmpl'}-fake-{n}"
+        response_id = f"{'chatcmpl' if chat else 'cmpl'}-{self.name}-{n}"
         text = f"reply {n}"
         asked = body.get("logprobs")
         wanted = bool(asked) if chat else asked is not None and asked is not False
