@@ -63,7 +63,9 @@ class LLMOptions(BaseModel):
     backoff_max_seconds: float = Field(default=5.0, ge=0, le=600)
     """The longest wait between two retries."""
     eject_seconds: float = Field(default=10.0, ge=0, le=3600)
-    """How long an upstream that failed (unreachable, 502/503/504) is left out of the routing; 0 = never."""
+    """How long a failing upstream is left out of the routing; 0 = never."""
+    eject_after: int = Field(default=3, ge=1, le=100)
+    """Answers 502/503/504 in a row that take an upstream out; one that cannot be reached is taken out at once."""
 
     @field_validator("endpoints")
     @classmethod

@@ -64,7 +64,7 @@ _SAMPLING = ("temperature", "top_p", "max_tokens", "max_completion_tokens", "see
 
 
 _EJECTING = frozenset({502, 503, 504})
-"""Upstream answers that take the upstream out of the routing for a while (429 only slows down)."""
+"""Upstream answers that count towards taking the upstream out of the routing (429 only slows down)."""
 _RETRY_AFTER_CAP = 30.0
 
 
@@ -333,15 +333,14 @@ class CaptureProxy:
                 )
                 if isinstance(answer, web.StreamResponse):
                     if answer.status in _EJECTING:
-                        self.health.eject(upstream_url, route.options.eject_seconds)
+                        self._failed(upstream_url, route.options)
                     else:
                         self.health.restore(upstream_url)
                     return answer
                 status, retry_after = answer
                 if status in _EJECTING:
-                    self.health.eject(upstream_url, route.options.eject_seconds)
-                    avoid = upstream_url
-                retry_in = retry_after
+                    self._failed(upstream_url, route.options)
+                avoid, retry_in = upstream_url, retry_after  # the retry goes to another server, if there is one
             except aiohttp.ClientError as exc:
                 log.warning("LLM upstream %s failed (%s: %s); try %d of %d", upstream_url, type(exc).__name__, exc,
                             attempt, tries)  # fmt: skip
@@ -404,6 +403,11 @@ class CaptureProxy:
             return self._finish_plain(call, route, parent, upstream, await upstream.read())
         finally:
             upstream.release()
+
+    def _failed(self, upstream: str, options: LLMOptions) -> None:
+        if self.health.failed(upstream, seconds=options.eject_seconds, after=options.eject_after):
+            log.warning("LLM upstream %s failed %d times in a row: left out for %gs", upstream, options.eject_after,
+                        options.eject_seconds)  # fmt: skip
 
     def _paused(self, call: CapturedCall, route: _Route, parent: Context, exc: GateTimeout) -> web.Response:
         message = (

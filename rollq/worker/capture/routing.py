@@ -28,19 +28,32 @@ def rendezvous_order(rollout_id: str, upstreams: Sequence[str]) -> tuple[str, ..
 
 
 class UpstreamHealth:
-    """Upstreams taken out of the routing, until when (monotonic time); one per worker process."""
+    """Upstreams taken out of the routing, until when (monotonic time), and failures in a row; one per worker
+    process."""
 
     def __init__(self) -> None:
         self._out_until: dict[str, float] = {}
+        self._failures: dict[str, int] = {}
 
     def eject(self, upstream: str, seconds: float) -> None:
         """Leave ``upstream`` out for ``seconds`` (0: not at all)."""
         if seconds > 0:
             self._out_until[upstream] = time.monotonic() + seconds
+        self._failures.pop(upstream, None)
+
+    def failed(self, upstream: str, *, seconds: float, after: int) -> bool:
+        """Count a failed answer of ``upstream``; the ``after``-th in a row takes it out (True then)."""
+        count = self._failures.get(upstream, 0) + 1
+        self._failures[upstream] = count
+        if count >= after:
+            self.eject(upstream, seconds)
+            return True
+        return False
 
     def restore(self, upstream: str) -> None:
-        """``upstream`` answered: take it back at once."""
+        """``upstream`` answered: take it back at once, its failures forgotten."""
         self._out_until.pop(upstream, None)
+        self._failures.pop(upstream, None)
 
     def usable(self, upstream: str) -> bool:
         until = self._out_until.get(upstream)
