@@ -6,7 +6,9 @@ A simulated inference server (the demo's, on a thread of this process, latency u
 another, through each worker's capturing proxy). Once the server has most of them in flight, each round:
 
 1. ``producer.pause_llm()``: its ``seconds_to_drained`` (workers see the pause at their next heartbeat, then the
-   calls they have running finish), and the calls the server still had running when it returned (must be 0);
+   calls they have running finish: the longest call sets the pace), the gate's own share of it (from the last
+   call ending at the server to the pause returning), and the calls the server still had running when it
+   returned (must be 0);
 2. holds the pause ``--hold`` seconds (a weight load), counting calls that reach the server meanwhile (must be
    0), then ``update_resources`` as a trainer would;
 3. ``producer.resume_llm()``: the time from the resume to the first call reaching the server, and until the
@@ -50,6 +52,7 @@ class CountingLLM(SimulatedLLM):
         self.in_flight = 0
         self.arrived = 0
         self.last_arrival = 0.0
+        self.last_finish = 0.0
         self._lock = threading.Lock()
 
     async def _chat(self, request: web.Request) -> web.Response:
@@ -62,6 +65,7 @@ class CountingLLM(SimulatedLLM):
         finally:
             with self._lock:
                 self.in_flight -= 1
+                self.last_finish = time.monotonic()
 
 
 def _wait(check: Any, timeout: float, what: str, progress: Any = None) -> float:
@@ -107,6 +111,7 @@ def run_setting(server: Any, llm: CountingLLM, heartbeat: float, args: argparse.
             time.sleep(args.gap)
             before = llm.in_flight
             report = producer.pause_llm(timeout=120)
+            returned = time.monotonic()
             at_return = llm.in_flight
             arrived = llm.arrived
             time.sleep(args.hold)
@@ -121,6 +126,8 @@ def run_setting(server: Any, llm: CountingLLM, heartbeat: float, args: argparse.
                 "round": number + 1,
                 "calls_in_flight_before": before,
                 "seconds_to_drained": round(report.seconds_to_drained, 3),
+                # The gate's own share: from the last call ending at the server to the pause returning.
+                "last_call_end_to_drained_s": round(returned - llm.last_finish, 3),
                 "workers": report.workers,
                 "calls_at_server_when_drained": at_return,
                 "calls_reaching_server_while_paused": during_hold,
@@ -134,6 +141,7 @@ def run_setting(server: Any, llm: CountingLLM, heartbeat: float, args: argparse.
     finally:
         workers.stop(timeout=60)
     drained = [r["seconds_to_drained"] for r in rounds]
+    lags = [r["last_call_end_to_drained_s"] for r in rounds]
     first_calls = [r["resume_to_first_call_ms"] for r in rounds]
     return {
         "heartbeat_seconds": heartbeat,
@@ -141,6 +149,8 @@ def run_setting(server: Any, llm: CountingLLM, heartbeat: float, args: argparse.
         "processes": PROCESSES,
         "seconds_to_drained_p50": round(statistics.median(drained), 3),
         "seconds_to_drained_max": max(drained),
+        "last_call_end_to_drained_s_p50": round(statistics.median(lags), 3),
+        "last_call_end_to_drained_s_max": max(lags),
         "resume_to_first_call_ms_p50": round(statistics.median(first_calls), 1),
         "resume_to_first_call_ms_max": max(first_calls),
         "load_average": [round(v, 1) for v in os.getloadavg()],  # the 1/5/15-minute load: this box is shared

@@ -105,15 +105,20 @@ class Heartbeat(threading.Thread):
             return take_turn(self.lifecycle, self.interval * TURN_SHARE)
         pipe = self.lifecycle.connection.pipeline(transaction=False)
         queue_take_turn(self.lifecycle, self.interval * TURN_SHARE, pipe)
-        read = self.piggyback(pipe)
-        turn, reply = pipe.execute(raise_on_error=False)
         try:
-            read(reply)
-        except Exception:
-            log.exception("the LLM gate report failed; trying again at the next heartbeat")
-        if isinstance(turn, Exception):
-            raise turn
-        return bool(turn)
+            read = self.piggyback(pipe)
+        except Exception:  # the piggyback never costs the attempts their heartbeat
+            log.exception("the heartbeat's piggyback failed; trying again at the next heartbeat")
+            read = None
+        replies = pipe.execute(raise_on_error=False)
+        if read is not None:
+            try:
+                read(replies[1])
+            except Exception:
+                log.exception("the heartbeat's piggyback failed; trying again at the next heartbeat")
+        if isinstance(replies[0], Exception):
+            raise replies[0]
+        return bool(replies[0])
 
     def run(self) -> None:
         while not self._stop_event.wait(self.interval):

@@ -103,7 +103,10 @@ class CallGate:
                 if left <= 0:
                     raise GateTimeout(time.monotonic() - started, self.retry_after)
                 try:
-                    await asyncio.wait_for(self._opened.wait(), left)
+                    # asyncio.timeout, not wait_for: no task per waiter, so a resume that wakes hundreds of calls
+                    # at once schedules them and nothing more.
+                    async with asyncio.timeout(left):
+                        await self._opened.wait()
                 except TimeoutError:
                     continue
         finally:
@@ -123,7 +126,10 @@ class CallGate:
             self.on_drained(self.counts())
 
     def counts(self) -> GateCounts:
-        return GateCounts(self.closed_for, self.in_flight, self.waiting)
+        """The counts now (from any thread: the epoch is read first, so a closed gate's calls are never
+        understated)."""
+        closed_for = self.closed_for
+        return GateCounts(closed_for, self.in_flight, self.waiting)
 
     def _close(self, epoch: int) -> GateCounts:
         if self._open.is_set():

@@ -42,7 +42,7 @@ class PauseFollower:
     # -- start and stop --------------------------------------------------------------------------------------
     def start(self) -> None:
         """Report once before the proxy admits any call: a worker that starts during a pause honours it."""
-        counts = self.gate.read()
+        counts = self.gate.counts()
         self._apply(self.reporter.report(ack=counts.closed_for, in_flight=counts.in_flight, waiting=counts.waiting))
 
     def stop(self) -> None:
@@ -57,8 +57,11 @@ class PauseFollower:
 
     # -- the heartbeat's piggyback ---------------------------------------------------------------------------
     def queue(self, pipe: Any) -> Callable[[Any], None]:
-        """Queue this beat's report on the heartbeat's pipeline; the returned function reads its reply."""
-        counts = self.gate.read()
+        """Queue this beat's report on the heartbeat's pipeline; the returned function reads its reply.
+
+        The counts are read off the proxy's loop, without waiting for it (a busy loop never delays a heartbeat):
+        the epoch first, then the calls, so a report can only overstate what runs under a closed gate."""
+        counts = self.gate.counts()
         read = self.reporter.queue(pipe, ack=counts.closed_for, in_flight=counts.in_flight, waiting=counts.waiting)
 
         def done(reply: Any) -> None:
