@@ -238,6 +238,10 @@ class StatsField(StrEnum):
     DURATION_SUM = "duration:sum"
     RESULTS_BYTES = "results:bytes"  # payload bytes (rollout JSON + rollout id) on the results stream
     DROPPED_CANCELLED = "dropped:cancelled"  # results of cancelled attempts that arrived and were dropped
+    GROUPS_DELIVERED = "groups:delivered"  # complete groups handed to a trainer by Producer.batches
+    GROUPS_STALE_DROPPED = "groups:stale-dropped"  # groups older than the staleness bound, dropped
+    GROUPS_STALE_REQUEUED = "groups:stale-requeued"  # groups older than the staleness bound, queued again
+    GROUPS_FAILED_DROPPED = "groups:failed-dropped"  # groups with a failed, cancelled or lost member, dropped
 
 
 TRIMMED_TO = "trimmed-to"
