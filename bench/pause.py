@@ -14,9 +14,11 @@ another, through each worker's capturing proxy). Once the server has most of the
 3. ``producer.resume_llm()``: the time from the resume to the first call reaching the server, and until the
    server has half as many calls in flight as before the pause again.
 
-Run for each heartbeat interval of ``--heartbeats`` (the pause's detection lag is up to one interval).
+Run for each of ``--settings``: the workers' heartbeat interval, and whether they listen on the gate's channel
+(they see a pause at once) or only see it at their heartbeat (a lag of up to one interval).
 
-    python bench/pause.py [--in-flight 1000] [--latency 5] [--rounds 4] [--hold 2] [--heartbeats 5,1]
+    python bench/pause.py [--in-flight 1000] [--latency 5] [--rounds 3] [--hold 2]
+                          [--settings 5:listen,5:heartbeat,1:heartbeat]
 """
 
 from __future__ import annotations
@@ -81,8 +83,10 @@ def _wait(check: Any, timeout: float, what: str, progress: Any = None) -> float:
     return time.monotonic() - started
 
 
-def run_setting(server: Any, llm: CountingLLM, heartbeat: float, args: argparse.Namespace, log_dir: Path) -> dict:
-    namespace = f"pause-{heartbeat:g}"
+def run_setting(
+    server: Any, llm: CountingLLM, heartbeat: float, listen: bool, args: argparse.Namespace, log_dir: Path
+) -> dict:
+    namespace = f"pause-{heartbeat:g}-{'listen' if listen else 'heartbeat'}"
     producer = Producer.from_url(server.url, namespace)
     producer.update_resources({"llm": LLM(endpoint=llm.url, model="sim")})
     workers = rollq_workers(
@@ -92,7 +96,11 @@ def run_setting(server: Any, llm: CountingLLM, heartbeat: float, args: argparse.
         agent="bench.agents:ProxiedLLMAgent",
         concurrency=args.in_flight // PROCESSES,
         log_dir=log_dir,
-        extra_env={"ROLLQ_HEARTBEAT_SECONDS": str(heartbeat), "ROLLQ_GRACE_SECONDS": "0"},
+        extra_env={
+            "ROLLQ_HEARTBEAT_SECONDS": str(heartbeat),
+            "ROLLQ_GRACE_SECONDS": "0",
+            "ROLLQ_LLM_GATE_LISTEN": "1" if listen else "0",
+        },
     )
     rounds: list[dict[str, Any]] = []
     try:
@@ -106,7 +114,8 @@ def run_setting(server: Any, llm: CountingLLM, heartbeat: float, args: argparse.
             return f"{llm.in_flight} calls at the server, {running} rollouts running, {llm.arrived} calls so far"
 
         ramp = _wait(lambda: llm.in_flight >= target, 300, f"{target} calls in flight", progress)
-        print(f"heartbeat {heartbeat:g}s: {llm.in_flight} calls in flight after {ramp:.1f}s", flush=True)
+        how = "listening" if listen else "heartbeat only"
+        print(f"heartbeat {heartbeat:g}s, {how}: {llm.in_flight} calls in flight after {ramp:.1f}s", flush=True)
         for number in range(args.rounds):
             time.sleep(args.gap)
             before = llm.in_flight
@@ -145,6 +154,7 @@ def run_setting(server: Any, llm: CountingLLM, heartbeat: float, args: argparse.
     first_calls = [r["resume_to_first_call_ms"] for r in rounds]
     return {
         "heartbeat_seconds": heartbeat,
+        "listening": listen,
         "in_flight": args.in_flight,
         "processes": PROCESSES,
         "seconds_to_drained_p50": round(statistics.median(drained), 3),
@@ -163,19 +173,25 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--in-flight", type=int, default=1000, help="rollouts in flight (default 1000)")
     parser.add_argument("--latency", type=float, default=5.0, help="mean seconds per LLM call (default 5)")
-    parser.add_argument("--rounds", type=int, default=4, help="pauses per setting (default 4)")
+    parser.add_argument("--rounds", type=int, default=3, help="pauses per setting (default 3)")
     parser.add_argument("--hold", type=float, default=2.0, help="seconds each pause is held (default 2)")
     parser.add_argument("--gap", type=float, default=4.0, help="seconds between pauses (default 4)")
-    parser.add_argument("--heartbeats", default="5,1", help="worker heartbeat intervals to run, s (default 5,1)")
+    parser.add_argument(
+        "--settings",
+        default="5:listen,5:heartbeat,1:heartbeat",
+        help="worker heartbeat (s) and how workers see a pause (listen: the gate's channel too; heartbeat: only it), "
+        "comma-separated (default 5:listen,5:heartbeat,1:heartbeat)",
+    )
     args = parser.parse_args()
     log_dir = Path(tempfile.mkdtemp(prefix="rollq-bench-pause-"))
     print(f"worker logs in {log_dir}", flush=True)
     settings = []
     with private_redis() as server, CountingLLM(latency=(0.5 * args.latency, 1.5 * args.latency)) as llm:
-        for heartbeat in (float(h) for h in args.heartbeats.split(",")):
-            settings.append(run_setting(server, llm, heartbeat, args, log_dir))
+        for setting in args.settings.split(","):
+            heartbeat, _, how = setting.partition(":")
+            settings.append(run_setting(server, llm, float(heartbeat), how != "heartbeat", args, log_dir))
     argv = [f"--in-flight={args.in_flight}", f"--latency={args.latency}", f"--rounds={args.rounds}"]
-    argv += [f"--hold={args.hold}", f"--gap={args.gap}", f"--heartbeats={args.heartbeats}"]
+    argv += [f"--hold={args.hold}", f"--gap={args.gap}", f"--settings={args.settings}"]
     path = write_result("pause", {"settings": vars(args), "results": settings}, argv)
     print(json.dumps([{k: v for k, v in s.items() if k != "rounds"} for s in settings], indent=2))
     print(f"wrote {path}")

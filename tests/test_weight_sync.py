@@ -40,12 +40,13 @@ def _live(producer: Producer, count: int) -> None:
     wait_until(lambda: producer.llm_gate_status().workers == count, f"{count} worker(s) reporting to the LLM gate")
 
 
+@pytest.mark.parametrize("listen", ["1", "0"], ids=["listening", "heartbeat-only"])
 def test_a_pause_across_two_workers_lets_running_calls_finish_holds_new_ones_and_resume_releases_them(
-    redis_server: RedisServer, namespace: str, workers: Callable[..., WorkerProcess], fake: FakeVLLM
+    redis_server: RedisServer, namespace: str, workers: Callable[..., WorkerProcess], fake: FakeVLLM, listen: str
 ) -> None:
     producer, v1 = _producer(redis_server, namespace, fake)
     for _ in range(2):
-        workers(redis_server.url, namespace, env={**AGENT, "ROLLQ_CONCURRENCY": "4"})
+        workers(redis_server.url, namespace, env={**AGENT, "ROLLQ_CONCURRENCY": "4", "ROLLQ_LLM_GATE_LISTEN": listen})
     _live(producer, 2)
     fake.delay = 1.5
     tasks = producer.enqueue_many([{"steps": ["async", "async"]} for _ in range(8)], mode="train")
@@ -146,6 +147,24 @@ def test_the_async_producer_pauses_and_resumes(
 
     seconds, paused, after = asyncio.run(main())
     assert paused and not after and seconds < 5
+
+
+def test_a_listening_worker_sees_a_pause_at_once_not_at_its_next_heartbeat(
+    redis_server: RedisServer, namespace: str, workers: Callable[..., WorkerProcess], fake: FakeVLLM
+) -> None:
+    producer, _ = _producer(redis_server, namespace, fake)
+    for _ in range(2):
+        workers(redis_server.url, namespace, env={**AGENT, "ROLLQ_HEARTBEAT_SECONDS": "30"})
+    _live(producer, 2)
+    times = []
+    for _ in range(3):
+        with producer.weight_sync(timeout=10) as report:
+            times.append(report.seconds_to_drained)
+        assert report.workers == 2
+    assert max(times) < 2.0, times  # a heartbeat is 30 s here
+    [task] = producer.enqueue_many([{"steps": ["async"]}], mode="train")
+    [rollout] = producer.wait([task.rollout_id], timeout=30)
+    assert rollout.metadata["status"] == "succeeded"  # and the gates opened again
 
 
 def test_a_worker_that_stops_is_no_longer_waited_for(

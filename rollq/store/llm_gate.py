@@ -20,7 +20,7 @@ import asyncio
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import redis
 import redis.asyncio
@@ -37,7 +37,8 @@ LISTED = 20
 """Workers named in a status (and a timeout error) at most."""
 REPORT_TTL_BEATS = 3
 """A worker's report stays live for this many of its heartbeat intervals."""
-RESUME_PREFIX = "resume|"
+PAUSE, RESUME = "pause", "resume"
+"""The kinds of message on the gate's channel (see :func:`parse_event`)."""
 
 
 @dataclass(frozen=True)
@@ -91,7 +92,7 @@ def _text(value: Any) -> str:
 
 
 def pause_args(keys: Keys, lease: float | None) -> tuple[list[str], list[Any]]:
-    return [keys.llm_pause, keys.llm_gate], [round(lease * 1000) if lease else 0]
+    return [keys.llm_pause, keys.llm_gate], [round(lease * 1000) if lease else 0, keys.llm_gate_channel]
 
 
 def resume_args(keys: Keys) -> tuple[list[str], list[Any]]:
@@ -136,14 +137,26 @@ def parse_reading(reply: list[Any]) -> GateReading:
     return GateReading(int(epoch) if epoch else None, latest or None)
 
 
-def parse_announcement(data: Any) -> tuple[int | None, str | None]:
-    """The pause epoch a resume lifted and the latest resources id it announced (None when none); ValueError for
-    another message."""
+@dataclass(frozen=True)
+class GateEvent:
+    """A message on the gate's channel: a pause (its epoch) or a resume (the epoch lifted, the latest version)."""
+
+    kind: Literal["pause", "resume"]
+    epoch: int | None
+    latest: str | None = None
+
+
+def parse_event(data: Any) -> GateEvent:
+    """The :class:`GateEvent` of a channel message (``pause|<epoch>`` or ``resume|<epoch>|<latest>``);
+    ValueError for anything else."""
     text = _text(data)
-    if not text.startswith(RESUME_PREFIX):
-        raise ValueError(f"not a resume announcement: {text[:80]!r}")
-    epoch, _, latest = text[len(RESUME_PREFIX) :].partition("|")
-    return (int(epoch) if epoch.isdigit() else None), latest or None
+    kind, _, rest = text.partition("|")
+    epoch, _, latest = rest.partition("|")
+    if kind == PAUSE and epoch.isdigit():
+        return GateEvent("pause", int(epoch))
+    if kind == RESUME:
+        return GateEvent("resume", int(epoch) if epoch.isdigit() else None, latest or None)
+    raise ValueError(f"not a gate event: {text[:80]!r}")
 
 
 class _Drain:
@@ -279,7 +292,7 @@ class GateReporter:
         return GateReading(int(_text(epoch)) if epoch else None, _text(latest) if latest else None)
 
     def listen(self) -> Any:
-        """A pub/sub subscription to resume announcements (close it when done)."""
+        """A pub/sub subscription to the gate's pause and resume announcements (close it when done)."""
         pubsub = self.connection.pubsub(ignore_subscribe_messages=True)
         pubsub.subscribe(self.keys.llm_gate_channel)
         return pubsub

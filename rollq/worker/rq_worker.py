@@ -255,7 +255,7 @@ class RolloutWorker(SimpleWorker):
             self._capture = CaptureProxy(gate=CallGate(self.settings.llm_pause_wait_seconds)).start()
             # Before the first job: a worker that starts during a weight-sync pause honours it.
             reporter = GateReporter(self.connection, self.keys, self.name, self.settings.heartbeat_seconds)
-            self._pause = PauseFollower(reporter, self._capture.gate)
+            self._pause = PauseFollower(reporter, self._capture.gate, listen=self.settings.llm_gate_listen)
             self._pause.start()
         self._starts = Batcher("rollq-start", self._start_batch)
         self._finishes = Batcher("rollq-finish", self._finish_batch)

@@ -4,8 +4,12 @@ At each heartbeat the worker reports its gate (the pause epoch it is closed for,
 waiting) in the heartbeat's own round trip and reads back the pause epoch and the latest resources id
 (``store/lua/llm_report.lua``). On a new pause it closes the gate and reports again at once with the calls still
 running; when the last of them ends it reports at once again (the trainer's pause is waiting for exactly that).
-While paused it listens on the gate's channel, so a resume opens the gate at once instead of at the next
-heartbeat; the heartbeat opens it too, should the announcement be missed or the pause's lease run out.
+
+With ``listen`` (the worker setting ``llm_gate_listen``, on by default) the worker also follows the gate's
+channel for as long as it runs: a pause closes the gate at once, not at the next heartbeat, for one idle Redis
+connection per worker process. Without it, it listens only while paused, so a resume still opens the gate at
+once. Either way the heartbeat catches up with whatever an announcement missed (a dropped connection, a lease
+that ran out).
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ from typing import Any
 
 import redis
 
-from rollq.store.llm_gate import GateReading, GateReporter, parse_announcement
+from rollq.store.llm_gate import GateReading, GateReporter, parse_event
 
 from .gate import CallGate, GateCounts
 
@@ -28,9 +32,10 @@ log = logging.getLogger(__name__)
 class PauseFollower:
     """Keeps one worker's :class:`CallGate` in step with its namespace's LLM gate."""
 
-    def __init__(self, reporter: GateReporter, gate: CallGate) -> None:
+    def __init__(self, reporter: GateReporter, gate: CallGate, *, listen: bool = True) -> None:
         self.reporter = reporter
         self.gate = gate
+        self.listen_always = listen
         self._lock = threading.Lock()  # one report decision at a time (heartbeat, drained, listener)
         self._listener: threading.Thread | None = None
         self._stopping = threading.Event()
@@ -41,9 +46,13 @@ class PauseFollower:
 
     # -- start and stop --------------------------------------------------------------------------------------
     def start(self) -> None:
-        """Report once before the proxy admits any call: a worker that starts during a pause honours it."""
+        """Report once before the proxy admits any call: a worker that starts during a pause honours it. With
+        ``listen``, subscribe first, so no announcement falls between the reading and the subscription."""
+        pubsub = self._subscribe() if self.listen_always else None
         counts = self.gate.counts()
         self._apply(self.reporter.report(ack=counts.closed_for, in_flight=counts.in_flight, waiting=counts.waiting))
+        if pubsub is not None:
+            self._start_listener(pubsub)
 
     def stop(self) -> None:
         self._stopping.set()
@@ -89,7 +98,8 @@ class PauseFollower:
             )
             # At once, not at the next heartbeat: the trainer's pause waits for this acknowledgement.
             self.reporter.report(ack=counts.closed_for, in_flight=counts.in_flight, waiting=counts.waiting)
-            self._listen()
+            if not self.listen_always:
+                self._listen()
 
     def _drained(self, counts: GateCounts) -> None:
         # On the proxy's loop: the last running call of a paused worker ended. Report from a thread.
@@ -108,38 +118,59 @@ class PauseFollower:
         except Exception as exc:  # the next heartbeat reports anyway
             log.warning("could not report the LLM gate drained (%s); the next heartbeat will", exc)
 
-    # -- listening for the resume --------------------------------------------------------------------------
+    # -- the gate's channel ------------------------------------------------------------------------------------
+    def _subscribe(self) -> Any:
+        try:
+            return self.reporter.listen()
+        except redis.RedisError as exc:
+            log.warning("cannot listen on the LLM gate's channel (%s); the heartbeat will see pauses", exc)
+            return None
+
     def _listen(self) -> None:
+        """While paused, when not listening all along: follow the channel until the gate opens."""
         if self._listener is not None and self._listener.is_alive():
             return
-        self._listener = threading.Thread(target=self._follow_resume, name="rollq-llm-resume", daemon=True)
+        pubsub = self._subscribe()
+        if pubsub is not None:
+            self._start_listener(pubsub)
+
+    def _start_listener(self, pubsub: Any) -> None:
+        self._listener = threading.Thread(target=self._follow, args=(pubsub,), name="rollq-llm-gate", daemon=True)
         self._listener.start()
 
-    def _follow_resume(self) -> None:
+    def _follow(self, pubsub: Any) -> None:
         try:
-            pubsub = self.reporter.listen()
-        except redis.RedisError as exc:
-            log.warning("cannot listen for the LLM resume (%s); the heartbeat will see it", exc)
-            return
-        try:
-            # A resume between the reading that closed the gate and the subscription was announced to nobody.
-            reading = self.reporter.latest()
-            if reading.epoch is None:
-                self._resumed(reading.latest)
-                return
-            while not self._stopping.is_set() and not self.gate.is_open:
-                message = pubsub.get_message(timeout=1.0)
+            if not self.listen_always:
+                # A resume between the reading that closed the gate and the subscription was announced to nobody.
+                reading = self.reporter.latest()
+                if reading.epoch is None:
+                    self._resumed(reading.latest)
+                    return
+            while not self._stopping.is_set() and (self.listen_always or not self.gate.is_open):
+                try:
+                    message = pubsub.get_message(timeout=1.0)
+                except redis.RedisError as exc:
+                    if not self.listen_always:
+                        raise
+                    # redis-py connects and subscribes again on the next read; the heartbeat covers meanwhile.
+                    log.warning("lost the LLM gate's channel (%s); the heartbeat covers until it is back", exc)
+                    self._stopping.wait(self.reporter.interval)
+                    continue
                 if message is None or message.get("type") != "message":
                     continue
                 try:
-                    epoch, latest = parse_announcement(message["data"])
+                    event = parse_event(message["data"])
                 except ValueError as exc:
-                    log.warning("%s on the LLM gate channel; ignored", exc)
+                    log.warning("%s on the LLM gate's channel; ignored", exc)
                     continue
-                if self._resumed(latest, epoch):
+                if event.kind == "pause" and event.epoch is not None:
+                    self._apply(GateReading(event.epoch, None))
+                elif event.kind == "resume" and self._resumed(event.latest, event.epoch) and not self.listen_always:
                     return
         except redis.RedisError as exc:
-            log.warning("lost the LLM resume channel (%s); the heartbeat will see the resume", exc)
+            log.warning("lost the LLM gate's channel (%s); the heartbeat will see the resume", exc)
+        except Exception:
+            log.exception("following the LLM gate's channel failed; the heartbeat will follow the gate")
         finally:
             try:
                 pubsub.close()
