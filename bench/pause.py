@@ -14,8 +14,9 @@ another, through each worker's capturing proxy). Once the server has most of the
 3. ``producer.resume_llm()``: the time from the resume to the first call reaching the server, and until the
    server has half as many calls in flight as before the pause again.
 
-Run for each of ``--settings``: the workers' heartbeat interval, and whether they listen on the gate's channel
-(they see a pause at once) or only see it at their heartbeat (a lag of up to one interval).
+Then, with the rollouts cancelled and no call running, ``--rounds`` more pauses: their time is the workers' time
+to see a pause alone. Run for each of ``--settings``: the workers' heartbeat interval, and whether they listen
+on the gate's channel (they see a pause at once) or only see it at their heartbeat (a lag of up to one interval).
 
     python bench/pause.py [--in-flight 1000] [--latency 5] [--rounds 3] [--hold 2]
                           [--settings 5:listen,5:heartbeat,1:heartbeat]
@@ -147,6 +148,13 @@ def run_setting(
             rounds.append(row)
             print(json.dumps(row), flush=True)
         producer.cancel([t.rollout_id for t in tasks])
+        # With no call running, a pause's time is the workers' time to see it: the channel, or a heartbeat.
+        _wait(lambda: llm.in_flight == 0 and connection.zcard(producer.keys.inflight) == 0, 120, "the fleet idle")
+        idle = []
+        for _ in range(args.rounds):
+            with producer.weight_sync(timeout=60) as report:
+                idle.append(round(report.seconds_to_drained, 3))
+            time.sleep(0.5)
     finally:
         workers.stop(timeout=60)
     drained = [r["seconds_to_drained"] for r in rounds]
@@ -161,6 +169,7 @@ def run_setting(
         "seconds_to_drained_max": max(drained),
         "last_call_end_to_drained_s_p50": round(statistics.median(lags), 3),
         "last_call_end_to_drained_s_max": max(lags),
+        "idle_pause_seconds": idle,
         "resume_to_first_call_ms_p50": round(statistics.median(first_calls), 1),
         "resume_to_first_call_ms_max": max(first_calls),
         "load_average": [round(v, 1) for v in os.getloadavg()],  # the 1/5/15-minute load: this box is shared
