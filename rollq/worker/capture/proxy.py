@@ -204,10 +204,12 @@ class CaptureProxy:
         """
         attempt = AttemptCapture(self)
         rewritten: dict[str, Any] = dict(resources)
-        for name, resource in resources.items():
-            if not isinstance(resource, LLM) or urlsplit(resource.endpoint).scheme not in ("http", "https"):
-                continue
-            options = options_of(resource)
+        captured = {
+            name: (resource, options_of(resource))  # every resource's options checked before any token is handed out
+            for name, resource in resources.items()
+            if isinstance(resource, LLM) and urlsplit(resource.endpoint).scheme in ("http", "https")
+        }
+        for name, (resource, options) in captured.items():
             token = secrets.token_urlsafe(24)
             suffix = _proxy_suffix(resource.endpoint)
             self._routes[token] = _Route(
@@ -305,12 +307,18 @@ class CaptureProxy:
             differing = {k: body[k] for k in route.enforced if k in body and body[k] != route.enforced[k]}
             call.sampling_overridden = differing or None
         wants_logprobs = (route.train and route.options.train_logprobs) or bool(route.logprobs)
-        if wants_logprobs and "logprobs" not in fields and not body.get("logprobs"):
+        asked = body.get("logprobs")
+        if (
+            wants_logprobs
+            and "logprobs" not in fields
+            and not asked
+            and not (kind is CallKind.TEXT_COMPLETION and type(asked) is int)
+        ):
             # The sampled tokens' own logprobs: chat takes a flag; text completions a count of alternatives (0).
             legacy = route.logprobs if not isinstance(route.logprobs, bool) and route.logprobs is not None else 0
             fields["logprobs"] = True if kind is CallKind.CHAT else int(legacy)
-            if "logprobs" in body:
-                call.sampling_overridden = {**(call.sampling_overridden or {}), "logprobs": body["logprobs"]}
+            if "logprobs" in body:  # the agent said no (false, or null)
+                call.sampling_overridden = {**(call.sampling_overridden or {}), "logprobs": asked}
         sent = {**body, **fields}
         call.sampling = {k: sent[k] for k in _SAMPLING if k in sent}
         headers = self._headers(request)
