@@ -43,7 +43,20 @@ from bench.common import private_redis, write_result  # noqa: E402
 ATTEMPTS = 8
 
 
-def serve_training_proxy(backends: list[str], redis_url: str) -> None:
+def _cprofile() -> Any:
+    """The standard library's cProfile: bench/profile.py, on the path as the script's directory, shadows the
+    ``profile`` module cProfile imports."""
+    here = str(Path(__file__).resolve().parent)
+    saved = sys.path[:]
+    sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != here]
+    try:
+        import cProfile
+    finally:
+        sys.path[:] = saved
+    return cProfile
+
+
+def serve_training_proxy(backends: list[str], redis_url: str, profile: str | None = None) -> None:
     import redis
     from opentelemetry import trace
     from opentelemetry.sdk.trace import TracerProvider
@@ -89,8 +102,18 @@ def serve_training_proxy(backends: list[str], redis_url: str) -> None:
         assert isinstance(rewritten, LLM)
         endpoints.append(rewritten.endpoint)
         rollouts.append(rollout)
+    profiler = _cprofile().Profile(time.process_time)  # CPU time: this process does nothing but proxy
+    if profile:
+        assert proxy._loop is not None
+        proxy._loop.call_soon_threadsafe(profiler.enable)  # the proxy's own thread
     print(" ".join(endpoints), flush=True)
     sys.stdin.read()
+    if profile:
+        done = threading.Event()
+        assert proxy._loop is not None
+        proxy._loop.call_soon_threadsafe(lambda: (profiler.disable(), done.set()))
+        done.wait(10)
+        profiler.dump_stats(profile)
     stop.set()
     print(sum(len(r.finish()) for r in rollouts), file=sys.stderr)
     follower.stop()
@@ -163,20 +186,24 @@ def main() -> None:
     parser.add_argument("--serve", choices=("backend", "proxy", "training"), help=argparse.SUPPRESS)
     parser.add_argument("--backend", help=argparse.SUPPRESS)
     parser.add_argument("--redis", help=argparse.SUPPRESS)
+    parser.add_argument("--profile", help="write a cProfile (CPU time) of the training proxy's thread to this file")
     args = parser.parse_args()
     if args.serve == "backend":
         return serve_backend(args.latency)
     if args.serve == "proxy":
         return serve_proxy(args.backend)
     if args.serve == "training":
-        return serve_training_proxy(args.backend.split(","), args.redis)
+        return serve_training_proxy(args.backend.split(","), args.redis, args.profile)
     children: list[subprocess.Popen[str]] = []
     with private_redis() as server:
         try:
             first, b1 = _child("--serve", "backend", "--latency", str(args.latency))
             second, b2 = _child("--serve", "backend", "--latency", str(args.latency))
             plain, plain_url = _child("--serve", "proxy", "--backend", b1)
-            training, training_urls = _child("--serve", "training", "--backend", f"{b1},{b2}", "--redis", server.url)
+            profile = ["--profile", str(Path(args.profile).resolve())] if args.profile else []
+            training, training_urls = _child(
+                "--serve", "training", "--backend", f"{b1},{b2}", "--redis", server.url, *profile
+            )
             children = [first, second, plain, training]
             paths = {
                 "direct": ([b1, b2], None),
@@ -192,7 +219,10 @@ def main() -> None:
     data["load_average"] = [round(v, 1) for v in os.getloadavg()]
     argv = [f"--calls={args.calls}", f"--concurrency={args.concurrency}", f"--rounds={args.rounds}"]
     argv += [f"--latency={args.latency}"]
-    settings = {k: v for k, v in vars(args).items() if k not in ("serve", "backend", "redis")}
+    settings = {k: v for k, v in vars(args).items() if k not in ("serve", "backend", "redis", "profile")}
+    if args.profile:  # a profiled run costs more CPU per call: not a result
+        print(json.dumps(data, indent=2))
+        return
     path = write_result("proxy_training", {"settings": settings, **data}, argv)
     print(json.dumps(data, indent=2))
     print(f"wrote {path}")
