@@ -16,6 +16,7 @@ from servers import RedisServer, WorkerProcess, wait_until
 
 from rollq.models.contract import LLM
 from rollq.models.errors import LLMPauseTimeoutError
+from rollq.ops.metrics import render_prometheus
 from rollq.ops.status import render_text, snapshot
 from rollq.producer import Producer
 from rollq.producer.aio import AsyncProducer
@@ -109,8 +110,12 @@ def test_a_worker_that_starts_during_a_pause_honours_it(
         status = producer.llm_gate_status()
         assert status.workers == status.acknowledged == 1 and status.drained
         assert fake.received == []
-        shown = render_text(snapshot(producer.connection, producer.keys))
+        taken = snapshot(producer.connection, producer.keys)
+        shown = render_text(taken)
         assert "LLM calls         paused (pause 1): 1 of 1 worker(s) holding, 0 still running, 1 waiting" in shown
+        exposition = render_prometheus(taken)
+        assert f'rollq_llm_paused{{namespace="{namespace}"}} 1.0' in exposition
+        assert f'rollq_llm_calls_waiting{{namespace="{namespace}"}} 1.0' in exposition
     finally:
         producer.resume_llm()
     [rollout] = producer.wait([task.rollout_id], timeout=30)
