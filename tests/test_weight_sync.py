@@ -7,6 +7,7 @@ delay, so calls are in flight when the pause comes. ``fake.in_flight`` counts th
 from __future__ import annotations
 
 import asyncio
+import signal
 import time
 from collections.abc import Callable
 
@@ -185,3 +186,20 @@ def test_a_worker_that_stops_is_no_longer_waited_for(
     assert producer.llm_gate_status().workers == 0
     assert producer.pause_llm(timeout=2).workers == 0
     producer.resume_llm()
+
+
+def test_a_worker_killed_with_calls_running_holds_a_pause_only_until_its_report_expires(
+    redis_server: RedisServer, namespace: str, workers: Callable[..., WorkerProcess], fake: FakeVLLM
+) -> None:
+    producer, _ = _producer(redis_server, namespace, fake)
+    worker = workers(redis_server.url, namespace, env=AGENT)  # heartbeat 1 s: a report lives 3 s
+    _live(producer, 1)
+    fake.delay = 30.0
+    producer.enqueue_many([{"steps": ["async"]}], mode="train")
+    wait_until(lambda: fake.in_flight == 1, "a call in flight")
+    worker.signal(signal.SIGKILL)
+    try:
+        report = producer.pause_llm(timeout=15)
+    finally:
+        producer.resume_llm()
+    assert report.workers == 0 and report.seconds_to_drained < 6, report
