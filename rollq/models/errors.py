@@ -154,3 +154,15 @@ class LLMPauseTimeoutError(RollqError, TimeoutError):
         if self.unacknowledged:
             parts.append(f"not yet paused: {_shown(self.unacknowledged)}")
         super().__init__(f"LLM calls not drained within {timeout:g}s: " + "; ".join(parts or ["no report"]))
+
+
+class BackpressureTimeoutError(RollqError, TimeoutError):
+    """``enqueue_many(max_pending=N)`` waited ``timeout`` seconds and the namespace still had too many tasks queued
+    or running to take the next ones; the tasks queued before it stay queued (``queued`` counts them)."""
+
+    def __init__(self, pending: int, max_pending: int, timeout: float, queued: int) -> None:
+        super().__init__(
+            f"{pending} task(s) still queued or running after {timeout:g}s (max_pending={max_pending}); "
+            f"{queued} of this batch were queued before that"
+        )
+        self.pending, self.max_pending, self.timeout, self.queued = pending, max_pending, timeout, queued

@@ -29,7 +29,7 @@ from redis.exceptions import NoScriptError
 from rollq.models.errors import LLMPauseTimeoutError
 
 from .keys import Keys
-from .transitions import script_source
+from .scripts import script_source
 
 POLL_SECONDS = 0.05
 """How often a pause reads the gate's status while it waits for the workers to drain."""
