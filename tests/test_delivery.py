@@ -83,6 +83,7 @@ def _states(producer: Producer, ids: list[str]) -> list[bytes | None]:
     return pipe.execute()
 
 
+@pytest.mark.slow
 def test_the_hard_byte_limit_trims_a_lagging_group_and_its_reader_says_how_many_it_lost(
     redis_server, namespace, workers
 ):

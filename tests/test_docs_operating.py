@@ -18,6 +18,7 @@ def operating_block() -> str:
 
 
 @pytest.mark.redis
+@pytest.mark.slow
 def test_operations_command_line_block_runs_verbatim_on_localhost() -> None:
     block = operating_block()
     assert "--url" not in block  # it relies on the default, redis://localhost:6379/0

@@ -117,6 +117,7 @@ def test_rq_info_and_rq_dashboard_count_the_failed_rollout(
 
 
 @pytest.mark.redis
+@pytest.mark.slow
 def test_cli_shows_one_task_one_rollout_and_the_dead_letter_errors(
     finished_pair: tuple[Producer, str, str, str], namespace: str, redis_server: RedisServer
 ) -> None:
