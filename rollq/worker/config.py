@@ -69,7 +69,7 @@ class WorkerSettings(BaseSettings):
     """How long RQ keeps a finished job, for rq-dashboard (replaces ``rq worker --results-ttl``); at most a week."""
     wait_replicas: int = Field(0, ge=0)
     """Replicas that must hold each claim, finish and requeue (Redis ``WAIT``) before the worker goes on; 0 = off.
-    Bounds what a Sentinel failover can undo (docs/reliability.md, "Redis failover"); a shortfall is logged, not raised."""
+    Bounds what a Sentinel failover can undo (docs/reliability.md); a shortfall is logged, not raised."""
     wait_timeout_ms: int = Field(1000, ge=1)
     """How long one ``WAIT`` may block before the worker goes on with a warning (0 would mean forever)."""
     log_format: Literal["text", "json"] = "text"
