@@ -354,6 +354,7 @@ def main() -> None:
             "comparison": comparison,
         },
         sys.argv[1:],
+        settings=vars(args),
     )
 
 

@@ -890,13 +890,13 @@ def main() -> None:
             "stagger_seconds": args.stagger,
             "note": note,
             "run_seconds": round(time.monotonic() - began),
-            "load_average_at_end": [round(x, 2) for x in os.getloadavg()],
             "rows": rows,
             "settings_skipped_for_time": skipped,
             "dead_host": dead,
         },
         sys.argv[1:],
         script="cluster",
+        settings=vars(args),
     )
 
 

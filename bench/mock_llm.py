@@ -344,6 +344,7 @@ def main() -> None:
             "targets": {"percent_of_ideal_at_256": 90, "rollouts_per_s_at_1000": 500},
         },
         sys.argv[1:],
+        settings=vars(args),
     )
 
 
