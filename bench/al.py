@@ -12,9 +12,8 @@ read by a trainer thread (``Producer.rollouts``, a consumer group) in this proce
 
 Scenarios (same agents on both sides; bench/agents.py and bench/al_side.py):
 - ``noop``: a reward at once, 16 in flight per worker process: each system's own cost per rollout;
-- ``mock``: 3 turns x U(0.1, 0.5) s LLM calls with spans, at each in-flight level; the zero-overhead
-  simulation of the same workload completes in-flight / 0.9 s rollouts per second, and each row
-  reports its % of that;
+- ``mock``: 3 turns x U(0.1, 0.5) s LLM calls with spans, at each in-flight level; the ideal rate
+  (no cost at all) is in-flight / 0.9 s rollouts per second, and each row reports its % of that;
 - ``big``: 8 triplets of 4096 prompt + 512 response token ids (~0.23 MB of JSON), 16 in flight per
   worker process.
 

@@ -26,7 +26,7 @@ handlers; every process it started is stopped by its pid, every namespace it mad
 - the producer and trainer in the producer namespace (this script run again there with ``--role
   producer``): it keeps tasks queued, reads every rollout through a consumer group, and measures Redis.
 
-Per round-trip setting: rollouts/s and % of the zero-overhead simulation (in flight / 0.9 s), the
+Per round-trip setting: rollouts/s and % of the ideal rate (in flight / 0.9 s), the
 round trip a PING actually took through the proxy, Redis connections, commands/s and CPU, worker CPU
 per rollout, proxy CPU, client->Redis writes per rollout seen by the proxies (each is one round
 trip: a command, a pipeline or a Lua call), and each worker's time from its start to its first claim.

@@ -1,4 +1,4 @@
-"""Run every benchmark, then regenerate docs/benchmarks.md, docs/throughput.png and docs/scaling.png.
+"""Run every benchmark, then regenerate docs/benchmarks.md (mock_llm.py and scaling.py draw the two plots).
 
 Run: nice -n 10 python bench/run_all.py [--skip-profile] [--skip-cluster]   (about 35 minutes on 2 cores)
 Needs the bench extra: pip install -e '.[dev,bench]' (matplotlib for the plots, psutil), and py-spy for the profile.
@@ -8,9 +8,9 @@ suite fits in a sitting on a shared 2-core machine; run a script on its own for 
 bench/cluster.py needs root and is skipped without it.
 
 Each benchmark runs in a subprocess of its own, one after the other, and writes
-bench/results/<name>.json; ``bench/report.py`` then builds the page from those
-files. The profile (bench/before_after.py runs it for this tree and for rollq 0.2.0 as it landed) needs
-py-spy (pip install py-spy) and is skipped without it.
+bench/results/<name>.json (with the commit, the load before and after, the settings); ``bench/report.py``
+then builds the page from those files, one section per file. The profile (bench/before_after.py runs it
+for this tree and for rollq 0.2.0 as it landed) needs py-spy (pip install py-spy) and is skipped without it.
 """
 
 from __future__ import annotations
