@@ -333,24 +333,26 @@ def write_result(
     argv: Sequence[str] = (),
     *,
     script: str | None = None,
+    module: str | None = None,
     settings: dict[str, Any] | None = None,
 ) -> Path:
     """``bench/results/<name>.json``: the figures with their provenance.
 
     Provenance: the date, the commit measured (and whether the tree was dirty), the machine, its load
-    average when the benchmark started and when it wrote this file, the command
-    (``bench/<script or name>.py`` and ``argv``) that reproduces it and the ``settings`` it ran with (its
-    parsed arguments).
+    average when the benchmark started and when it wrote this file, the command that reproduces it
+    (``python bench/<script or name>.py`` or ``python -m <module>``, then ``argv``) and the ``settings`` it ran
+    with (its parsed arguments).
     """
     path = RESULTS / f"{name}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
+    program = ["-m", module] if module else [f"bench/{script or name}.py"]
     document = {
         "benchmark": name,
         "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "started": STARTED["date"],
         "commit": STARTED["commit"],
         "dirty": STARTED["dirty"],
-        "command": " ".join(["python", f"bench/{script or name}.py", *argv]),
+        "command": " ".join(["python", *program, *argv]),
         "settings": settings if settings is not None else {},
         "machine": machine(),
         "load_average": {"before": STARTED["load_average"], "after": load_average()},

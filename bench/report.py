@@ -648,8 +648,8 @@ ORDER = ["al", "noop", "mock_llm", "startup", "before_after", "profile", "rollou
 
 
 def spec_for(doc: Doc) -> Spec | None:
-    """The spec of the script that wrote the file (cluster_256.json was written by bench/cluster.py)."""
-    script = re.search(r"bench/(\w+)\.py", doc.get("command", ""))
+    """The spec of the script that wrote the file (cluster_256.json was written by bench/cluster/)."""
+    script = re.search(r"bench[/.](\w+)", doc.get("command", ""))
     return SPECS.get(script.group(1) if script else doc["benchmark"])
 
 

@@ -5,7 +5,7 @@ Needs the bench extra: pip install -e '.[dev,bench]' (matplotlib for the plots, 
 
 Each benchmark runs with the short settings below (each setting well under a minute), so that the whole
 suite fits in a sitting on a shared 2-core machine; run a script on its own for longer windows.
-bench/cluster.py needs root and is skipped without it.
+bench/cluster/ (python -m bench.cluster) needs root and is skipped without it.
 
 Each benchmark runs in a subprocess of its own, one after the other, and writes
 bench/results/<name>.json (with the commit, the load before and after, the settings); ``bench/report.py``
@@ -44,7 +44,7 @@ BENCHMARKS: list[tuple[str, list[str]]] = [
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--skip-profile", action="store_true", help="do not run bench/profile.py (py-spy)")
-    parser.add_argument("--skip-cluster", action="store_true", help="do not run bench/cluster.py (needs root)")
+    parser.add_argument("--skip-cluster", action="store_true", help="do not run python -m bench.cluster (needs root)")
     args = parser.parse_args()
     missing = [m for m in ("matplotlib", "psutil") if importlib.util.find_spec(m) is None]
     if missing:
@@ -55,7 +55,7 @@ def main() -> None:
         if os.geteuid() == 0:
             names.append(("cluster", ["--rounds", "2"]))
         else:
-            print("not root: skipping bench/cluster.py (network namespaces need root)")
+            print("not root: skipping python -m bench.cluster (network namespaces need root)")
     has_py_spy = shutil.which("py-spy") or (Path(sys.executable).parent / "py-spy").exists()
     if not args.skip_profile:
         if has_py_spy:
@@ -66,10 +66,12 @@ def main() -> None:
             print("py-spy is not installed (pip install py-spy): skipping bench/profile.py")
     started = time.monotonic()
     for name, extra in names:
-        print(f"=== bench/{name}.py {' '.join(extra)}", flush=True)
+        # A benchmark is a script, or a package run with -m (bench/cluster/).
+        program = [str(BENCH / f"{name}.py")] if (BENCH / f"{name}.py").exists() else ["-m", f"bench.{name}"]
+        print(f"=== {' '.join(program + extra)}", flush=True)
         t = time.monotonic()
-        subprocess.run([sys.executable, str(BENCH / f"{name}.py"), *extra], check=True)
-        print(f"=== bench/{name}.py took {time.monotonic() - t:.0f} s", flush=True)
+        subprocess.run([sys.executable, *program, *extra], check=True, cwd=BENCH.parent)
+        print(f"=== {' '.join(program)} took {time.monotonic() - t:.0f} s", flush=True)
     subprocess.run([sys.executable, str(BENCH / "report.py")], check=True)
     print(f"all benchmarks in {(time.monotonic() - started) / 60:.1f} min")
 
