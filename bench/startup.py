@@ -10,14 +10,20 @@ On one private redis-server, each round starts, one after the other (the order f
 Both count from just before ``exec`` (``subprocess.Popen``); each also reports when the first result was
 there (the job finished / the rollout counted in the namespace's stats). Then the worker is stopped.
 
-Also: ``python -X importtime -c "import <module>"`` in fresh processes for the worker modules, the sum of
-the top-level imports' cumulative times (median of ``--import-rounds``). Writes bench/results/<--out>.json
-(startup.json by default).
+With ``--base COMMIT``, rollq as of that commit (a temporary ``git worktree`` put first on the workers'
+PYTHONPATH) takes its turn too, so that before and after are measured in one run, under the same load.
+
+Also: ``python -X importtime -c "import <module>"`` in fresh processes for the worker modules (and at
+``--base``), the sum of the top-level imports' cumulative times (median of ``--import-rounds``).
+Writes bench/results/<--out>.json (startup.json by default).
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
+import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -33,7 +39,7 @@ from rq import Queue  # noqa: E402
 from rq.job import Job  # noqa: E402
 from rq.serializers import JSONSerializer  # noqa: E402
 
-from bench.common import RQ, RQ_JSON, Workers, outcomes, private_redis, worker_env, write_result  # noqa: E402
+from bench.common import ROOT, RQ, RQ_JSON, Workers, outcomes, private_redis, worker_env, write_result  # noqa: E402
 from rollq.producer import Producer  # noqa: E402
 from rollq.store.keys import Keys  # noqa: E402
 
@@ -41,10 +47,18 @@ IMPORTS = ["rq.worker", "rollq.worker", "rollq.worker.rq_worker"]
 POLL = 0.005
 
 
-def import_seconds(module: str) -> float:
+def tree_env(tree: Path | None, **extra: str) -> dict[str, str]:
+    """A worker's environment; with ``tree``, that checkout's rollq (and bench) imported before this one's."""
+    env = worker_env(**extra)
+    if tree is not None:
+        env["PYTHONPATH"] = os.pathsep.join([str(tree), env["PYTHONPATH"]])
+    return env
+
+
+def import_seconds(module: str, tree: Path | None = None) -> float:
     """Seconds of ``import module`` in a fresh interpreter, by ``-X importtime``: its top-level imports summed."""
     err = subprocess.run([sys.executable, "-X", "importtime", "-c", f"import {module}"],
-                         capture_output=True, text=True, check=True, env=worker_env()).stderr  # fmt: skip
+                         capture_output=True, text=True, check=True, env=tree_env(tree)).stderr  # fmt: skip
     total = 0
     for line in err.splitlines():
         parts = line.split("|")
@@ -85,12 +99,15 @@ def plain_rq(connection: redis.Redis, url: str, logs: Path, n: int) -> tuple[flo
         workers.stop()
 
 
-def rollq_worker(connection: redis.Redis, url: str, logs: Path, n: int) -> tuple[float, float]:
-    """(exec -> first claim, exec -> first result) of ``rq worker -w rollq.worker.RolloutWorker`` on a task."""
-    namespace = f"startup-rollq-{n}"
+def rollq_worker(
+    connection: redis.Redis, url: str, logs: Path, n: int, tree: Path | None = None
+) -> tuple[float, float]:
+    """(exec -> first claim, exec -> first result) of ``rq worker -w rollq.worker.RolloutWorker`` on a task,
+    with rollq from ``tree`` when given."""
+    namespace = f"startup-rollq-{n}-{'base' if tree else 'head'}"
     (task,) = Producer(connection, namespace).enqueue_many([{"i": 0}], mode="train")
     command = [RQ, "worker", "-w", "rollq.worker.RolloutWorker", "--url", url, "--quiet", namespace]
-    env = worker_env(ROLLQ_AGENT="bench.agents:NoopAgent", ROLLQ_CONCURRENCY="1")
+    env = tree_env(tree, ROLLQ_AGENT="bench.agents:NoopAgent", ROLLQ_CONCURRENCY="1")
     began = time.time()
     workers = Workers([command], env, logs)
     try:
@@ -107,8 +124,25 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5, help="worker starts of each kind (default 5)")
     parser.add_argument("--import-rounds", type=int, default=5, help="fresh interpreters per import (default 5)")
     parser.add_argument("--out", default="startup", help="results name: bench/results/<out>.json")
+    parser.add_argument("--base", help="a commit whose rollq takes its turn too (before/after in one run)")
     args = parser.parse_args()
-    kinds = {"stock rq worker, plain job": plain_rq, "rollq RolloutWorker, no-op task": rollq_worker}
+    kinds: dict[str, Any] = {"stock rq worker, plain job": plain_rq, "rollq RolloutWorker, no-op task": rollq_worker}
+    base_tree = None
+    if args.base:
+        base_tree = Path(tempfile.mkdtemp(prefix="rollq-startup-base-")) / "tree"
+        subprocess.run(["git", "worktree", "add", "--detach", str(base_tree), args.base], cwd=ROOT, check=True)
+        kinds[f"rollq RolloutWorker, no-op task (at {args.base})"] = functools.partial(rollq_worker, tree=base_tree)
+    try:
+        data = measure(kinds, args, base_tree)
+    finally:
+        if base_tree is not None:
+            subprocess.run(["git", "worktree", "remove", "--force", str(base_tree)], cwd=ROOT, check=False)
+            shutil.rmtree(base_tree.parent, ignore_errors=True)
+    print(write_result(args.out, data, sys.argv[1:], script="startup", settings=vars(args)))
+
+
+def measure(kinds: dict[str, Any], args: argparse.Namespace, base_tree: Path | None) -> dict[str, Any]:
+    """The interleaved rounds and the import times."""
     claims: dict[str, list[float]] = {k: [] for k in kinds}
     results: dict[str, list[float]] = {k: [] for k in kinds}
     with private_redis() as server, tempfile.TemporaryDirectory(prefix="rollq-startup-") as logs:
@@ -121,9 +155,12 @@ def main() -> None:
                 results[label].append(round(result, 3))
                 print(f"round {n + 1} {label}: first claim {claim:.2f} s, first result {result:.2f} s", flush=True)
     imports = {}
+    trees = [("", None)] + ([(f" (at {args.base})", base_tree)] if base_tree else [])
     for module in IMPORTS:
-        imports[module] = round(statistics.median(import_seconds(module) for _ in range(args.import_rounds)), 3)
-        print(f"import {module}: {imports[module]:.3f} s", flush=True)
+        for suffix, tree in trees if module.startswith("rollq") else [("", None)]:
+            times = [import_seconds(module, tree) for _ in range(args.import_rounds)]
+            imports[module + suffix] = round(statistics.median(times), 3)
+            print(f"import {module}{suffix}: {imports[module + suffix]:.3f} s", flush=True)
     rq_label = next(iter(kinds))
     rows = []
     for label in kinds:
@@ -137,8 +174,7 @@ def main() -> None:
                 "vs_rq_per_round": [round(a / b, 2) for a, b in zip(claims[label], claims[rq_label], strict=True)],
             }
         )
-    data = {"rounds": args.rounds, "import_rounds": args.import_rounds, "rows": rows, "imports": imports}
-    print(write_result(args.out, data, sys.argv[1:], script="startup", settings=vars(args)))
+    return {"rounds": args.rounds, "import_rounds": args.import_rounds, "rows": rows, "imports": imports}
 
 
 if __name__ == "__main__":

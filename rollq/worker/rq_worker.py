@@ -56,7 +56,7 @@ from rollq.store.resources import ResourceStore
 from rollq.store.transitions import Lifecycle
 
 from . import rq_url
-from .capture import CaptureProxy
+from .capture.on_demand import OnDemandCapture
 from .collector import widen_young_generation
 from .config import WorkerSettings
 from .executor import AgentExecutor
@@ -150,7 +150,7 @@ class RolloutWorker(SimpleWorker):
         self.runner: AgentRunner | None = None
         self._heartbeat: Heartbeat | None = None
         self._executor = AgentExecutor(on_wedged=self._on_loop_wedged)
-        self._capture: CaptureProxy | None = None
+        self._capture: OnDemandCapture | None = None
         self.slots = Slots(self.settings.concurrency)
         self.rq_lifecycle: RqLifecycle | None = None
         self._dequeuing = False
@@ -184,7 +184,8 @@ class RolloutWorker(SimpleWorker):
             wait_timeout_ms=self.settings.wait_timeout_ms,
         )
         self._executor.start()
-        self._capture = CaptureProxy().start() if self.settings.capture_llm else None
+        # Started by the first attempt with an LLM endpoint: a worker without one never imports aiohttp.
+        self._capture = OnDemandCapture() if self.settings.capture_llm else None
         self.runner = AgentRunner(
             lifecycle=lifecycle,
             resources=ResourceCache(ResourceStore(self.connection, self.keys)),

@@ -23,7 +23,7 @@ import threading
 import time
 from dataclasses import asdict, dataclass, field
 from enum import StrEnum
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from opentelemetry import trace
 
@@ -41,13 +41,15 @@ from rollq.store.transitions import Lifecycle
 
 from .agent import LitAgent
 from .attempt import Attempt, Attempts, Publication, PublishLimits, Settled
-from .capture import AttemptCapture, CaptureProxy
 from .config import WorkerSettings
 from .executor import AgentExecutor
 from .hooks import HookSet
 from .normalize import to_rollout
 from .resource_cache import ResourceCache
 from .tracer import BaseTracer, RolloutTrace
+
+if TYPE_CHECKING:
+    from .capture import AttemptCapture, OnDemandCapture
 
 log = logging.getLogger(__name__)
 
@@ -125,7 +127,7 @@ class AgentRunner:
         executor: AgentExecutor,
         settings: WorkerSettings,
         worker_name: str,
-        capture: CaptureProxy | None = None,
+        capture: OnDemandCapture | None = None,
     ) -> None:
         self.lifecycle = lifecycle
         self.resources = resources
