@@ -1,6 +1,7 @@
 """rollq beside Agent Lightning 0.1.2, interleaved in one run: no-op, mock LLM at 32/256/1000 in flight, big rollouts.
 
-Run: python bench/al.py [--window 10] [--in-flight 32,256,1000] [--rounds 1] [--skip-al]
+Run: python bench/al.py [--window 10] [--in-flight 32,256,1000] [--rounds 1] [--scenarios noop,mock,big]
+     [--skip-al] [--al-without-resources-id] [--out al]
 
 Agent Lightning is installed into its own venv, ``bench/.venv-al`` (made here on first use with
 ``pip install agentlightning==0.1.2``; it is never a dependency of rollq), and runs there:
@@ -21,12 +22,15 @@ Each setting: both systems' tasks kept queued at least in-flight deep, a warm-up
 in-flight completions), then completions the trainer side received over ``--window`` seconds, with the
 CPU of the worker processes and of the coordinator (redis-server; AL's server process) meanwhile.
 Every rollout id received is checked for duplicates. Settings alternate rollq, AL, so drift hits both
-alike. Writes bench/results/al.json.
+alike. AL's tasks are queued with ``resources_id``, as AL's own RL path queues them (its runner then
+caches the resources; ``--al-without-resources-id`` queues them without, and every AL rollout fetches the
+latest resources over HTTP). Writes bench/results/<--out>.json (al.json by default).
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import subprocess
@@ -230,12 +234,16 @@ def al_stats(endpoint: str) -> dict[str, Any]:
         return dict(json.loads(reply.read()))
 
 
-def run_al(scenario: str, in_flight: int, window: float, log_dir: Path) -> dict[str, Any]:
+def run_al(
+    scenario: str, in_flight: int, window: float, log_dir: Path, *, with_resources_id: bool = True
+) -> dict[str, Any]:
     port = free_port()
     endpoint = f"http://127.0.0.1:{port}"
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
     env["PYTHONUNBUFFERED"] = "1"
     command = [str(AL_PYTHON), str(AL_SIDE), "server", "--port", str(port), "--depth", str(in_flight)]
+    if not with_resources_id:
+        command.append("--latest-resources")
     server = Workers([command], env, log_dir)
     clients: Workers | None = None
     try:
@@ -295,14 +303,22 @@ def main() -> None:
     parser.add_argument("--scenarios", default="noop,mock,big")
     parser.add_argument("--rounds", type=int, default=1, help="times to run every setting (interleaved)")
     parser.add_argument("--skip-al", action="store_true", help="rollq only (no venv, no Agent Lightning)")
+    parser.add_argument(
+        "--al-without-resources-id",
+        dest="al_resources_id",
+        action="store_false",
+        help="queue AL's tasks without resources_id (each rollout then fetches the latest resources)",
+    )
+    parser.add_argument("--out", default="al", help="results name: bench/results/<out>.json")
     args = parser.parse_args()
+    al = functools.partial(run_al, with_resources_id=args.al_resources_id)
     levels = [int(n) for n in args.in_flight.split(",")]
     al_version = None if args.skip_al else ensure_al_venv()
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="rollq-bench-al-") as logs:
         for round_ in range(args.rounds):
             for scenario, in_flight in settings_for(args.scenarios.split(","), levels):
-                systems = [("rollq", run_rollq)] + ([] if args.skip_al else [("agentlightning", run_al)])
+                systems = [("rollq", run_rollq)] + ([] if args.skip_al else [("agentlightning", al)])
                 if round_ % 2:
                     systems.reverse()
                 for system, run in systems:
@@ -342,7 +358,7 @@ def main() -> None:
                 }
             )
     write_result(
-        "al",
+        args.out,
         {
             "agentlightning": al_version,
             "worker_processes": WORKER_PROCESSES,
@@ -353,6 +369,7 @@ def main() -> None:
             "comparison": comparison,
         },
         sys.argv[1:],
+        script="al",
         settings=vars(args),
     )
 
