@@ -38,6 +38,7 @@ BENCHMARKS: list[tuple[str, list[str]]] = [
     ("enqueue", ["--tasks", "50000", "--rounds", "2"]),
     ("memory", ["--rollouts", "30000", "--max-seconds", "90"]),
     ("capture", []),
+    ("startup", ["--rounds", "5"]),
 ]
 
 

@@ -10,6 +10,10 @@ On one private redis-server, each round starts, one after the other (the order f
 Both count from just before ``exec`` (``subprocess.Popen``); each also reports when the first result was
 there (the job finished / the rollout counted in the namespace's stats). Then the worker is stopped.
 
+rollq's modules (and bench's) are byte-compiled first, as installing a wheel does: RQ's modules come compiled
+by pip, while an editable checkout under ``PYTHONDONTWRITEBYTECODE`` (set on this machine) would compile
+rollq's from source in every new process.
+
 With ``--base COMMIT``, rollq as of that commit (a temporary ``git worktree`` put first on the workers'
 PYTHONPATH) takes its turn too, so that before and after are measured in one run, under the same load.
 
@@ -133,6 +137,9 @@ def main() -> None:
         subprocess.run(["git", "worktree", "add", "--detach", str(base_tree), args.base], cwd=ROOT, check=True)
         kinds[f"rollq RolloutWorker, no-op task (at {args.base})"] = functools.partial(rollq_worker, tree=base_tree)
     try:
+        for tree in [ROOT] + ([base_tree] if base_tree else []):
+            compile_all = [sys.executable, "-m", "compileall", "-q", str(tree / "rollq"), str(tree / "bench")]
+            subprocess.run(compile_all, check=True)
         data = measure(kinds, args, base_tree)
     finally:
         if base_tree is not None:
