@@ -627,7 +627,8 @@ redis-server with one job already queued for it: the seconds from `exec` to the 
         Table("rows", [
             ("label", "worker"), ("median_seconds", "exec to first claim, median s", ".3f"),
             Col("per round, s", "rounds_seconds", lambda v: ", ".join(f"{s:.2f}" for s in v)),
-            Col("vs plain RQ (median)", "vs_rq", x),
+            Col("vs plain RQ (medians)", "vs_rq", x),
+            Col("median of per-round ratios", "vs_rq_median_of_rounds", x),
             Col("vs plain RQ, per round", "vs_rq_per_round", ratios),
         ]),
         Table(lambda d: list(d.get("imports", {}).items()),
@@ -693,7 +694,9 @@ def _startup(docs: dict[str, Doc]) -> tuple[str, bool] | None:
     if not rows:
         return None
     r = rows[0]
-    return f"{x(r['vs_rq'])} plain RQ ({r['median_seconds']:.2f} s, median of the rounds)", r["vs_rq"] <= 2.0
+    per_round = r.get("vs_rq_median_of_rounds", r["vs_rq"])
+    value = f"{x(r['vs_rq'])} (median of per-round ratios {x(per_round)}; {r['median_seconds']:.2f} s)"
+    return value, max(r["vs_rq"], per_round) <= 2.0
 
 
 def _field(name: str, key: str, text: str, ok: Callable[[float], bool]) -> Callable[[dict[str, Doc]], Any]:
