@@ -617,6 +617,12 @@ MEMORY = Spec(
 )
 
 
+def _median(values: list[float]) -> float:
+    ordered = sorted(values)
+    middle = len(ordered) // 2
+    return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
+
+
 STARTUP = Spec(
     title="Worker start-up: from exec to the first claim",
     about="""{rounds} rounds; in each, the workers take turns, every one a fresh `rq worker` process on the same
@@ -628,7 +634,7 @@ redis-server with one job already queued for it: the seconds from `exec` to the 
             ("label", "worker"), ("median_seconds", "exec to first claim, median s", ".3f"),
             Col("per round, s", "rounds_seconds", lambda v: ", ".join(f"{s:.2f}" for s in v)),
             Col("vs plain RQ (medians)", "vs_rq", x),
-            Col("median of per-round ratios", "vs_rq_median_of_rounds", x),
+            Col("median of per-round ratios", lambda r, d: _median(r["vs_rq_per_round"]), x),
             Col("vs plain RQ, per round", "vs_rq_per_round", ratios),
         ]),
         Table(lambda d: list(d.get("imports", {}).items()),
@@ -694,7 +700,7 @@ def _startup(docs: dict[str, Doc]) -> tuple[str, bool] | None:
     if not rows:
         return None
     r = rows[0]
-    per_round = r.get("vs_rq_median_of_rounds", r["vs_rq"])
+    per_round = _median(r["vs_rq_per_round"])
     value = f"{x(r['vs_rq'])} (median of per-round ratios {x(per_round)}; {r['median_seconds']:.2f} s)"
     return value, max(r["vs_rq"], per_round) <= 2.0
 

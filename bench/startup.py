@@ -179,10 +179,6 @@ def measure(kinds: dict[str, Any], args: argparse.Namespace, base_tree: Path | N
                 "first_result_median_seconds": round(statistics.median(results[label]), 3),
                 "vs_rq": round(statistics.median(claims[label]) / statistics.median(claims[rq_label]), 2),
                 "vs_rq_per_round": [round(a / b, 2) for a, b in zip(claims[label], claims[rq_label], strict=True)],
-                # The same rounds' ratios, their median: less swayed than the ratio of medians by one slow round.
-                "vs_rq_median_of_rounds": round(
-                    statistics.median(a / b for a, b in zip(claims[label], claims[rq_label], strict=True)), 2
-                ),
             }
         )
     return {"rounds": args.rounds, "import_rounds": args.import_rounds, "rows": rows, "imports": imports}
