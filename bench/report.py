@@ -257,8 +257,23 @@ def _pair(key: str) -> Callable[[Any, Doc], str]:
     return lambda r, d: f"{cell(r.get('rollq_' + key), '.2f')} / {cell(r.get('agentlightning_' + key), '.2f')}"
 
 
+AL1 = """**Agent Lightning 1.0.2** has no row above: it has no `LitAgent`, trainer-side store or tracer to run
+the same agents with. Its shipped runner, `agl-controller`, runs every rollout as a Python subprocess (about
+0.55-0.9 s of CPU to start one) or a Kubernetes Job, lists at most 50 queued rollouts per poll (so never runs more
+than 50 at once) and never retries one; its `agl-server` keeps rollouts in process memory (gone after a restart).
+What it can do, measured with AL's own trainer client and a no-op agent (posts its reward, no LLM call), 40
+rollouts, two runs on these 2 shared cores: AL 1.0.2's own `agl-server` + `agl-controller` **2.1-2.4
+rollouts/s** (source: [agent-lightning.md](agent-lightning.md), "Measured", commit `282780f`; not re-measured
+here)."""
+
+
+def _own_path(doc: Doc) -> bool:
+    """Whether AL's tasks were queued with ``resources_id``, as AL's own RL path queues them."""
+    return bool((doc.get("settings") or {}).get("al_resources_id"))
+
+
 def _al_tasks(doc: Doc) -> str:
-    if (doc.get("settings") or {}).get("al_resources_id"):
+    if _own_path(doc):
         return "AL's tasks were queued with `resources_id`, as AL's own RL path queues them."
     return (
         "AL's tasks were queued **without** `resources_id`, so each AL rollout also asked for the latest "
@@ -268,7 +283,7 @@ def _al_tasks(doc: Doc) -> str:
 
 
 AL = Spec(
-    title="rollq beside Agent Lightning {agentlightning}",
+    title="rollq beside Agent Lightning {agentlightning}{al_path}",
     about="""Interleaved in one run (rollq, then AL, per setting; the order flips every round), {worker_processes}
 worker processes each, {window_seconds:g} s of steady state after a {warmup_seconds:g} s warm-up; rates are means
 over the rounds, and the rollq / AL ratio of every round is shown beside their mean. Agent Lightning runs in its own
@@ -279,8 +294,17 @@ rollq.worker.RolloutWorker` at concurrency in flight / 2, a producer thread and 
 through a consumer group. Rates count rollouts the trainer side received; the percentages are of the ideal rate
 (in flight / {mean_rollout_seconds:g} s, the mean rollout time): a plain rate, nothing is simulated.
 "Coordinator" is redis-server for rollq, AL's server process (its trainer side included) for AL. Duplicates
-seen: {duplicates}.""",
-    derive=lambda d: {"duplicates": sum(r["duplicates"] for r in d["rows"]), "al_tasks": _al_tasks(d)},
+seen: {duplicates}. Other processes on the shared machine used {other:.2f} cores on average meanwhile.""",
+    derive=lambda d: {
+        "duplicates": sum(r["duplicates"] for r in d["rows"]),
+        "al_tasks": _al_tasks(d),
+        "other": mean([r.get("other_processes_cpu_cores") for r in d["rows"]]) or 0.0,
+        # Said once, beside the run on AL's own path.
+        "al1": AL1 if _own_path(d) else "",
+        "al_path": " on its own RL path (tasks with `resources_id`)"
+        if _own_path(d)
+        else " (tasks without `resources_id`)",
+    },
     tables=[
         Table(_al_comparison, [
             ("scenario", "scenario"), ("in_flight", "in flight"),
@@ -291,14 +315,7 @@ seen: {duplicates}.""",
             Col("coordinator CPU ms/rollout rollq / AL", _pair("coordinator_cpu_ms_per_rollout")),
         ])
     ],
-    after="""**Agent Lightning 1.0.2** has no row above: it has no `LitAgent`, trainer-side store or tracer to run
-the same agents with. Its shipped runner, `agl-controller`, runs every rollout as a Python subprocess (about
-0.55-0.9 s of CPU to start one) or a Kubernetes Job, lists at most 50 queued rollouts per poll (so never runs more
-than 50 at once) and never retries one; its `agl-server` keeps rollouts in process memory (gone after a restart).
-What it can do, measured with AL's own trainer client and a no-op agent (posts its reward, no LLM call), 40
-rollouts, two runs on these 2 shared cores: AL 1.0.2's own `agl-server` + `agl-controller` **2.1-2.4
-rollouts/s** (source: [agent-lightning.md](agent-lightning.md), "Measured", commit `282780f`; not re-measured
-here).""",
+    after="{al1}",
 )
 
 
@@ -649,9 +666,9 @@ SPECS: dict[str, Spec] = {
     "capture": CAPTURE, "enqueue": ENQUEUE, "memory": MEMORY, "startup": STARTUP,
 }
 # The page's order; results files not named here follow in name order.
-ORDER = ["al", "noop", "mock_llm", "startup", "before_after", "profile", "rollout_cpu", "big", "results_stream",
-         "inflight10k", "scaling", "cluster", "cluster_256", "failover", "soak", "capture", "enqueue", "memory",
-         "idle", "trainer_api", "embedded_drain"]
+ORDER = ["al_own_path", "al", "noop", "mock_llm", "startup", "before_after", "profile", "rollout_cpu", "big",
+         "results_stream", "inflight10k", "scaling", "cluster", "cluster_256", "failover", "soak", "capture",
+         "enqueue", "memory", "idle", "trainer_api", "embedded_drain"]
 
 
 def spec_for(doc: Doc) -> Spec | None:
@@ -670,13 +687,20 @@ def _al_mean(docs: dict[str, Doc], system: str, key: str) -> float | None:
 
 
 def _noop_vs_al(docs: dict[str, Doc]) -> tuple[str, bool] | None:
-    c = next((c for c in docs["al"]["comparison"] if c["scenario"] == "noop"), None) if "al" in docs else None
-    if c is None:
+    """The no-op ratio from a run with AL on its own RL path when there is one, else from al.json (saying so)."""
+    runs = [d for d in docs.values() if spec_for(d) is AL and any(c["scenario"] == "noop" for c in d["comparison"])]
+    runs.sort(key=lambda d: (_own_path(d), d["date"]))
+    if not runs:
         return None
-    own_path = bool((docs["al"].get("settings") or {}).get("al_resources_id"))
-    note = "" if own_path else ", AL without `resources_id`"
-    value = f"{x(c['rollq_over_al'])} ({c['rollq_rollouts_per_s']:,.0f} vs {c['al_rollouts_per_s']:,.0f}/s{note})"
-    return value, c["rollq_over_al"] >= 3.0 and own_path
+    doc = runs[-1]
+    c = next(c for c in _al_comparison(doc) if c["scenario"] == "noop")
+    note = "" if _own_path(doc) else ", AL without `resources_id`"
+    load = (doc.get("load_average") or {}).get("before")
+    value = (
+        f"{x(c['rollq_over_al'])} ({c['rollq_rollouts_per_s']:,.0f} vs {c['al_rollouts_per_s']:,.0f}/s{note}; "
+        f"per round {ratios(c['per_round'])}" + (f"; load {load[0]:g}" if load else "") + ")"
+    )
+    return value, c["rollq_over_al"] >= 3.0 and _median([r for r in c["per_round"] if r]) >= 3.0 and _own_path(doc)
 
 
 def _cpu_1000(docs: dict[str, Doc]) -> tuple[str, bool] | None:
