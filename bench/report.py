@@ -200,7 +200,9 @@ def generic_tables(doc: Doc) -> list[Table]:
         if key in PROVENANCE_KEYS or key == "note":
             continue
         if isinstance(value, list) and value and isinstance(value[0], dict):
-            tables.append(Table(key, [(k, k) for k in value[0]], caption=f"`{key}`:"))
+            # Rows nested in rows (a setting's rounds) stay in the results file.
+            keys = [k for k, v in value[0].items() if not (isinstance(v, list) and v and isinstance(v[0], dict))]
+            tables.append(Table(key, [(k, k) for k in keys], caption=f"`{key}`:"))
         elif isinstance(value, dict) and value and all(isinstance(v, dict) for v in value.values()):
             by_name: list[Any] = [{key: name, **v} for name, v in value.items()]
             tables.append(Table(fixed(by_name), [(k, k) for k in by_name[0]], caption=f"`{key}`:"))

@@ -14,6 +14,7 @@ import pytest
 from opentelemetry import trace
 
 from rollq.models.contract import LLM, PromptTemplate
+from rollq.worker.capture.gate import CallGate
 from rollq.worker.capture.on_demand import OnDemandCapture
 
 # Not needed before a worker's first claim: the capturing proxy's HTTP stack (only when an attempt has an LLM
@@ -73,3 +74,18 @@ def test_the_first_attempt_with_an_llm_endpoint_starts_the_proxy_and_later_ones_
     finally:
         capture.stop()
     assert capture.proxy is None
+
+
+def test_a_pause_that_closes_the_gate_before_the_proxy_starts_holds_once_it_runs() -> None:
+    """A worker follows weight-sync pauses from its start, before any attempt has started its proxy."""
+    gate = CallGate()
+    capture = OnDemandCapture(gate=gate)
+    assert gate.close(3).closed_for == 3 and not gate.is_open  # no proxy, no loop yet
+    parent = trace.set_span_in_context(trace.INVALID_SPAN)
+    try:
+        capture.open_attempt({"llm": LLM(endpoint="http://127.0.0.1:9/v1", model="m")}, parent, trace.get_tracer("t"))
+        assert capture.proxy is not None and not gate.is_open and gate.read().closed_for == 3
+        gate.open("v2")
+        assert gate.is_open and gate.version == "v2"
+    finally:
+        capture.stop()

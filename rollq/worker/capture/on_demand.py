@@ -16,6 +16,8 @@ from opentelemetry.context import Context
 
 from rollq.models.contract import LLM, NamedResources
 
+from .gate import CallGate
+
 if TYPE_CHECKING:
     from .proxy import AttemptCapture, CaptureProxy
 
@@ -29,10 +31,15 @@ def capturable(resources: NamedResources) -> bool:
 
 
 class OnDemandCapture:
-    """:class:`CaptureProxy`'s ``open_attempt`` and ``stop``, the proxy started when first needed."""
+    """:class:`CaptureProxy`'s ``open_attempt``, ``gate`` and ``stop``, the proxy started when first needed.
 
-    def __init__(self, host: str = "127.0.0.1") -> None:
+    The gate exists from the start (a weight-sync pause can close it before any proxy runs); the proxy binds it
+    to its loop when it starts.
+    """
+
+    def __init__(self, host: str = "127.0.0.1", gate: CallGate | None = None) -> None:
         self.host = host
+        self.gate = gate or CallGate()
         self._proxy: CaptureProxy | None = None
         self._lock = threading.Lock()
 
@@ -42,20 +49,30 @@ class OnDemandCapture:
         return self._proxy
 
     def open_attempt(
-        self, resources: NamedResources, parent: Context, tracer: trace.Tracer
+        self,
+        resources: NamedResources,
+        parent: Context,
+        tracer: trace.Tracer,
+        *,
+        rollout_id: str = "",
+        mode: str | None = None,
+        resources_id: str | None = None,
     ) -> tuple[NamedResources, AttemptCapture | None]:
-        """``resources`` with each http(s) LLM endpoint pointed at the proxy, and the attempt's capture; with no
-        such endpoint, a copy of ``resources`` (the cached ones are shared by every attempt) and no capture."""
+        """:meth:`CaptureProxy.open_attempt`; with no http(s) LLM endpoint in ``resources``, what it would return
+        (a copy: the cached resources are shared by every attempt) without starting the proxy, and no capture."""
         if not capturable(resources):
             return dict(resources), None
-        return self._started().open_attempt(resources, parent, tracer)
+        proxy = self._started()
+        return proxy.open_attempt(
+            resources, parent, tracer, rollout_id=rollout_id, mode=mode, resources_id=resources_id
+        )
 
     def _started(self) -> CaptureProxy:
         with self._lock:
             if self._proxy is None:
                 from .proxy import CaptureProxy
 
-                self._proxy = CaptureProxy(self.host).start()
+                self._proxy = CaptureProxy(self.host, gate=self.gate).start()
             return self._proxy
 
     def stop(self) -> None:
