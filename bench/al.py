@@ -168,6 +168,8 @@ def steady_state(
         "worker_cpu_ms_per_rollout": round(1000 * (w1 - w0) / max(done, 1), 3),
         "coordinator_cpu_ms_per_rollout": round(1000 * (c1 - c0) / max(done, 1), 3),
         "trainer_side_cpu_cores": round((m1 - m0) / elapsed, 2),
+        # This process: rollq's producer and trainer threads (AL's trainer side runs in its server, the coordinator).
+        "trainer_side_cpu_ms_per_rollout": round(1000 * (m1 - m0) / max(done, 1), 3),
         "worker_cpu_cores": round((w1 - w0) / elapsed, 2),
         "coordinator_cpu_cores": round((c1 - c0) / elapsed, 2),
         "worker_rss_mb": round(rss / 2**20, 1),
@@ -328,7 +330,9 @@ def main() -> None:
                         "in_flight": in_flight,
                         "round": round_ + 1,
                     }
+                    load_before = os.getloadavg()[0]  # this setting's own load, beside the run's in the file
                     row.update(run(scenario, in_flight, args.window, Path(logs)))
+                    row["load_1m"] = {"before": round(load_before, 2), "after": round(os.getloadavg()[0], 2)}
                     if scenario == "mock":
                         row["ideal_rollouts_per_s"] = round(in_flight / MEAN_ROLLOUT_SECONDS, 1)
                         row["percent_of_ideal"] = round(100 * row["rollouts_per_s"] / row["ideal_rollouts_per_s"], 1)

@@ -247,7 +247,15 @@ def _al_comparison(doc: Doc) -> list[Doc]:
         figures = ("percent_of_ideal", "worker_cpu_ms_per_rollout", "coordinator_cpu_ms_per_rollout")
         means = {f"{s}_{f}": mean([r.get(f) for r in _al_rows(doc, system=s, **key)])
                  for s in ("rollq", "agentlightning") for f in figures}
-        rows.append({**c, **means, "per_round": per_round})
+        mine = [r for r in doc["rows"] if r["scenario"] == c["scenario"] and r["in_flight"] == c["in_flight"]]
+        trainer = mean([1000 * r["trainer_side_cpu_cores"] / r["rollouts_per_s"]
+                        for r in mine if r["system"] == "rollq" and r.get("rollouts_per_s")])
+        loads = []  # the 1-minute load before each round's pair of runs and after it
+        for n in sorted({r["round"] for r in mine}):
+            pair = [r for r in mine if r["round"] == n and "load_1m" in r]
+            if pair:
+                loads.append(f"{pair[0]['load_1m']['before']:g} -> {pair[-1]['load_1m']['after']:g}")
+        rows.append({**c, **means, "per_round": per_round, "trainer_ms": trainer, "loads": ", ".join(loads) or None})
     return rows
 
 
@@ -295,7 +303,8 @@ agent builds the same spans and triplets itself), which spares AL its tracing co
 rollq.worker.RolloutWorker` at concurrency in flight / 2, a producer thread and a trainer thread reading results
 through a consumer group. Rates count rollouts the trainer side received; the percentages are of the ideal rate
 (in flight / {mean_rollout_seconds:g} s, the mean rollout time): a plain rate, nothing is simulated.
-"Coordinator" is redis-server for rollq, AL's server process (its trainer side included) for AL. Duplicates
+"Coordinator" is redis-server for rollq, AL's server process (its trainer side included) for AL; rollq's
+trainer side (the producer and trainer threads, this process) is a column of its own. Duplicates
 seen: {duplicates}. Other processes on the shared machine used {other:.2f} cores on average meanwhile.""",
     derive=lambda d: {
         "duplicates": sum(r["duplicates"] for r in d["rows"]),
@@ -315,6 +324,8 @@ seen: {duplicates}. Other processes on the shared machine used {other:.2f} cores
             Col("rollq / AL", "rollq_over_al", x), Col("per round", "per_round", ratios),
             Col("worker CPU ms/rollout rollq / AL", _pair("worker_cpu_ms_per_rollout")),
             Col("coordinator CPU ms/rollout rollq / AL", _pair("coordinator_cpu_ms_per_rollout")),
+            Col("rollq trainer-side CPU ms/rollout", "trainer_ms", ".2f"),
+            Col("load (1 min) per round", "loads"),
         ])
     ],
     after="{al1}",
