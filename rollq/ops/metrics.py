@@ -126,6 +126,13 @@ def families(s: Snapshot) -> Iterator[Metric]:
     )
     superseded.add_metric([ns], s.superseded)
     yield superseded
+    rewardless = CounterMetricFamily(
+        "rollq_rollouts_without_reward",
+        "Succeeded rollouts published with no reward at all (the agent's reward never reached rollq).",
+        labels=["namespace"],
+    )
+    rewardless.add_metric([ns], s.reward_missing)
+    yield rewardless
 
     durations = {k.removeprefix(DURATION_PREFIX): v for k, v in s.counters.items() if k.startswith(DURATION_PREFIX)}
     duration = HistogramMetricFamily(

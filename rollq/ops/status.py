@@ -43,6 +43,8 @@ class Snapshot:
     counters: dict[str, float] = field(default_factory=dict)
     results_stream_memory_bytes: int | None = None
     """MEMORY USAGE of the results stream; None where the server has no such command (the embedded one)."""
+    reward_missing: int = 0
+    """Succeeded rollouts published with no reward at all (the agent's reward never reached rollq)."""
 
     @property
     def workers_alive(self) -> int:
@@ -125,6 +127,7 @@ def snapshot(
         workers=workers,
         counters=counters,
         results_stream_memory_bytes=_memory_usage(connection, keys.results) if xlen else 0,
+        reward_missing=int(counters.get(StatsField.REWARD_MISSING, 0)),
     )
 
 
@@ -184,7 +187,7 @@ def render_text(s: Snapshot) -> str:
             else ""
         ),
         f"  stale attempts    {s.stale_attempts}",
-        f"  succeeded         {s.succeeded}",
+        f"  succeeded         {s.succeeded}" + (f" ({s.reward_missing} with no reward)" if s.reward_missing else ""),
         f"  failed            {s.failed}",
         f"  dead-letter       {s.dead_letter}",
         f"  superseded        {s.superseded}",

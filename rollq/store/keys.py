@@ -210,6 +210,7 @@ class StatsField(StrEnum):
     DURATION_SUM = "duration:sum"
     RESULTS_BYTES = "results:bytes"  # payload bytes (rollout JSON + rollout id) on the results stream
     DROPPED_CANCELLED = "dropped:cancelled"  # results of cancelled attempts that arrived and were dropped
+    REWARD_MISSING = "reward-missing"  # succeeded rollouts published with no reward at all
 
 
 TRIMMED_TO = "trimmed-to"
@@ -318,6 +319,7 @@ def lua_header() -> str:
             f"local STATS_RESULTS_BYTES = '{StatsField.RESULTS_BYTES}'",
             f"local TRIMMED_TO = '{TRIMMED_TO}'",
             f"local STATS_DROPPED_CANCELLED = '{StatsField.DROPPED_CANCELLED}'",
+            f"local STATS_REWARD_MISSING = '{StatsField.REWARD_MISSING}'",
             f"local HISTORY_LIMIT = {HISTORY_LIMIT}",
             f"local function claim_field(attempt) return '{claim_field(0)[:-1]}' .. attempt end",
             f"local function end_field(attempt) return '{end_field(0)[:-1]}' .. attempt end",

@@ -419,6 +419,7 @@ class Lifecycle:
         stale_before: float | None = None,
         reward: float | None = None,
         resources_id: str | None = None,
+        reward_missing: bool = False,
     ) -> FinishReply:
         """Publish the final rollout if ``attempt`` is still current, and keep the results stream in its bounds.
 
@@ -444,6 +445,7 @@ class Lifecycle:
             stale_before=stale_before,
             reward=reward,
             resources_id=resources_id,
+            reward_missing=reward_missing,
         ).run()
         self._replicated()
         return self.read_finish(reply)
@@ -463,6 +465,7 @@ class Lifecycle:
         stale_before: float | None = None,
         reward: float | None = None,
         resources_id: str | None = None,
+        reward_missing: bool = False,
     ) -> ScriptCall:
         """:meth:`finish` as a call to queue in a pipeline; :meth:`read_finish` reads its settled reply."""
         k = self.keys
@@ -494,6 +497,7 @@ class Lifecycle:
                 "" if reward is None else reward_bucket(reward),
                 reward or 0,
                 resources_id or "",
+                int(reward_missing),
             ],
         )
 

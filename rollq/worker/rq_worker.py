@@ -59,6 +59,7 @@ from rollq.store.keys import Keys
 from rollq.store.resources import ResourceStore
 from rollq.store.transitions import FinishReply, Lifecycle, replied
 
+from .al_tracing import connect_agentlightning
 from .bookkeeping import Batcher
 from .capture import CaptureProxy
 from .collector import widen_young_generation
@@ -247,6 +248,8 @@ class RolloutWorker(SimpleWorker):
         )
         self._executor.start()
         self._capture = CaptureProxy().start() if self.settings.capture_llm else None
+        if self._capture is not None:  # agents that build their client from OPENAI_BASE_URL / OPENAI_API_BASE
+            self._capture.serve_environment(self.settings.concurrency)
         self._starts = Batcher("rollq-start", self._start_batch)
         self._finishes = Batcher("rollq-finish", self._finish_batch)
         self.runner = AgentRunner(
@@ -262,6 +265,9 @@ class RolloutWorker(SimpleWorker):
         )
         self.runner.worker_id = self.worker_id
         self.tracer = self.runner.tracer  # an Agent Lightning agent's ``tracer`` is ``trainer.tracer``
+        provider = getattr(self.tracer, "provider", None)
+        if provider is not None:  # AgentOps' and Agent Lightning's reward APIs write to rollq's tracer
+            connect_agentlightning(provider)
         self.agent.set_trainer(self)
         self.agent.set_runner(self.runner)
         # rollq has no parent process over its workers: each worker process is the "main" of

@@ -50,11 +50,13 @@ from rollq.store.transitions import (
 
 from .agent import LitAgent
 from .capture import AttemptCapture, CaptureProxy
+from .capture.ambient import CURRENT_ATTEMPT
 from .config import WorkerSettings
 from .executor import AgentExecutor
 from .hooks import HookSet
 from .normalize import to_rollout
 from .resource_cache import ResourceCache
+from .rewards import REWARD_MISSING, flag_missing_reward
 from .tracer import BaseTracer, RolloutTrace
 
 log = logging.getLogger(__name__)
@@ -266,16 +268,20 @@ class AgentRunner:
             }
         )
         capture = None
-        if self.capture is not None and resources:
+        if self.capture is not None and (resources or self.capture.serves_environment):
             # The agent sees its LLM endpoints through this attempt's own proxy addresses.
             resources, capture = self.capture.open_attempt(
                 resources, trace.set_span_in_context(rollout_trace.root), self.tracer.capture_tracer()
             )
+            if capture.header_token is not None:  # its calls to $OPENAI_BASE_URL & co. say which attempt made them
+                rollout_trace.context.run(CURRENT_ATTEMPT.set, capture.header_token)
         self.hooks.rollout_start(task, self, self.tracer, rollout_trace.context)
         with self._lock:
             future = self.executor.submit(
                 self.agent.rollout_call(task.mode),
-                (task.input, rollout_id, resources),
+                self.agent.rollout_arguments(
+                    task, claim.attempt, resources, task.resources_id or claim.latest_resources_id, policy
+                ),
                 rollout_trace.context,
                 self.agent.is_async,
                 policy.timeout_seconds,
@@ -338,6 +344,8 @@ class AgentRunner:
                 log.error("task %s attempt %d failed: %s: %s", rid, attempt, type(error).__name__, error)
                 rollout = to_rollout(rid, None, spans, only_agent=self.settings.triplet_agent or None, strict=False)
             rollout = self._stamp(rollout, claim, error)
+            if error is None:
+                rollout = flag_missing_reward(rollout)
             self.hooks.rollout_end(task, rollout, self, self.tracer, pending.trace.context)
             if error is not None and kind is not None and policy.retries(kind, claim.attempts_used):
                 self.lifecycle.requeue(task, attempt, policy, "retry")
@@ -439,6 +447,7 @@ class AgentRunner:
             keep_seconds=self.settings.keep_seconds,
             reward=rollout.final_reward if _finite(rollout.final_reward) else None,
             resources_id=resources_id,
+            reward_missing=not failed and rollout.metadata.get(REWARD_MISSING) is True,
         )
         return Publication(rollout, attempt, AttemptStatus(status.value), call, task, member)
 

@@ -4,7 +4,7 @@
 -- KEYS: task, inflight, results, superseded, dead_letter, resources_refs, stats, results_trim
 -- ARGV: rollout_id, attempt, rollout_json, status, maxlen, now, dead_letter(0|1), stale_before|'',
 --       duration_bucket|'', keep_seconds (0 = keep the record), duration_seconds, max_bytes,
---       reward_bucket|'' (no reward), reward, resources version used|''
+--       reward_bucket|'' (no reward), reward, resources version used|'', reward_missing(0|1)
 -- Returns {'published', entry_id}; {'superseded'} when the attempt is not current (its rollout is kept on the
 -- superseded stream); {'alive'} when stale_before is set and the attempt heartbeated after it (a reaper lost the
 -- race to a live worker); {'cancelled'} when the task was cancelled (the result is dropped: the cancelled rollout
@@ -65,6 +65,9 @@ if ARGV[13] and ARGV[13] ~= '' then
   if tonumber(redis.call('HGET', KEYS[7], reward_sum) or '0') then
     redis.call('HINCRBYFLOAT', KEYS[7], reward_sum, ARGV[14])
   end
+end
+if ARGV[16] == '1' then
+  count(KEYS[7], STATS_REWARD_MISSING, 1)
 end
 if ARGV[10] ~= '0' and ARGV[4] == 'succeeded' then
   redis.call('EXPIRE', KEYS[1], ARGV[10])
