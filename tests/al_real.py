@@ -3,20 +3,30 @@
 - ``CalcAgent`` / ``AsyncCalcAgent``: AL LitAgent subclasses as an AL user writes them, run
   unchanged by ``rq worker -w rollq.worker.RolloutWorker`` (``ROLLQ_AGENT=tests.al_real:CalcAgent``);
 - ``python tests/al_real.py ENDPOINT MARKER_DIR``: an AL 0.1 client process, AL's own
-  ``Trainer(...).fit(agent, client)`` pulling from ``rollq serve-al``.
+  ``Trainer(...).fit(agent, client)`` pulling from ``rollq serve-al``;
+- ``CalcXAgent``: AL's calc_x example as 0.1.2 ships it, minus autogen and the MCP calculator (one chat call
+  with the ``openai`` SDK to the ``main_llm`` resource): the answer between ``###`` is scored by an
+  ``@reward`` function, and the agent returns nothing, so the reward reaches the rollout only through the
+  span ``@reward`` writes;
+- ``python tests/al_real.py own LLM_URL TASKS_JSON OUT_JSON``: the same agent run by AL 0.1.2 itself (its
+  ``AgentLightningServer``, ``Trainer`` and default ``AgentOpsTracer`` with its local AgentOps server), the
+  rollouts written to OUT_JSON for comparison;
+- ``ApoAgent``: AL's APO example client, which builds its OpenAI client from ``OPENAI_API_BASE``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
+import re
 import sys
 import time
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from agentlightning import LitAgent, Rollout, Triplet
+from agentlightning import LitAgent, Rollout, Triplet, reward
 from agentlightning.tracer.base import BaseTracer
 
 
@@ -74,7 +84,88 @@ class ClientAgent(LitAgent):
         return float(task["a"] + task["b"]) + (0.5 if resources["main_llm"].model == "m-al" else 0.0)
 
 
+OUTPUT_FORMAT = (
+    "Output the answer when you are ready. The answer should be surrounded by three sharps (`###`), "
+    "in the form of ### ANSWER: <answer> ###."
+)
+
+
+@reward
+async def calc_reward(prediction: str, ground_truth: str) -> float:
+    """calc_x's ``eval``: 1.0 when the numbers agree."""
+    try:
+        return float(abs(float(prediction) - float(ground_truth)) < 1e-2)
+    except ValueError:
+        return float(prediction.strip() == ground_truth.strip())
+
+
+class CalcXAgent(LitAgent):
+    async def training_rollout_async(self, task: Any, rollout_id: str, resources: Any) -> Any:
+        from openai import AsyncOpenAI
+
+        llm = resources["main_llm"]
+        client = AsyncOpenAI(base_url=llm.endpoint, api_key=os.environ.get("OPENAI_API_KEY", "token-abc123"))
+        completion = await client.chat.completions.create(
+            model=llm.model,
+            messages=[{"role": "user", "content": task["question"] + " " + OUTPUT_FORMAT}],
+            temperature=llm.sampling_parameters.get("temperature", 0.7),
+        )
+        content = completion.choices[0].message.content or ""
+        found = re.search(r"###\s*ANSWER:\s*(.+?)(\s*###|$)", content)
+        answer = found.group(1) if found else content
+        await calc_reward(answer, str(task["result"]))  # the reward is tracked by the decorator
+
+    async def validation_rollout_async(self, task: Any, rollout_id: str, resources: Any) -> Any:
+        return await self.training_rollout_async(task, rollout_id, resources)
+
+
+class ApoAgent(LitAgent):
+    """AL 0.1.2's examples/apo/apo_client.py, with a reward that says which prompt it ran with."""
+
+    def training_rollout(self, task: Any, rollout_id: str, resources: Any) -> Any:
+        from openai import OpenAI
+
+        openai = OpenAI(api_key=os.environ["OPENAI_API_KEY"], base_url=os.environ["OPENAI_API_BASE"])
+        result = openai.chat.completions.create(
+            model="gpt-4.1-mini",
+            messages=[
+                {"role": "system", "content": resources["system_prompt"].template},
+                {"role": "user", "content": task["prompt"]},
+            ],
+        )
+        return float(len(result.choices[0].message.content or ""))
+
+
+def own_run(llm_url: str, tasks_path: Path, out_path: Path) -> None:
+    """AL 0.1.2 running CalcXAgent on its own: its server, its Trainer, its AgentOps tracer."""
+    import threading
+
+    from agentlightning import Trainer
+    from agentlightning.server import AgentLightningServer
+    from agentlightning.types import LLM
+
+    tasks = json.loads(tasks_path.read_text())
+    loop = asyncio.new_event_loop()
+    threading.Thread(target=loop.run_forever, daemon=True).start()
+    port = int(os.environ.get("AL_OWN_PORT", "9997"))
+    server = AgentLightningServer(host="127.0.0.1", port=port)
+
+    def call(coroutine: Any) -> Any:
+        return asyncio.run_coroutine_threadsafe(coroutine, loop).result(60)
+
+    call(server.start())
+    call(server.update_resources({"main_llm": LLM(endpoint=llm_url, model="fake-model")}))
+    ids = [call(server.queue_task(sample=task, mode="train")) for task in tasks]
+    Trainer(n_workers=1, max_tasks=len(tasks)).fit(CalcXAgent(), f"http://127.0.0.1:{port}/")
+    rollouts = [call(server.poll_completed_rollout(rid, timeout=60)) for rid in ids]
+    out_path.write_text(json.dumps([r.model_dump() if r is not None else None for r in rollouts]))
+    call(server.stop())
+
+
 def main() -> None:
+    if sys.argv[1] == "own":
+        own_run(sys.argv[2], Path(sys.argv[3]), Path(sys.argv[4]))
+        return
     from agentlightning import Trainer
     from agentlightning.client import AgentLightningClient
 

@@ -9,6 +9,10 @@ Knobs, settable while it runs: ``reject_unknown_fields`` answers 400 to any
 request carrying ``return_token_ids`` (as OpenAI's own API does), ``fail_status``
 answers every call with that status, ``delay`` sleeps before answering,
 ``chunk_chars`` sets the size of streamed deltas and ``chunk_pause`` the time between them.
+``answer`` (a function of the request body) replaces ``reply <n>`` with its text when it returns one.
+``old_vllm`` answers chat calls as Agent Lightning 0.1's patched vLLM (before vLLM 0.10.2) did: top-level
+``prompt_token_ids`` and ``response_token_ids`` (one list per choice) in every whole response, asked or not,
+and no ``token_ids`` on the choice. ``authorizations`` keeps each call's ``Authorization`` header.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import json
 import socket
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -54,6 +59,9 @@ class FakeVLLM:
     delay: float = 0.0
     chunk_chars: int = 3
     chunk_pause: float = 0.0
+    answer: Callable[[dict[str, Any]], str | None] | None = None
+    old_vllm: bool = False
+    authorizations: list[str | None] = field(default_factory=list)
     received: list[dict[str, Any]] = field(default_factory=list)
     sent: dict[str, Sent] = field(default_factory=dict)
     port: int = 0
@@ -124,7 +132,7 @@ class FakeVLLM:
     def _answer(self, body: dict[str, Any], chat: bool) -> tuple[str, str, Sent]:
         n = next(self._counter)
         response_id = f"{'chatcmpl' if chat else 'cmpl'}-fake-{n}"
-        text = f"reply {n}"
+        text = (self.answer(body) if self.answer is not None else None) or f"reply {n}"
         logprobs = [-0.01 * (i + 1) for i in range(len(text))] if body.get("logprobs") else None
         sent = Sent(tokenize(_prompt_text(body, chat)), tokenize(text), text, logprobs, bool(body.get("stream")))
         self.sent[response_id] = sent
@@ -132,6 +140,7 @@ class FakeVLLM:
 
     async def _chat(self, request: web.Request) -> web.StreamResponse:
         body = await request.json()
+        self.authorizations.append(request.headers.get("Authorization"))
         refusal = await self._refusal(body)
         if refusal is not None:
             return refusal
@@ -158,7 +167,10 @@ class FakeVLLM:
             "choices": [choice],
             "usage": _usage(sent),
         }
-        if ids:
+        if self.old_vllm:
+            response["prompt_token_ids"] = sent.prompt_token_ids
+            response["response_token_ids"] = [sent.token_ids]
+        elif ids:
             response["prompt_token_ids"] = sent.prompt_token_ids
             choice["token_ids"] = sent.token_ids
         return web.json_response(response)

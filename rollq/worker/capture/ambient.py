@@ -72,45 +72,56 @@ def redirect(environ: MutableMapping[str, str], upstreams: list[Upstream], host:
             log.info("capturing LLM calls to $%s (%s) through %s", variable, upstream.url, environ[variable])
 
 
-_patched: dict[tuple[str, int], None] = {}
+_targets: dict[tuple[str, int], None] = {}
+_patched_modules: set[str] = set()
+HTTPX_MODULES = ("httpx", "httpx2")  # openai >= 3 sends through httpx2, a fork with the same client API
 
 
-def tag_httpx_requests(host: str, port: int) -> None:
-    """Make httpx clients add the calling rollout's :data:`ATTEMPT_HEADER` to requests for ``host:port``.
-
-    ``httpx.Client.send`` / ``AsyncClient.send`` are wrapped once per process (every request of any client
-    passes there, whatever its transport); requests to other hosts are left untouched.
-    """
-    try:
-        import httpx
-    except ImportError:  # no httpx: no openai SDK either; other clients rely on the one-rollout rule
+def _tag(request: Any) -> None:
+    token = CURRENT_ATTEMPT.get()
+    if token is None or ATTEMPT_HEADER in request.headers:
         return
-    first = not _patched
-    _patched[(host, port)] = None
-    if not first:
-        return
+    url = request.url
+    if (url.host, url.port) in _targets:
+        request.headers[ATTEMPT_HEADER] = token
 
-    def tag(request: Any) -> None:
-        token = CURRENT_ATTEMPT.get()
-        if token is None or ATTEMPT_HEADER in request.headers:
-            return
-        url = request.url
-        if (url.host, url.port) in _patched:
-            request.headers[ATTEMPT_HEADER] = token
 
-    sync_send = httpx.Client.send
-    async_send = httpx.AsyncClient.send
+def _wrap(module: Any) -> None:
+    sync_send = module.Client.send
+    async_send = module.AsyncClient.send
 
     def send(self: Any, request: Any, *args: Any, **kwargs: Any) -> Any:
-        tag(request)
+        _tag(request)
         return sync_send(self, request, *args, **kwargs)
 
     async def send_async(self: Any, request: Any, *args: Any, **kwargs: Any) -> Any:
-        tag(request)
+        _tag(request)
         return await async_send(self, request, *args, **kwargs)
 
-    httpx.Client.send = send  # type: ignore[method-assign]
-    httpx.AsyncClient.send = send_async  # type: ignore[method-assign]
+    module.Client.send = send
+    module.AsyncClient.send = send_async
+
+
+def tag_httpx_requests(host: str, port: int) -> list[str]:
+    """Make httpx clients add the calling rollout's :data:`ATTEMPT_HEADER` to requests for ``host:port``.
+
+    ``Client.send`` / ``AsyncClient.send`` of ``httpx`` and ``httpx2`` (whichever are installed) are wrapped
+    once per process: every request of any client passes there, whatever its transport. Requests to other
+    hosts are left untouched. Returns the modules wrapped.
+    """
+    import importlib
+
+    _targets[(host, port)] = None
+    for name in HTTPX_MODULES:
+        if name in _patched_modules:
+            continue
+        try:
+            module = importlib.import_module(name)
+        except ImportError:
+            continue
+        _wrap(module)
+        _patched_modules.add(name)
+    return sorted(_patched_modules)
 
 
 def unattributable(upstream: Upstream, in_flight: int, concurrency: int) -> str:
