@@ -62,6 +62,8 @@ class FakeVLLM:
     answer: Callable[[dict[str, Any]], str | None] | None = None
     old_vllm: bool = False
     authorizations: list[str | None] = field(default_factory=list)
+    max_in_flight: int = 0  # the most calls it held at once (during ``delay``)
+    _in_flight: int = 0
     received: list[dict[str, Any]] = field(default_factory=list)
     sent: dict[str, Sent] = field(default_factory=dict)
     port: int = 0
@@ -111,7 +113,12 @@ class FakeVLLM:
     async def _refusal(self, body: dict[str, Any]) -> web.Response | None:
         self.received.append(body)
         if self.delay:
-            await asyncio.sleep(self.delay)
+            self._in_flight += 1
+            self.max_in_flight = max(self.max_in_flight, self._in_flight)
+            try:
+                await asyncio.sleep(self.delay)
+            finally:
+                self._in_flight -= 1
         if self.fail_status is not None:
             return web.json_response(
                 {"error": {"message": "the fake backend is failing on purpose", "type": "server_error"}},
