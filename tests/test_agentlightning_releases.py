@@ -66,7 +66,14 @@ def run_workers(
         producer = Producer.from_url(redis.url, f"t-{uuid.uuid4().hex[:10]}")
         producer.update_resources(resources)
         ids = [t.rollout_id for t in producer.enqueue_many(inputs, mode=mode)]
-        worker_env = {"ROLLQ_AGENT": spec, "ROLLQ_CONCURRENCY": "4", "ROLLQ_GRACE_SECONDS": "0", **(extra_env or {})}
+        worker_env = {
+            "ROLLQ_AGENT": spec,
+            "ROLLQ_CONCURRENCY": "4",
+            "ROLLQ_GRACE_SECONDS": "0",
+            # AL 0.2/0.3 import LiteLLM, which otherwise spends ~10 s retrying a download of its price list.
+            "LITELLM_LOCAL_MODEL_COST_MAP": "True",
+            **(extra_env or {}),
+        }
         log = tmp_path / f"worker-{name}.log"
         worker = WorkerProcess(redis.url, producer.keys.namespace, log, env=worker_env, rq=bin_dir / "rq")
         started.append((name, producer, ids, worker))
@@ -153,6 +160,7 @@ def test_agent_lightnings_apo_client_via_openai_api_base_is_captured_with_ids_at
         in_flight = fake.max_in_flight
     finally:
         fake.stop()
+    print(f"APO client: {len(prompts)} rollouts, at most {in_flight} calls at the model at once")
     assert in_flight >= 12, in_flight
     for prompt, rollout in zip(prompts, rollouts, strict=True):
         assert rollout.metadata["status"] == "succeeded", rollout.metadata
