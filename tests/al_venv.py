@@ -2,8 +2,8 @@
 
 Each release gets its own venv (0.1.2, 0.2.2 and 0.3.0 cannot share one: their AgentOps, OpenTelemetry and
 pydantic pins differ), built by the first test that needs it and kept in a cache directory under /tmp, keyed
-by the release, the Python version, this checkout's path and its ``pyproject.toml`` (rollq is installed
-editable, so code changes need no rebuild; a dependency change makes a new key). A file lock lets two test
+by the release, the Python version, this checkout's path and rollq's declared dependencies (rollq is
+installed editable, so code changes need no rebuild; a dependency change makes a new key). A file lock lets two test
 sessions share a cache; a half-built venv is never used (it is built aside and renamed into place).
 
 When pip cannot install a release the test skips with pip's reason, except under ``CI=true``, where it fails:
@@ -18,6 +18,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -30,7 +31,8 @@ RELEASES = ("0.1.2", "0.2.2", "0.3.0")
 def _key(version: str) -> str:
     digest = hashlib.sha256()
     digest.update(f"{version}|{sys.version_info[:2]}|{REPO}".encode())
-    digest.update((REPO / "pyproject.toml").read_bytes())
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    digest.update(repr(sorted(project["dependencies"])).encode())
     return f"agentlightning-{version}-{digest.hexdigest()[:12]}"
 
 

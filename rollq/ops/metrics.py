@@ -23,7 +23,7 @@ from prometheus_client.registry import Collector
 from rollq.store.keys import DURATION_PREFIX, REWARD_SUM, StatsField, parse_reward_stat
 from rollq.store.transitions import DURATION_BUCKETS, REWARD_BUCKETS
 
-from .status import Snapshot
+from .status import Snapshot, group_outcomes
 
 
 def _histogram_buckets(counts: dict[str, float], bounds: tuple[float, ...]) -> list[tuple[str, float]]:
@@ -133,6 +133,15 @@ def families(s: Snapshot) -> Iterator[Metric]:
     )
     rewardless.add_metric([ns], s.reward_missing)
     yield rewardless
+    groups = CounterMetricFamily(
+        "rollq_training_groups",
+        "Groups read by Producer.batches, by what became of them (delivered, stale-dropped, stale-requeued, "
+        "failed-dropped).",
+        labels=["namespace", "outcome"],
+    )
+    for name, n in sorted(group_outcomes(s.counters).items()):
+        groups.add_metric([ns, name], n)
+    yield groups
 
     durations = {k.removeprefix(DURATION_PREFIX): v for k, v in s.counters.items() if k.startswith(DURATION_PREFIX)}
     duration = HistogramMetricFamily(

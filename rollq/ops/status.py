@@ -175,6 +175,19 @@ def _size(n: int) -> str:
     return f"{n} bytes"
 
 
+_GROUP_OUTCOMES = (
+    StatsField.GROUPS_DELIVERED,
+    StatsField.GROUPS_STALE_DROPPED,
+    StatsField.GROUPS_STALE_REQUEUED,
+    StatsField.GROUPS_FAILED_DROPPED,
+)
+
+
+def group_outcomes(counters: dict[str, float]) -> dict[str, int]:
+    """What ``Producer.batches`` did with the groups it read: ``{"delivered": n, "stale-dropped": n, ...}``."""
+    return {field.value.removeprefix("groups:"): int(counters.get(field.value, 0)) for field in _GROUP_OUTCOMES}
+
+
 def render_text(s: Snapshot) -> str:
     """The human-readable form ``rollq status`` prints."""
     lines = [
@@ -205,6 +218,9 @@ def render_text(s: Snapshot) -> str:
             f"    group {g['name']}: lag {g['lag']}, pending {g['pending']}, {g['consumers']} consumer(s)"
             + (f", lost {g['lost']} to trimming from {g['lost_from']}" if g["lost"] else "")
         )
+    groups = group_outcomes(s.counters)
+    if any(groups.values()):
+        lines.append("  training groups   " + ", ".join(f"{name} {n}" for name, n in groups.items()))
     lines.append(f"  resources         {', '.join(s.resource_versions) or 'none'} (latest {s.latest_resources or '-'})")
     dead = len(s.workers) - s.workers_alive
     lines.append(f"  workers           {s.workers_alive} alive" + (f", {dead} dead" if dead else ""))

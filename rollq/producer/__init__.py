@@ -1,6 +1,8 @@
-"""The trainer side of rollq: :class:`Producer` queues tasks and collects rollouts; ``rollq`` is the CLI."""
+"""The trainer side of rollq: :class:`Producer` queues tasks and collects rollouts or training batches."""
 
+from .batches import Batch, BatchReader, BatchTimeoutError
+from .groups import Group, GroupPolicy
 from .producer import Producer
 from .results import ResultReader
 
-__all__ = ["Producer", "ResultReader"]
+__all__ = ["Batch", "BatchReader", "BatchTimeoutError", "Group", "GroupPolicy", "Producer", "ResultReader"]

@@ -35,6 +35,7 @@ from rollq.store.queries import (
 )
 from rollq.store.records import RECORD_FIELDS, TaskRecord
 
+from .batches import Batch
 from .producer import Producer
 from .results import REAP_EVERY_SECONDS, WaitResult, default_consumer_name, parse_entry
 
@@ -282,6 +283,19 @@ class AsyncProducer:
         if missing:
             raise RolloutTimeoutError(missing, timeout)
         return finished
+
+    async def batches(self, batch_size: int, **kwargs: Any) -> AsyncIterator[Batch]:
+        """``async for batch in producer.batches(16, max_staleness=1)``: see :meth:`Producer.batches`.
+
+        The groups are assembled by the blocking reader on a worker thread (``asyncio.to_thread``), one batch
+        at a time, so the event loop never waits on Redis.
+        """
+        reader = self.sync.batches(batch_size, **kwargs)
+        try:
+            while True:
+                yield await asyncio.to_thread(reader.next_batch)
+        finally:
+            await asyncio.to_thread(reader.close)
 
     def rollouts(
         self,

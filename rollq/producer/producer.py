@@ -12,6 +12,7 @@ import redis
 from rollq.models.coerce import coerce_resources
 from rollq.models.contract import ResourcesUpdate, Rollout, Task, TaskInput
 from rollq.models.errors import JobIdTakenError, PayloadTooLargeError, UnknownResourcesError
+from rollq.models.groups import Membership, member_rollout_id, new_group_id
 from rollq.models.policy import RolloutPolicy, TaskState
 from rollq.store.connection import connect
 from rollq.store.control import CancelResult, cancel_call, cancel_script_source, parse_cancel
@@ -22,6 +23,8 @@ from rollq.store.records import read_record, read_records
 from rollq.store.resources import ResourceStore
 from rollq.store.transitions import DEFAULT_RESULTS_MAX_BYTES, Enqueued, Lifecycle
 
+from .batches import BatchReader
+from .groups import GroupPolicy
 from .results import ResultReader, WaitResult, collect, fetch_rollouts, wait
 
 Mode = str | None
@@ -108,15 +111,30 @@ class Producer:
         rollout_ids: Sequence[str] | None = None,
         policy: RolloutPolicy | None = None,
         on_progress: Callable[[int], None] | None = None,
+        group_size: int | None = None,
     ) -> list[Task]:
         """Queue a batch of tasks in pipelined round trips (one per 2000 tasks) and return them.
 
         Each task gets a fresh ``rollout_id`` unless ``rollout_ids`` gives them;
         ids already known are not queued again and their stored task is returned.
+
+        With ``group_size=G``, each input is queued G times as one group (GRPO): the members share a
+        ``group_id`` in their metadata, with their ``group_index`` and the ``group_size``, and
+        :meth:`batches` hands the trainer whole groups. ``rollout_ids`` cannot be combined with groups
+        (the members' ids are derived from the group id, see :mod:`rollq.models.groups`).
         """
         policy = policy or self.policy
         now = time.time()
         inputs = list(inputs)
+        per_task: list[dict[str, Any]] | None = None
+        if group_size is not None:
+            if rollout_ids is not None:
+                raise ValueError("rollout_ids cannot be given with group_size: members' ids come from their group")
+            group_ids = [new_group_id(group_size) for _ in inputs]
+            groups = [Membership(gid, i, group_size) for gid in group_ids for i in range(group_size)]
+            inputs = [value for value in inputs for _ in range(group_size)]
+            rollout_ids = [member_rollout_id(m.group_id, m.index) for m in groups]
+            per_task = [{**(metadata or {}), **m.metadata()} for m in groups]
         if rollout_ids is not None and len(rollout_ids) != len(inputs):
             raise ValueError(f"{len(inputs)} inputs but {len(rollout_ids)} rollout ids")
         if rollout_ids is not None and not all(isinstance(rid, str) and rid for rid in rollout_ids):
@@ -128,7 +146,7 @@ class Producer:
             Task.model_construct(
                 rollout_id=rollout_ids[i] if rollout_ids is not None else f"rollout-{uuid.uuid4().hex}",
                 input=value,
-                metadata=dict(metadata or {}),
+                metadata=per_task[i] if per_task is not None else dict(metadata or {}),
                 **fields,
             )
             for i, value in enumerate(inputs)
@@ -280,6 +298,41 @@ class Producer:
     ) -> ResultReader:
         """Finished rollouts as a consumer group member; see :class:`producer.results.ResultReader`."""
         return ResultReader(self.connection, self.keys, group, consumer, idle_timeout=idle_timeout, **kwargs)
+
+    def batches(
+        self,
+        batch_size: int,
+        *,
+        max_staleness: int | None = None,
+        timeout: float | None = None,
+        policy: GroupPolicy | None = None,
+        group: str = "batches",
+        consumer: str | None = None,
+        rank: int = 0,
+        world_size: int = 1,
+    ) -> BatchReader:
+        """Training batches of ``batch_size`` complete groups, in the order groups complete.
+
+        ``max_staleness=k``: no group any of whose LLM calls ran against a resources version older than
+        ``latest - k`` is handed over; it is dropped or its input queued again as a new group
+        (``policy.on_stale``), and counted. ``timeout``: seconds to wait for one batch; past it a batch with
+        fewer groups is handed over (``Batch.partial``), or :class:`~rollq.producer.batches.BatchTimeoutError`
+        raised when not one group completed. ``policy`` says what to do with failed members and how advantages
+        are computed (:class:`~rollq.producer.groups.GroupPolicy`). Several trainer processes share the stream
+        with ``rank``/``world_size``; a restart under the same ``consumer`` name gets back the groups it had not
+        finished. See ``docs/training.md``.
+        """
+        return BatchReader(
+            self,
+            batch_size=batch_size,
+            max_staleness=max_staleness,
+            timeout=timeout,
+            policy=policy,
+            group=group,
+            consumer=consumer,
+            rank=rank,
+            world_size=world_size,
+        )
 
     # -- operations ----------------------------------------------------------
 

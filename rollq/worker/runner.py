@@ -33,6 +33,7 @@ from rollq.models.errors import (
     UnknownResourcesError,
     UnserializableResultError,
 )
+from rollq.models.groups import GROUP_FIELDS
 from rollq.models.outcomes import failed_rollout, stamp
 from rollq.models.policy import FailureKind, RolloutPolicy, RolloutStatus
 from rollq.store.keys import inflight_member
@@ -415,8 +416,11 @@ class AgentRunner:
     ) -> Publication:
         """The rollout as it will be published, with its finish call; a rollout that cannot be serialised or is
         too big becomes a failed rollout that says so."""
+        stamped = {k: task.metadata[k] for k in GROUP_FIELDS if k in task.metadata} if task is not None else {}
         if resources_id:
-            rollout = rollout.model_copy(update={"metadata": {**rollout.metadata, "resources_id": resources_id}})
+            stamped["resources_id"] = resources_id
+        if stamped:
+            rollout = rollout.model_copy(update={"metadata": {**rollout.metadata, **stamped}})
         try:
             data = rollout.model_dump_json()
         except Exception as exc:  # pydantic's error names the type it could not serialise

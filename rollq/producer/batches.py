@@ -1,0 +1,333 @@
+"""Training batches: complete groups read from the results stream, within a staleness bound.
+
+``for batch in producer.batches(batch_size=16, max_staleness=1): ...`` hands the trainer batches of complete
+groups in the order they complete (see :mod:`rollq.producer.groups` for advantages and failed members).
+
+Reading is a Redis consumer group, so a trainer that restarts under the same ``consumer`` name gets back what
+it had read but not yet trained on: a group's stream entries are acknowledged only when the trainer asks for the
+batch after the one that held the group (or closes the reader); entries of dropped groups at once. Several
+trainer processes share the stream by ``rank``/``world_size``: each reads every entry (one consumer group per
+rank) and keeps the groups whose id hashes to its rank, so a group is never split across trainers.
+
+Counts of delivered, stale and failed groups go to the namespace's stats hash, where ``rollq status``,
+``/metrics`` and the dashboard read them.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import zlib
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import redis
+
+from rollq.models.contract import Rollout
+from rollq.models.errors import InvalidTaskError, RollqError, UnknownTaskError
+from rollq.models.groups import GROUP_FIELDS, membership
+from rollq.models.outcomes import failed_rollout
+from rollq.models.policy import TaskState
+from rollq.store.connection import Outage
+from rollq.store.keys import StatsField
+from rollq.store.records import read_records
+
+from .groups import Group, GroupAssembler, GroupPolicy, version_number
+from .results import _Collected, parse_entry
+
+if TYPE_CHECKING:
+    from .producer import Producer
+
+log = logging.getLogger(__name__)
+
+
+class BatchTimeoutError(RollqError, TimeoutError):
+    """No complete group arrived within the batch timeout."""
+
+    def __init__(self, timeout: float, waiting: int) -> None:
+        super().__init__(f"no complete group within {timeout:g}s ({waiting} group(s) still incomplete)")
+        self.timeout = timeout
+        self.waiting = waiting
+
+
+class GroupLostError(RollqError):
+    """A member of a group can no longer arrive: its task is gone, or its rollout was trimmed unread."""
+
+
+@dataclass
+class Batch:
+    """Complete groups for one training step, and what was left out while it was assembled."""
+
+    groups: list[Group]
+    latest_version: int | None
+    """The latest resources version (number) when the batch was handed over."""
+    stale_dropped: int = 0
+    stale_requeued: int = 0
+    failed_dropped: int = 0
+    partial: bool = False
+    """True when the timeout passed with fewer than ``batch_size`` groups."""
+    seconds: float = 0.0
+    """How long the trainer waited for this batch."""
+
+    @property
+    def rollouts(self) -> list[Rollout]:
+        return [r for g in self.groups for r in g.rollouts]
+
+    @property
+    def mean_reward(self) -> float | None:
+        rewards = [r for g in self.groups for r in g.rewards if r is not None]
+        return sum(rewards) / len(rewards) if rewards else None
+
+    @property
+    def max_staleness(self) -> int | None:
+        known = [s for g in self.groups if (s := g.staleness(self.latest_version)) is not None]
+        return max(known) if known else None
+
+
+@dataclass
+class _Counts:
+    delivered: int = 0
+    stale_dropped: int = 0
+    stale_requeued: int = 0
+    failed_dropped: int = 0
+    entries: list[bytes] = field(default_factory=list)
+
+
+class BatchReader:
+    """Iterates over :class:`Batch` es; see :meth:`rollq.producer.Producer.batches`."""
+
+    def __init__(
+        self,
+        producer: Producer,
+        *,
+        batch_size: int,
+        max_staleness: int | None = None,
+        timeout: float | None = None,
+        policy: GroupPolicy | None = None,
+        group: str = "batches",
+        consumer: str | None = None,
+        rank: int = 0,
+        world_size: int = 1,
+        read_count: int = 200,
+    ) -> None:
+        if batch_size < 1:
+            raise ValueError("batch_size must be at least 1")
+        if max_staleness is not None and max_staleness < 0:
+            raise ValueError("max_staleness must be 0 or more (None: no bound)")
+        if not 0 <= rank < world_size:
+            raise ValueError(f"rank must be in [0, {world_size})")
+        self.producer = producer
+        self.connection: redis.Redis = producer.connection
+        self.keys = producer.keys
+        self.batch_size = batch_size
+        self.max_staleness = max_staleness
+        self.timeout = timeout
+        self.assembler = GroupAssembler(policy)
+        self.policy = self.assembler.policy
+        self.rank, self.world_size = rank, world_size
+        self.group = group if world_size == 1 else f"{group}.rank{rank}"
+        self.consumer = consumer or f"{self.group}-consumer"
+        self.read_count = read_count
+        self._entries: dict[str, list[bytes]] = {}
+        self._to_ack: list[bytes] = []
+        self._handed: list[bytes] = []  # entries of the batch last handed over
+        self._ready: list[Group] = []
+        self._pending_cursor: str | None = "0"  # our own unacknowledged entries first (a restart)
+        self._group_ready = False
+        self._outage = Outage(f"batches reader {self.consumer}")
+
+    # -- reading -------------------------------------------------------------------------------------------------
+    def _ensure_group(self) -> None:
+        if self._group_ready:
+            return
+        try:
+            self.connection.xgroup_create(self.keys.results, self.group, id="0", mkstream=True)
+        except redis.ResponseError as exc:
+            if "BUSYGROUP" not in str(exc):
+                raise
+        self._group_ready = True
+
+    def _read(self, block_ms: int) -> list[tuple[bytes, dict[bytes, bytes]]]:
+        stream = self.keys.results
+        if self._pending_cursor is not None:
+            mine: Any = self.connection.xreadgroup(
+                self.group, self.consumer, {stream: self._pending_cursor}, count=self.read_count
+            )
+            entries = [e for _, es in mine or [] for e in es]
+            if entries:
+                self._pending_cursor = entries[-1][0].decode()
+                return entries
+            self._pending_cursor = None
+        new: Any = self.connection.xreadgroup(
+            self.group, self.consumer, {stream: ">"}, count=self.read_count, block=max(1, block_ms)
+        )
+        return [e for _, es in new or [] for e in es]
+
+    def _mine(self, group_id: str) -> bool:
+        return self.world_size == 1 or zlib.crc32(group_id.encode()) % self.world_size == self.rank
+
+    def _take(self, entries: list[tuple[bytes, dict[bytes, bytes]]]) -> None:
+        for entry_id, fields in entries:
+            if not fields:  # trimmed while pending
+                self._to_ack.append(entry_id)
+                continue
+            rollout = parse_entry(fields)
+            found = membership(rollout.rollout_id, rollout.metadata)
+            group_id = found.group_id if found is not None else rollout.rollout_id
+            if not self._mine(group_id):
+                self._to_ack.append(entry_id)
+                continue
+            self._entries.setdefault(group_id, []).append(entry_id)
+            complete = self.assembler.add(rollout)
+            if complete is not None:
+                self._ready.append(complete)
+            elif group_id not in self.assembler._pending:  # a duplicate of a group already handed over
+                self._to_ack += self._entries.pop(group_id, [])
+
+    def _look_up_overdue(self) -> None:
+        for group_id, missing in self.assembler.overdue():
+            got = _Collected(missing)
+            got.check_records(self.connection, self.keys)
+            for rollout in got.found.values():
+                complete = self.assembler.add(rollout)
+                if complete is not None:
+                    self._ready.append(complete)
+            still = [rid for rid in missing if rid not in got.found]
+            records = read_records(self.connection, self.keys, still) if still else {}
+            running = [rid for rid in still if rid in records and records[rid].state in _UNFINISHED]
+            gone = [rid for rid in still if rid not in running]
+            if gone:
+                why = {rid: "trimmed unread" if rid in got.trimmed else "its task no longer exists" for rid in gone}
+                log.warning("group %s: %d member(s) lost (%s)", group_id, len(gone), "; ".join(why.values()))
+                lost = [
+                    failed_rollout(rid, attempt=0, worker="", error=GroupLostError(f"member {rid}: {why[rid]}"))
+                    for rid in gone
+                ]
+                complete = self.assembler.lost(group_id, lost)
+                if complete is not None:
+                    self._ready.append(complete)
+
+    # -- deciding ------------------------------------------------------------------------------------------------
+    def _latest(self) -> int | None:
+        raw = self.connection.get(self.keys.resources_latest)
+        return version_number(raw.decode()) if isinstance(raw, bytes) else None
+
+    def _judge(self, group: Group, latest: int | None, counts: _Counts) -> bool:
+        """Whether ``group`` goes into the batch; dropped and requeued groups are counted and acknowledged."""
+        entries = self._entries.pop(group.group_id, [])
+        staleness = group.staleness(latest)
+        if self.max_staleness is not None and staleness is not None and staleness > self.max_staleness:
+            self._to_ack += entries
+            if self.policy.on_stale == "requeue" and self._requeue(group):
+                counts.stale_requeued += 1
+            else:
+                counts.stale_dropped += 1
+            return False
+        if group.any_failed and self.policy.on_failure == "drop":
+            self._to_ack += entries
+            counts.failed_dropped += 1
+            return False
+        counts.entries += entries
+        counts.delivered += 1
+        return True
+
+    def _requeue(self, group: Group) -> bool:
+        first = group.rollouts[0].rollout_id
+        try:
+            task = read_records(self.connection, self.keys, [first])[first].task
+        except (KeyError, UnknownTaskError, InvalidTaskError):
+            log.warning("stale group %s cannot be requeued: its task record is gone; dropped", group.group_id)
+            return False
+        metadata = {k: v for k, v in task.metadata.items() if k not in GROUP_FIELDS}
+        self.producer.enqueue_many(
+            [task.input], mode=task.mode, metadata=metadata, group_size=len(group.rollouts), resources_id=None
+        )
+        return True
+
+    def _flush(self, counts: _Counts | None = None) -> None:
+        """Acknowledge what is done with, and add ``counts`` to the namespace's stats, in one round trip."""
+        pipe = self.connection.pipeline(transaction=False)
+        for name, value in (
+            (StatsField.GROUPS_DELIVERED, counts.delivered if counts else 0),
+            (StatsField.GROUPS_STALE_DROPPED, counts.stale_dropped if counts else 0),
+            (StatsField.GROUPS_STALE_REQUEUED, counts.stale_requeued if counts else 0),
+            (StatsField.GROUPS_FAILED_DROPPED, counts.failed_dropped if counts else 0),
+        ):
+            if value:
+                pipe.hincrby(self.keys.stats, name.value, value)
+        if self._to_ack:
+            pipe.xack(self.keys.results, self.group, *self._to_ack)
+        pipe.execute()
+        self._to_ack = []
+
+    # -- the iterator --------------------------------------------------------------------------------------------
+    def next_batch(self) -> Batch:
+        """The next batch; :class:`BatchTimeoutError` if not one group completed within the timeout.
+
+        Asking for it acknowledges the groups of the batch before: the trainer is done with them.
+        """
+        start = time.monotonic()
+        deadline = None if self.timeout is None else start + self.timeout
+        self._to_ack += self._handed
+        self._handed = []
+        counts = _Counts()
+        chosen: list[Group] = []
+        latest: int | None = None
+        while True:
+            try:
+                self._ensure_group()
+                if self._to_ack:
+                    self._flush()
+                remaining_ms = 1000 if deadline is None else int(max(0.0, deadline - time.monotonic()) * 1000)
+                if not self._ready:
+                    self._take(self._read(min(1000, remaining_ms)))
+                    self._look_up_overdue()
+                if self._ready:
+                    latest = self._latest()
+                    while self._ready and len(chosen) < self.batch_size:
+                        group = self._ready.pop(0)
+                        if self._judge(group, latest, counts):
+                            chosen.append(group)
+                self._outage.over()
+            except (redis.ConnectionError, redis.TimeoutError) as exc:
+                self._outage.failed(exc, deadline)
+                continue
+            if len(chosen) >= self.batch_size or (deadline is not None and time.monotonic() >= deadline):
+                break
+        self._handed = counts.entries
+        try:
+            self._flush(counts)
+        except (redis.ConnectionError, redis.TimeoutError) as exc:
+            log.warning("could not record batch counts: %s", exc)
+        if not chosen:
+            raise BatchTimeoutError(self.timeout or 0.0, self.assembler.waiting)
+        return Batch(
+            groups=chosen,
+            latest_version=latest,
+            stale_dropped=counts.stale_dropped,
+            stale_requeued=counts.stale_requeued,
+            failed_dropped=counts.failed_dropped,
+            partial=len(chosen) < self.batch_size,
+            seconds=time.monotonic() - start,
+        )
+
+    def __iter__(self) -> Iterator[Batch]:
+        try:
+            while True:
+                yield self.next_batch()
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        """Acknowledge what was handed over; groups still incomplete stay pending for a restart under this name."""
+        self._to_ack += self._handed
+        self._handed = []
+        try:
+            if self._to_ack:
+                self._flush()
+        except (redis.ConnectionError, redis.TimeoutError) as exc:
+            log.warning("could not acknowledge %d entries: %s", len(self._to_ack), exc)
+
+
+_UNFINISHED = (TaskState.QUEUED, TaskState.RUNNING)
