@@ -14,8 +14,8 @@ it the way that release's own runner does:
   for this attempt (``rollout.rollout_id``, ``rollout.attempt.sequence_id`` = rollq's attempt number,
   ``rollout.mode``, ``rollout.resources_id``, ``rollout.config`` from the task's policy);
 - the resources as AL's own classes (``LLM``, ``ProxyLLM``, ``PromptTemplate`` of the loaded release), so that
-  ``isinstance`` checks in AL's code (``@rollout``'s ``llm`` argument) hold; fields AL's class lacks are kept
-  on rollq's object, which is passed instead when AL has no class for a resource type.
+  ``isinstance`` checks in AL's code (``@rollout``'s ``llm`` argument) hold; a resource of a type the
+  release has no class for (a ``ProxyLLM`` under 0.1), or that its class refuses, is passed as rollq's object.
 
 The worker and runner reach the agent through AL's own ``set_trainer``/``set_runner``. What the agent returns
 is accepted by shape (see :mod:`rollq.models.coerce`). ``agentlightning`` is never imported here: if the agent

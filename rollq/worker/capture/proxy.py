@@ -254,10 +254,11 @@ class CaptureProxy:
     def _environment_route(self, request: web.Request, key: str) -> _Route | web.Response:
         """The route of the attempt a call to an environment URL came from, or the refusal saying why not."""
         header = request.headers.get(ambient.ATTEMPT_HEADER)
-        if header is None and self._concurrency == 1 and len(self._environment_open) == 1:
-            header = next(iter(self._environment_open))  # one rollout at a time, one open: it is that one
+        open_now = tuple(self._environment_open)  # one copy: runner threads open and close attempts meanwhile
+        if header is None and self._concurrency == 1 and len(open_now) == 1:
+            header = open_now[0]  # one rollout at a time, and one open: it is that one
         if header is None:
-            message = ambient.unattributable(self._environment[key], len(self._environment_open), self._concurrency)
+            message = ambient.unattributable(self._environment[key], len(open_now), self._concurrency)
             log.error("%s", message)
             return web.json_response({"error": {"message": message, "type": "invalid_request_error"}}, status=400)
         route = self._routes.get(f"{header}@{key}")
