@@ -9,8 +9,8 @@
   ``@reward`` function, and the agent returns nothing, so the reward reaches the rollout only through the
   span ``@reward`` writes;
 - ``python tests/al_real.py own LLM_URL TASKS_JSON OUT_JSON``: the same agent run by AL 0.1.2 itself (its
-  ``AgentLightningServer``, ``Trainer`` and default ``AgentOpsTracer`` with its local AgentOps server), the
-  rollouts written to OUT_JSON for comparison;
+  ``AgentLightningServer`` in a child process, ``Trainer`` and default ``AgentOpsTracer`` with its local
+  AgentOps server), the rollouts written to OUT_JSON for comparison;
 - ``ApoAgent``: AL's APO example client, which builds its OpenAI client from ``OPENAI_API_BASE``.
 """
 
@@ -136,35 +136,56 @@ class ApoAgent(LitAgent):
         return float(len(result.choices[0].message.content or ""))
 
 
-def own_run(llm_url: str, tasks_path: Path, out_path: Path) -> None:
-    """AL 0.1.2 running CalcXAgent on its own: its server, its Trainer, its AgentOps tracer."""
-    import threading
-
-    from agentlightning import Trainer
+def own_server(port: int, llm_url: str, tasks_path: Path, out_path: Path) -> None:
+    """AL 0.1.2's server with the tasks queued; writes the rollouts to ``out_path`` once all are in."""
     from agentlightning.server import AgentLightningServer
     from agentlightning.types import LLM
 
-    tasks = json.loads(tasks_path.read_text())
-    loop = asyncio.new_event_loop()
-    threading.Thread(target=loop.run_forever, daemon=True).start()
+    async def serve() -> None:
+        server = AgentLightningServer(host="127.0.0.1", port=port)
+        await server.start()
+        await server.update_resources({"main_llm": LLM(endpoint=llm_url, model="fake-model")})
+        ids = [await server.queue_task(sample=task, mode="train") for task in json.loads(tasks_path.read_text())]
+        (out_path.parent / "al-server-ready").write_text("ready")
+        rollouts = [await server.poll_completed_rollout(rid, timeout=120) for rid in ids]
+        out_path.write_text(json.dumps([r.model_dump() if r is not None else None for r in rollouts]))
+        await server.stop()
+
+    asyncio.run(serve())
+
+
+def own_run(llm_url: str, tasks_path: Path, out_path: Path) -> None:
+    """AL 0.1.2 running CalcXAgent on its own: its server (a process of its own), its Trainer, its AgentOps tracer.
+
+    The server runs in another process because the Trainer's AgentOps tracer forks its local AgentOps server:
+    a fork from a process with a server thread running could deadlock on a lock that thread held.
+    """
+    import subprocess
+
+    from agentlightning import Trainer
+
     port = int(os.environ.get("AL_OWN_PORT", "9997"))
-    server = AgentLightningServer(host="127.0.0.1", port=port)
-
-    def call(coroutine: Any) -> Any:
-        return asyncio.run_coroutine_threadsafe(coroutine, loop).result(60)
-
-    call(server.start())
-    call(server.update_resources({"main_llm": LLM(endpoint=llm_url, model="fake-model")}))
-    ids = [call(server.queue_task(sample=task, mode="train")) for task in tasks]
+    marker = out_path.parent / "al-server-ready"
+    server = subprocess.Popen(
+        [sys.executable, __file__, "own-server", str(port), llm_url, str(tasks_path), str(out_path)]
+    )
+    deadline = time.monotonic() + 120
+    while not marker.exists():
+        if server.poll() is not None or time.monotonic() > deadline:
+            raise RuntimeError("AL's server did not start")
+        time.sleep(0.2)
+    tasks = json.loads(tasks_path.read_text())
     Trainer(n_workers=1, max_tasks=len(tasks)).fit(CalcXAgent(), f"http://127.0.0.1:{port}/")
-    rollouts = [call(server.poll_completed_rollout(rid, timeout=60)) for rid in ids]
-    out_path.write_text(json.dumps([r.model_dump() if r is not None else None for r in rollouts]))
-    call(server.stop())
+    if server.wait(timeout=180) != 0:
+        raise RuntimeError(f"AL's server exited with {server.returncode}")
 
 
 def main() -> None:
     if sys.argv[1] == "own":
         own_run(sys.argv[2], Path(sys.argv[3]), Path(sys.argv[4]))
+        return
+    if sys.argv[1] == "own-server":
+        own_server(int(sys.argv[2]), sys.argv[3], Path(sys.argv[4]), Path(sys.argv[5]))
         return
     from agentlightning import Trainer
     from agentlightning.client import AgentLightningClient
