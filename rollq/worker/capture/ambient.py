@@ -13,8 +13,9 @@ One address then serves every rollout in flight in the process, so each call mus
   calls are attributed right with any number of rollouts in flight;
 - a request without the header (another HTTP library, or a thread the agent started without copying the
   context) is attributed only when it cannot be wrong: the worker runs one rollout at a time
-  (``ROLLQ_CONCURRENCY=1``) and one is open. Otherwise the proxy refuses it (HTTP 400, saying why and what to
-  do) rather than guess: a call put on the wrong rollout would train on the wrong reward.
+  (``ROLLQ_CONCURRENCY=1``) and one is open. With none open it belongs to no rollout and is forwarded
+  uncaptured. Otherwise the proxy refuses it (HTTP 400, saying why and what to do) rather than guess: a call
+  put on the wrong rollout would train on the wrong reward.
 
 A client built before the worker started (at import time of the agent's module) keeps the old URL and is not
 captured: build it in the rollout, or use the ``LLM`` resource's endpoint.

@@ -251,12 +251,18 @@ class CaptureProxy:
             self._environment_open.discard(header_token)
 
     # -- serving ---------------------------------------------------------------------------------------------
-    def _environment_route(self, request: web.Request, key: str) -> _Route | web.Response:
-        """The route of the attempt a call to an environment URL came from, or the refusal saying why not."""
+    async def _environment_route(self, request: web.Request, key: str) -> _Route | web.StreamResponse:
+        """The route of the attempt a call to an environment URL came from; else the refusal saying why not, or,
+        with no rollout open at all, the call forwarded uncaptured (it belongs to none: a hook's, a straggler's)."""
         header = request.headers.get(ambient.ATTEMPT_HEADER)
         open_now = tuple(self._environment_open)  # one copy: runner threads open and close attempts meanwhile
         if header is None and self._concurrency == 1 and len(open_now) == 1:
             header = open_now[0]  # one rollout at a time, and one open: it is that one
+        if header is None and not open_now:
+            upstream = self._environment[key]
+            rest = request.path[len(f"/{key}{upstream.suffix}") :]
+            url = upstream.url + rest + (f"?{request.query_string}" if request.query_string else "")
+            return await self._pass_through(request, url, await request.read())
         if header is None:
             message = ambient.unattributable(self._environment[key], len(open_now), self._concurrency)
             log.error("%s", message)
@@ -270,10 +276,10 @@ class CaptureProxy:
     async def _handle(self, request: web.Request) -> web.StreamResponse:
         key = request.match_info["token"]
         path = request.path
-        found: _Route | web.Response | None
+        found: _Route | web.StreamResponse | None
         if key in self._environment:
-            found = self._environment_route(request, key)
-            if isinstance(found, web.Response):
+            found = await self._environment_route(request, key)
+            if isinstance(found, web.StreamResponse):
                 return found
         else:
             found = self._routes.get(key)
