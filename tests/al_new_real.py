@@ -67,9 +67,14 @@ class AsyncRolloutAgent(LitAgent):
 
 
 class LegacyAgent(LitAgent):
+    # Both methods: under AL 0.2/0.3 the default validation_rollout calls rollout(), not training_rollout()
+    # (AL's own runner fails such an agent's val tasks too).
     def training_rollout(self, task: Any, rollout_id: str, resources: Any) -> Any:
         assert isinstance(rollout_id, str) and isinstance(resources["main_llm"], LLM)
         emit_reward(_score(task, _ask(resources["main_llm"], task)))
+
+    def validation_rollout(self, task: Any, rollout_id: str, resources: Any) -> Any:
+        return self.training_rollout(task, rollout_id, resources)
 
 
 @rollout

@@ -60,14 +60,15 @@ def run_workers(
     resources: dict[str, Any],
     *,
     extra_env: dict[str, str] | None = None,
-    mode: str = "train",
 ) -> dict[str, list[Rollout]]:
-    """One worker per agent (started together, each on a namespace of its own) running ``inputs``."""
+    """One worker per agent (started together, each on a namespace of its own) running ``inputs``, the last one
+    in mode ``val`` (AL's ``validation_rollout*`` paths), the others in ``train``."""
     started: list[tuple[str, Producer, list[str], WorkerProcess]] = []
     for name, spec in agents.items():
         producer = Producer.from_url(redis.url, f"t-{uuid.uuid4().hex[:10]}")
         producer.update_resources(resources)
-        ids = [t.rollout_id for t in producer.enqueue_many(inputs, mode=mode)]
+        tasks = [*producer.enqueue_many(inputs[:-1], mode="train"), producer.enqueue(inputs[-1], mode="val")]
+        ids = [t.rollout_id for t in tasks]
         worker_env = {
             "ROLLQ_AGENT": spec,
             "ROLLQ_CONCURRENCY": "4",
@@ -82,7 +83,9 @@ def run_workers(
     found: dict[str, list[Rollout]] = {}
     try:
         for name, producer, ids, _ in started:
-            found[name] = producer.wait(ids, timeout=120)
+            # Generous: importing AL 0.2/0.3 (LiteLLM's proxy server among it) is ~10 s of CPU per worker, and the
+            # workers start together on a machine that may be busy.
+            found[name] = producer.wait(ids, timeout=600)
     finally:
         for name, _, _, worker in started:
             worker.stop(timeout=30)
