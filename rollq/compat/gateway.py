@@ -12,6 +12,10 @@ transition a worker uses) and keeps attempts exact:
   reaper requeues the task (or fails it when no attempts remain), like a dead worker's;
 - a post for an attempt that is no longer current is recorded in the superseded stream
   and never delivered; a post for a cancelled task is dropped.
+
+What a claim refusal, a published rollout and the finish transition's reply mean is spelled once, in
+:mod:`rollq.worker.attempt`, shared with the workers: a posted rollout carries the same outcome keys
+(generation included) and passes the same size checks as one a worker publishes.
 """
 
 from __future__ import annotations
@@ -21,7 +25,6 @@ import socket
 import threading
 import time
 from dataclasses import dataclass
-from enum import StrEnum
 from typing import Any
 
 import redis
@@ -29,13 +32,15 @@ import redis
 from rollq.models.coerce import coerce
 from rollq.models.contract import ResourcesUpdate, Rollout, Task
 from rollq.models.errors import ContractShapeError, InvalidTaskError, UnknownResourcesError
-from rollq.models.outcomes import failed_rollout, stamp
-from rollq.models.policy import RolloutPolicy, RolloutStatus
+from rollq.models.policy import RolloutPolicy
 from rollq.store.jobs import read_rollq_jobs, rollout_id_of
 from rollq.store.keys import Keys, inflight_member
 from rollq.store.records import parse_task
+from rollq.store.replies import ClaimRefused
 from rollq.store.resources import ResourceStore
-from rollq.store.transitions import Cancelled, ClaimRefused, Lifecycle, Published
+from rollq.store.transitions import Lifecycle
+from rollq.worker.attempt import Attempt, Attempts, PublishLimits, Settled
+from rollq.worker.config import WorkerSettings
 from rollq.worker.heartbeat import Heartbeat
 
 log = logging.getLogger(__name__)
@@ -64,21 +69,16 @@ def split_client_rollout_id(value: str) -> tuple[str, int]:
     return rollout_id, int(attempt)
 
 
-class PostOutcome(StrEnum):
-    """What became of a posted rollout."""
-
-    DELIVERED = "delivered"
-    SUPERSEDED = "superseded"
-    """Its attempt was no longer current: recorded in the superseded stream, not delivered."""
-    CANCELLED = "cancelled"
-    """The task was cancelled: dropped."""
+PostOutcome = Settled
+"""What became of a posted rollout: delivered, superseded (recorded, not delivered) or cancelled (dropped)."""
 
 
 @dataclass
 class _Held:
-    rollout_id: str
-    attempt: int
+    attempt: Attempt
+    task: Task
     policy: RolloutPolicy
+    resources_id: str | None  # the version the client was told to run with
     handed_at: float
     lease_until: float
 
@@ -93,9 +93,12 @@ class Gateway:
         *,
         lease_seconds: float = 300.0,
         heartbeat_seconds: float = 5.0,
-        results_maxlen: int = 100_000,
+        results_maxlen: int | None = None,
+        settings: WorkerSettings | None = None,
         name: str | None = None,
     ) -> None:
+        """``settings``: the bounds on what is published (``results_maxlen``, ``max_result_bytes``,
+        ``keep_seconds``), the workers' ``ROLLQ_*`` settings by default; ``results_maxlen`` overrides one."""
         if lease_seconds <= 0:
             raise ValueError("lease_seconds must be > 0")
         self.connection = connection
@@ -103,12 +106,16 @@ class Gateway:
         self.lifecycle = Lifecycle(connection, self.keys)
         self.resources = ResourceStore(connection, self.keys)
         self.lease_seconds = lease_seconds
-        self.results_maxlen = results_maxlen
+        limits = PublishLimits.of(settings or WorkerSettings.from_env())
+        if results_maxlen is not None:
+            limits = PublishLimits(results_maxlen, limits.max_result_bytes, limits.keep_seconds)
+        self.attempts = Attempts(self.lifecycle, limits)
+        self.results_maxlen = limits.results_maxlen
         self.name = name or f"serve-al-{socket.gethostname()}-{id(self):x}"
         self._held: dict[str, _Held] = {}
         self._lock = threading.Lock()
         self._heartbeat = Heartbeat(
-            self.lifecycle, self._members, interval=heartbeat_seconds, results_maxlen=results_maxlen
+            self.lifecycle, self._members, interval=heartbeat_seconds, results_maxlen=limits.results_maxlen
         )
 
     def start(self) -> None:
@@ -121,7 +128,7 @@ class Gateway:
     def held(self) -> list[tuple[str, int]]:
         """The attempts handed out and not yet posted, as ``(rollout_id, attempt)``."""
         with self._lock:
-            return [(h.rollout_id, h.attempt) for h in self._held.values()]
+            return [(h.attempt.rollout_id, h.attempt.number) for h in self._held.values()]
 
     def _members(self) -> dict[str, float]:
         """The attempts still within their lease (``member`` -> unresponsive_seconds), for the heartbeat."""
@@ -158,48 +165,34 @@ class Gateway:
             return None
         rollout_id = rollout_id_of(job)
         claim = self.lifecycle.claim(rollout_id, job_id, self.name)
-        if isinstance(claim, ClaimRefused) and claim.reason == "invalid":
-            invalid = InvalidTaskError(f"task {rollout_id} cannot be claimed: {claim.state}")
-            log.error("%s; failing it", invalid)
-            failed = failed_rollout(rollout_id, attempt=0, worker=self.name, error=invalid)
-            self.lifecycle.reject(
-                rollout_id, job_id, failed.model_dump_json(), results_maxlen=self.results_maxlen, now=time.time()
-            )
+        if isinstance(claim, ClaimRefused):
+            self.attempts.refused(rollout_id, job_id, claim, self.name)
         # The job never runs in RQ: the claim is what counts from here on.
         pipe = self.connection.pipeline(transaction=False)
         pipe.lrem(k.rq_intermediate, 1, job_id)
         pipe.delete(k.rq_job(job_id))
         pipe.execute()
         if isinstance(claim, ClaimRefused):
-            log.info("skipped job %s: task %s is %s %s", job_id, rollout_id, claim.reason, claim.state)
             return None
         now = time.time()
+        attempt = Attempt.claimed(rollout_id, claim, self.name)
         try:
             task, policy = parse_task(
                 rollout_id, claim.task_json, claim.policy_json, claims=claim.attempt, last_claim=claim.claimed_at
             )
         except InvalidTaskError as error:
-            rollout = failed_rollout(rollout_id, attempt=claim.attempt, worker=self.name, error=error)
-            self.lifecycle.finish(
-                rollout_id,
-                claim.attempt,
-                rollout.model_dump_json(),
-                RolloutStatus.FAILED.value,
-                results_maxlen=self.results_maxlen,
-                dead_letter=True,
-                now=now,
-            )
+            log.error("%s", error)
+            self.attempts.publish(self.attempts.publication(attempt, attempt.failed(error), failed=True, duration=None))
             return None
         lease = min(self.lease_seconds, policy.timeout_seconds)
+        # The version the claim saw as latest, so the client runs with what a worker would have.
+        resources_id = task.resources_id or claim.latest_resources_id
         with self._lock:
-            self._held[inflight_member(rollout_id, claim.attempt)] = _Held(
-                rollout_id, claim.attempt, policy, now, now + lease
-            )
+            self._held[attempt.member] = _Held(attempt, task, policy, resources_id, now, now + lease)
         return task.model_copy(
             update={
                 "rollout_id": client_rollout_id(rollout_id, claim.attempt),
-                # The version the claim saw as latest, so the client runs with what a worker would have.
-                "resources_id": task.resources_id or claim.latest_resources_id,
+                "resources_id": resources_id,
                 "num_claims": claim.attempt,
                 "last_claim_time": claim.claimed_at,
             }
@@ -221,28 +214,24 @@ class Gateway:
         rollout_id, attempt = split_client_rollout_id(posted.rollout_id)
         with self._lock:
             held = self._held.pop(inflight_member(rollout_id, attempt), None)
-        now = time.time()
-        rollout = stamp(
-            posted.model_copy(update={"rollout_id": rollout_id}),
-            status=RolloutStatus.SUCCEEDED,
-            attempt=attempt,
-            worker=client,
+        # An attempt this gateway did not hand out (another gateway did, or this one restarted) is of the task's
+        # current generation if it is still current; if it is not, the finish call supersedes it anyway.
+        who = (
+            held.attempt
+            if held is not None
+            else Attempt(rollout_id, attempt, self.attempts.generation_of(rollout_id), client)
+        ).run_by(client)
+        publication = self.attempts.publication(
+            who,
+            who.stamp(posted.model_copy(update={"rollout_id": rollout_id})),
+            failed=False,
+            duration=time.time() - held.handed_at if held else None,
+            task=held.task if held else None,
+            resources_id=held.resources_id if held else None,
         )
-        reply = self.lifecycle.finish(
-            rollout_id,
-            attempt,
-            rollout.model_dump_json(),
-            RolloutStatus.SUCCEEDED.value,
-            results_maxlen=self.results_maxlen,
-            dead_letter=False,
-            now=now,
-            duration=now - held.handed_at if held else None,
-        )
-        if isinstance(reply, Cancelled):
-            return PostOutcome.CANCELLED, f"rollout {rollout_id} was cancelled; this result is dropped"
-        if not isinstance(reply, Published):
-            log.warning(
-                "late rollout for %s attempt %d from %s: superseded, not delivered", rollout_id, attempt, client
-            )
-            return PostOutcome.SUPERSEDED, f"attempt {attempt} of {rollout_id} is no longer current; not delivered"
-        return PostOutcome.DELIVERED, f"rollout {rollout_id} (attempt {attempt}) received and stored"
+        settled = self.attempts.settled(publication, self.attempts.publish(publication))
+        if settled == Settled.CANCELLED:
+            return settled, f"rollout {rollout_id} was cancelled; this result is dropped"
+        if settled == Settled.SUPERSEDED:
+            return settled, f"attempt {attempt} of {rollout_id} is no longer current; not delivered"
+        return settled, f"rollout {rollout_id} (attempt {attempt}) received and stored"

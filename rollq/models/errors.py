@@ -138,3 +138,31 @@ class LLMBackendError(RollqError):
     def __init__(self, status: int, resource: str, path: str, detail: str) -> None:
         self.status = status
         super().__init__(f"LLM backend of resource {resource!r} answered HTTP {status} to {path}: {detail}")
+
+
+class LLMPauseTimeoutError(RollqError, TimeoutError):
+    """``pause_llm`` gave up before every live worker's capturing proxy was drained. ``busy`` maps each worker
+    that still had LLM calls running to their number; ``unacknowledged`` lists the workers that had not yet closed
+    their gate (not heartbeated since the pause). The pause itself stays in place."""
+
+    def __init__(self, timeout: float, busy: Mapping[str, int], unacknowledged: Sequence[str]) -> None:
+        self.timeout, self.busy, self.unacknowledged = timeout, dict(busy), list(unacknowledged)
+        parts = []
+        if self.busy:
+            running = ", ".join(f"{w} ({n})" for w, n in list(self.busy.items())[:20])
+            parts.append(f"LLM calls still running on {running}")
+        if self.unacknowledged:
+            parts.append(f"not yet paused: {_shown(self.unacknowledged)}")
+        super().__init__(f"LLM calls not drained within {timeout:g}s: " + "; ".join(parts or ["no report"]))
+
+
+class BackpressureTimeoutError(RollqError, TimeoutError):
+    """``enqueue_many(max_pending=N)`` waited ``timeout`` seconds and the namespace still had too many tasks queued
+    or running to take the next ones; the tasks queued before it stay queued (``queued`` counts them)."""
+
+    def __init__(self, pending: int, max_pending: int, timeout: float, queued: int) -> None:
+        super().__init__(
+            f"{pending} task(s) still queued or running after {timeout:g}s (max_pending={max_pending}); "
+            f"{queued} of this batch were queued before that"
+        )
+        self.pending, self.max_pending, self.timeout, self.queued = pending, max_pending, timeout, queued

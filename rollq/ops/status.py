@@ -11,7 +11,9 @@ import redis
 from rq.worker import Worker
 
 from rollq.models.policy import RolloutStatus
-from rollq.store.keys import REQUEUED_PREFIX, Keys, StatsField, TaskField, outcome_stat, parse_inflight_member
+from rollq.store.keys import Keys, TaskField, parse_inflight_member
+from rollq.store.llm_gate import LLMGate
+from rollq.store.stats import REQUEUED_PREFIX, StatsField, outcome_stat
 from rollq.worker.rq_worker import WORKER_CONCURRENCY_FIELD
 
 # A worker heartbeats at least every few seconds while alive; RolloutPolicy's default
@@ -45,6 +47,9 @@ class Snapshot:
     """MEMORY USAGE of the results stream; None where the server has no such command (the embedded one)."""
     reward_missing: int = 0
     """Succeeded rollouts published with no reward at all (the agent's reward never reached rollq)."""
+    llm_gate: dict[str, Any] | None = None
+    """The weight-sync gate: ``paused`` (bool), ``epoch``, ``workers`` reporting, ``acknowledged``, LLM calls
+    ``in_flight`` under the pause and ``waiting`` at the gates; None when no worker's proxy reports."""
 
     @property
     def workers_alive(self) -> int:
@@ -128,7 +133,22 @@ def snapshot(
         counters=counters,
         results_stream_memory_bytes=_memory_usage(connection, keys.results) if xlen else 0,
         reward_missing=int(counters.get(StatsField.REWARD_MISSING, 0)),
+        llm_gate=_llm_gate(connection, keys),
     )
+
+
+def _llm_gate(connection: redis.Redis, keys: Keys) -> dict[str, Any] | None:
+    status = LLMGate(connection, keys).status()
+    if not status.paused and not status.workers:
+        return None
+    return {
+        "paused": status.paused,
+        "epoch": status.epoch,
+        "workers": status.workers,
+        "acknowledged": status.acknowledged,
+        "in_flight": status.in_flight,
+        "waiting": status.waiting,
+    }
 
 
 def _memory_usage(connection: redis.Redis, key: str) -> int | None:
@@ -222,6 +242,14 @@ def render_text(s: Snapshot) -> str:
     if any(groups.values()):
         lines.append("  training groups   " + ", ".join(f"{name} {n}" for name, n in groups.items()))
     lines.append(f"  resources         {', '.join(s.resource_versions) or 'none'} (latest {s.latest_resources or '-'})")
+    gate = s.llm_gate
+    if gate is not None and gate["paused"]:
+        lines.append(
+            f"  LLM calls         paused (pause {gate['epoch']}): {gate['acknowledged']} of {gate['workers']} "
+            f"worker(s) holding, {gate['in_flight']} still running, {gate['waiting']} waiting"
+        )
+    elif gate is not None:
+        lines.append(f"  LLM calls         flowing ({gate['workers']} worker proxies reporting)")
     dead = len(s.workers) - s.workers_alive
     lines.append(f"  workers           {s.workers_alive} alive" + (f", {dead} dead" if dead else ""))
     for w in s.workers:

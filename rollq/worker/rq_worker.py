@@ -6,11 +6,11 @@ Start it like any RQ worker, naming the rollq namespace as the queue::
 
 It differs from RQ's ``SimpleWorker`` in these ways:
 
-- up to ``concurrency`` jobs run at once. The main thread keeps RQ's loop
-  (dequeue, maintenance, signals); each job's start and end bookkeeping (RQ's
-  started/finished registries, status, result) runs on a small pool, with RQ's
-  per-job ``execution`` carried from one to the other, and no thread waits
-  while an agent runs;
+- up to ``concurrency`` jobs run at once, each holding a slot (:mod:`.slots`).
+  The main thread keeps RQ's loop (dequeue, maintenance, signals); each job's
+  claim, publication and RQ start and end bookkeeping (started/finished
+  registries, status, result) run in batches on two threads
+  (:mod:`.rq_lifecycle`), and no thread waits while an agent runs;
 - it refuses, without importing anything, any job that is not a rollq job, and
   always uses the JSON serializer; it never calls the job's function;
 - attempts heartbeat and a reaper runs beside the loop (:mod:`worker.heartbeat`);
@@ -32,18 +32,14 @@ from __future__ import annotations
 import logging
 import os
 import signal
-import sys
 import threading
 import time
-import traceback
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any, cast
 
 from rq.exceptions import StopRequested
-from rq.executions import Execution
-from rq.job import Job, JobStatus
+from rq.job import Job
 from rq.logutils import setup_loghandlers
 from rq.queue import Queue
 from rq.serializers import JSONSerializer
@@ -53,46 +49,37 @@ from rq.worker import SimpleWorker, WorkerStatus
 
 from rollq.models.contract import Hook
 from rollq.models.errors import InvalidTaskError
-from rollq.store.connection import connect, describe, describe_client, retry_policy
+from rollq.store.connection import describe_client, retry_policy
 from rollq.store.jobs import RollqJob, read_rollq_jobs, rollout_id_of
 from rollq.store.keys import Keys
+from rollq.store.llm_gate import GateReporter
 from rollq.store.resources import ResourceStore
-from rollq.store.transitions import FinishReply, Lifecycle, replied
+from rollq.store.transitions import Lifecycle
 
+from . import rq_url
 from .al_tracing import connect_agentlightning
-from .bookkeeping import Batcher
 from .capture import CaptureProxy
+from .capture.gate import CallGate
+from .capture.pause import PauseFollower
 from .collector import widen_young_generation
 from .config import WorkerSettings
 from .executor import AgentExecutor
-from .faults import armed, crash_point
+from .faults import crash_point
 from .foreign import as_lit_agent
 from .heartbeat import Heartbeat
 from .hooks import HookSet
 from .loader import load_object
 from .logs import reformat
 from .resource_cache import ResourceCache
-from .runner import AgentRunner, AttemptResult, AttemptStatus, Pending, Publication
+from .rq_lifecycle import RqLifecycle
+from .runner import AgentRunner
+from .slots import Slots
 from .tracer import BaseTracer, OtelTracer
 
 log = logging.getLogger(__name__)
 
-
-def _lend_rollq_url_to_rq_cli() -> None:
-    """Let stock ``rq worker -w rollq.worker.RolloutWorker`` without ``--url`` use ``ROLLQ_REDIS_URL``.
-
-    RQ's CLI imports the ``-w`` class before it builds its client, and with no
-    ``--url`` / ``RQ_REDIS_URL`` / ``--config`` it reads ``REDIS_URL`` from the
-    environment at that point: setting it here (only in an ``rq`` process, only
-    when unset) points RQ's own start-up checks and the worker at the same Redis
-    as every ``rollq`` command, instead of localhost.
-    """
-    wanted = os.environ.get("ROLLQ_REDIS_URL")
-    if wanted and os.path.basename(sys.argv[0]) == "rq" and "REDIS_URL" not in os.environ:
-        os.environ["REDIS_URL"] = wanted
-
-
-_lend_rollq_url_to_rq_cli()
+# RQ's CLI imports this module (``-w rollq.worker.RolloutWorker``) before it builds its Redis client.
+rq_url.lend_rollq_url_to_rq_cli()
 
 WORKER_CONCURRENCY_FIELD = "rollq_concurrency"
 """Field rollq adds to RQ's worker hash: how many rollouts this worker runs at once."""
@@ -118,37 +105,6 @@ class _NoDeathPenalty(BaseDeathPenalty):
         pass
 
 
-@dataclass
-class _Start:
-    """A dequeued job waiting for its claim and RQ's start bookkeeping."""
-
-    job: Job
-    queue: Queue
-    rollout_id: str
-    execution: Any = None  # RQ's Execution of the job, once its start is queued
-
-
-@dataclass(frozen=True)
-class _Done:
-    """A job whose agent has settled: its attempt waits to be published."""
-
-    job: Job
-    queue: Queue
-    execution: Any
-    pending: Pending
-
-
-@dataclass(frozen=True)
-class _Ended:
-    """A job whose attempt is over: RQ's end bookkeeping records ``result``, or ``error`` (a rollq fault)."""
-
-    job: Job
-    queue: Queue
-    execution: Any
-    result: AttemptResult | None = None
-    error: str | None = None
-
-
 class RolloutWorker(SimpleWorker):
     """An RQ worker for one rollq namespace (its single queue)."""
 
@@ -165,14 +121,13 @@ class RolloutWorker(SimpleWorker):
         honour_rollq_url: bool = True,
         **kwargs: Any,
     ) -> None:
-        self._local = threading.local()  # before RQ's __init__, which assigns self.execution
         kwargs["serializer"] = JSONSerializer
         # RQ's registry clean-up, failure handling and dequeue load jobs with this class: it never imports a
         # callback, function or webhook a job hash names (see store.jobs.RollqJob).
         kwargs["job_class"] = RollqJob
         given = kwargs.get("connection")
         if given is not None and honour_rollq_url:
-            kwargs["connection"] = _honour_rollq_url(given)
+            kwargs["connection"] = rq_url.honour_rollq_url(given)
             if kwargs["connection"] is not given:  # the queues RQ's CLI built are bound to the other client
                 listed: list[Any] = [queues] if isinstance(queues, str | Queue) else list(queues)
                 queues = [q.name if isinstance(q, Queue) else str(q) for q in listed]
@@ -200,27 +155,14 @@ class RolloutWorker(SimpleWorker):
         self._heartbeat: Heartbeat | None = None
         self._executor = AgentExecutor(on_wedged=self._on_loop_wedged)
         self._capture: CaptureProxy | None = None
-        self._slots = threading.BoundedSemaphore(self.settings.concurrency)
-        self._starts: Batcher[_Start] | None = None
-        self._finishes: Batcher[_Done] | None = None
-        self._busy = 0
-        self._running_jobs: dict[str, None] = {}  # job ids in start order, for the "current job" shown
-        self._busy_lock = threading.Lock()
+        self._pause: PauseFollower | None = None
+        self.slots = Slots(self.settings.concurrency)
+        self.rq_lifecycle: RqLifecycle | None = None
         self._dequeuing = False
         self._taken: deque[tuple[Job, Queue]] = deque()  # dequeued with a slot held, not started yet
         self._force_stop = False
         self._loop_wedged = False
         self._next_suspension_check = 0.0
-
-    # RQ keeps the running job's Execution on the worker. With several jobs at
-    # once it is per thread, and each bookkeeping call sets the one of its job.
-    @property
-    def execution(self) -> Any:
-        return getattr(self._local, "execution", None)
-
-    @execution.setter
-    def execution(self, value: Any) -> None:
-        self._local.execution = value
 
     @property
     def dequeue_timeout(self) -> int:
@@ -247,11 +189,15 @@ class RolloutWorker(SimpleWorker):
             wait_timeout_ms=self.settings.wait_timeout_ms,
         )
         self._executor.start()
-        self._capture = CaptureProxy().start() if self.settings.capture_llm else None
-        if self._capture is not None:  # agents that build their client from OPENAI_BASE_URL / OPENAI_API_BASE
+        self._capture = None
+        if self.settings.capture_llm:
+            self._capture = CaptureProxy(gate=CallGate(self.settings.llm_pause_wait_seconds)).start()
+            # Agents that build their OpenAI client from OPENAI_BASE_URL / OPENAI_API_BASE are captured too.
             self._capture.serve_environment(self.settings.concurrency)
-        self._starts = Batcher("rollq-start", self._start_batch)
-        self._finishes = Batcher("rollq-finish", self._finish_batch)
+            # Before the first job: a worker that starts during a weight-sync pause honours it.
+            reporter = GateReporter(self.connection, self.keys, self.name, self.settings.heartbeat_seconds)
+            self._pause = PauseFollower(reporter, self._capture.gate, listen=self.settings.llm_gate_listen)
+            self._pause.start()
         self.runner = AgentRunner(
             lifecycle=lifecycle,
             resources=ResourceCache(ResourceStore(self.connection, self.keys)),
@@ -264,6 +210,7 @@ class RolloutWorker(SimpleWorker):
             capture=self._capture,
         )
         self.runner.worker_id = self.worker_id
+        self.rq_lifecycle = RqLifecycle(self, self.runner, self.slots)
         self.tracer = self.runner.tracer  # an Agent Lightning agent's ``tracer`` is ``trainer.tracer``
         provider = getattr(self.tracer, "provider", None)
         if provider is not None:  # AgentOps' and Agent Lightning's reward APIs write to rollq's tracer
@@ -282,6 +229,7 @@ class RolloutWorker(SimpleWorker):
             results_maxlen=self.settings.results_maxlen,
             on_beat=self._beat_while_busy,
             on_lost=self.runner.abandon,
+            piggyback=self._pause.queue if self._pause is not None else None,
         )
         self._heartbeat.start()
         self.log.info("rollq worker %s: Redis at %s", self.name, describe_client(self.connection))
@@ -300,7 +248,7 @@ class RolloutWorker(SimpleWorker):
     def _beat_while_busy(self) -> None:
         # The main thread heartbeats the worker key only between dequeues; while it
         # waits for a free slot this keeps the worker visible.
-        if self._busy:
+        if self.slots.busy:
             self.heartbeat()
 
     def heartbeat(self, timeout: int | None = None, pipeline: Any = None) -> None:
@@ -322,13 +270,12 @@ class RolloutWorker(SimpleWorker):
         # RQ shows one current job per worker and clears it when a job ends; with
         # others still running, show one of those instead of an idle worker.
         if job_id is None:
-            with self._busy_lock:
-                job_id = next(iter(self._running_jobs), None)
+            job_id = self.slots.oldest_running()
         super().set_current_job_id(job_id, pipeline)
 
     def set_state(self, state: str, pipeline: Any = None) -> None:
         # RQ marks the worker idle before every dequeue; with rollouts still running it is not.
-        if state == WorkerStatus.IDLE and self._busy:
+        if state == WorkerStatus.IDLE and self.slots.busy:
             state = WorkerStatus.BUSY
         if pipeline is None and state == self._state:
             return  # already so in Redis: saves a round trip per dequeue while rollouts run
@@ -336,7 +283,7 @@ class RolloutWorker(SimpleWorker):
 
     def get_state(self) -> str:
         # RQ decides between "stop after the current job" and "stop now" by this.
-        return WorkerStatus.BUSY if self._busy else super().get_state()
+        return WorkerStatus.BUSY if self.slots.busy else super().get_state()
 
     def request_stop(self, signum: int, frame: Any) -> None:
         super().request_stop(signum, frame)
@@ -357,19 +304,19 @@ class RolloutWorker(SimpleWorker):
         # Take a slot before taking a job, so a job never waits inside a busy worker.
         self._dequeuing = True
         try:
-            while not self._slots.acquire(timeout=1.0):
+            while not self.slots.take(timeout=1.0):
                 if self._stop_requested:
                     return None
             if self._stop_requested:
-                self._slots.release()
+                self.slots.free()
                 return None
             try:
                 result = self._dequeue_well_formed(timeout, max_idle_time)
             except BaseException:
-                self._slots.release()
+                self.slots.free()
                 raise
             if result is None:
-                self._slots.release()
+                self.slots.free()
             else:
                 self._take_ahead(result[1])
             return result
@@ -417,7 +364,7 @@ class RolloutWorker(SimpleWorker):
         where the reaper puts stranded jobs back.
         """
         free = 0
-        while free < _TAKE_AHEAD and self._slots.acquire(blocking=False):
+        while free < _TAKE_AHEAD and self.slots.take(blocking=False):
             free += 1
         if not free:
             return
@@ -432,8 +379,7 @@ class RolloutWorker(SimpleWorker):
             job_ids = [raw.decode() for raw in pipe.execute() if raw]
             read = read_rollq_jobs(self.connection, job_ids) if job_ids else {}
         except Exception as exc:
-            for _ in range(free):
-                self._slots.release()
+            self.slots.free(free)
             self.log.warning("could not take jobs ahead (%s); taking them one by one", exc)
             return
         taken = []
@@ -443,8 +389,8 @@ class RolloutWorker(SimpleWorker):
             elif isinstance(job, InvalidTaskError):
                 self._quarantine(job_id, str(job))
         self._taken.extend(taken)
-        for _ in range(free - len(taken)):
-            self._slots.release()
+        if free > len(taken):
+            self.slots.free(free - len(taken))
 
     def _give_back_taken(self) -> None:
         """Put jobs taken ahead but not started back at the head of their queue."""
@@ -456,8 +402,7 @@ class RolloutWorker(SimpleWorker):
             pipe.lpush(queue.key, job.id)
         pipe.execute()
         self.log.info("put %d job(s) taken ahead back on the queue", len(self._taken))
-        for _ in self._taken:
-            self._slots.release()
+        self.slots.free(len(self._taken))
         self._taken.clear()
 
     def execute_job(self, job: Job, queue: Queue) -> None:
@@ -471,200 +416,10 @@ class RolloutWorker(SimpleWorker):
             rollout_id = rollout_id_of(job)
         except InvalidTaskError as exc:
             self._refuse(job, queue, exc)
-            self._slots.release()
+            self.slots.free()
             return
-        with self._busy_lock:
-            self._busy += 1
-            self._running_jobs[job.id] = None
-        assert self._starts is not None
-        self._starts.put(_Start(job, queue, rollout_id))
-
-    # RQ's perform_job holds a thread for the whole job, and its bookkeeping costs
-    # three to four round trips per job. rollq splits a job in two halves, each run
-    # in batches on one thread: the claims and RQ's start bookkeeping of every job
-    # taken since the last batch go in one pipeline, the agents run on the executor,
-    # and as their futures settle the publications go in one pipeline and RQ's
-    # end bookkeeping of the batch in another. So a few threads serve any number of
-    # rollouts, and round trips per rollout fall as the load rises.
-
-    def _start_batch(self, starts: list[_Start]) -> None:
-        """Claim each job's task and do RQ's start bookkeeping, in one pipeline; then launch the agents.
-
-        The claims come first in the pipeline: each moves its task from ``queued`` (its job still in RQ's
-        intermediate list, where reapers look) to ``running`` with a heartbeat deadline (where reapers look
-        too); RQ's start bookkeeping after them takes the job out of the intermediate list. Redis runs a
-        pipeline's commands in order, so a worker dying at any point leaves each task where a reaper finds it.
-        """
-        runner = self.runner
-        assert runner is not None
-        try:
-            calls = [runner.lifecycle.claim_call(s.rollout_id, s.job.id, self.name) for s in starts]
-            if armed("claimed"):  # test-only: the state of a pipeline cut short after its claims
-                runner.lifecycle.run_pipelined(calls)
-                crash_point("claimed")
-            pipe = self.connection.pipeline(transaction=False)
-            for call in calls:
-                call.queue(pipe)
-            for start in starts:
-                start.execution = self._rq_start(start.job, start.queue, pipe)
-            self.set_current_job_id(starts[0].job.id, pipeline=pipe)
-            self.set_current_job_working_time(0, pipeline=pipe)
-            self.heartbeat(self.get_heartbeat_ttl(starts[0].job), pipeline=pipe)
-            self.set_state(WorkerStatus.BUSY, pipeline=pipe)
-            waits = runner.lifecycle.queue_wait(pipe)  # the claims reach the replicas before any agent starts
-            replies = pipe.execute(raise_on_error=False)
-            claimed = runner.lifecycle.settle_all(
-                calls, replies[: len(calls)], acknowledged=replies[-1] if waits else None
-            )
-        except BaseException:
-            error = traceback.format_exc()
-            self._end_jobs([_Ended(s.job, s.queue, s.execution, error=error) for s in starts])
-            return
-        crash_point("rq-started")
-        ended: list[_Ended] = []
-        for start, reply in zip(starts, claimed, strict=True):
-            try:
-                claim = runner.claimed(start.rollout_id, start.job.id, runner.lifecycle.read_claim(replied(reply)))
-                outcome = claim if isinstance(claim, AttemptResult) else runner.launch(start.rollout_id, claim)
-            except BaseException:
-                ended.append(_Ended(start.job, start.queue, start.execution, error=traceback.format_exc()))
-                continue
-            if isinstance(outcome, AttemptResult):
-                ended.append(_Ended(start.job, start.queue, start.execution, result=outcome))
-                continue
-            crash_point("agent-started")
-            self._finish_when_settled(_Done(start.job, start.queue, start.execution, outcome))
-        if ended:
-            self._end_jobs(ended)
-
-    def _finish_when_settled(self, done: _Done) -> None:
-        finishes = self._finishes
-        assert finishes is not None
-        done.pending.future.add_done_callback(lambda _: finishes.put(done))
-
-    def _rq_start(self, job: Job, queue: Queue, pipe: Any) -> Any:
-        """RQ's start-of-job bookkeeping (``prepare_execution`` and ``prepare_job_execution`` of RQ 2.12, minus
-        the worker-wide writes done once per batch), queued on ``pipe``; returns the job's RQ Execution."""
-        ttl = self.get_heartbeat_ttl(job)
-        execution = Execution.create(job, ttl, pipeline=pipe, worker_name=self.name)
-        job.heartbeat(now(), ttl, pipeline=pipe)
-        job.prepare_for_execution(self.name, pipeline=pipe)
-        pipe.lrem(queue.intermediate_queue_key, 1, job.id)
-        return execution
-
-    def _finish_batch(self, done: list[_Done]) -> None:
-        """Publish the rollouts of attempts that have settled, in one pipeline, then end their jobs."""
-        runner = self.runner
-        assert runner is not None
-        ended: list[_Ended] = []
-        publishing: list[tuple[_Done, Publication]] = []
-        for item in done:
-            try:
-                outcome = runner.conclude(item.pending)
-            except BaseException:
-                ended.append(_Ended(item.job, item.queue, item.execution, error=traceback.format_exc()))
-                continue
-            if isinstance(outcome, AttemptResult):
-                ended.append(_Ended(item.job, item.queue, item.execution, result=outcome))
-            else:
-                publishing.append((item, outcome))
-        if publishing:
-            failure: BaseException | None = None
-            try:
-                replies: list[Any] = runner.lifecycle.run_pipelined([p.call for _, p in publishing])
-            except BaseException as exc:
-                replies, failure = [None] * len(publishing), exc
-            for (item, publication), raw in zip(publishing, replies, strict=True):
-                reply: FinishReply | BaseException
-                try:
-                    if failure is not None:
-                        raise failure
-                    reply = runner.lifecycle.read_finish(replied(raw))
-                except BaseException as exc:
-                    reply = exc
-                try:
-                    ended.append(_Ended(item.job, item.queue, item.execution, result=runner.settle(publication, reply)))
-                except BaseException:
-                    ended.append(_Ended(item.job, item.queue, item.execution, error=traceback.format_exc()))
-        self._end_jobs(ended)
-
-    def _end_jobs(self, ended: list[_Ended]) -> None:
-        """RQ's end-of-job bookkeeping (status, finished/failed registry, result, worker stats) for a batch of
-        jobs in one pipeline, then free their slots.
-
-        RQ's own ``handle_job_success`` costs two round trips more per job (a WATCH on the job's dependents
-        and a SMEMBERS of them): rollq jobs never have dependents, so neither is needed here.
-        """
-        finished_at = now()
-        with self._busy_lock:
-            for item in ended:
-                self._running_jobs.pop(item.job.id, None)
-            still_running = next(iter(self._running_jobs), None)
-        try:
-            pipe = self.connection.pipeline(transaction=False)
-            for item in ended:
-                item.job.ended_at = finished_at
-                self._rq_end(item, pipe)
-            self.set_current_job_id(still_running, pipeline=pipe)
-            pipe.execute()
-        except Exception:
-            self.log.exception("RQ bookkeeping of %d job(s) failed", len(ended))
-        finally:
-            with self._busy_lock:
-                self._busy -= len(ended)
-                idle = self._busy == 0
-            for _ in ended:
-                self._slots.release()
-            if idle:
-                try:
-                    self.set_state(WorkerStatus.IDLE)
-                except Exception as exc:
-                    self.log.debug("could not mark the worker idle: %s", exc)
-
-    def _rq_end(self, item: _Ended, pipe: Any) -> None:
-        """One job's part of RQ's end bookkeeping (``handle_job_success``/``handle_job_failure`` of RQ 2.12)."""
-        job, result, error, execution = item.job, item.result, item.error, item.execution
-        _record_outcome(job, result, error, pipe)
-        if error is None and result is not None and result.status == AttemptStatus.FAILED:
-            # A failed rollout is a failed job for RQ too: its failed registry, `rq info`
-            # and rq-dashboard count it, and the job page shows the error.
-            error = _failure_text(result)
-        started = job.started_at or job.ended_at
-        execution_id = execution.id if execution is not None else None
-        execution_started_at = execution.created_at if execution is not None else None
-        if error is None:
-            job._result = result.to_json() if result is not None else None
-            job._status = JobStatus.FINISHED
-            self.increment_successful_job_count(pipeline=pipe)
-            result_ttl = job.get_result_ttl(self.default_result_ttl)
-            if result_ttl != 0:
-                job._handle_success(
-                    result_ttl,
-                    pipeline=pipe,
-                    worker_name=self.name,
-                    execution_id=execution_id,
-                    execution_started_at=execution_started_at,
-                    execution_ended_at=job.ended_at,
-                )
-            job.cleanup(result_ttl, pipeline=pipe, remove_from_queue=False)
-            self.log.info("job %s: %s", job.id, job.description)
-        else:
-            self.log.error("job %s failed: %s", job.id, error)
-            job._status = JobStatus.FAILED
-            job.set_status(JobStatus.FAILED, pipeline=pipe)
-            job._handle_failure(
-                error,
-                pipeline=pipe,
-                worker_name=self.name,
-                execution_id=execution_id,
-                execution_started_at=execution_started_at,
-                execution_ended_at=job.ended_at,
-            )
-            self.increment_failed_job_count(pipeline=pipe)
-        if started is not None and job.ended_at is not None:
-            self.increment_total_working_time(job.ended_at - started, pipe)
-        if execution is not None:
-            execution.delete(job=job, pipeline=pipe)
+        assert self.rq_lifecycle is not None
+        self.rq_lifecycle.start(job, queue, rollout_id)
 
     def _on_loop_wedged(self, blocker: str, stalled_for: float) -> None:
         """The agent event loop has been blocked past the time limit of every attempt it held: no async rollout
@@ -683,7 +438,7 @@ class RolloutWorker(SimpleWorker):
         if runner is not None:
             self.log.warning("handing %d unfinished rollout(s) back to the queue", runner.release_all())
         deadline = time.monotonic() + 15
-        while self._busy and time.monotonic() < deadline:
+        while self.slots.busy and time.monotonic() < deadline:
             time.sleep(0.05)
         try:
             self.register_death()
@@ -709,11 +464,13 @@ class RolloutWorker(SimpleWorker):
                 self.hook_set.teardown_worker(self.worker_id)
                 self.hook_set.teardown()
             self._executor.stop()
+            if self._pause is not None:
+                self._pause.stop()
             if self._capture is not None:
                 self._capture.stop()
-            for batcher in (self._starts, self._finishes):
-                if batcher is not None:
-                    batcher.shutdown()
+            if self.rq_lifecycle is not None:
+                self.rq_lifecycle.shutdown()
+                self.rq_lifecycle = None
             self.runner = None
         super().teardown()
         if self._loop_wedged:
@@ -735,97 +492,19 @@ class RolloutWorker(SimpleWorker):
             for sig in (signal.SIGINT, signal.SIGTERM):
                 previous[sig] = signal.signal(sig, force)
         try:
-            if self._busy:
+            if self.slots.busy:
                 self.log.info(
-                    "waiting up to %.0fs for %d rollout(s) in flight", self.settings.grace_seconds, self._busy
+                    "waiting up to %.0fs for %d rollout(s) in flight", self.settings.grace_seconds, self.slots.busy
                 )
             deadline = time.monotonic() + self.settings.grace_seconds
-            while self._busy and not self._force_stop and time.monotonic() < deadline:
+            while self.slots.busy and not self._force_stop and time.monotonic() < deadline:
                 time.sleep(0.05)
-            if self._busy:
+            if self.slots.busy:
                 released = self.runner.release_all()
                 self.log.warning("handing %d unfinished rollout(s) back to the queue", released)
                 deadline = time.monotonic() + 30
-                while self._busy and time.monotonic() < deadline:
+                while self.slots.busy and time.monotonic() < deadline:
                     time.sleep(0.05)
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
-
-
-_RQ_DEFAULT = ("localhost", 6379, 0, None)
-
-
-def _server_of(client: Any) -> tuple[Any, ...]:
-    kwargs = client.connection_pool.connection_kwargs
-    return (
-        kwargs.get("path") or kwargs.get("host"),
-        kwargs.get("port"),
-        int(kwargs.get("db") or 0),
-        kwargs.get("password"),
-    )
-
-
-def _honour_rollq_url(connection: Any) -> Any:
-    """The client to use given ``ROLLQ_REDIS_URL``: stock ``rq worker`` knows only ``--url``/``REDIS_URL``.
-
-    Without either, RQ connects to localhost:6379 while ``rollq`` commands use
-    ``ROLLQ_REDIS_URL``: the worker would wait for ever on another Redis. So a
-    worker on RQ's default honours ``ROLLQ_REDIS_URL``, and one given another
-    Redis explicitly refuses to start rather than guess.
-    """
-    wanted = os.environ.get("ROLLQ_REDIS_URL")
-    if not wanted or not hasattr(connection, "connection_pool") or type(connection).__module__.startswith("fakeredis"):
-        return connection
-    target = connect(wanted)
-    if not hasattr(target, "connection_pool") or type(target).__module__.startswith("fakeredis"):
-        raise ValueError(f"ROLLQ_REDIS_URL={describe(wanted)} is in-process only; a worker needs a Redis server")
-    current = _server_of(connection)
-    if current == _server_of(target):
-        return connection
-    explicit = (
-        os.environ.get("RQ_REDIS_URL")
-        or os.environ.get("REDIS_URL", wanted) != wanted
-        or any(a in ("--url", "-u") or a.startswith("--url=") for a in sys.argv)
-    )
-    if current == _RQ_DEFAULT and not explicit:
-        log.info("no --url given: using ROLLQ_REDIS_URL (%s)", describe(wanted))
-        return target
-    raise ValueError(
-        f"this worker was given Redis {describe_client(connection)} but ROLLQ_REDIS_URL is {describe(wanted)}: "
-        "pass the same URL to both (or unset ROLLQ_REDIS_URL)"
-    )
-
-
-def _failure_text(result: AttemptResult) -> str:
-    """The exception info RQ keeps for a failed rollout: the error's type and message, then the attempt."""
-    error = result.error or {}
-    return (
-        f"{error.get('type', 'RolloutFailed')}: {error.get('message', '')}\n"
-        f"(rollout {result.rollout_id} attempt {result.attempt} failed; "
-        "the published Rollout's metadata has the same error)"
-    )
-
-
-def _record_outcome(job: Job, result: AttemptResult | None, error: str | None, pipe: Any) -> None:
-    """Show the rollout's outcome on the job's page: in its description always, in its meta when it failed.
-
-    The description is saved with the job by RQ's own bookkeeping (no extra round trip) and job lists show it;
-    a finished job's result already holds the whole outcome, so only a failed job, whose result RQ replaces
-    by the error, pays a round trip to keep it (status, attempt, error, input) in its meta.
-    """
-    if result is not None:
-        job.description = (
-            f"{job.description or 'rollout ' + result.rollout_id}: {result.status.value}"
-            + (f", attempt {result.attempt}" if result.attempt else "")
-            + (f", reward {result.reward:g}" if result.reward is not None else "")
-        )
-        if result.status != AttemptStatus.FAILED:
-            return
-        job.meta["rollout"] = {k: v for k, v in result.to_json().items() if k != "rollout_id"}
-    elif error is not None:
-        job.meta["rollout"] = {"status": "error", "error": error.strip().splitlines()[-1] if error.strip() else ""}
-    else:
-        return
-    # Job.save_meta() of RQ 2.12, on the batch's pipeline.
-    pipe.hset(job.key, "meta", job.serializer.dumps(job.meta))

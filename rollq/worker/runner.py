@@ -1,13 +1,16 @@
-"""Running one claimed task: resources, hooks, tracer, agent, and publishing the outcome.
+"""Running one claimed task: resources, hooks, tracer, agent, and the outcome to publish.
 
-An attempt has two halves so that no thread waits while the agent runs.
-:meth:`AgentRunner.begin` claims the task (one Lua call), runs the start hooks
-and hands the agent to the :class:`AgentExecutor`, returning a
-:class:`Pending` whose future settles when the agent is done, timed out or
-handed back. :meth:`AgentRunner.complete` turns the outcome into a Rollout,
-runs the end hooks, and either publishes it (one Lua call, refused if a newer
-attempt took over) or requeues the task for a retry. The worker's client
-retries until Redis is back, so a finished rollout is not lost to an outage.
+An attempt has two halves so that no thread waits while the agent runs, and the
+worker runs each half for many jobs at once (:mod:`.rq_lifecycle`). The claim
+itself is sent in the worker's start batch; :meth:`AgentRunner.claimed` reads its
+reply, and :meth:`AgentRunner.launch` runs the start hooks and hands the agent to
+the :class:`AgentExecutor`, returning a :class:`Pending` whose future settles
+when the agent is done, timed out or handed back. :meth:`AgentRunner.conclude`
+turns the outcome into a Rollout, runs the end hooks, and either requeues the
+task for a retry or returns a :class:`Publication` whose finish call the
+worker's finish batch sends (refused if a newer attempt took over);
+:meth:`AgentRunner.settle` reads its reply. The worker's client retries until
+Redis is back, so a finished rollout is not lost to an outage.
 """
 
 from __future__ import annotations
@@ -29,27 +32,16 @@ from rollq.models.errors import (
     AgentTimeoutError,
     InvalidTaskError,
     LLMBackendError,
-    PayloadTooLargeError,
     UnknownResourcesError,
-    UnserializableResultError,
 )
-from rollq.models.groups import GROUP_FIELDS
-from rollq.models.outcomes import failed_rollout, stamp
-from rollq.models.policy import FailureKind, RolloutPolicy, RolloutStatus
-from rollq.store.keys import inflight_member
+from rollq.models.llm_options import InvalidLLMOptionsError, agent_view
+from rollq.models.policy import FailureKind, RolloutPolicy
 from rollq.store.records import parse_task
-from rollq.store.transitions import (
-    Cancelled,
-    Claim,
-    ClaimRefused,
-    FinishReply,
-    Lifecycle,
-    ScriptCall,
-    Superseded,
-    replied,
-)
+from rollq.store.replies import Claim, ClaimRefused, FinishReply
+from rollq.store.transitions import Lifecycle
 
 from .agent import LitAgent
+from .attempt import Attempt, Attempts, Publication, PublishLimits, Settled
 from .capture import AttemptCapture, CaptureProxy
 from .capture.ambient import CURRENT_ATTEMPT
 from .config import WorkerSettings
@@ -57,7 +49,7 @@ from .executor import AgentExecutor
 from .hooks import HookSet
 from .normalize import to_rollout
 from .resource_cache import ResourceCache
-from .rewards import REWARD_MISSING, flag_missing_reward
+from .rewards import flag_missing_reward
 from .tracer import BaseTracer, RolloutTrace
 
 log = logging.getLogger(__name__)
@@ -113,29 +105,13 @@ class Pending:
     claim: Claim
     trace: RolloutTrace
     future: concurrent.futures.Future[Any]
+    attempt: Attempt
     started: float = field(default_factory=time.monotonic)
     capture: AttemptCapture | None = None
 
     @property
     def member(self) -> str:
-        return inflight_member(self.task.rollout_id, self.claim.attempt)
-
-
-@dataclass(frozen=True)
-class Publication:
-    """A finished attempt's rollout, ready to publish: ``call`` is the finish transition, to run alone or in a
-    pipeline with others; :meth:`AgentRunner.settle` turns its reply into the job's result."""
-
-    rollout: Rollout
-    attempt: int
-    status: AttemptStatus  # SUCCEEDED or FAILED: what the rollout says of itself
-    call: ScriptCall
-    task: Task | None = None
-    member: str | None = None  # the running attempt this publishes, heartbeated until it is settled
-
-    @property
-    def rollout_id(self) -> str:
-        return self.rollout.rollout_id
+        return self.attempt.member
 
 
 class AgentRunner:
@@ -163,6 +139,7 @@ class AgentRunner:
         self.settings = settings
         self.worker_name = worker_name
         self.capture = capture
+        self.attempts = Attempts(lifecycle, PublishLimits.of(settings))
         self.worker_id: int | None = None  # set by the worker once Redis gave it one (Agent Lightning's runner has it)
         self._running: dict[str, Pending] = {}
         self._lock = threading.Lock()
@@ -206,39 +183,14 @@ class AgentRunner:
             self.executor.cancel(future)
         return len(futures)
 
-    def begin(self, rollout_id: str, job_id: str) -> Pending | AttemptResult:
-        """Claim ``rollout_id`` and start its agent; the result at once when there is nothing to run."""
-        claim = self.claim(rollout_id, job_id)
-        return claim if isinstance(claim, AttemptResult) else self.launch(rollout_id, claim)
-
-    def claim(self, rollout_id: str, job_id: str) -> Claim | AttemptResult:
-        """Claim ``rollout_id`` for ``job_id``: from here the task is ``running`` with a heartbeat deadline, where
-        a reaper finds it whatever happens to this process. The result at once when there is nothing to run."""
-        return self.claimed(rollout_id, job_id, self.lifecycle.claim(rollout_id, job_id, self.worker_name))
-
     def claimed(self, rollout_id: str, job_id: str, claim: Claim | ClaimRefused) -> Claim | AttemptResult:
         """What a claim's reply means for the job: the claim to launch, or the job's result when refused."""
-        if isinstance(claim, ClaimRefused) and claim.reason == "invalid":
-            error = InvalidTaskError(f"task {rollout_id} cannot be claimed: {claim.state}")
-            log.error("%s; failing it", error)
-            rollout = failed_rollout(rollout_id, attempt=0, worker=self.worker_name, error=error)
-            self.lifecycle.reject(
-                rollout_id,
-                job_id,
-                rollout.model_dump_json(),
-                results_maxlen=self.settings.results_maxlen,
-                now=time.time(),
-            )
+        if not isinstance(claim, ClaimRefused):
+            return claim
+        error = self.attempts.refused(rollout_id, job_id, claim, self.worker_name)
+        if error is not None:
             return AttemptResult(rollout_id, AttemptStatus.FAILED, reason=str(error))
-        if isinstance(claim, ClaimRefused):
-            log.warning(
-                "skipped job %s: task %s is %s",
-                job_id,
-                rollout_id,
-                claim.reason + (f" ({claim.state})" if claim.state else ""),
-            )
-            return AttemptResult(rollout_id, AttemptStatus.SKIPPED, reason=claim.reason)
-        return claim
+        return AttemptResult(rollout_id, AttemptStatus.SKIPPED, reason=claim.reason)
 
     def launch(self, rollout_id: str, claim: Claim) -> Pending | AttemptResult:
         """Start the agent of a claimed attempt; the result at once when the task cannot run."""
@@ -248,18 +200,15 @@ class AgentRunner:
             )
         except InvalidTaskError as error:
             log.error("%s", error)
-            rollout = failed_rollout(
-                rollout_id, attempt=claim.attempt, worker=self.worker_name, error=error, generation=claim.generation
-            )
-            return self._publish(self.publication(rollout_id, claim.attempt, rollout, failed=True, duration=None))
+            attempt = Attempt.claimed(rollout_id, claim, self.worker_name)
+            return self._publish(self.attempts.publication(attempt, attempt.failed(error), failed=True, duration=None))
         try:
             resources = self._resources(task, claim)
         except UnknownResourcesError as exc:
             log.error("task %s: %s", rollout_id, exc)
-            rollout = self._stamp(Rollout(rollout_id=rollout_id), claim, exc)
-            return self._publish(
-                self.publication(rollout_id, claim.attempt, rollout, failed=True, duration=None, task=task)
-            )
+            attempt = Attempt.claimed(rollout_id, claim, self.worker_name)
+            rollout = attempt.stamp(Rollout(rollout_id=rollout_id), exc)
+            return self._publish(self.attempts.publication(attempt, rollout, failed=True, duration=None, task=task))
         rollout_trace = self.tracer.start_rollout(rollout_id, claim.attempt)
         rollout_trace.root.set_attributes(
             {
@@ -271,11 +220,26 @@ class AgentRunner:
         capture = None
         if self.capture is not None and (resources or self.capture.serves_environment):
             # The agent sees its LLM endpoints through this attempt's own proxy addresses.
-            resources, capture = self.capture.open_attempt(
-                resources, trace.set_span_in_context(rollout_trace.root), self.tracer.capture_tracer()
-            )
-            if capture.header_token is not None:  # its calls to $OPENAI_BASE_URL & co. say which attempt made them
-                rollout_trace.context.run(CURRENT_ATTEMPT.set, capture.header_token)
+            self.capture.gate.note_version(claim.latest_resources_id)
+            try:
+                resources, capture = self.capture.open_attempt(
+                    resources,
+                    trace.set_span_in_context(rollout_trace.root),
+                    self.tracer.capture_tracer(),
+                    rollout_id=rollout_id,
+                    mode=task.mode,
+                    resources_id=task.resources_id or claim.latest_resources_id,
+                )
+                if capture.header_token is not None:  # its calls to $OPENAI_BASE_URL & co. say which attempt made them
+                    rollout_trace.context.run(CURRENT_ATTEMPT.set, capture.header_token)
+            except InvalidLLMOptionsError as exc:
+                log.error("task %s: %s", rollout_id, exc)
+                rollout_trace.finish(error=exc)
+                attempt = Attempt.claimed(rollout_id, claim, self.worker_name)
+                rollout = attempt.stamp(Rollout(rollout_id=rollout_id), exc)
+                return self._publish(self.attempts.publication(attempt, rollout, failed=True, duration=None, task=task))
+        else:
+            resources = agent_view(resources)  # rollq's own LLM options are not the agent's to see
         self.hooks.rollout_start(task, self, self.tracer, rollout_trace.context)
         with self._lock:
             future = self.executor.submit(
@@ -288,23 +252,11 @@ class AgentRunner:
                 policy.timeout_seconds,
                 rollout_id,
             )
-            pending = self._running[f"{rollout_id}|{claim.attempt}"] = Pending(
-                task, policy, claim, rollout_trace, future, capture=capture
+            attempt = Attempt.claimed(rollout_id, claim, self.worker_name)
+            pending = self._running[attempt.member] = Pending(
+                task, policy, claim, rollout_trace, future, attempt, capture=capture
             )
         return pending
-
-    def complete(self, pending: Pending) -> AttemptResult:
-        """Publish, retry or hand back the attempt whose agent has finished; returns the RQ job result."""
-        outcome = self.conclude(pending)
-        if isinstance(outcome, AttemptResult):
-            return outcome
-        try:
-            reply: FinishReply | BaseException = self.lifecycle.read_finish(
-                replied(self.lifecycle.run_pipelined([outcome.call])[0])
-            )
-        except BaseException as exc:
-            reply = exc
-        return self.settle(outcome, reply)
 
     def conclude(self, pending: Pending) -> AttemptResult | Publication:
         """Turn a settled attempt into the rollout to publish, or retry or hand it back (the job's result then).
@@ -344,7 +296,7 @@ class AgentRunner:
             if error is not None:
                 log.error("task %s attempt %d failed: %s: %s", rid, attempt, type(error).__name__, error)
                 rollout = to_rollout(rid, None, spans, only_agent=self.settings.triplet_agent or None, strict=False)
-            rollout = self._stamp(rollout, claim, error)
+            rollout = pending.attempt.stamp(rollout, error)
             if error is None:
                 rollout = flag_missing_reward(rollout)
             self.hooks.rollout_end(task, rollout, self, self.tracer, pending.trace.context)
@@ -359,9 +311,8 @@ class AgentRunner:
                     error,
                 )
                 return AttemptResult(rid, AttemptStatus.RETRYING, attempt)
-            publication = self.publication(
-                rid,
-                attempt,
+            publication = self.attempts.publication(
+                pending.attempt,
                 rollout,
                 failed=error is not None,
                 duration=time.monotonic() - pending.started,
@@ -386,92 +337,22 @@ class AgentRunner:
             return {}
         return self.resources.get(resources_id)
 
-    def _stamp(self, rollout: Rollout, claim: Claim, error: BaseException | None) -> Rollout:
-        status = RolloutStatus.FAILED if error is not None else RolloutStatus.SUCCEEDED
-        return stamp(
-            rollout,
-            status=status,
-            attempt=claim.attempt,
-            worker=self.worker_name,
-            error=error,
-            generation=claim.generation,
-        )
-
     def _publish(self, publication: Publication) -> AttemptResult:
         """Publish one rollout on its own (the batched path is the worker's finish batch)."""
-        reply = replied(self.lifecycle.run_pipelined([publication.call])[0])
-        return self.settle(publication, self.lifecycle.read_finish(reply))
-
-    def publication(
-        self,
-        rollout_id: str,
-        attempt: int,
-        rollout: Rollout,
-        *,
-        failed: bool,
-        duration: float | None,
-        task: Task | None = None,
-        resources_id: str | None = None,
-        member: str | None = None,
-    ) -> Publication:
-        """The rollout as it will be published, with its finish call; a rollout that cannot be serialised or is
-        too big becomes a failed rollout that says so."""
-        stamped = {k: task.metadata[k] for k in GROUP_FIELDS if k in task.metadata} if task is not None else {}
-        if resources_id:
-            stamped["resources_id"] = resources_id
-        if stamped:
-            rollout = rollout.model_copy(update={"metadata": {**rollout.metadata, **stamped}})
-        try:
-            data = rollout.model_dump_json()
-        except Exception as exc:  # pydantic's error names the type it could not serialise
-            error: Exception = UnserializableResultError(f"rollout {rollout_id} cannot be serialised: {exc}")
-            log.error("%s; publishing a failed rollout instead", error)
-            rollout = failed_rollout(rollout_id, attempt=attempt, worker=self.worker_name, error=error)
-            data = rollout.model_dump_json()
-            failed = True
-        if len(data) > self.settings.max_result_bytes:
-            error = PayloadTooLargeError(f"rollout {rollout_id}", len(data), self.settings.max_result_bytes)
-            log.error("%s; publishing a failed rollout instead", error)
-            generation = int(rollout.metadata.get("generation", 1))
-            rollout = failed_rollout(
-                rollout_id, attempt=attempt, worker=self.worker_name, error=error, generation=generation
-            )
-            data = rollout.model_dump_json()
-            failed = True
-        status = RolloutStatus.FAILED if failed else RolloutStatus.SUCCEEDED
-        call = self.lifecycle.finish_call(
-            rollout_id,
-            attempt,
-            data,
-            status.value,
-            results_maxlen=self.settings.results_maxlen,
-            dead_letter=failed,
-            now=time.time(),
-            duration=duration,
-            keep_seconds=self.settings.keep_seconds,
-            reward=rollout.final_reward if _finite(rollout.final_reward) else None,
-            resources_id=resources_id,
-            reward_missing=not failed and rollout.metadata.get(REWARD_MISSING) is True,
-        )
-        return Publication(rollout, attempt, AttemptStatus(status.value), call, task, member)
+        return self.settle(publication, self.attempts.publish(publication))
 
     def settle(self, publication: Publication, reply: FinishReply | BaseException) -> AttemptResult:
         """The job's result once the finish call has answered (or failed: the error is raised here)."""
         self._forget(publication.member)
         if isinstance(reply, BaseException):
             raise reply
-        rollout_id, attempt, rollout = publication.rollout_id, publication.attempt, publication.rollout
-        if isinstance(reply, Cancelled):
-            log.info("task %s was cancelled while attempt %d ran; its result is dropped", rollout_id, attempt)
+        rollout_id, attempt = publication.rollout_id, publication.attempt.number
+        settled = self.attempts.settled(publication, reply)
+        if settled == Settled.CANCELLED:
             return AttemptResult(rollout_id, AttemptStatus.CANCELLED, attempt)
-        if isinstance(reply, Superseded):
-            log.warning(
-                "result of %s attempt %d arrived after a newer attempt took over; kept as superseded",
-                rollout_id,
-                attempt,
-            )
+        if settled == Settled.SUPERSEDED:
             return AttemptResult(rollout_id, AttemptStatus.SUPERSEDED, attempt)
-        return _published(rollout, publication.status, attempt, publication.task)
+        return _published(publication.rollout, AttemptStatus(publication.status.value), attempt, publication.task)
 
 
 _INPUT_PREVIEW_CHARS = 500

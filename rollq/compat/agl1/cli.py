@@ -1,0 +1,117 @@
+"""``rollq serve-agl``: Agent Lightning 1.0's server API on rollq, for AL 1.0's trainer and clients."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ipaddress
+import logging
+import socket
+
+import click
+from pydantic import ValidationError
+
+from rollq.models.policy import RolloutPolicy
+from rollq.store.connection import connect
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` only ever means this machine (a name counts when every address it has is loopback)."""
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        pass
+    try:
+        infos = socket.getaddrinfo(host, None)
+    except OSError:
+        return False
+    return bool(infos) and all(ipaddress.ip_address(info[4][0]).is_loopback for info in infos)
+
+
+@click.command("serve-agl")
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to bind (not loopback: needs --key).")
+@click.option("--port", "-p", default=8080, show_default=True, type=int, help="Port to listen on.")
+@click.option(
+    "--key",
+    envvar=["ROLLQ_AGL_KEY", "AGL_KEY"],
+    default="",
+    help="Bearer key every route but /healthz requires [env: ROLLQ_AGL_KEY, AGL_KEY]; empty: none.",
+)
+@click.option(
+    "--model-name", default="Qwen/Qwen2.5-7B-Instruct", show_default=True, help="AL's default_proxy.model_name."
+)
+@click.option("--train-temperature", default=1.0, show_default=True, type=float)
+@click.option("--val-temperature", default=0.7, show_default=True, type=float)
+@click.option("--log-probs/--no-log-probs", default=True, show_default=True, help="Ask for logprobs in train mode.")
+@click.option("--routed-experts/--no-routed-experts", default=False, show_default=True)
+@click.option("--max-attempts", default=3, show_default=True, type=click.IntRange(min=1), help="Attempts per rollout.")
+@click.option(
+    "--retry-on",
+    default="timeout,unresponsive",
+    show_default=True,
+    help="Failures that get another attempt: any of exception,timeout,unresponsive (comma-separated).",
+)
+@click.option(
+    "--unresponsive-seconds",
+    default=30.0,
+    show_default=True,
+    type=float,
+    help="A worker silent this long loses its attempt to a retry.",
+)
+@click.pass_context
+def serve_agl(
+    ctx: click.Context,
+    host: str,
+    port: int,
+    key: str,
+    model_name: str,
+    train_temperature: float,
+    val_temperature: float,
+    log_probs: bool,
+    routed_experts: bool,
+    max_attempts: int,
+    retry_on: str,
+    unresponsive_seconds: float,
+) -> None:
+    """Serve Agent Lightning 1.0's server API (agl-server's routes) from this namespace.
+
+    AL 1.0's AglRolloutManager and clients point at http://HOST:PORT/ unchanged; rollouts are rollq
+    tasks, run by `rollq worker --agent rollq.compat.agl1:Agl1Agent` with AGL1_AGENT_CLASS=module:Class,
+    so they survive restarts, are retried with attempts and bounded by config.timeout_seconds.
+    """
+    from rollq.producer.producer import Producer
+
+    from .app import Server
+    from .store import Agl1Store
+    from .upstream import ProxySettings
+
+    if not key and not is_loopback(host):
+        raise click.UsageError(f"refusing to serve on {host} without a key: pass --key (or set ROLLQ_AGL_KEY)")
+    kinds = frozenset(k.strip() for k in retry_on.split(",") if k.strip())
+    root = ctx.find_root().params
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    try:
+        policy = RolloutPolicy(max_attempts=max_attempts, retry_on=kinds, unresponsive_seconds=unresponsive_seconds)  # type: ignore[arg-type]
+    except ValidationError as exc:
+        message = f"{retry_on!r}: use exception, timeout, unresponsive ({exc.error_count()} error(s))"
+        raise click.BadParameter(message, param_hint="--retry-on") from None
+    producer = Producer(connect(root["url"]), root["namespace"], policy=policy)
+    settings = ProxySettings(
+        model_name=model_name,
+        include_log_probs=log_probs,
+        include_routed_experts=routed_experts,
+        train_temperature=train_temperature,
+        val_temperature=val_temperature,
+    )
+    server = Server(Agl1Store(producer, settings), host, port, key)
+
+    async def run() -> None:
+        await server.start()
+        click.echo(f"rollq serve-agl: http://{host}:{port}/ -> namespace {root['namespace']!r}", err=True)
+        try:
+            await asyncio.Event().wait()
+        finally:
+            await server.stop()
+
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(run())

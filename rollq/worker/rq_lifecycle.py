@@ -1,0 +1,303 @@
+"""Each rollq job's start and end in RQ's terms, for many jobs at once (RQ 2.12's per-job bookkeeping, batched).
+
+RQ's ``perform_job`` holds a thread for the whole job, and its bookkeeping costs three to four round trips
+per job. rollq splits a job in two halves, each run in batches on one thread (:class:`~.bookkeeping.Batcher`):
+the claims and RQ's start bookkeeping of every job started since the last batch go in one pipeline, the agents
+run on the executor, and as their futures settle the publications go in one pipeline and RQ's end bookkeeping
+of the batch in another. So two threads serve any number of rollouts, and round trips per rollout fall as the
+load rises.
+
+What RQ would write is written with RQ's own calls (pinned in ``tests/test_rq_contract.py``; that the Redis
+state matches a stock RQ worker's is ``tests/test_rq_state_diff.py``):
+
+- start (:meth:`RqLifecycle._rq_start`): RQ 2.12's ``prepare_execution`` + ``prepare_job_execution``:
+  ``Execution.create`` (started registry), ``Job.heartbeat``, ``Job.prepare_for_execution``, and the job leaves
+  RQ's intermediate list; the worker-wide writes (current job, working time, heartbeat, state) once per batch;
+- end (:meth:`RqLifecycle._rq_end`): RQ 2.12's ``handle_job_success`` / ``handle_job_failure``:
+  ``Job._handle_success`` (result, finished registry) or ``Job.set_status`` + ``Job._handle_failure`` (failed
+  registry), the worker's counters and working time, ``Execution.delete``.
+
+Every job ends here exactly once and frees its slot then (see :mod:`.slots`).
+"""
+
+from __future__ import annotations
+
+import logging
+import traceback
+from dataclasses import dataclass
+from typing import Any
+
+from rq.executions import Execution
+from rq.job import Job, JobStatus
+from rq.queue import Queue
+from rq.utils import now
+from rq.worker import BaseWorker, WorkerStatus
+
+from rollq.store.replies import FinishReply
+from rollq.store.scripts import replied
+
+from .attempt import Publication
+from .bookkeeping import Batcher
+from .faults import armed, crash_point
+from .runner import AgentRunner, AttemptResult, AttemptStatus, Pending
+from .slots import Slots
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Start:
+    """A dequeued job waiting for its claim and RQ's start bookkeeping."""
+
+    job: Job
+    queue: Queue
+    rollout_id: str
+    execution: Execution | None = None  # RQ's Execution of the job, once its start is queued
+
+
+@dataclass(frozen=True)
+class Done:
+    """A job whose agent has settled: its attempt waits to be published."""
+
+    job: Job
+    queue: Queue
+    execution: Execution | None
+    pending: Pending
+
+
+@dataclass(frozen=True)
+class Ended:
+    """A job whose attempt is over: RQ's end bookkeeping records ``result``, or ``error`` (a rollq fault)."""
+
+    job: Job
+    queue: Queue
+    execution: Execution | None
+    result: AttemptResult | None = None
+    error: str | None = None
+
+
+class RqLifecycle:
+    """Starts and ends ``worker``'s jobs in batches: claims and publications via ``runner``, RQ's bookkeeping
+    with the worker's own RQ methods, a slot of ``slots`` freed as each job ends."""
+
+    def __init__(self, worker: BaseWorker, runner: AgentRunner, slots: Slots) -> None:
+        self.worker = worker
+        self.runner = runner
+        self.slots = slots
+        self._starts: Batcher[Start] = Batcher("rollq-start", self._start_batch)
+        self._finishes: Batcher[Done] = Batcher("rollq-finish", self._finish_batch)
+
+    def start(self, job: Job, queue: Queue, rollout_id: str) -> None:
+        """Start ``job`` (holding a slot) in the next start batch; it ends, and frees its slot, in a later one."""
+        self.slots.started(job.id)
+        self._starts.put(Start(job, queue, rollout_id))
+
+    def shutdown(self) -> None:
+        """Let both batch threads handle what is queued, then end."""
+        self._starts.shutdown()
+        self._finishes.shutdown()
+
+    def _start_batch(self, starts: list[Start]) -> None:
+        """Claim each job's task and do RQ's start bookkeeping, in one pipeline; then launch the agents.
+
+        The claims come first in the pipeline: each moves its task from ``queued`` (its job still in RQ's
+        intermediate list, where reapers look) to ``running`` with a heartbeat deadline (where reapers look
+        too); RQ's start bookkeeping after them takes the job out of the intermediate list. Redis runs a
+        pipeline's commands in order, so a worker dying at any point leaves each task where a reaper finds it.
+        """
+        runner, worker = self.runner, self.worker
+        try:
+            calls = [runner.lifecycle.claim_call(s.rollout_id, s.job.id, worker.name) for s in starts]
+            if armed("claimed"):  # test-only: the state of a pipeline cut short after its claims
+                runner.lifecycle.run_pipelined(calls)
+                crash_point("claimed")
+            pipe = worker.connection.pipeline(transaction=False)
+            for call in calls:
+                call.queue(pipe)
+            for start in starts:
+                start.execution = self._rq_start(start.job, start.queue, pipe)
+            worker.set_current_job_id(starts[0].job.id, pipeline=pipe)
+            worker.set_current_job_working_time(0, pipeline=pipe)
+            worker.heartbeat(worker.get_heartbeat_ttl(starts[0].job), pipeline=pipe)
+            worker.set_state(WorkerStatus.BUSY, pipeline=pipe)
+            waits = runner.lifecycle.queue_wait(pipe)  # the claims reach the replicas before any agent starts
+            replies = pipe.execute(raise_on_error=False)
+            claimed = runner.lifecycle.settle_all(
+                calls, replies[: len(calls)], acknowledged=replies[-1] if waits else None
+            )
+        except BaseException:
+            error = traceback.format_exc()
+            self._end_jobs([Ended(s.job, s.queue, s.execution, error=error) for s in starts])
+            return
+        crash_point("rq-started")
+        ended: list[Ended] = []
+        for start, reply in zip(starts, claimed, strict=True):
+            try:
+                claim = runner.claimed(start.rollout_id, start.job.id, runner.lifecycle.read_claim(replied(reply)))
+                outcome = claim if isinstance(claim, AttemptResult) else runner.launch(start.rollout_id, claim)
+            except BaseException:
+                ended.append(Ended(start.job, start.queue, start.execution, error=traceback.format_exc()))
+                continue
+            if isinstance(outcome, AttemptResult):
+                ended.append(Ended(start.job, start.queue, start.execution, result=outcome))
+                continue
+            crash_point("agent-started")
+            self._finish_when_settled(Done(start.job, start.queue, start.execution, outcome))
+        if ended:
+            self._end_jobs(ended)
+
+    def _finish_when_settled(self, done: Done) -> None:
+        finishes = self._finishes
+        done.pending.future.add_done_callback(lambda _: finishes.put(done))
+
+    def _rq_start(self, job: Job, queue: Queue, pipe: Any) -> Execution:
+        """RQ's start-of-job bookkeeping (``prepare_execution`` and ``prepare_job_execution`` of RQ 2.12, minus
+        the worker-wide writes done once per batch), queued on ``pipe``; returns the job's RQ Execution."""
+        worker = self.worker
+        ttl = worker.get_heartbeat_ttl(job)
+        execution = Execution.create(job, ttl, pipeline=pipe, worker_name=worker.name)
+        job.heartbeat(now(), ttl, pipeline=pipe)
+        job.prepare_for_execution(worker.name, pipeline=pipe)
+        pipe.lrem(queue.intermediate_queue_key, 1, job.id)
+        return execution
+
+    def _finish_batch(self, done: list[Done]) -> None:
+        """Publish the rollouts of attempts that have settled, in one pipeline, then end their jobs."""
+        runner = self.runner
+        ended: list[Ended] = []
+        publishing: list[tuple[Done, Publication]] = []
+        for item in done:
+            try:
+                outcome = runner.conclude(item.pending)
+            except BaseException:
+                ended.append(Ended(item.job, item.queue, item.execution, error=traceback.format_exc()))
+                continue
+            if isinstance(outcome, AttemptResult):
+                ended.append(Ended(item.job, item.queue, item.execution, result=outcome))
+            else:
+                publishing.append((item, outcome))
+        if publishing:
+            failure: BaseException | None = None
+            try:
+                replies: list[Any] = runner.lifecycle.run_pipelined([p.call for _, p in publishing])
+            except BaseException as exc:
+                replies, failure = [None] * len(publishing), exc
+            for (item, publication), raw in zip(publishing, replies, strict=True):
+                reply: FinishReply | BaseException
+                try:
+                    if failure is not None:
+                        raise failure
+                    reply = runner.lifecycle.read_finish(replied(raw))
+                except BaseException as exc:
+                    reply = exc
+                try:
+                    ended.append(Ended(item.job, item.queue, item.execution, result=runner.settle(publication, reply)))
+                except BaseException:
+                    ended.append(Ended(item.job, item.queue, item.execution, error=traceback.format_exc()))
+        self._end_jobs(ended)
+
+    def _end_jobs(self, ended: list[Ended]) -> None:
+        """RQ's end-of-job bookkeeping (status, finished/failed registry, result, worker stats) for a batch of
+        jobs in one pipeline, then free their slots.
+
+        RQ's own ``handle_job_success`` costs two round trips more per job (a WATCH on the job's dependents
+        and a SMEMBERS of them): rollq jobs never have dependents, so neither is needed here.
+        """
+        worker = self.worker
+        finished_at = now()
+        still_running = self.slots.leaving([item.job.id for item in ended])
+        try:
+            pipe = worker.connection.pipeline(transaction=False)
+            for item in ended:
+                item.job.ended_at = finished_at
+                self._rq_end(item, pipe)
+            worker.set_current_job_id(still_running, pipeline=pipe)
+            pipe.execute()
+        except Exception:
+            worker.log.exception("RQ bookkeeping of %d job(s) failed", len(ended))
+        finally:
+            if self.slots.ended(len(ended)):
+                try:
+                    worker.set_state(WorkerStatus.IDLE)
+                except Exception as exc:
+                    worker.log.debug("could not mark the worker idle: %s", exc)
+
+    def _rq_end(self, item: Ended, pipe: Any) -> None:
+        """One job's part of RQ's end bookkeeping (``handle_job_success``/``handle_job_failure`` of RQ 2.12)."""
+        worker = self.worker
+        job, result, error, execution = item.job, item.result, item.error, item.execution
+        record_outcome(job, result, error, pipe)
+        if error is None and result is not None and result.status == AttemptStatus.FAILED:
+            # A failed rollout is a failed job for RQ too: its failed registry, `rq info`
+            # and rq-dashboard count it, and the job page shows the error.
+            error = failure_text(result)
+        started = job.started_at or job.ended_at
+        execution_id = execution.id if execution is not None else None
+        execution_started_at = execution.created_at if execution is not None else None
+        if error is None:
+            job._result = result.to_json() if result is not None else None
+            job._status = JobStatus.FINISHED
+            worker.increment_successful_job_count(pipeline=pipe)
+            result_ttl = job.get_result_ttl(worker.default_result_ttl)
+            if result_ttl != 0:
+                job._handle_success(
+                    result_ttl,
+                    pipeline=pipe,
+                    worker_name=worker.name,
+                    execution_id=execution_id,
+                    execution_started_at=execution_started_at,
+                    execution_ended_at=job.ended_at,
+                )
+            job.cleanup(result_ttl, pipeline=pipe, remove_from_queue=False)
+            worker.log.info("job %s: %s", job.id, job.description)
+        else:
+            worker.log.error("job %s failed: %s", job.id, error)
+            job._status = JobStatus.FAILED
+            job.set_status(JobStatus.FAILED, pipeline=pipe)
+            job._handle_failure(
+                error,
+                pipeline=pipe,
+                worker_name=worker.name,
+                execution_id=execution_id,
+                execution_started_at=execution_started_at,
+                execution_ended_at=job.ended_at,
+            )
+            worker.increment_failed_job_count(pipeline=pipe)
+        if started is not None and job.ended_at is not None:
+            worker.increment_total_working_time(job.ended_at - started, pipe)
+        if execution is not None:
+            execution.delete(job=job, pipeline=pipe)
+
+
+def failure_text(result: AttemptResult) -> str:
+    """The exception info RQ keeps for a failed rollout: the error's type and message, then the attempt."""
+    error = result.error or {}
+    return (
+        f"{error.get('type', 'RolloutFailed')}: {error.get('message', '')}\n"
+        f"(rollout {result.rollout_id} attempt {result.attempt} failed; "
+        "the published Rollout's metadata has the same error)"
+    )
+
+
+def record_outcome(job: Job, result: AttemptResult | None, error: str | None, pipe: Any) -> None:
+    """Show the rollout's outcome on the job's page: in its description always, in its meta when it failed.
+
+    The description is saved with the job by RQ's own bookkeeping (no extra round trip) and job lists show it;
+    a finished job's result already holds the whole outcome, so only a failed job, whose result RQ replaces
+    by the error, pays a round trip to keep it (status, attempt, error, input) in its meta.
+    """
+    if result is not None:
+        job.description = (
+            f"{job.description or 'rollout ' + result.rollout_id}: {result.status.value}"
+            + (f", attempt {result.attempt}" if result.attempt else "")
+            + (f", reward {result.reward:g}" if result.reward is not None else "")
+        )
+        if result.status != AttemptStatus.FAILED:
+            return
+        job.meta["rollout"] = {k: v for k, v in result.to_json().items() if k != "rollout_id"}
+    elif error is not None:
+        job.meta["rollout"] = {"status": "error", "error": error.strip().splitlines()[-1] if error.strip() else ""}
+    else:
+        return
+    # Job.save_meta() of RQ 2.12, on the batch's pipeline.
+    pipe.hset(job.key, "meta", job.serializer.dumps(job.meta))

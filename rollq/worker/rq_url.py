@@ -1,0 +1,79 @@
+"""Which Redis a worker started by RQ's own CLI uses: RQ's ``--url``/``REDIS_URL`` against ``ROLLQ_REDIS_URL``.
+
+Stock ``rq worker -w rollq.worker.RolloutWorker`` knows only RQ's ways of naming a Redis (``--url``,
+``RQ_REDIS_URL``, ``REDIS_URL``, else localhost:6379), while every ``rollq`` command reads ``ROLLQ_REDIS_URL``.
+This module reconciles the two: it lends ``ROLLQ_REDIS_URL`` to RQ's CLI before RQ builds its client, and it
+refuses to start a worker that was given one Redis by RQ's options and another by rollq's. URL forms themselves
+(schemes, Sentinel, TLS) are :mod:`rollq.store.connection`'s; this module only knows RQ's CLI conventions.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from typing import Any
+
+from rollq.store.connection import connect, describe, describe_client
+
+log = logging.getLogger(__name__)
+
+RQ_DEFAULT_SERVER = ("localhost", 6379, 0, None)
+"""(host, port, db, password) of the client RQ's CLI builds when given no URL at all."""
+
+
+def lend_rollq_url_to_rq_cli() -> None:
+    """Let stock ``rq worker -w rollq.worker.RolloutWorker`` without ``--url`` use ``ROLLQ_REDIS_URL``.
+
+    RQ's CLI imports the ``-w`` class before it builds its client, and with no
+    ``--url`` / ``RQ_REDIS_URL`` / ``--config`` it reads ``REDIS_URL`` from the
+    environment at that point: setting it here (only in an ``rq`` process, only
+    when unset) points RQ's own start-up checks and the worker at the same Redis
+    as every ``rollq`` command, instead of localhost. Called when
+    :mod:`rollq.worker.rq_worker` is imported.
+    """
+    wanted = os.environ.get("ROLLQ_REDIS_URL")
+    if wanted and os.path.basename(sys.argv[0]) == "rq" and "REDIS_URL" not in os.environ:
+        os.environ["REDIS_URL"] = wanted
+
+
+def server_of(client: Any) -> tuple[Any, ...]:
+    """(host or socket path, port, db, password) of a redis-py client: what tells two clients' servers apart."""
+    kwargs = client.connection_pool.connection_kwargs
+    return (
+        kwargs.get("path") or kwargs.get("host"),
+        kwargs.get("port"),
+        int(kwargs.get("db") or 0),
+        kwargs.get("password"),
+    )
+
+
+def honour_rollq_url(connection: Any) -> Any:
+    """The client to use given ``ROLLQ_REDIS_URL``: stock ``rq worker`` knows only ``--url``/``REDIS_URL``.
+
+    Without either, RQ connects to localhost:6379 while ``rollq`` commands use
+    ``ROLLQ_REDIS_URL``: the worker would wait for ever on another Redis. So a
+    worker on RQ's default honours ``ROLLQ_REDIS_URL``, and one given another
+    Redis explicitly refuses to start (``ValueError``) rather than guess.
+    """
+    wanted = os.environ.get("ROLLQ_REDIS_URL")
+    if not wanted or not hasattr(connection, "connection_pool") or type(connection).__module__.startswith("fakeredis"):
+        return connection
+    target = connect(wanted)
+    if not hasattr(target, "connection_pool") or type(target).__module__.startswith("fakeredis"):
+        raise ValueError(f"ROLLQ_REDIS_URL={describe(wanted)} is in-process only; a worker needs a Redis server")
+    current = server_of(connection)
+    if current == server_of(target):
+        return connection
+    explicit = (
+        os.environ.get("RQ_REDIS_URL")
+        or os.environ.get("REDIS_URL", wanted) != wanted
+        or any(a in ("--url", "-u") or a.startswith("--url=") for a in sys.argv)
+    )
+    if current == RQ_DEFAULT_SERVER and not explicit:
+        log.info("no --url given: using ROLLQ_REDIS_URL (%s)", describe(wanted))
+        return target
+    raise ValueError(
+        f"this worker was given Redis {describe_client(connection)} but ROLLQ_REDIS_URL is {describe(wanted)}: "
+        "pass the same URL to both (or unset ROLLQ_REDIS_URL)"
+    )
