@@ -57,6 +57,7 @@ from rollq.store.resources import ResourceStore
 from rollq.store.transitions import Lifecycle
 
 from . import rq_url
+from .al_tracing import connect_agentlightning
 from .capture.gate import CallGate
 from .capture.on_demand import OnDemandCapture
 from .capture.pause import PauseFollower
@@ -195,6 +196,9 @@ class RolloutWorker(SimpleWorker):
             # worker that starts during a pause honours it, and so does a proxy started later.
             gate = CallGate(self.settings.llm_pause_wait_seconds)
             self._capture = OnDemandCapture(gate=gate)
+            # Agents that build their OpenAI client from OPENAI_BASE_URL / OPENAI_API_BASE are captured too: when
+            # either is set, the proxy starts now, so the variables point at it before any agent reads them.
+            self._capture.serve_environment(self.settings.concurrency)
             reporter = GateReporter(self.connection, self.keys, self.name, self.settings.heartbeat_seconds)
             self._pause = PauseFollower(reporter, gate, listen=self.settings.llm_gate_listen)
             self._pause.start()
@@ -212,6 +216,9 @@ class RolloutWorker(SimpleWorker):
         self.runner.worker_id = self.worker_id
         self.rq_lifecycle = RqLifecycle(self, self.runner, self.slots)
         self.tracer = self.runner.tracer  # an Agent Lightning agent's ``tracer`` is ``trainer.tracer``
+        provider = getattr(self.tracer, "provider", None)
+        if provider is not None:  # AgentOps' and Agent Lightning's reward APIs write to rollq's tracer
+            connect_agentlightning(provider)
         self.agent.set_trainer(self)
         self.agent.set_runner(self.runner)
         # rollq has no parent process over its workers: each worker process is the "main" of

@@ -60,12 +60,25 @@ class OnDemandCapture:
     ) -> tuple[NamedResources, AttemptCapture | None]:
         """:meth:`CaptureProxy.open_attempt`; with no http(s) LLM endpoint in ``resources``, what it would return
         (a copy: the cached resources are shared by every attempt) without starting the proxy, and no capture."""
-        if not capturable(resources):
+        if not capturable(resources) and not self.serves_environment:
             return dict(resources), None
         proxy = self._started()
         return proxy.open_attempt(
             resources, parent, tracer, rollout_id=rollout_id, mode=mode, resources_id=resources_id
         )
+
+    @property
+    def serves_environment(self) -> bool:
+        """Whether calls to ``$OPENAI_BASE_URL`` / ``$OPENAI_API_BASE`` are captured (the proxy then runs)."""
+        return self._proxy is not None and self._proxy.serves_environment
+
+    def serve_environment(self, concurrency: int) -> None:
+        """Start the proxy now and capture calls to the URLs in ``OPENAI_BASE_URL`` / ``OPENAI_API_BASE`` (see
+        :meth:`CaptureProxy.serve_environment`), when either variable is set; else nothing is started."""
+        from . import ambient
+
+        if ambient.plan(ambient.environment()):
+            self._started().serve_environment(concurrency)
 
     def _started(self) -> CaptureProxy:
         with self._lock:
