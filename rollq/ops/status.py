@@ -12,6 +12,7 @@ from rq.worker import Worker
 
 from rollq.models.policy import RolloutStatus
 from rollq.store.keys import Keys, TaskField, parse_inflight_member
+from rollq.store.queries import first_entry_id
 from rollq.store.stats import REQUEUED_PREFIX, StatsField, outcome_stat
 from rollq.worker.rq_worker import WORKER_CONCURRENCY_FIELD
 
@@ -74,9 +75,9 @@ def _groups(connection: redis.Redis, keys: Keys) -> list[dict[str, Any]]:
 
 
 def _oldest_age(connection: redis.Redis, keys: Keys, now: float) -> float | None:
-    # Reads one entry: an O(1) look at the head of the stream (XINFO STREAM would send the newest entry too).
-    first = cast(list[Any], connection.xrange(keys.results, count=1))
-    return max(0.0, now - int(first[0][0].split(b"-")[0]) / 1000) if first else None
+    # The head's id only: the entry itself can be megabytes (a dashboard reads this on every page).
+    first = first_entry_id(connection, keys.results)
+    return max(0.0, now - int(first.split("-")[0]) / 1000) if first else None
 
 
 def snapshot(

@@ -58,6 +58,13 @@ class Keys:
         return f"{self._tag}:results"
 
     @property
+    def summaries(self) -> str:
+        """Stream of compact per-rollout summaries (status, reward, version, group, timings, token counts, error
+        type), one per results-stream entry, bounded like it: what the dashboard lists and charts read (see
+        :mod:`rollq.store.summaries`)."""
+        return f"{self._tag}:summaries"
+
+    @property
     def results_trim(self) -> str:
         """Hash of what trimming did to the results stream: ``trimmed-to`` (the first entry id the last trim
         kept), and per consumer group the entries trimmed before it got them: ``count:<group>``,
@@ -197,11 +204,14 @@ class TaskField(StrEnum):
 
 
 class StreamField(StrEnum):
-    """The fields of an entry on the results and superseded streams."""
+    """The fields of an entry on the results, superseded and summaries streams."""
 
     ROLLOUT_ID = "rollout_id"
     ROLLOUT = "rollout"  # the Rollout, JSON
     ATTEMPT = "attempt"  # superseded stream only
+    SUMMARY = "summary"  # summaries stream: the summary, JSON (rollq.store.summaries)
+    MODE = "mode"  # summaries stream: the task's mode, from its record
+    RESULT = "result"  # summaries stream: the results-stream entry the summary describes
 
 
 TRIMMED_TO = "trimmed-to"

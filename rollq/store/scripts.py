@@ -36,7 +36,7 @@ def lua_header() -> str:
     answer with (:mod:`rollq.store.replies`), ``member(rid, attempt)`` for an in-flight member,
     ``outcome_stat``/``requeue_stat``/``duration_stat``/``reward_stat`` and ``STATS_*`` for the stats hash,
     ``count(key, field, by)`` to add to a counter without failing on a corrupt one, ``list_from(t, first, last)``
-    for the tail of ``KEYS`` or ``ARGV`` a script names as one list.
+    for the tail of ``KEYS`` or ``ARGV`` a script names as one list, ``add_summary`` for the summaries stream.
     """
 
     def table(fields: type[StrEnum]) -> str:
@@ -73,6 +73,11 @@ def lua_header() -> str:
             "local function reward_stat(mode, rid, bucket) return "
             f"'{REWARD_PREFIX}' .. (mode or '') .. '{REWARD_SEPARATOR}' .. (rid or '') .. '{REWARD_SEPARATOR}' "
             ".. bucket end",
+            # One summary per published rollout (rollq.store.summaries), bounded by the results stream's entry count.
+            "local function add_summary(key, maxlen, rid, summary, mode, result_id)",
+            "  redis.call('XADD', key, 'MAXLEN', '~', maxlen, '*', S.rollout_id, rid, S.summary, summary, "
+            "S.mode, mode or '', S.result, result_id)",
+            "end",
             # A loop, not unpack(): unpack fails past a few thousand items (a worker's heartbeat of every attempt).
             "local function list_from(t, first, last)",
             "  local out = {}",
