@@ -92,7 +92,7 @@ def families(s: Snapshot) -> Iterator[Metric]:
         )
     lost = CounterMetricFamily(
         "rollq_results_lost",
-        "Rollouts the hard byte limit trimmed before a consumer group got them, by group.",
+        "Rollouts trimmed before a consumer group got them (the hard byte limit, or while the group was idle).",
         labels=["namespace", "group"],
     )
     for g in s.consumer_groups:
@@ -106,12 +106,27 @@ def families(s: Snapshot) -> Iterator[Metric]:
         "Results delivered to a consumer group but not acknowledged.",
         labels=["namespace", "group"],
     )
+    idle = GaugeMetricFamily(
+        "rollq_consumer_group_idle_seconds",
+        "Since a consumer group's most recently active consumer last talked to Redis (absent without consumers).",
+        labels=["namespace", "group"],
+    )
+    idled = GaugeMetricFamily(
+        "rollq_consumer_group_idle",
+        "1 when a consumer group is past the idle bound (or has no consumer) and no longer holds back trimming.",
+        labels=["namespace", "group"],
+    )
     for g in s.consumer_groups:
         if g["lag"] is not None:
             lag.add_metric([ns, g["name"]], g["lag"])
         pending.add_metric([ns, g["name"]], g["pending"])
+        if g["idle_seconds"] is not None:
+            idle.add_metric([ns, g["name"]], g["idle_seconds"])
+        idled.add_metric([ns, g["name"]], 1 if g["idle"] else 0)
     yield lag
     yield pending
+    yield idle
+    yield idled
 
     outcomes = CounterMetricFamily(
         "rollq_rollouts", "Final rollouts published, by status and mode.", labels=["namespace", "status", "mode"]

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import re
 import ssl
 import threading
@@ -29,6 +28,8 @@ import redis
 from redis.backoff import ExponentialBackoff
 from redis.retry import Retry
 from redis.sentinel import Sentinel, SentinelConnectionPool, SentinelManagedConnection
+
+from .settings import environ
 
 log = logging.getLogger(__name__)
 
@@ -143,8 +144,12 @@ class Outage:
 
 
 def resolve_url(url: str | None = None) -> str:
-    """The URL to use: the one given, else ``ROLLQ_REDIS_URL``, ``REDIS_URL``, ``redis://localhost:6379/0``."""
-    return url or os.environ.get("ROLLQ_REDIS_URL") or os.environ.get("REDIS_URL") or DEFAULT_URL
+    """The URL to use: the one given, else ``ROLLQ_REDIS_URL``, ``REDIS_URL`` (the environment, then ``.env``:
+    :mod:`rollq.store.settings`), else ``redis://localhost:6379/0``."""
+    if url:
+        return url
+    env = environ()
+    return env.get("ROLLQ_REDIS_URL") or env.get("REDIS_URL") or DEFAULT_URL
 
 
 def memory_server(name: str = "") -> fakeredis.FakeServer:

@@ -19,7 +19,17 @@ from redis.exceptions import NoScriptError
 
 from rollq.models.policy import TaskState
 
-from .keys import HISTORY_LIMIT, MEMBER_SEPARATOR, TRIMMED_TO, StreamField, TaskField, claim_field, end_field
+from .keys import (
+    GROUP_IDLE_SECONDS,
+    HISTORY_LIMIT,
+    IDLE_MS_FIELD,
+    MEMBER_SEPARATOR,
+    TRIMMED_TO,
+    StreamField,
+    TaskField,
+    claim_field,
+    end_field,
+)
 from .replies import Enqueued, Word
 from .stats import DURATION_PREFIX, REQUEUED_PREFIX, REWARD_PREFIX, REWARD_SEPARATOR, REWARD_SUM, StatsField
 
@@ -53,6 +63,7 @@ def lua_header() -> str:
             f"local STATS_SUPERSEDED, STATS_DURATION_SUM = '{StatsField.SUPERSEDED}', '{StatsField.DURATION_SUM}'",
             f"local STATS_RESULTS_BYTES = '{StatsField.RESULTS_BYTES}'",
             f"local TRIMMED_TO = '{TRIMMED_TO}'",
+            f"local IDLE_MS_FIELD, GROUP_IDLE_MS = '{IDLE_MS_FIELD}', {GROUP_IDLE_SECONDS * 1000}",
             f"local STATS_DROPPED_CANCELLED = '{StatsField.DROPPED_CANCELLED}'",
             f"local HISTORY_LIMIT = {HISTORY_LIMIT}",
             f"local function claim_field(attempt) return '{claim_field(0)[:-1]}' .. attempt end",

@@ -15,6 +15,7 @@ import sys
 from typing import Any
 
 from rollq.store.connection import connect, describe, describe_client
+from rollq.store.settings import environ
 
 log = logging.getLogger(__name__)
 
@@ -32,7 +33,7 @@ def lend_rollq_url_to_rq_cli() -> None:
     as every ``rollq`` command, instead of localhost. Called when
     :mod:`rollq.worker.rq_worker` is imported.
     """
-    wanted = os.environ.get("ROLLQ_REDIS_URL")
+    wanted = environ().get("ROLLQ_REDIS_URL")
     if wanted and os.path.basename(sys.argv[0]) == "rq" and "REDIS_URL" not in os.environ:
         os.environ["REDIS_URL"] = wanted
 
@@ -56,7 +57,7 @@ def honour_rollq_url(connection: Any) -> Any:
     worker on RQ's default honours ``ROLLQ_REDIS_URL``, and one given another
     Redis explicitly refuses to start (``ValueError``) rather than guess.
     """
-    wanted = os.environ.get("ROLLQ_REDIS_URL")
+    wanted = environ().get("ROLLQ_REDIS_URL")
     if not wanted or not hasattr(connection, "connection_pool") or type(connection).__module__.startswith("fakeredis"):
         return connection
     target = connect(wanted)

@@ -6,11 +6,46 @@ from __future__ import annotations
 import logging
 
 import click
+from click.core import ParameterSource
+from pydantic import ValidationError
 
 from rollq.producer import Producer
 from rollq.store.connection import check_reachable, connect, describe
+from rollq.store.settings import Settings
+
+from .errors import validation_line
+
+# The group's flags and the settings they override.
+_FLAGS = {"url": "redis_url", "namespace": "namespace", "log_format": "log_format", "log_level": "log_level"}
 
 log = logging.getLogger("rollq.cli")
+
+
+def load_settings(ctx: click.Context) -> Settings:
+    """rollq's settings for this run: the flags given on the command line or in the environment (click reads
+    those), then ``.env`` (:class:`~rollq.store.settings.Settings`) for the rest; written back into the group's
+    parameters so that every command reads one answer."""
+    root = ctx.find_root()
+    try:
+        from_files = Settings()
+    except ValidationError as exc:
+        raise click.UsageError(f"invalid setting in the environment or .env: {validation_line(exc)}") from None
+    given = {
+        name: root.params[name]
+        for name in _FLAGS
+        if root.get_parameter_source(name) not in (None, ParameterSource.DEFAULT)
+    }
+    settings = from_files.model_copy(update={_FLAGS[name]: value for name, value in given.items()})
+    for name, field in _FLAGS.items():
+        root.params[name] = getattr(settings, field)
+    root.obj = settings
+    return settings
+
+
+def settings(ctx: click.Context) -> Settings:
+    """The settings :func:`load_settings` made for this run."""
+    found = ctx.find_root().obj
+    return found if isinstance(found, Settings) else load_settings(ctx)
 
 
 def redis_url(ctx: click.Context) -> str:

@@ -31,6 +31,7 @@ def dashboard(ctx: click.Context, bind: str, port: int, threads: int, token: str
     """
     from rollq.ops.dashboard import serve
 
+    token = token or context.settings(ctx).dashboard_token
     check_bind(bind, token, "the dashboard")
     serve(context.redis_url(ctx), context.namespace(ctx), bind=bind, port=port, threads=threads, token=token)
 
@@ -55,6 +56,7 @@ def metrics(ctx: click.Context, bind: str, port: int, token: str) -> None:
         def log_message(self, format: str, *args: object) -> None:  # noqa: A002  # the base class's name
             pass
 
+    token = token or context.settings(ctx).dashboard_token
     check_bind(bind, token, "/metrics")
     producer = context.producer(ctx)
     app = require_token(make_wsgi_app(registry(lambda: snapshot(producer.connection, producer.keys))), token)
