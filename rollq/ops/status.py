@@ -13,6 +13,7 @@ from rq.worker import Worker
 from rollq.models.policy import RolloutStatus
 from rollq.store.consumer_groups import list_groups
 from rollq.store.keys import Keys, TaskField, parse_inflight_member
+from rollq.store.llm_gate import LLMGate
 from rollq.store.queries import first_entry_id
 from rollq.store.stats import REQUEUED_PREFIX, StatsField, outcome_stat
 from rollq.worker.rq_worker import WORKER_CONCURRENCY_FIELD
@@ -46,6 +47,9 @@ class Snapshot:
     counters: dict[str, float] = field(default_factory=dict)
     results_stream_memory_bytes: int | None = None
     """MEMORY USAGE of the results stream; None where the server has no such command (the embedded one)."""
+    llm_gate: dict[str, Any] | None = None
+    """The weight-sync gate: ``paused`` (bool), ``epoch``, ``workers`` reporting, ``acknowledged``, LLM calls
+    ``in_flight`` under the pause and ``waiting`` at the gates; None when no worker's proxy reports."""
 
     @property
     def workers_alive(self) -> int:
@@ -112,7 +116,22 @@ def snapshot(
         workers=workers,
         counters=counters,
         results_stream_memory_bytes=_memory_usage(connection, keys.results) if xlen else 0,
+        llm_gate=_llm_gate(connection, keys),
     )
+
+
+def _llm_gate(connection: redis.Redis, keys: Keys) -> dict[str, Any] | None:
+    status = LLMGate(connection, keys).status()
+    if not status.paused and not status.workers:
+        return None
+    return {
+        "paused": status.paused,
+        "epoch": status.epoch,
+        "workers": status.workers,
+        "acknowledged": status.acknowledged,
+        "in_flight": status.in_flight,
+        "waiting": status.waiting,
+    }
 
 
 def _memory_usage(connection: redis.Redis, key: str) -> int | None:
@@ -213,6 +232,14 @@ def render_text(s: Snapshot) -> str:
     if any(groups.values()):
         lines.append("  training groups   " + ", ".join(f"{name} {n}" for name, n in groups.items()))
     lines.append(f"  resources         {', '.join(s.resource_versions) or 'none'} (latest {s.latest_resources or '-'})")
+    gate = s.llm_gate
+    if gate is not None and gate["paused"]:
+        lines.append(
+            f"  LLM calls         paused (pause {gate['epoch']}): {gate['acknowledged']} of {gate['workers']} "
+            f"worker(s) holding, {gate['in_flight']} still running, {gate['waiting']} waiting"
+        )
+    elif gate is not None:
+        lines.append(f"  LLM calls         flowing ({gate['workers']} worker proxies reporting)")
     dead = len(s.workers) - s.workers_alive
     lines.append(f"  workers           {s.workers_alive} alive" + (f", {dead} dead" if dead else ""))
     for w in s.workers:
