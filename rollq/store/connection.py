@@ -379,3 +379,36 @@ def _via_sentinel_async(url: str, options: dict[str, Any]) -> Any:
         connection_pool_class=BlockingSentinelPool,
         **options,
     )
+
+
+def wait_until_reachable(url: str | None = None, *, seconds: float, what: str = "worker") -> str:
+    """:func:`check_reachable`, retried with backoff (0.1 s doubling to 5 s) for up to ``seconds`` while Redis does
+    not answer, each wait logged; a worker started before its Redis (or during a failover) waits for it instead
+    of exiting. Wrong credentials are not waited out. Returns the URL; raises the last error past ``seconds``."""
+    url = resolve_url(url)
+    deadline = time.monotonic() + seconds
+    delay, waited_since = 0.1, None
+    while True:
+        try:
+            check_reachable(url)
+        except redis.AuthenticationError:
+            raise
+        except redis.ConnectionError as exc:
+            now = time.monotonic()
+            if now >= deadline:
+                raise redis.ConnectionError(f"{exc} (waited {seconds:g}s for it: ROLLQ_REDIS_WAIT_SECONDS)") from exc
+            if waited_since is None:
+                waited_since = now
+                log.warning(
+                    "%s: Redis at %s does not answer (%s); waiting up to %gs for it (ROLLQ_REDIS_WAIT_SECONDS)",
+                    what,
+                    describe(url),
+                    exc,
+                    seconds,
+                )
+            time.sleep(min(delay, max(0.0, deadline - now)))
+            delay = min(5.0, delay * 2)
+            continue
+        if waited_since is not None:
+            log.warning("%s: Redis at %s answers after %.1fs", what, describe(url), time.monotonic() - waited_since)
+        return url
