@@ -93,6 +93,25 @@ def _patch_rq_dashboard() -> None:
     web.Job = _DashboardJob
 
 
+def _requeue_through_rollq(app: Flask) -> None:
+    """rq-dashboard's two Requeue routes, answered by :mod:`.requeue` (rollq jobs re-run, or a clear refusal)."""
+    from flask import current_app, jsonify
+
+    from .requeue import requeue, requeue_failed
+
+    def requeue_job_view(job_id: str) -> Any:
+        return jsonify(requeue(current_app.redis_conn, job_id))  # type: ignore[attr-defined]
+
+    def requeue_all(queue_name: str) -> Any:
+        return jsonify(requeue_failed(current_app.redis_conn, queue_name))  # type: ignore[attr-defined]
+
+    for endpoint, view in (("requeue_job_view", requeue_job_view), ("requeue_all", requeue_all)):
+        names = [name for name in app.view_functions if name.split(".")[-1] == endpoint]
+        if len(names) != 1:
+            raise RollqError(f"rq-dashboard has no single {endpoint} route to answer for rollq jobs: {names}")
+        app.view_functions[names[0]] = view
+
+
 def create_app(redis_url: str, namespace: str = DEFAULT_NAMESPACE) -> Flask:
     """rq-dashboard's Flask app on ``redis_url`` (redis://, rediss://, unix://), patched, with rollq's pages added."""
     try:
@@ -114,6 +133,7 @@ def create_app(redis_url: str, namespace: str = DEFAULT_NAMESPACE) -> Flask:
     # but only after its sweep reaches them): off, as rollq requeues and fails tasks itself.
     app.config["RQ_DASHBOARD_DISABLE_DELETE"] = True
     setup_rq_connection(app)
+    _requeue_through_rollq(app)
     from .views import install
 
     install(app, connect(redis_url, retries=1), namespace)
