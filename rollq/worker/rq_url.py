@@ -50,13 +50,18 @@ def rq_cli_url(argv: list[str] | None = None) -> str | None:
     return os.environ.get("RQ_REDIS_URL") or os.environ.get("REDIS_URL")
 
 
+def in_rq_cli() -> bool:
+    """Whether this process is RQ's own ``rq worker`` command."""
+    return os.path.basename(sys.argv[0]) == "rq" and "worker" in sys.argv[1:]
+
+
 def wait_for_redis_in_rq_cli() -> None:
     """In a stock ``rq worker -w rollq.worker.RolloutWorker`` process, wait (bounded by
     ``ROLLQ_REDIS_WAIT_SECONDS``, logged) for the Redis RQ's CLI is about to use: RQ's CLI exits at once (rc 1)
     when its first command fails, so a worker started before Redis, or during a failover, would die. Runs when
     :mod:`rollq.worker.rq_worker` is imported, which RQ's CLI does before it touches Redis. A Redis still down
     past the bound is left to RQ's own error."""
-    if os.path.basename(sys.argv[0]) != "rq" or "worker" not in sys.argv[1:]:
+    if not in_rq_cli():
         return
     try:
         seconds = float(environ().get("ROLLQ_REDIS_WAIT_SECONDS") or 60)

@@ -32,6 +32,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import sys
 import threading
 import time
 from collections import deque
@@ -51,7 +52,7 @@ from rollq.models.contract import Hook
 from rollq.models.errors import InvalidTaskError
 from rollq.store.connection import describe_client, retry_policy
 from rollq.store.jobs import RollqJob, read_rollq_jobs, rollout_id_of
-from rollq.store.keys import Keys
+from rollq.store.keys import DEFAULT_NAMESPACE, Keys
 from rollq.store.llm_gate import GateReporter
 from rollq.store.resources import ResourceStore
 from rollq.store.transitions import Lifecycle
@@ -121,6 +122,35 @@ class RolloutWorker(SimpleWorker):
         honour_rollq_url: bool = True,
         **kwargs: Any,
     ) -> None:
+        try:
+            self._configure(
+                queues,
+                *args,
+                settings=settings,
+                agent=agent,
+                hooks=hooks,
+                tracer=tracer,
+                honour_rollq_url=honour_rollq_url,
+                **kwargs,
+            )
+        except (ValueError, TypeError) as exc:
+            if not rq_url.in_rq_cli():
+                raise
+            # RQ's CLI prints any setup error with a traceback; a configuration mistake is one line.
+            logging.getLogger("rq.worker").error("rollq: %s", " ".join(str(exc).split()))
+            raise SystemExit(1) from None
+
+    def _configure(
+        self,
+        queues: str | Queue | Sequence[str] | Sequence[Queue],
+        *args: Any,
+        settings: WorkerSettings | None,
+        agent: Any,
+        hooks: Sequence[Hook] | None,
+        tracer: BaseTracer | None,
+        honour_rollq_url: bool,
+        **kwargs: Any,
+    ) -> None:
         kwargs["serializer"] = JSONSerializer
         # RQ's registry clean-up, failure handling and dequeue load jobs with this class: it never imports a
         # callback, function or webhook a job hash names (see store.jobs.RollqJob).
@@ -138,6 +168,12 @@ class RolloutWorker(SimpleWorker):
         for queue in self.queues:
             queue.job_class = RollqJob
         self.keys = Keys(self.queues[0].name)
+        if rq_url.in_rq_cli() and self.keys.queue_name == "default" and "default" not in sys.argv[1:]:
+            logging.getLogger("rq.worker").warning(
+                "rollq: no queue name given, so RQ serves its queue 'default' (rollq namespace 'default'); the "
+                "queue name is the rollq namespace: end the command with one, e.g. `... %s` for rollq's default",
+                DEFAULT_NAMESPACE,
+            )
         self.settings = settings or WorkerSettings.from_env()
         # RQ's CLI has installed its log handlers by now; switch them before the first line is written.
         reformat(self.settings.log_format, "rq.worker", "rollq")
