@@ -47,6 +47,9 @@ class Settings(BaseSettings):
     """Token ``rollq dashboard`` and ``rollq metrics`` require (basic auth password or bearer)."""
     redis_wait_seconds: float = Field(default=60.0, ge=0)
     """How long a worker starting up waits for Redis to answer before it gives up (0: not at all)."""
+    metrics_versions: int = Field(default=5, ge=1)
+    """Resources versions ``/metrics`` labels one by one (the newest, in numeric order); older ones are folded
+    into ``resources_id="older"`` so that the series do not grow with every weight update."""
 
 
 def file_environ(path: str | Path = ENV_FILE) -> dict[str, str]:
