@@ -54,6 +54,7 @@ from rollq.store.connection import describe_client, retry_policy
 from rollq.store.jobs import RollqJob, read_rollq_jobs, rollout_id_of
 from rollq.store.keys import DEFAULT_NAMESPACE, Keys
 from rollq.store.llm_gate import GateReporter
+from rollq.store.namespaces import namespace_hint
 from rollq.store.resources import ResourceStore
 from rollq.store.transitions import Lifecycle
 
@@ -207,6 +208,9 @@ class RolloutWorker(SimpleWorker):
 
     def bootstrap(self, *args: Any, **kwargs: Any) -> None:
         super().bootstrap(*args, **kwargs)
+        hint = namespace_hint(self.connection, self.keys)
+        if hint:
+            log.warning("%s (this worker waits for tasks in %r)", hint, self.keys.namespace)
         # The client RQ builds from --url gives up at once when Redis is away, and RQ's
         # loop quits on most such errors; a worker should wait for Redis to come back.
         self.connection.set_retry(retry_policy(retries=-1))

@@ -4,11 +4,13 @@ and a producer on it."""
 from __future__ import annotations
 
 import logging
+from urllib.parse import urlsplit
 
 import click
 from click.core import ParameterSource
 from pydantic import ValidationError
 
+from rollq.models.errors import RollqError
 from rollq.producer import Producer
 from rollq.store.connection import check_reachable, connect, describe
 from rollq.store.settings import Settings
@@ -48,9 +50,22 @@ def settings(ctx: click.Context) -> Settings:
     return found if isinstance(found, Settings) else load_settings(ctx)
 
 
+def refuse_or_warn_memory(ctx: click.Context, url: str) -> None:
+    """memory:// is a Redis inside this one process: whatever a command writes there is gone when it exits.
+    ``enqueue`` there is refused (it reported "queued 4" into a Redis that vanished); other commands warn."""
+    if urlsplit(url).scheme != "memory":
+        return
+    command = ctx.command_path.removeprefix(ctx.find_root().command_path).strip() or "rollq"
+    what = f"memory:// is a Redis inside this one `rollq {command}` process and is gone when it exits"
+    if command == "enqueue":
+        raise RollqError(f"{what}: tasks queued there would reach no worker; pass --url redis://... ")
+    click.echo(f"rollq: warning: {what}; pass --url redis://... to use a shared Redis", err=True)
+
+
 def redis_url(ctx: click.Context) -> str:
     """The Redis URL this run uses, after checking it answers (within the connect timeout, not minutes)."""
     url = check_reachable(ctx.find_root().params["url"])
+    refuse_or_warn_memory(ctx, url)
     log.info("Redis at %s", describe(url))
     return url
 

@@ -92,6 +92,7 @@ def worker(
     # A worker started before its Redis (or during a failover) waits for it, bounded and logged.
     url = wait_until_reachable(ctx.find_root().params["url"], seconds=settings.redis_wait_seconds, what="worker")
     context.log.info("Redis at %s", describe(url))
+    context.refuse_or_warn_memory(ctx, url)
     kwargs: dict[str, Any] = {"name": name} if name else {}
     if worker_ttl:
         kwargs["worker_ttl"] = worker_ttl
