@@ -82,7 +82,7 @@ def test_a_non_loopback_bind_without_a_token_is_refused_in_one_line(command: str
 
 
 @pytest.mark.redis
-@pytest.mark.parametrize("command", ["dashboard", "metrics"])
+@pytest.mark.parametrize("command", ["dashboard", "metrics", "serve-al"])
 def test_a_busy_port_is_one_line_not_a_traceback(redis_server: RedisServer, command: str) -> None:
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))

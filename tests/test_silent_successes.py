@@ -31,7 +31,7 @@ def test_enqueue_into_memory_is_refused_in_one_line() -> None:
 def test_other_commands_on_memory_warn() -> None:
     done = _rollq("--url", "memory://", "resources", "list")
     assert done.returncode == 0
-    assert "rollq: warning: memory:// is a Redis inside this one `rollq resources list` process" in done.stderr
+    assert "memory:// is a Redis inside this one `rollq resources list` process" in done.stderr
 
 
 @pytest.mark.redis

@@ -207,7 +207,7 @@ def families(s: Snapshot, keep_versions: int = 5) -> Iterator[Metric]:
     )
     folded = fold_versions(reward_series(s.counters), keep_versions)
     for (mode, resources_id), counts in sorted(folded.items(), key=lambda kv: (kv[0][0], version_order(kv[0][1]))):
-        labels = [ns, mode or "none", resources_id or "none"]
+        labels = [ns, mode or "none", resources_id]
         buckets = _histogram_buckets(counts, REWARD_BUCKETS)
         reward.add_metric(labels, buckets, counts.get(REWARD_SUM, 0.0))
         if float(buckets[0][0]) < 0:  # prometheus_client leaves these out when a bound is negative

@@ -4,6 +4,8 @@ and a producer on it."""
 from __future__ import annotations
 
 import logging
+import sys
+from pathlib import Path
 from urllib.parse import urlsplit
 
 import click
@@ -51,15 +53,23 @@ def settings(ctx: click.Context) -> Settings:
 
 
 def refuse_or_warn_memory(ctx: click.Context, url: str) -> None:
-    """memory:// is a Redis inside this one process: whatever a command writes there is gone when it exits.
-    ``enqueue`` there is refused (it reported "queued 4" into a Redis that vanished); other commands warn."""
-    if urlsplit(url).scheme != "memory":
+    """memory:// is a Redis inside this one process: whatever a ``rollq`` process writes there is gone when it
+    exits. ``enqueue`` there is refused (it reported "queued 4" into a Redis that vanished); other commands warn.
+    Called in-process (``main()`` from Python, click's test runner) the memory server outlives the command and is
+    left alone."""
+    if urlsplit(url).scheme != "memory" or not _own_process():
         return
     command = ctx.command_path.removeprefix(ctx.find_root().command_path).strip() or "rollq"
     what = f"memory:// is a Redis inside this one `rollq {command}` process and is gone when it exits"
     if command == "enqueue":
         raise RollqError(f"{what}: tasks queued there would reach no worker; pass --url redis://... ")
-    click.echo(f"rollq: warning: {what}; pass --url redis://... to use a shared Redis", err=True)
+    log.warning("%s; pass --url redis://... to use a shared Redis", what)
+
+
+def _own_process() -> bool:
+    """Whether this process is the ``rollq`` command itself (its console script or ``python -m rollq``)."""
+    program = Path(sys.argv[0])
+    return program.name == "rollq" or (program.name == "__main__.py" and program.parent.name == "rollq")
 
 
 def redis_url(ctx: click.Context) -> str:
