@@ -112,3 +112,11 @@ class ProxiedLLMAgent(LitAgent):
                 if response.status != 200:
                     raise RuntimeError(f"HTTP {response.status}: {answer}")
         return None
+
+
+class GroupMemberAgent(LitAgent):
+    """A group member that takes U(0.2, 0.6) s and earns a random reward in [0, 1] (``bench/batches.py``)."""
+
+    async def training_rollout_async(self, task_input: Any, rollout_id: str, resources: Any) -> float:
+        await asyncio.sleep(random.uniform(0.2, 0.6))
+        return random.random()

@@ -118,6 +118,7 @@ class CallGate:
         self.in_flight += 1
         if self.first_call_after_resume is None and self.resumed_at is not None:
             self.first_call_after_resume = time.monotonic() - self.resumed_at
+            log.info("first LLM call admitted %.1f ms after the resume", self.first_call_after_resume * 1000)
 
     def release(self) -> None:
         """One admitted request is over (answered, failed or cut)."""
