@@ -21,10 +21,15 @@ AGENT = {"ROLLQ_AGENT": "tests.fault_agents:FaultAgent", "ROLLQ_CONCURRENCY": "8
 
 
 def _run(producer: Producer, n: int) -> None:
-    """Queue ``n`` quick tasks and wait until none is queued or running (their rollouts may be trimmed)."""
-    producer.enqueue_many([{"sleep": 0}] * n)
+    """Queue ``n`` quick tasks and wait until each has ended (their rollouts may be trimmed: records are read)."""
+    ids = [t.rollout_id for t in producer.enqueue_many([{"sleep": 0}] * n)]
     deadline = time.monotonic() + 120
-    while producer.pending():
+    while True:
+        pipe = producer.connection.pipeline(transaction=False)
+        for rid in ids:
+            pipe.hget(producer.keys.task(rid), "ended")
+        if all(pipe.execute()):
+            return
         assert time.monotonic() < deadline, "tasks did not finish"
         time.sleep(0.1)
 

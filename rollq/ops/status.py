@@ -222,7 +222,7 @@ def render_text(s: Snapshot) -> str:
             + (
                 f", IDLE {g['idle_seconds']:.0f}s (no longer holds back trimming; `rollq groups delete {g['name']}`)"
                 if g["idle"] and g["idle_seconds"] is not None
-                else ", IDLE (no consumer; no longer holds back trimming)"
+                else ", IDLE (no longer holds back trimming)"
                 if g["idle"]
                 else ""
             )

@@ -247,8 +247,8 @@ TRIMMED_TO = "trimmed-to"
 
 GROUP_IDLE_SECONDS = 3600
 """The policy for abandoned readers: a consumer group none of whose consumers has talked to Redis for this long
-(or that has no consumer) no longer holds back trimming of the results stream; what it then loses is counted for
-it (``count:<group>``) and raised to it if it comes back. A namespace may set its own bound (``rollq groups
+(or has had no consumer for this long) no longer holds back trimming of the results stream; what it then loses is
+counted for it (``count:<group>``) and raised to it if it comes back. A namespace may set its own bound (``rollq groups
 idle-after``) in :attr:`Keys.results_trim`'s :data:`IDLE_MS_FIELD`."""
 IDLE_MS_FIELD = "idle-ms"
 """The field of :attr:`Keys.results_trim` overriding :data:`GROUP_IDLE_SECONDS` (milliseconds)."""

@@ -210,7 +210,7 @@ class RolloutWorker(SimpleWorker):
         super().bootstrap(*args, **kwargs)
         hint = namespace_hint(self.connection, self.keys)
         if hint:
-            log.warning("%s (this worker waits for tasks in %r)", hint, self.keys.namespace)
+            self.log.warning("%s (this worker waits for tasks in %r)", hint, self.keys.namespace)
         # The client RQ builds from --url gives up at once when Redis is away, and RQ's
         # loop quits on most such errors; a worker should wait for Redis to come back.
         self.connection.set_retry(retry_policy(retries=-1))

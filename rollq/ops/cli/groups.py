@@ -37,7 +37,7 @@ def groups_list(ctx: click.Context, as_json: bool) -> None:
         state = "IDLE (holds nothing back)" if g.idle else "active"
         lost = f", lost {g.lost} from {g.lost_from}" if g.lost else ""
         click.echo(f"{g.name}: {state}, {g.consumers} consumer(s), lag {g.lag}, pending {g.pending}, idle {idle}{lost}")
-    click.echo(f"(a group idle for over {bound:.0f}s, or without consumers, no longer holds back trimming)")
+    click.echo(f"(a group idle for over {bound:.0f}s no longer holds back trimming)")
 
 
 @groups.command("delete")

@@ -8,7 +8,8 @@
 -- (`count:<group>`, `from:<group>`), which its readers raise as RolloutsTrimmedError and `rollq status` shows.
 -- Trimming goes 1% below a bound so that a full stream is not trimmed on every publish.
 -- An idle group (no consumer of it has talked to Redis for GROUP_IDLE_MS, or the trim hash's IDLE_MS_FIELD when
--- set; a group with no consumer at all) holds nothing back: a reader that went away (a Ctrl-C'd
+-- set; a group with no consumer at all for that long, timed from when a trim first saw it so, in the trim hash's
+-- 'seen:<group>': a reader that just created its group has not read yet) holds nothing back: a reader that went away (a Ctrl-C'd
 -- `rollq rollouts tail --group`) must not pin the stream past its bounds. What it loses is counted for it, as for
 -- the hard limit, so a reader that comes back is told (RolloutsTrimmedError).
 -- The payload byte count is kept in the stats hash (STATS_RESULTS_BYTES); the trim hash's TRIMMED_TO holds the id
@@ -25,9 +26,25 @@ local function id_lt(a, b)
   return am < bm or (am == bm and as < bs)
 end
 
--- Whether every consumer of `group` has been idle longer than `idle_ms` (true for a group without consumers).
-local function group_idle(stream, group, idle_ms)
-  for _, c in ipairs(redis.call('XINFO', 'CONSUMERS', stream, group)) do
+-- Whether every consumer of `group` has been idle longer than `idle_ms`; a group without consumers counts from
+-- when a trim first saw it without any.
+local function group_idle(stream, trim, group, idle_ms)
+  local consumers = redis.call('XINFO', 'CONSUMERS', stream, group)
+  local seen_field = 'seen:' .. group
+  if #consumers == 0 then
+    local t = redis.call('TIME')
+    local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+    local seen = tonumber(redis.call('HGET', trim, seen_field) or '')
+    if not seen then
+      redis.call('HSET', trim, seen_field, now_ms)
+      return false
+    end
+    return now_ms - seen > idle_ms
+  end
+  if redis.call('HEXISTS', trim, seen_field) == 1 then
+    redis.call('HDEL', trim, seen_field)
+  end
+  for _, c in ipairs(consumers) do
     for i = 1, #c, 2 do
       if c[i] == 'idle' and tonumber(c[i + 1]) <= idle_ms then
         return false
@@ -38,7 +55,7 @@ local function group_idle(stream, group, idle_ms)
 end
 
 -- Each group's need: the entries after its last-delivered id, and its pending ones (from the first pending id).
-local function group_needs(stream, idle_ms)
+local function group_needs(stream, trim, idle_ms)
   local needs = {}
   for _, g in ipairs(redis.call('XINFO', 'GROUPS', stream)) do
     local info = {}
@@ -46,7 +63,7 @@ local function group_needs(stream, idle_ms)
       info[g[i]] = g[i + 1]
     end
     local need = {name = info['name'], delivered = info['last-delivered-id']}
-    need.idle = group_idle(stream, need.name, idle_ms)
+    need.idle = group_idle(stream, trim, need.name, idle_ms)
     if tonumber(info['pending']) > 0 then
       need.first_pending = redis.call('XPENDING', stream, need.name)[2]
     end
@@ -80,7 +97,7 @@ local function trim_results(stream, stats, trim, maxlen, max_bytes, newest, adde
   local forced = bytes > max_bytes
   local hard_target = max_bytes - math.floor(max_bytes / 100)
   local idle_ms = tonumber(redis.call('HGET', trim, IDLE_MS_FIELD) or '') or GROUP_IDLE_MS
-  local needs = group_needs(stream, idle_ms)
+  local needs = group_needs(stream, trim, idle_ms)
   local removed, removed_bytes, cut, first_removed = 0, 0, nil, nil
   local lost_now = {}  -- group -> {count, from}: entries it was never delivered
   local cursor = '-'
