@@ -47,6 +47,8 @@ class Snapshot:
     counters: dict[str, float] = field(default_factory=dict)
     results_stream_memory_bytes: int | None = None
     """MEMORY USAGE of the results stream; None where the server has no such command (the embedded one)."""
+    reward_missing: int = 0
+    """Succeeded rollouts published with no reward at all (the agent's reward never reached rollq)."""
     llm_gate: dict[str, Any] | None = None
     """The weight-sync gate: ``paused`` (bool), ``epoch``, ``workers`` reporting, ``acknowledged``, LLM calls
     ``in_flight`` under the pause and ``waiting`` at the gates; None when no worker's proxy reports."""
@@ -116,6 +118,7 @@ def snapshot(
         workers=workers,
         counters=counters,
         results_stream_memory_bytes=_memory_usage(connection, keys.results) if xlen else 0,
+        reward_missing=int(counters.get(StatsField.REWARD_MISSING, 0)),
         llm_gate=_llm_gate(connection, keys),
     )
 
@@ -203,7 +206,7 @@ def render_text(s: Snapshot) -> str:
             else ""
         ),
         f"  stale attempts    {s.stale_attempts}",
-        f"  succeeded         {s.succeeded}",
+        f"  succeeded         {s.succeeded}" + (f" ({s.reward_missing} with no reward)" if s.reward_missing else ""),
         f"  failed            {s.failed}",
         f"  dead-letter       {s.dead_letter}",
         f"  superseded        {s.superseded}",

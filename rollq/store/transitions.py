@@ -61,6 +61,7 @@ class Finish:
     histograms (None: not counted), ``resources_id`` (the version the rollout ran with) labels the reward's.
     ``keep_seconds`` > 0 lets a succeeded task's record expire that long after. ``stale_before`` is a reaper's:
     the finish loses (:class:`~rollq.store.replies.StillAlive`) if the attempt heartbeated after it.
+    ``reward_missing`` counts the rollout in the stats hash's ``reward-missing`` (a success with no reward).
     """
 
     rollout_id: str
@@ -75,6 +76,7 @@ class Finish:
     stale_before: float | None = None
     reward: float | None = None
     resources_id: str | None = None
+    reward_missing: bool = False
     summary: str = ""
     """The rollout's summary for the summaries stream (:func:`rollq.store.summaries.summary_json`); empty: a
     minimal one from the fields above."""
@@ -269,6 +271,7 @@ class Lifecycle:
                 "" if f.reward is None else reward_bucket(f.reward),
                 f.reward or 0,
                 f.resources_id or "",
+                int(f.reward_missing),
                 f.summary
                 or minimal_summary_json(
                     status=f.status,

@@ -39,6 +39,7 @@ from rollq.store.summaries import summary_json
 from rollq.store.transitions import Finish, Lifecycle
 
 from .config import WorkerSettings
+from .rewards import REWARD_MISSING
 
 log = logging.getLogger(__name__)
 
@@ -226,6 +227,7 @@ class Attempts:
                 keep_seconds=self.limits.keep_seconds,
                 reward=reward,
                 resources_id=resources_id,
+                reward_missing=not failed and rollout.metadata.get(REWARD_MISSING) is True,
                 summary=summary_json(rollout, status=status, duration=duration),
             )
         )
