@@ -198,6 +198,10 @@ def test_every_dashboard_page_answers_in_under_a_second_reading_a_few_mb_at_1000
         ticks = [t.split(">")[-1] for t in charts.split("</text>") if 'class="tick"' in t]
         ticks = [t for t in ticks if t.startswith("v")]  # the reward chart's; the throughput chart's are times
         assert ticks == sorted(ticks, key=lambda v: int(v[1:])) and "v14" in ticks, ticks
+        # Live: no reload; the page polls its JSON and re-renders the rows in place (each poll counted on <body>).
+        live = chromium(browser, profile, f"{base}/", virtual_ms=16000)
+        assert 'http-equiv="refresh"' not in live and 'data-polled="' in live, live[:400]
+        assert len(rendered_rows(live, "rollout")) == 50
         page = chromium(browser, profile, f"{base}/rollout/{ids['failed']}?refresh=0")
         assert "tool call returned HTTP 500" in page and rendered_rows(page, "attempt")[0][:2] == ["1", "w-1"]
     finally:
