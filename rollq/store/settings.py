@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Literal
 
 from dotenv import dotenv_values
-from pydantic import Field
+from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from .keys import DEFAULT_NAMESPACE
@@ -39,8 +39,8 @@ class Settings(BaseSettings):
     redis://localhost:6379/0."""
     namespace: str = DEFAULT_NAMESPACE
     """Namespace (and RQ queue name) to work in."""
-    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR", "debug", "info", "warning", "error"] = "WARNING"
-    """Log level of short commands."""
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "WARNING"
+    """Log level of short commands (any case)."""
     log_format: Literal["text", "json"] = "text"
     """``json`` for one JSON object per log line."""
     dashboard_token: str = ""
@@ -50,6 +50,11 @@ class Settings(BaseSettings):
     metrics_versions: int = Field(default=5, ge=1)
     """Resources versions ``/metrics`` labels one by one (the newest, in numeric order); older ones are folded
     into ``resources_id="older"`` so that the series do not grow with every weight update."""
+
+    @field_validator("log_level", mode="before")
+    @classmethod
+    def _any_case(cls, value: object) -> object:
+        return value.upper() if isinstance(value, str) else value
 
 
 def file_environ(path: str | Path = ENV_FILE) -> dict[str, str]:
