@@ -5,14 +5,16 @@ from __future__ import annotations
 import time
 from collections import Counter
 from dataclasses import asdict, dataclass, field
-from typing import Any, cast
+from typing import Any
 
 import redis
 from rq.worker import Worker
 
 from rollq.models.policy import RolloutStatus
+from rollq.store.consumer_groups import list_groups
 from rollq.store.keys import Keys, TaskField, parse_inflight_member
 from rollq.store.llm_gate import LLMGate
+from rollq.store.queries import first_entry_id
 from rollq.store.stats import REQUEUED_PREFIX, StatsField, outcome_stat
 from rollq.worker.rq_worker import WORKER_CONCURRENCY_FIELD
 
@@ -60,29 +62,13 @@ class Snapshot:
 
 
 def _groups(connection: redis.Redis, keys: Keys) -> list[dict[str, Any]]:
-    try:
-        groups = connection.xinfo_groups(keys.results)
-    except redis.ResponseError:  # no stream yet
-        return []
-    lost = {k.decode(): v.decode() for k, v in cast(dict[bytes, bytes], connection.hgetall(keys.results_trim)).items()}
-    return [
-        {
-            "name": name,
-            "pending": g["pending"],
-            "lag": g.get("lag"),
-            "consumers": g["consumers"],
-            "lost": int(lost.get(f"count:{name}", 0)),  # trimmed by the hard byte limit before the group got them
-            "lost_from": lost.get(f"from:{name}"),
-        }
-        for g in groups
-        for name in [g["name"].decode()]
-    ]
+    return [g.to_dict() for g in list_groups(connection, keys)]
 
 
 def _oldest_age(connection: redis.Redis, keys: Keys, now: float) -> float | None:
-    # Reads one entry: an O(1) look at the head of the stream (XINFO STREAM would send the newest entry too).
-    first = cast(list[Any], connection.xrange(keys.results, count=1))
-    return max(0.0, now - int(first[0][0].split(b"-")[0]) / 1000) if first else None
+    # The head's id only: the entry itself can be megabytes (a dashboard reads this on every page).
+    first = first_entry_id(connection, keys.results)
+    return max(0.0, now - int(first.split("-")[0]) / 1000) if first else None
 
 
 def snapshot(
@@ -236,6 +222,13 @@ def render_text(s: Snapshot) -> str:
     for g in s.consumer_groups:
         lines.append(
             f"    group {g['name']}: lag {g['lag']}, pending {g['pending']}, {g['consumers']} consumer(s)"
+            + (
+                f", IDLE {g['idle_seconds']:.0f}s (no longer holds back trimming; `rollq groups delete {g['name']}`)"
+                if g["idle"] and g["idle_seconds"] is not None
+                else ", IDLE (no longer holds back trimming)"
+                if g["idle"]
+                else ""
+            )
             + (f", lost {g['lost']} to trimming from {g['lost_from']}" if g["lost"] else "")
         )
     groups = group_outcomes(s.counters)

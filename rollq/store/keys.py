@@ -58,6 +58,13 @@ class Keys:
         return f"{self._tag}:results"
 
     @property
+    def summaries(self) -> str:
+        """Stream of compact per-rollout summaries (status, reward, version, group, timings, token counts, error
+        type), one per results-stream entry, bounded like it: what the dashboard lists and charts read (see
+        :mod:`rollq.store.summaries`)."""
+        return f"{self._tag}:summaries"
+
+    @property
     def results_trim(self) -> str:
         """Hash of what trimming did to the results stream: ``trimmed-to`` (the first entry id the last trim
         kept), and per consumer group the entries trimmed before it got them: ``count:<group>``,
@@ -225,15 +232,26 @@ class TaskField(StrEnum):
 
 
 class StreamField(StrEnum):
-    """The fields of an entry on the results and superseded streams."""
+    """The fields of an entry on the results, superseded and summaries streams."""
 
     ROLLOUT_ID = "rollout_id"
     ROLLOUT = "rollout"  # the Rollout, JSON
     ATTEMPT = "attempt"  # superseded stream only
+    SUMMARY = "summary"  # summaries stream: the summary, JSON (rollq.store.summaries)
+    MODE = "mode"  # summaries stream: the task's mode, from its record
+    RESULT = "result"  # summaries stream: the results-stream entry the summary describes
 
 
 TRIMMED_TO = "trimmed-to"
 """The field of :attr:`Keys.results_trim` holding the first entry id the last trim kept."""
+
+GROUP_IDLE_SECONDS = 3600
+"""The policy for abandoned readers: a consumer group none of whose consumers has talked to Redis for this long
+(or has had no consumer for this long) no longer holds back trimming of the results stream; what it then loses is
+counted for it (``count:<group>``) and raised to it if it comes back. A namespace may set its own bound (``rollq groups
+idle-after``) in :attr:`Keys.results_trim`'s :data:`IDLE_MS_FIELD`."""
+IDLE_MS_FIELD = "idle-ms"
+"""The field of :attr:`Keys.results_trim` overriding :data:`GROUP_IDLE_SECONDS` (milliseconds)."""
 
 MEMBER_SEPARATOR = "|"
 """Between the parts of an in-flight member and of an attempt-history value."""

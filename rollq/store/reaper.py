@@ -42,6 +42,7 @@ from .jobs import read_rollq_jobs, rollout_id_of
 from .keys import Keys, TaskField, parse_inflight_member
 from .records import TaskRecord, read_records_or_errors
 from .replies import Clock, JobTaken, Published, Requeued
+from .summaries import summary_json
 from .transitions import Finish, Lifecycle
 
 log = logging.getLogger(__name__)
@@ -191,6 +192,7 @@ def _fail(
             dead_letter=True,
             now=now,
             stale_before=now,
+            summary=summary_json(rollout, status=RolloutStatus.FAILED),
         )
     )
     if isinstance(outcome, Published):

@@ -39,6 +39,7 @@ from .replies import (
 )
 from .scripts import ScriptCall, load_script, rerun_unloaded
 from .stats import duration_bucket, reward_bucket
+from .summaries import minimal_summary_json
 
 RequeueReason = Literal["retry", "unresponsive", "released"]
 
@@ -76,6 +77,9 @@ class Finish:
     reward: float | None = None
     resources_id: str | None = None
     reward_missing: bool = False
+    summary: str = ""
+    """The rollout's summary for the summaries stream (:func:`rollq.store.summaries.summary_json`); empty: a
+    minimal one from the fields above."""
 
 
 class Lifecycle:
@@ -196,15 +200,26 @@ class Lifecycle:
     """:func:`rollq.store.replies.read_claim`: the reply of a :meth:`claim_call`."""
 
     def reject(
-        self, rollout_id: str, job_id: str, rollout_json: str, *, results_maxlen: int, now: float
+        self, rollout_id: str, job_id: str, rollout_json: str, *, results_maxlen: int, now: float, summary: str = ""
     ) -> FinishReply:
         """Fail a queued task whose record cannot be run, publishing ``rollout_json``; only ``job_id`` (the job
         that stands for the task) may. :class:`~rollq.store.replies.Superseded` when the task no longer waits for
-        that job."""
+        that job. ``summary`` is its summary (:func:`rollq.store.summaries.summary_json`); a minimal one if empty."""
         k = self.keys
         reply = self._reject(
-            keys=[k.task(rollout_id), k.results, k.dead_letter, k.stats, k.resources_refs, k.results_trim],
-            args=[rollout_id, job_id, rollout_json, results_maxlen, now, self.results_max_bytes],
+            keys=[k.task(rollout_id), k.results, k.dead_letter, k.stats, k.resources_refs, k.results_trim, k.summaries],
+            args=[
+                rollout_id,
+                job_id,
+                rollout_json,
+                results_maxlen,
+                now,
+                self.results_max_bytes,
+                summary
+                or minimal_summary_json(
+                    status=RolloutStatus.FAILED, attempt=0, reward=None, resources_id=None, duration=None
+                ),
+            ],
         )
         return read_finish(reply)
 
@@ -238,6 +253,7 @@ class Lifecycle:
                 k.resources_refs,
                 k.stats,
                 k.results_trim,
+                k.summaries,
             ],
             args=[
                 f.rollout_id,
@@ -256,6 +272,14 @@ class Lifecycle:
                 f.reward or 0,
                 f.resources_id or "",
                 int(f.reward_missing),
+                f.summary
+                or minimal_summary_json(
+                    status=f.status,
+                    attempt=f.attempt,
+                    reward=f.reward,
+                    resources_id=f.resources_id,
+                    duration=f.duration,
+                ),
             ],
         )
 

@@ -14,7 +14,8 @@ import os
 import sys
 from typing import Any
 
-from rollq.store.connection import connect, describe, describe_client
+from rollq.store.connection import connect, describe, describe_client, wait_until_reachable
+from rollq.store.settings import environ
 
 log = logging.getLogger(__name__)
 
@@ -32,9 +33,44 @@ def lend_rollq_url_to_rq_cli() -> None:
     as every ``rollq`` command, instead of localhost. Called when
     :mod:`rollq.worker.rq_worker` is imported.
     """
-    wanted = os.environ.get("ROLLQ_REDIS_URL")
+    wanted = environ().get("ROLLQ_REDIS_URL")
     if wanted and os.path.basename(sys.argv[0]) == "rq" and "REDIS_URL" not in os.environ:
         os.environ["REDIS_URL"] = wanted
+
+
+def rq_cli_url(argv: list[str] | None = None) -> str | None:
+    """The Redis URL RQ's CLI will use in this process, as it decides it: ``--url``/``-u``, ``RQ_REDIS_URL``,
+    ``REDIS_URL`` (None: its default, localhost:6379). A ``--config`` module's own REDIS_URL is not read."""
+    args = sys.argv[1:] if argv is None else argv
+    for i, arg in enumerate(args):
+        if arg in ("--url", "-u") and i + 1 < len(args):
+            return args[i + 1]
+        if arg.startswith("--url="):
+            return arg.split("=", 1)[1]
+    return os.environ.get("RQ_REDIS_URL") or os.environ.get("REDIS_URL")
+
+
+def in_rq_cli() -> bool:
+    """Whether this process is RQ's own ``rq worker`` command."""
+    return os.path.basename(sys.argv[0]) == "rq" and "worker" in sys.argv[1:]
+
+
+def wait_for_redis_in_rq_cli() -> None:
+    """In a stock ``rq worker -w rollq.worker.RolloutWorker`` process, wait (bounded by
+    ``ROLLQ_REDIS_WAIT_SECONDS``, logged) for the Redis RQ's CLI is about to use: RQ's CLI exits at once (rc 1)
+    when its first command fails, so a worker started before Redis, or during a failover, would die. Runs when
+    :mod:`rollq.worker.rq_worker` is imported, which RQ's CLI does before it touches Redis. A Redis still down
+    past the bound is left to RQ's own error."""
+    if not in_rq_cli():
+        return
+    try:
+        seconds = float(environ().get("ROLLQ_REDIS_WAIT_SECONDS") or 60)
+    except ValueError:
+        return  # WorkerSettings reports the bad value by name
+    try:
+        wait_until_reachable(rq_cli_url() or "redis://localhost:6379/0", seconds=seconds, what="rq worker")
+    except Exception:  # noqa: BLE001  # RQ's CLI says what is wrong, as it would have
+        return
 
 
 def server_of(client: Any) -> tuple[Any, ...]:
@@ -56,7 +92,7 @@ def honour_rollq_url(connection: Any) -> Any:
     worker on RQ's default honours ``ROLLQ_REDIS_URL``, and one given another
     Redis explicitly refuses to start (``ValueError``) rather than guess.
     """
-    wanted = os.environ.get("ROLLQ_REDIS_URL")
+    wanted = environ().get("ROLLQ_REDIS_URL")
     if not wanted or not hasattr(connection, "connection_pool") or type(connection).__module__.startswith("fakeredis"):
         return connection
     target = connect(wanted)
