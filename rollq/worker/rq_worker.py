@@ -76,6 +76,7 @@ log = logging.getLogger(__name__)
 
 # RQ's CLI imports this module (``-w rollq.worker.RolloutWorker``) before it builds its Redis client.
 rq_url.lend_rollq_url_to_rq_cli()
+rq_url.teach_rq_cli_rollq_urls()
 
 WORKER_CONCURRENCY_FIELD = "rollq_concurrency"
 """Field rollq adds to RQ's worker hash: how many rollouts this worker runs at once."""
