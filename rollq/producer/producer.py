@@ -20,8 +20,9 @@ from rollq.store.keys import DEFAULT_NAMESPACE, Keys, job_id
 from rollq.store.queries import AttemptInfo, TaskInfo, TaskPage, query_tasks, read_attempts
 from rollq.store.reaper import ReapReport, reap
 from rollq.store.records import read_record, read_records
+from rollq.store.replies import Enqueued
 from rollq.store.resources import ResourceStore
-from rollq.store.transitions import DEFAULT_RESULTS_MAX_BYTES, Enqueued, Lifecycle
+from rollq.store.transitions import DEFAULT_RESULTS_MAX_BYTES, Lifecycle
 
 from .batches import BatchReader
 from .groups import GroupPolicy
