@@ -12,6 +12,7 @@ from rq.worker import Worker
 
 from rollq.models.policy import RolloutStatus
 from rollq.store.keys import Keys, TaskField, parse_inflight_member
+from rollq.store.replication import degraded_processes
 from rollq.store.stats import REQUEUED_PREFIX, StatsField, outcome_stat
 from rollq.worker.rq_worker import WORKER_CONCURRENCY_FIELD
 
@@ -44,6 +45,9 @@ class Snapshot:
     counters: dict[str, float] = field(default_factory=dict)
     results_stream_memory_bytes: int | None = None
     """MEMORY USAGE of the results stream; None where the server has no such command (the embedded one)."""
+    replication_degraded: int = 0
+    """Processes whose transitions do not wait for replicas, none having acknowledged in time
+    (:mod:`rollq.store.replication`): a failover now could undo their work."""
 
     @property
     def workers_alive(self) -> int:
@@ -126,6 +130,7 @@ def snapshot(
         workers=workers,
         counters=counters,
         results_stream_memory_bytes=_memory_usage(connection, keys.results) if xlen else 0,
+        replication_degraded=degraded_processes(connection, keys.replication_degraded, now),
     )
 
 
@@ -220,6 +225,11 @@ def render_text(s: Snapshot) -> str:
     if any(groups.values()):
         lines.append("  training groups   " + ", ".join(f"{name} {n}" for name, n in groups.items()))
     lines.append(f"  resources         {', '.join(s.resource_versions) or 'none'} (latest {s.latest_resources or '-'})")
+    if s.replication_degraded:
+        lines.append(
+            f"  replication       DEGRADED: {s.replication_degraded} process(es) not waiting for replicas "
+            "(none acknowledged in time; a failover now could undo their work)"
+        )
     dead = len(s.workers) - s.workers_alive
     lines.append(f"  workers           {s.workers_alive} alive" + (f", {dead} dead" if dead else ""))
     for w in s.workers:

@@ -151,6 +151,12 @@ class Keys:
         return f"{self._tag}:replication-mark"
 
     @property
+    def replication_degraded(self) -> str:
+        """Sorted set: processes whose transitions do not wait for replicas because none acknowledged in time,
+        scored by when each last said so (see :mod:`rollq.store.replication`)."""
+        return f"{self._tag}:replication-degraded"
+
+    @property
     def reap_turn(self) -> str:
         """Held for most of a heartbeat interval by the worker whose turn it is to run the namespace's periodic
         reaper pass, so N workers make one pass per interval, not N."""

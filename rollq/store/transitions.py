@@ -16,6 +16,7 @@ from typing import Any, Literal
 
 import redis
 from redis.client import Pipeline
+from redis.exceptions import NoScriptError
 
 from rollq.models.contract import Task
 from rollq.models.errors import JobIdTakenError
@@ -37,7 +38,7 @@ from .replies import (
     read_finish,
     read_requeue,
 )
-from .scripts import ScriptCall, load_script, rerun_unloaded
+from .scripts import ScriptCall, load_script, replied, rerun_unloaded
 from .stats import duration_bucket, reward_bucket
 
 RequeueReason = Literal["retry", "unresponsive", "released"]
@@ -91,10 +92,12 @@ class Lifecycle:
         keys: Keys,
         *,
         results_max_bytes: int = DEFAULT_RESULTS_MAX_BYTES,
-        wait_replicas: int = 0,
+        wait_replicas: int | None = None,
         wait_timeout_ms: int = 1000,
     ) -> None:
-        self.replication = ReplicaWait(connection, keys.replication_mark, wait_replicas, wait_timeout_ms)
+        self.replication = ReplicaWait(
+            connection, keys.replication_mark, wait_replicas, wait_timeout_ms, degraded_key=keys.replication_degraded
+        )
         self.connection = connection
         self.keys = keys
         self.results_max_bytes = results_max_bytes
@@ -114,33 +117,60 @@ class Lifecycle:
         """Transitions that fewer than ``wait_replicas`` replicas acknowledged in time."""
         return self.replication.shortfalls
 
+    @property
+    def wait_replicas(self) -> int:
+        """Replicas each waited transition waits for (0: none); see :mod:`rollq.store.replication`."""
+        return self.replication.replicas
+
     def queue_wait(self, pipe: Pipeline) -> bool:
-        """End a pipeline of transitions with one ``WAIT`` for all of them; False, and nothing queued, when
-        ``wait_replicas`` is 0. Pass the pipeline's last reply to :meth:`settle_all` as ``acknowledged``."""
+        """End a pipeline of transitions with ``PUBLISH`` + ``WAIT`` for all of them, on the connection that
+        wrote them; False, and nothing queued, when this process does not wait (``wait_replicas`` 0, or
+        degraded). Pass the pipeline's last reply to :meth:`settle_all` as ``acknowledged``."""
         return self.replication.queue(pipe)
 
     def run_pipelined(self, calls: Sequence[ScriptCall]) -> list[Any]:
-        """Send ``calls`` in one pipeline (ended by a ``WAIT`` when ``wait_replicas`` is set); each item of the
-        result is a reply or the exception its call got (see :meth:`settle_all`)."""
+        """Send ``calls`` in one pipeline (ended by ``PUBLISH`` + ``WAIT`` when waiting, see
+        :mod:`rollq.store.replication`); each item of the result is a reply or the exception its call got (see
+        :meth:`settle_all`)."""
         if not calls:
             return []
+        replies, acknowledged = self._send(calls)
+        return self.settle_all(calls, replies, acknowledged=acknowledged)
+
+    def _send(self, calls: Sequence[ScriptCall]) -> tuple[list[Any], Any]:
+        """``calls`` and the wait behind them in one pipeline: (their replies, the ``WAIT`` reply or None)."""
         pipe = self.connection.pipeline(transaction=False)
         for call in calls:
             call.queue(pipe)
         waits = self.queue_wait(pipe)
         replies = pipe.execute(raise_on_error=False)
-        return self.settle_all(calls, replies[: len(calls)], acknowledged=replies[-1] if waits else None)
+        return replies[: len(calls)], replies[-1] if waits else None
 
     def settle_all(self, calls: Sequence[ScriptCall], replies: Sequence[Any], *, acknowledged: Any = None) -> list[Any]:
         """The replies of ``calls`` sent in a pipeline (``execute(raise_on_error=False)``), each a reply or the
-        exception its call got; a call Redis answered ``NOSCRIPT`` is run again on its own, which loads the
-        script, then waited for like :meth:`claim` waits. ``acknowledged``: the reply of the pipeline's
-        ``WAIT`` (see :meth:`queue_wait`)."""
+        exception its call got. Calls Redis answered ``NOSCRIPT`` (a restarted or promoted server) are sent
+        again, once their scripts are loaded, in a pipeline of their own with its own ``WAIT``: a ``WAIT`` only
+        confirms what its own pipeline wrote. ``acknowledged``: the reply of the pipeline's ``WAIT`` (see
+        :meth:`queue_wait`)."""
         if acknowledged is not None:
             self.replication.count(acknowledged)
-        settled, rerun = rerun_unloaded(calls, replies)
-        if rerun:
-            self.replication.after_write()
+        unloaded = [i for i, reply in enumerate(replies) if isinstance(reply, NoScriptError)]
+        settled = list(replies)
+        if not unloaded:
+            return settled
+        again = [calls[i] for i in unloaded]
+        try:
+            for source in {call.script.script for call in again}:
+                self.connection.script_load(source)
+            rerun, acknowledged = self._send(again)
+            if acknowledged is not None:
+                self.replication.count(acknowledged)
+            # Forgotten again (another failover in between): each runs alone, unconfirmed, as without WAIT.
+            rerun, _ = rerun_unloaded(again, rerun)
+        except Exception as exc:
+            rerun = [exc] * len(again)
+        for i, reply in zip(unloaded, rerun, strict=True):
+            settled[i] = reply
         return settled
 
     def _template(self, policy: RolloutPolicy) -> JobTemplate:
@@ -159,7 +189,7 @@ class Lifecycle:
         k = self.keys
         template = self._template(policy)
         shared = [policy.model_dump_json(), policy.unresponsive_seconds]
-        pipe = self.connection.pipeline(transaction=False)
+        calls: list[ScriptCall] = []
         sizes = []
         for (mode, pinned), group in itertools.groupby(tasks, key=lambda t: (t[0].mode or "", t[0].resources_id or "")):
             items = list(group)
@@ -171,17 +201,14 @@ class Lifecycle:
                     jid = job_id(task.rollout_id)
                     keys += [k.task(task.rollout_id), k.rq_job(jid)]
                     args += [task_json, jid, template.payload(task.rollout_id), self._description(task)]
-                self._enqueue(keys=keys, args=args, client=pipe)
+                calls.append(ScriptCall(self._enqueue, keys, args))
                 sizes.append(len(batch))
-        replies = pipe.execute()
-        self.replication.after_write()
+        replies = [replied(reply) for reply in self.run_pipelined(calls)]
         return [outcome for size, reply in zip(sizes, replies, strict=True) for outcome in read_enqueue(reply, size)]
 
     def claim(self, rollout_id: str, job_id: str, worker_name: str) -> Claim | ClaimRefused:
         """Start an attempt: count the claim and stamp its time (Redis's), atomically."""
-        reply = self.claim_call(rollout_id, job_id, worker_name).run()
-        self.replication.after_write()
-        return self.read_claim(reply)
+        return self.read_claim(replied(self.run_pipelined([self.claim_call(rollout_id, job_id, worker_name)])[0]))
 
     def claim_call(self, rollout_id: str, job_id: str, worker_name: str) -> ScriptCall:
         """:meth:`claim` as a call to queue in a pipeline; :meth:`read_claim` reads its settled reply."""
@@ -218,9 +245,7 @@ class Lifecycle:
         given and the attempt heartbeated after it; :class:`~rollq.store.replies.Cancelled` when the task was
         cancelled (the rollout is dropped).
         """
-        reply = self.finish_call(finish).run()
-        self.replication.after_write()
-        return read_finish(reply)
+        return read_finish(replied(self.run_pipelined([self.finish_call(finish)])[0]))
 
     def finish_call(self, finish: Finish) -> ScriptCall:
         """:meth:`finish` as a call to queue in a pipeline; :meth:`read_finish` reads its settled reply."""
@@ -276,9 +301,10 @@ class Lifecycle:
         """
         k = self.keys
         jid = job_id(task.rollout_id, after_attempt=attempt)
-        reply = self._requeue(
-            keys=[k.task(task.rollout_id), k.inflight, k.rq_queue, k.rq_queues(), k.rq_job(jid), k.stats],
-            args=[
+        call = ScriptCall(
+            self._requeue,
+            [k.task(task.rollout_id), k.inflight, k.rq_queue, k.rq_queues(), k.rq_job(jid), k.stats],
+            [
                 task.rollout_id,
                 attempt,
                 jid,
@@ -288,8 +314,7 @@ class Lifecycle:
                 *self._template(policy).fields(task.rollout_id, self._description(task)),
             ],
         )
-        self.replication.after_write()
-        return read_requeue(reply)
+        return read_requeue(replied(self.run_pipelined([call])[0]))
 
     def revive(self, task: Task, policy: RolloutPolicy, claims: int) -> bool:
         """Requeue a dead-lettered task with a fresh attempt budget; False if it was not dead-lettered.

@@ -67,9 +67,11 @@ class WorkerSettings(BaseSettings):
     """How long a succeeded task's record is kept (0 = forever); failed ones stay for the dead-letter list."""
     result_ttl: int = Field(DEFAULT_RESULT_TTL, ge=0, le=MAX_RESULT_TTL)
     """How long RQ keeps a finished job, for rq-dashboard (replaces ``rq worker --results-ttl``); at most a week."""
-    wait_replicas: int = Field(0, ge=0)
-    """Replicas that must hold each claim, finish and requeue (Redis ``WAIT``) before the worker goes on; 0 = off.
-    Bounds what a Sentinel failover can undo (README, "Redis failover"); a shortfall is logged, not raised."""
+    wait_replicas: int | None = Field(None, ge=0)
+    """Replicas that must hold each claim, finish and requeue (Redis ``WAIT``) before the worker goes on; 0 = off;
+    unset: 1 on a ``redis+sentinel://`` URL, else 0. Bounds what a failover can undo (README, "Redis failover");
+    a shortfall is logged, not raised, and makes the worker stop waiting until a replica is online again
+    (:mod:`rollq.store.replication`)."""
     wait_timeout_ms: int = Field(1000, ge=1)
     """How long one ``WAIT`` may block before the worker goes on with a warning (0 would mean forever)."""
     log_format: Literal["text", "json"] = "text"
