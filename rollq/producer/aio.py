@@ -37,7 +37,7 @@ from rollq.store.records import RECORD_FIELDS, TaskRecord
 
 from .batches import Batch
 from .producer import Producer
-from .results import REAP_EVERY_SECONDS, WaitResult, default_consumer_name, parse_entry
+from .results import REAP_EVERY_SECONDS, Delivered, WaitResult, default_consumer_name, parse_entry
 
 log = logging.getLogger(__name__)
 
@@ -322,6 +322,7 @@ class AsyncProducer:
             if "BUSYGROUP" not in str(exc):
                 raise
         unacked: list[bytes] = []
+        delivered = Delivered()  # a second copy of a run is acknowledged, not handed over (see Delivered)
         idle_since = time.monotonic()
         next_claim = 0.0
         try:
@@ -349,7 +350,9 @@ class AsyncProducer:
                 idle_since = time.monotonic()
                 for entry_id, fields in entries:
                     unacked.append(entry_id)
-                    yield parse_entry(fields)
+                    rollout = parse_entry(fields)
+                    if delivered.first(rollout):
+                        yield rollout
         finally:
             if unacked:
                 await conn.xack(stream, group, *unacked)
