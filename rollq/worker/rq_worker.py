@@ -38,6 +38,7 @@ from collections import deque
 from collections.abc import Sequence
 from typing import Any, cast
 
+import redis
 from rq.exceptions import StopRequested
 from rq.job import Job
 from rq.logutils import setup_loghandlers
@@ -53,6 +54,7 @@ from rollq.store.connection import describe_client, retry_policy
 from rollq.store.jobs import RollqJob, read_rollq_jobs, rollout_id_of
 from rollq.store.keys import Keys
 from rollq.store.resources import ResourceStore
+from rollq.store.sizing import project_memory, warn_if_oversized
 from rollq.store.transitions import Lifecycle
 
 from . import rq_url
@@ -184,6 +186,18 @@ class RolloutWorker(SimpleWorker):
             wait_replicas=self.settings.wait_replicas,
             wait_timeout_ms=self.settings.wait_timeout_ms,
         )
+        try:
+            warn_if_oversized(
+                project_memory(
+                    self.connection,
+                    self.keys,
+                    keep_seconds=self.settings.keep_seconds,
+                    results_max_bytes=self.settings.results_max_bytes,
+                    concurrency=self.settings.concurrency,
+                )
+            )
+        except redis.RedisError as exc:  # a projection is advice: never a reason not to start
+            log.info("no memory projection: %s", exc)
         self._executor.start()
         self._capture = CaptureProxy().start() if self.settings.capture_llm else None
         self.runner = AgentRunner(
