@@ -151,6 +151,12 @@ class Keys:
         return f"{self._tag}:replication-mark"
 
     @property
+    def queued_tasks(self) -> str:
+        """Set of the record keys of queued tasks, kept by the transitions (enqueue, requeue, revive add; claim,
+        cancel, reject remove): the lost-job sweep walks it instead of the whole keyspace (see store/reaper.py)."""
+        return f"{self._tag}:queued-tasks"
+
+    @property
     def replication_degraded(self) -> str:
         """Sorted set: processes whose transitions do not wait for replicas because none acknowledged in time,
         scored by when each last said so (see :mod:`rollq.store.replication`)."""

@@ -111,6 +111,7 @@ class Lifecycle:
         self._beat = load_script(connection, "beat")
         self._quarantine = load_script(connection, "quarantine")
         self._reissue = load_script(connection, "reissue")
+        self._unindex = load_script(connection, "unindex")
 
     @property
     def replication_shortfalls(self) -> int:
@@ -196,6 +197,7 @@ class Lifecycle:
             for start in range(0, len(items), _ENQUEUE_BATCH):
                 batch = items[start : start + _ENQUEUE_BATCH]
                 keys = [k.rq_queue, k.rq_queues(), k.resources_refs, k.resources(pinned) if pinned else k.rq_queue]
+                keys.append(k.queued_tasks)
                 args = [*shared, pinned, mode, len(template.shared), *template.shared]
                 for task, task_json in batch:
                     jid = job_id(task.rollout_id)
@@ -214,7 +216,9 @@ class Lifecycle:
         """:meth:`claim` as a call to queue in a pipeline; :meth:`read_claim` reads its settled reply."""
         k = self.keys
         return ScriptCall(
-            self._claim, [k.task(rollout_id), k.inflight, k.resources_latest], [rollout_id, job_id, worker_name]
+            self._claim,
+            [k.task(rollout_id), k.inflight, k.resources_latest, k.queued_tasks],
+            [rollout_id, job_id, worker_name],
         )
 
     read_claim = staticmethod(read_claim)
@@ -228,7 +232,15 @@ class Lifecycle:
         that job."""
         k = self.keys
         reply = self._reject(
-            keys=[k.task(rollout_id), k.results, k.dead_letter, k.stats, k.resources_refs, k.results_trim],
+            keys=[
+                k.task(rollout_id),
+                k.results,
+                k.dead_letter,
+                k.stats,
+                k.resources_refs,
+                k.results_trim,
+                k.queued_tasks,
+            ],
             args=[rollout_id, job_id, rollout_json, results_maxlen, now, self.results_max_bytes],
         )
         return read_finish(reply)
@@ -303,7 +315,7 @@ class Lifecycle:
         jid = job_id(task.rollout_id, after_attempt=attempt)
         call = ScriptCall(
             self._requeue,
-            [k.task(task.rollout_id), k.inflight, k.rq_queue, k.rq_queues(), k.rq_job(jid), k.stats],
+            [k.task(task.rollout_id), k.inflight, k.rq_queue, k.rq_queues(), k.rq_job(jid), k.stats, k.queued_tasks],
             [
                 task.rollout_id,
                 attempt,
@@ -323,7 +335,15 @@ class Lifecycle:
         k = self.keys
         jid = job_id(task.rollout_id, after_attempt=claims)
         reply = self._revive(
-            keys=[k.task(task.rollout_id), k.dead_letter, k.rq_queue, k.rq_queues(), k.rq_job(jid), k.resources_refs],
+            keys=[
+                k.task(task.rollout_id),
+                k.dead_letter,
+                k.rq_queue,
+                k.rq_queues(),
+                k.rq_job(jid),
+                k.resources_refs,
+                k.queued_tasks,
+            ],
             args=[task.rollout_id, jid, *self._template(policy).fields(task.rollout_id, self._description(task))],
         )
         if reply == -1:
@@ -356,6 +376,11 @@ class Lifecycle:
     def quarantine(self, source: str, job_id: str) -> bool:
         """Move ``job_id`` from RQ list ``source`` of this namespace to the quarantine list; True if it moved."""
         return bool(self._quarantine(keys=[source, self.keys.quarantine], args=[job_id]))
+
+    def unindex(self, task_keys: Sequence[str]) -> int:
+        """Drop those of ``task_keys`` whose task is no longer queued from the queued-task index (see
+        ``lua/unindex.lua``); how many were dropped."""
+        return int(self._unindex(keys=[self.keys.queued_tasks, *task_keys], args=[]))
 
     def reissue(
         self, task: Task, policy: RolloutPolicy, old_job_id: str, claims: int, now: float, *, deep: bool

@@ -9,6 +9,7 @@ local results = KEYS[3]
 local resources_refs = KEYS[4]
 local stats = KEYS[5]
 local results_trim = KEYS[6]
+local queued_tasks = KEYS[7]  -- the index of queued tasks (see enqueue.lua)
 local rollout_id = ARGV[1]
 local rollout_json = ARGV[2]  -- metadata.status = "cancelled"; attempt and worker are filled in here
 local maxlen = tonumber(ARGV[3])
@@ -35,6 +36,7 @@ local published = cjson.encode(rollout)
 local id = redis.call('XADD', results, '*', S.rollout_id, rollout_id, S.rollout, published)
 trim_results(results, stats, results_trim, maxlen, max_bytes, id, #rollout_id + #published)
 redis.call('HSET', task_key, F.state, STATE.cancelled, F.result, id, F.ended, now)
+redis.call('SREM', queued_tasks, task_key)
 if t[3] and t[3] ~= '' then
   if count(resources_refs, t[3], -1) <= 0 then
     redis.call('HDEL', resources_refs, t[3])
