@@ -1,11 +1,11 @@
 """The one place that knows where rollq keeps things in Redis, and the formats inside those keys (but the stats
 hash's, which are :mod:`rollq.store.stats`'s).
 
-Every rollq key of a namespace starts with the hash tag ``{namespace}``, so all
-keys one Lua script or transaction touches land in one slot; the layout stays
-valid on Redis Cluster even though RQ itself does not run there. RQ's own keys
-(queue list, job hashes, registries) keep RQ's names; this module asks RQ for
-them instead of spelling them again.
+Every rollq key of a namespace starts with the hash tag ``{namespace}``, so rollq's own keys land in one slot.
+RQ's own keys (queue list, job hashes, registries, and the global ``rq:queues``) keep RQ's names, and the
+enqueue, requeue, revive, reissue and restore scripts touch them beside rollq's: on Redis Cluster those scripts
+would cross slots (docs/scaling.md, "Why not Redis Cluster", says why and what the fence would be). This module
+asks RQ for its names instead of spelling them again.
 """
 
 from __future__ import annotations
