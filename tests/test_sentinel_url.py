@@ -337,3 +337,18 @@ def test_a_producer_with_no_url_uses_a_sentinel_rollq_redis_url(
     aio = AsyncProducer.from_url(namespace=namespace)
     assert isinstance(aio.connection.connection_pool, AsyncSentinelPool)
     assert asyncio.run(aio.get_task(task.rollout_id)) is not None
+
+
+@pytest.mark.redis
+def test_the_dashboard_and_its_metrics_read_a_namespace_through_a_sentinel_url(
+    replicated: Replicated, namespace: str
+) -> None:
+    pytest.importorskip("rq_dashboard")
+    from rollq.ops.dashboard import create_app
+
+    Producer.from_url(replicated.url, namespace).enqueue({"q": 1})
+    client = create_app(replicated.url, namespace).test_client()
+    metrics = client.get("/metrics")
+    assert metrics.status_code == 200
+    assert f'rollq_queue_depth{{namespace="{namespace}"}} 1.0' in metrics.get_data(as_text=True)
+    assert client.get("/").status_code == 200  # rq-dashboard's own page, through its Sentinel URL parser
