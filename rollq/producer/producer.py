@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -11,7 +12,7 @@ import redis
 
 from rollq.models.coerce import coerce_resources
 from rollq.models.contract import ResourcesUpdate, Rollout, Task, TaskInput
-from rollq.models.errors import JobIdTakenError, PayloadTooLargeError, UnknownResourcesError
+from rollq.models.errors import BackpressureTimeoutError, JobIdTakenError, PayloadTooLargeError, UnknownResourcesError
 from rollq.models.groups import Membership, member_rollout_id, new_group_id
 from rollq.models.policy import RolloutPolicy, TaskState
 from rollq.store.connection import connect
@@ -27,6 +28,8 @@ from rollq.store.transitions import DEFAULT_RESULTS_MAX_BYTES, Lifecycle
 from .batches import BatchReader
 from .groups import GroupPolicy
 from .results import ResultReader, WaitResult, collect, fetch_rollouts, wait
+
+log = logging.getLogger(__name__)
 
 Mode = str | None
 
@@ -114,6 +117,8 @@ class Producer:
         policy: RolloutPolicy | None = None,
         on_progress: Callable[[int], None] | None = None,
         group_size: int | None = None,
+        max_pending: int | None = None,
+        pending_timeout: float | None = None,
     ) -> list[Task]:
         """Queue a batch of tasks in pipelined round trips (one per 2000 tasks) and return them.
 
@@ -124,6 +129,13 @@ class Producer:
         ``group_id`` in their metadata, with their ``group_index`` and the ``group_size``, and
         :meth:`batches` hands the trainer whole groups. ``rollout_ids`` cannot be combined with groups
         (the members' ids are derived from the group id, see :mod:`rollq.models.groups`).
+
+        ``max_pending=N`` is back-pressure for asynchronous RL: tasks are queued only while the namespace has at
+        most N tasks queued or running, waiting (up to ``pending_timeout`` seconds, None: forever, then
+        :class:`~rollq.models.errors.BackpressureTimeoutError`) for rollouts to finish. Tasks on the latest
+        resources version start when claimed, so with N = (k + 1) x the rollouts one training step consumes, no
+        task is claimed more than about k versions before the step that trains on it: the bound that keeps a
+        ``batches(max_staleness=k)`` trainer from dropping work.
         """
         policy = policy or self.policy
         now = time.time()
@@ -157,9 +169,14 @@ class Producer:
         for task, data in serialized:
             if len(data) > self.max_task_bytes:
                 raise PayloadTooLargeError(f"task {task.rollout_id}", len(data), self.max_task_bytes)
+        if max_pending is not None and max_pending < 1:
+            raise ValueError("max_pending must be at least 1")
+        step = _ENQUEUE_CHUNK if max_pending is None else min(_ENQUEUE_CHUNK, max_pending)
         outcomes: list[Enqueued] = []
-        for start in range(0, len(serialized), _ENQUEUE_CHUNK):
-            chunk = serialized[start : start + _ENQUEUE_CHUNK]
+        for start in range(0, len(serialized), step):
+            chunk = serialized[start : start + step]
+            if max_pending is not None:
+                self._wait_for_room(len(chunk), max_pending, pending_timeout, queued=start)
             chunk_outcomes = self.lifecycle.enqueue_many(chunk, policy)
             # The enqueue script checks the pinned version atomically and queues none of a batch without it.
             if Enqueued.UNKNOWN_RESOURCES in chunk_outcomes:
@@ -178,6 +195,26 @@ class Producer:
             stored = read_records(self.connection, self.keys, known)
             tasks = [stored[t.rollout_id].task if t.rollout_id in stored else t for t in tasks]
         return tasks
+
+    def pending(self) -> int:
+        """Tasks queued or running in this namespace (one round trip)."""
+        pipe = self.connection.pipeline(transaction=False)
+        pipe.llen(self.keys.rq_queue)
+        pipe.zcard(self.keys.inflight)
+        queued, running = pipe.execute()
+        return int(queued) + int(running)
+
+    def _wait_for_room(self, wanted: int, max_pending: int, timeout: float | None, *, queued: int) -> None:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        delay, logged = 0.02, False
+        while (pending := self.pending()) + wanted > max_pending:
+            if deadline is not None and time.monotonic() >= deadline:
+                raise BackpressureTimeoutError(pending, max_pending, timeout or 0.0, queued)
+            if not logged:
+                log.info("%d queued or running (max_pending=%d): waiting to queue %d", pending, max_pending, wanted)
+                logged = True
+            time.sleep(delay)
+            delay = min(delay * 2, 0.5)
 
     def get_task(self, rollout_id: str) -> Task:
         """The task with ``num_claims`` and ``last_claim_time`` as the workers left them."""

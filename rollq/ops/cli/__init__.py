@@ -2,7 +2,7 @@
 
 The group and its global options are here; each command group is a module of this package (``demo``,
 ``worker``, ``enqueue``, ``resources``, ``tasks``, ``dead_letter``, ``rollouts``, ``status``, ``serve``), and
-``serve-al`` is :mod:`rollq.compat.serve_al`'s. Errors and exit codes: :mod:`rollq.ops.cli.errors`. Without
+``serve-al`` and ``serve-agl`` are :mod:`rollq.compat`'s. Errors and exit codes: :mod:`rollq.ops.cli.errors`. Without
 ``--url`` (or ``ROLLQ_REDIS_URL`` / ``REDIS_URL``) every command uses ``redis://localhost:6379/0``.
 """
 
