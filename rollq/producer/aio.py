@@ -37,7 +37,7 @@ from rollq.store.records import RECORD_FIELDS, TaskRecord
 
 from .batches import Batch
 from .producer import Producer
-from .results import REAP_EVERY_SECONDS, Delivered, WaitResult, default_consumer_name, parse_entry
+from .results import REAP_EVERY_SECONDS, Delivered, WaitResult, behind_cursor, default_consumer_name, parse_entry
 
 log = logging.getLogger(__name__)
 
@@ -80,13 +80,29 @@ class _Follower:
         # Whatever is published from here on is read below; waiters read what came before from the records.
         self.ready.set()
         next_reap = time.monotonic() + REAP_EVERY_SECONDS
+        lost_track = False
         while True:
             try:
+                if lost_track:
+                    # After an outage (a failover) the cursor may name an entry the new primary never had, and
+                    # what it publishes can sort before it: start again from its newest entry, and settle the
+                    # waiters whose rollouts were published meanwhile from their records.
+                    last = await p.connection.xrevrange(p.keys.results, count=1)
+                    cursor = last[0][0] if last else b"0-0"
+                    lost_track = False
+                    if self.waiters:
+                        try:
+                            found = await p.get_rollouts(list(self.waiters))
+                        except RolloutTrimmedError:  # the waits' own record look-up reports it
+                            found = {}
+                        for rid, rollout in found.items():
+                            self.settle(rid, rollout)
                 reply: Any = await p.connection.xread({p.keys.results: cursor}, count=1000, block=1000)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # a Redis outage: the client retried already; keep following
                 log.warning("following the results stream failed (%s); retrying", exc)
+                lost_track = True
                 await asyncio.sleep(1.0)
                 continue
             for _, entries in reply or []:
@@ -99,6 +115,8 @@ class _Follower:
                 # As the blocking wait does: a run with every worker gone still ends.
                 await asyncio.to_thread(p.sync.reap)
                 next_reap = time.monotonic() + REAP_EVERY_SECONDS
+                with contextlib.suppress(Exception):  # an outage: the next xread says so
+                    lost_track = behind_cursor(await p.connection.xrevrange(p.keys.results, count=1), cursor)
 
 
 class AsyncProducer:
