@@ -11,22 +11,17 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 import redis
 from redis.asyncio.connection import BlockingConnectionPool
 from redis.asyncio.sentinel import SentinelConnectionPool as AsyncSentinelPool
 from redis.sentinel import SentinelConnectionPool
-from servers import REPO, RQ, RedisServer, Replicated, WorkerProcess, free_port, require_redis_server, wait_until
+from servers import REPO, RQ, RedisServer, Replicated, WorkerProcess, free_port, require_redis_server
 
-from rollq.models.policy import RolloutStatus
 from rollq.producer.aio import AsyncProducer
 from rollq.producer.producer import Producer
 from rollq.store.connection import check_reachable, connect, connect_async, describe_client
-from rollq.store.keys import job_id
-from rollq.store.replies import Claim, Published
-from rollq.store.transitions import Finish, Lifecycle
 
 
 def test_sentinel_url_names_the_sentinels_service_db_and_primary_password() -> None:
@@ -357,53 +352,3 @@ def test_the_dashboard_and_its_metrics_read_a_namespace_through_a_sentinel_url(
     assert metrics.status_code == 200
     assert f'rollq_queue_depth{{namespace="{namespace}"}} 1.0' in metrics.get_data(as_text=True)
     assert client.get("/").status_code == 200  # rq-dashboard's own page, through its Sentinel URL parser
-
-
-@pytest.mark.redis
-def test_waits_find_a_rollout_the_new_primary_published_below_the_cursor_the_old_one_gave(
-    replicated: Replicated, namespace: str
-) -> None:
-    # A wait reads the results stream from a cursor. The old primary's newest entry never reached the replica;
-    # after the failover redis-py re-sent the blocked XREAD to the new primary with that cursor, and every entry
-    # the new primary writes sorts before it: the wait would never see the rollout it is waiting for.
-    producer = Producer.from_url(replicated.url, namespace, wait_replicas=1)
-    task = producer.enqueue({"q": 1})
-    replicated.pause_replica()
-    ahead = f"{int(time.time() * 1000) + 120_000}-0"  # an entry the replica never gets
-    producer.connection.xadd(producer.keys.results, {"rollout_id": "elsewhere", "rollout": "{}"}, id=ahead)
-    got: dict[str, Any] = {}
-
-    def sync_wait() -> None:
-        got["sync"] = producer.wait([task.rollout_id], timeout=60)
-
-    async def async_wait() -> None:
-        async with AsyncProducer.from_url(replicated.url, namespace) as aio:
-            got["async"] = await aio.wait([task.rollout_id], timeout=60)
-
-    threads = [threading.Thread(target=sync_wait), threading.Thread(target=lambda: asyncio.run(async_wait()))]
-    for thread in threads:
-        thread.start()
-    time.sleep(1.5)  # both waits hold the cursor `ahead`
-    assert replicated.primary.process is not None
-    replicated.primary.process.kill()
-    replicated.primary.process.wait()
-    replicated.resume_replica()
-    replica = replicated.replica.client()
-    wait_until(lambda: replica.info("replication")["role"] == "master", "the replica promoted", timeout=30)
-    lifecycle = Lifecycle(connect(replicated.url), producer.keys, wait_replicas=0)
-    claim = lifecycle.claim(task.rollout_id, job_id(task.rollout_id), "w1")
-    assert isinstance(claim, Claim), claim
-    finish = Finish(
-        rollout_id=task.rollout_id,
-        attempt=claim.attempt,
-        rollout_json=f'{{"rollout_id": "{task.rollout_id}", "final_reward": 1.0}}',
-        status=RolloutStatus.SUCCEEDED,
-        results_maxlen=100,
-        dead_letter=False,
-        now=time.time(),
-    )
-    assert isinstance(lifecycle.finish(finish), Published)
-    for thread in threads:
-        thread.join(timeout=90)
-    assert [r.rollout_id for r in got["sync"]] == [task.rollout_id]
-    assert [r.rollout_id for r in got["async"]] == [task.rollout_id]

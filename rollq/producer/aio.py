@@ -37,7 +37,7 @@ from rollq.store.records import RECORD_FIELDS, TaskRecord
 
 from .batches import Batch
 from .producer import Producer
-from .results import REAP_EVERY_SECONDS, Delivered, WaitResult, behind_cursor, default_consumer_name, parse_entry
+from .results import REAP_EVERY_SECONDS, Delivered, WaitResult, default_consumer_name, parse_entry
 
 log = logging.getLogger(__name__)
 
@@ -115,8 +115,6 @@ class _Follower:
                 # As the blocking wait does: a run with every worker gone still ends.
                 await asyncio.to_thread(p.sync.reap)
                 next_reap = time.monotonic() + REAP_EVERY_SECONDS
-                with contextlib.suppress(Exception):  # an outage: the next xread says so
-                    lost_track = behind_cursor(await p.connection.xrevrange(p.keys.results, count=1), cursor)
 
 
 class AsyncProducer:

@@ -77,18 +77,6 @@ class Delivered:
         return True
 
 
-def behind_cursor(last: Any, cursor: bytes | None) -> bool:
-    """Whether the stream's newest entry (``XREVRANGE ... COUNT 1``) sorts before a reader's ``cursor``.
-
-    Then the reader follows a server that never had the entry it last read: a new primary after a failover the
-    client rode out without an error (redis-py retried the blocked ``XREAD`` there), whose next entries can sort
-    before the cursor and would never be read. The reader starts again from the newest entry and the records.
-    """
-    if cursor is None or cursor == b"0-0":
-        return False
-    return not last or _stream_id(last[0][0]) < _stream_id(cursor)
-
-
 def _stream_id(entry_id: bytes) -> tuple[int, int]:
     ms, _, seq = entry_id.partition(b"-")
     return int(ms), int(seq or 0)
@@ -229,8 +217,6 @@ def _wait(
             if time.monotonic() >= next_reap:
                 reap(lifecycle, results_maxlen=results_maxlen, within=REAP_EVERY_SECONDS)
                 next_reap = time.monotonic() + REAP_EVERY_SECONDS
-                if behind_cursor(connection.xrevrange(keys.results, count=1), cursor):
-                    cursor = None  # a failover the client rode out: see behind_cursor
             outage.over()
         except (redis.ConnectionError, redis.TimeoutError) as exc:
             # After a failover the cursor may name an entry the new primary never had, and what it publishes
