@@ -7,7 +7,7 @@ import time
 from collections.abc import Callable
 
 import pytest
-from servers import RedisServer
+from servers import RedisServer, WorkerProcess, wait_until
 
 from rollq.models.policy import RolloutStatus
 from rollq.producer.producer import Producer
@@ -63,3 +63,17 @@ def test_a_worker_warns_when_its_namespace_records_would_outgrow_maxmemory(
 
     slow = project_memory(client, producer.keys, keep_seconds=60, results_max_bytes=10**6, concurrency=1)
     assert slow is not None and slow.fits and not warn_if_oversized(slow)
+
+
+def test_a_worker_says_at_start_up_that_records_kept_for_ever_do_not_fit(
+    redis_server: RedisServer, namespace: str, workers: Callable[..., WorkerProcess]
+) -> None:
+    producer = Producer.from_url(redis_server.url, namespace)
+    env = {"ROLLQ_AGENT": "tests.fault_agents:FaultAgent"}
+    first = workers(redis_server.url, namespace, env=env)
+    producer.wait([t.rollout_id for t in producer.enqueue_many([{"sleep": 0}] * 5)], timeout=30)
+    assert "memory:" not in first.log()  # nothing had finished when it started: nothing to project from
+    second = workers(redis_server.url, namespace, env={**env, "ROLLQ_KEEP_SECONDS": "0"})
+    wait_until(lambda: "Listening on" in second.log() or "memory:" in second.log(), "the second worker started")
+    wait_until(lambda: "keeping succeeded task records" in second.log(), "the memory warning", timeout=10)
+    assert "for ever (ROLLQ_KEEP_SECONDS=0)" in second.log()
