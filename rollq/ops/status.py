@@ -12,6 +12,7 @@ from rq.worker import Worker
 
 from rollq.models.policy import RolloutStatus
 from rollq.store.keys import Keys, TaskField, parse_inflight_member
+from rollq.store.llm_gate import LLMGate
 from rollq.store.replication import degraded_processes
 from rollq.store.stats import REQUEUED_PREFIX, StatsField, outcome_stat
 from rollq.worker.rq_worker import WORKER_CONCURRENCY_FIELD
@@ -45,6 +46,9 @@ class Snapshot:
     counters: dict[str, float] = field(default_factory=dict)
     results_stream_memory_bytes: int | None = None
     """MEMORY USAGE of the results stream; None where the server has no such command (the embedded one)."""
+    llm_gate: dict[str, Any] | None = None
+    """The weight-sync gate: ``paused`` (bool), ``epoch``, ``workers`` reporting, ``acknowledged``, LLM calls
+    ``in_flight`` under the pause and ``waiting`` at the gates; None when no worker's proxy reports."""
     replication_degraded: int = 0
     """Processes whose transitions do not wait for replicas, none having acknowledged in time
     (:mod:`rollq.store.replication`): a failover now could undo their work."""
@@ -130,8 +134,23 @@ def snapshot(
         workers=workers,
         counters=counters,
         results_stream_memory_bytes=_memory_usage(connection, keys.results) if xlen else 0,
+        llm_gate=_llm_gate(connection, keys),
         replication_degraded=degraded_processes(connection, keys.replication_degraded, now),
     )
+
+
+def _llm_gate(connection: redis.Redis, keys: Keys) -> dict[str, Any] | None:
+    status = LLMGate(connection, keys).status()
+    if not status.paused and not status.workers:
+        return None
+    return {
+        "paused": status.paused,
+        "epoch": status.epoch,
+        "workers": status.workers,
+        "acknowledged": status.acknowledged,
+        "in_flight": status.in_flight,
+        "waiting": status.waiting,
+    }
 
 
 def _memory_usage(connection: redis.Redis, key: str) -> int | None:
@@ -225,6 +244,14 @@ def render_text(s: Snapshot) -> str:
     if any(groups.values()):
         lines.append("  training groups   " + ", ".join(f"{name} {n}" for name, n in groups.items()))
     lines.append(f"  resources         {', '.join(s.resource_versions) or 'none'} (latest {s.latest_resources or '-'})")
+    gate = s.llm_gate
+    if gate is not None and gate["paused"]:
+        lines.append(
+            f"  LLM calls         paused (pause {gate['epoch']}): {gate['acknowledged']} of {gate['workers']} "
+            f"worker(s) holding, {gate['in_flight']} still running, {gate['waiting']} waiting"
+        )
+    elif gate is not None:
+        lines.append(f"  LLM calls         flowing ({gate['workers']} worker proxies reporting)")
     if s.replication_degraded:
         lines.append(
             f"  replication       DEGRADED: {s.replication_degraded} process(es) not waiting for replicas "
