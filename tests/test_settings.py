@@ -22,7 +22,7 @@ def test_fields_and_defaults_are_kept() -> None:
 
     assert (settings.agent, settings.hooks, settings.concurrency, settings.grace_seconds) == ("", (), 1, 30.0)
     assert (settings.heartbeat_seconds, settings.results_maxlen, settings.max_result_bytes) == (5.0, 100_000, 8 << 20)
-    assert (settings.keep_seconds, settings.result_ttl, settings.log_format) == (7 * 24 * 3600, 3600, "text")
+    assert (settings.keep_seconds, settings.result_ttl, settings.log_format) == (3600, 3600, "text")
 
 
 def test_environment_then_overrides_with_comma_separated_hooks() -> None:

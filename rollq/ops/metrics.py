@@ -94,6 +94,12 @@ def families(s: Snapshot, keep_versions: int = 5) -> Iterator[Metric]:
     yield by_worker
     yield gauge("rollq_workers_alive", "Workers on this namespace that heartbeated recently.", s.workers_alive)
     yield gauge("rollq_stale_attempts", "Running attempts past their heartbeat deadline.", s.stale_attempts)
+    yield gauge(
+        "rollq_replication_degraded_processes",
+        "Processes whose transitions no longer wait for replicas (none acknowledged in time): a failover could "
+        "undo their work.",
+        s.replication_degraded,
+    )
     yield gauge("rollq_dead_letter", "Tasks that failed for good.", s.dead_letter)
     yield gauge("rollq_results_stream_length", "Entries in the results stream.", s.results_stream_length)
     yield gauge(

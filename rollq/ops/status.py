@@ -15,6 +15,7 @@ from rollq.store.consumer_groups import list_groups
 from rollq.store.keys import Keys, TaskField, parse_inflight_member
 from rollq.store.llm_gate import LLMGate
 from rollq.store.queries import first_entry_id
+from rollq.store.replication import degraded_processes
 from rollq.store.stats import REQUEUED_PREFIX, StatsField, outcome_stat
 from rollq.worker.rq_worker import WORKER_CONCURRENCY_FIELD
 
@@ -52,6 +53,9 @@ class Snapshot:
     llm_gate: dict[str, Any] | None = None
     """The weight-sync gate: ``paused`` (bool), ``epoch``, ``workers`` reporting, ``acknowledged``, LLM calls
     ``in_flight`` under the pause and ``waiting`` at the gates; None when no worker's proxy reports."""
+    replication_degraded: int = 0
+    """Processes whose transitions do not wait for replicas, none having acknowledged in time
+    (:mod:`rollq.store.replication`): a failover now could undo their work."""
 
     @property
     def workers_alive(self) -> int:
@@ -120,6 +124,7 @@ def snapshot(
         results_stream_memory_bytes=_memory_usage(connection, keys.results) if xlen else 0,
         reward_missing=int(counters.get(StatsField.REWARD_MISSING, 0)),
         llm_gate=_llm_gate(connection, keys),
+        replication_degraded=degraded_processes(connection, keys.replication_degraded, now),
     )
 
 
@@ -243,6 +248,11 @@ def render_text(s: Snapshot) -> str:
         )
     elif gate is not None:
         lines.append(f"  LLM calls         flowing ({gate['workers']} worker proxies reporting)")
+    if s.replication_degraded:
+        lines.append(
+            f"  replication       DEGRADED: {s.replication_degraded} process(es) not waiting for replicas "
+            "(none acknowledged in time; a failover now could undo their work)"
+        )
     dead = len(s.workers) - s.workers_alive
     lines.append(f"  workers           {s.workers_alive} alive" + (f", {dead} dead" if dead else ""))
     for w in s.workers:

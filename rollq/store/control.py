@@ -63,6 +63,7 @@ def cancel_call(
             keys.stats,
             keys.results_trim,
             keys.summaries,
+            keys.queued_tasks,
         ],
         [rollout_id, rollout.model_dump_json(), results_maxlen, now, results_max_bytes],
     )

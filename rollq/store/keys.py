@@ -1,11 +1,11 @@
 """The one place that knows where rollq keeps things in Redis, and the formats inside those keys (but the stats
 hash's, which are :mod:`rollq.store.stats`'s).
 
-Every rollq key of a namespace starts with the hash tag ``{namespace}``, so all
-keys one Lua script or transaction touches land in one slot; the layout stays
-valid on Redis Cluster even though RQ itself does not run there. RQ's own keys
-(queue list, job hashes, registries) keep RQ's names; this module asks RQ for
-them instead of spelling them again.
+Every rollq key of a namespace starts with the hash tag ``{namespace}``, so rollq's own keys land in one slot.
+RQ's own keys (queue list, job hashes, registries, and the global ``rq:queues``) keep RQ's names, and the
+enqueue, requeue, revive, reissue and restore scripts touch them beside rollq's: on Redis Cluster those scripts
+would cross slots (docs/scaling.md, "Why not Redis Cluster", says why and what the fence would be). This module
+asks RQ for its names instead of spelling them again.
 """
 
 from __future__ import annotations
@@ -156,6 +156,18 @@ class Keys:
         """Pub/sub channel nobody subscribes to: a PUBLISH on it before ``WAIT`` gives any pooled connection a write
         of its own to wait for (see :mod:`rollq.store.replication`)."""
         return f"{self._tag}:replication-mark"
+
+    @property
+    def queued_tasks(self) -> str:
+        """Set of the record keys of queued tasks, kept by the transitions (enqueue, requeue, revive add; claim,
+        cancel, reject remove): the lost-job sweep walks it instead of the whole keyspace (see store/reaper.py)."""
+        return f"{self._tag}:queued-tasks"
+
+    @property
+    def replication_degraded(self) -> str:
+        """Sorted set: processes whose transitions do not wait for replicas because none acknowledged in time,
+        scored by when each last said so (see :mod:`rollq.store.replication`)."""
+        return f"{self._tag}:replication-degraded"
 
     @property
     def reap_turn(self) -> str:

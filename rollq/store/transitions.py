@@ -16,6 +16,7 @@ from typing import Any, Literal
 
 import redis
 from redis.client import Pipeline
+from redis.exceptions import NoScriptError
 
 from rollq.models.contract import Task
 from rollq.models.errors import JobIdTakenError
@@ -37,7 +38,7 @@ from .replies import (
     read_finish,
     read_requeue,
 )
-from .scripts import ScriptCall, load_script, rerun_unloaded
+from .scripts import ScriptCall, load_script, replied, rerun_unloaded
 from .stats import duration_bucket, reward_bucket
 from .summaries import minimal_summary_json
 
@@ -97,10 +98,12 @@ class Lifecycle:
         keys: Keys,
         *,
         results_max_bytes: int = DEFAULT_RESULTS_MAX_BYTES,
-        wait_replicas: int = 0,
+        wait_replicas: int | None = None,
         wait_timeout_ms: int = 1000,
     ) -> None:
-        self.replication = ReplicaWait(connection, keys.replication_mark, wait_replicas, wait_timeout_ms)
+        self.replication = ReplicaWait(
+            connection, keys.replication_mark, wait_replicas, wait_timeout_ms, degraded_key=keys.replication_degraded
+        )
         self.connection = connection
         self.keys = keys
         self.results_max_bytes = results_max_bytes
@@ -114,39 +117,67 @@ class Lifecycle:
         self._beat = load_script(connection, "beat")
         self._quarantine = load_script(connection, "quarantine")
         self._reissue = load_script(connection, "reissue")
+        self._unindex = load_script(connection, "unindex")
 
     @property
     def replication_shortfalls(self) -> int:
         """Transitions that fewer than ``wait_replicas`` replicas acknowledged in time."""
         return self.replication.shortfalls
 
+    @property
+    def wait_replicas(self) -> int:
+        """Replicas each waited transition waits for (0: none); see :mod:`rollq.store.replication`."""
+        return self.replication.replicas
+
     def queue_wait(self, pipe: Pipeline) -> bool:
-        """End a pipeline of transitions with one ``WAIT`` for all of them; False, and nothing queued, when
-        ``wait_replicas`` is 0. Pass the pipeline's last reply to :meth:`settle_all` as ``acknowledged``."""
+        """End a pipeline of transitions with ``PUBLISH`` + ``WAIT`` for all of them, on the connection that
+        wrote them; False, and nothing queued, when this process does not wait (``wait_replicas`` 0, or
+        degraded). Pass the pipeline's last reply to :meth:`settle_all` as ``acknowledged``."""
         return self.replication.queue(pipe)
 
     def run_pipelined(self, calls: Sequence[ScriptCall]) -> list[Any]:
-        """Send ``calls`` in one pipeline (ended by a ``WAIT`` when ``wait_replicas`` is set); each item of the
-        result is a reply or the exception its call got (see :meth:`settle_all`)."""
+        """Send ``calls`` in one pipeline (ended by ``PUBLISH`` + ``WAIT`` when waiting, see
+        :mod:`rollq.store.replication`); each item of the result is a reply or the exception its call got (see
+        :meth:`settle_all`)."""
         if not calls:
             return []
+        replies, acknowledged = self._send(calls)
+        return self.settle_all(calls, replies, acknowledged=acknowledged)
+
+    def _send(self, calls: Sequence[ScriptCall]) -> tuple[list[Any], Any]:
+        """``calls`` and the wait behind them in one pipeline: (their replies, the ``WAIT`` reply or None)."""
         pipe = self.connection.pipeline(transaction=False)
         for call in calls:
             call.queue(pipe)
         waits = self.queue_wait(pipe)
         replies = pipe.execute(raise_on_error=False)
-        return self.settle_all(calls, replies[: len(calls)], acknowledged=replies[-1] if waits else None)
+        return replies[: len(calls)], replies[-1] if waits else None
 
     def settle_all(self, calls: Sequence[ScriptCall], replies: Sequence[Any], *, acknowledged: Any = None) -> list[Any]:
         """The replies of ``calls`` sent in a pipeline (``execute(raise_on_error=False)``), each a reply or the
-        exception its call got; a call Redis answered ``NOSCRIPT`` is run again on its own, which loads the
-        script, then waited for like :meth:`claim` waits. ``acknowledged``: the reply of the pipeline's
-        ``WAIT`` (see :meth:`queue_wait`)."""
+        exception its call got. Calls Redis answered ``NOSCRIPT`` (a restarted or promoted server) are sent
+        again, once their scripts are loaded, in a pipeline of their own with its own ``WAIT``: a ``WAIT`` only
+        confirms what its own pipeline wrote. ``acknowledged``: the reply of the pipeline's ``WAIT`` (see
+        :meth:`queue_wait`)."""
         if acknowledged is not None:
             self.replication.count(acknowledged)
-        settled, rerun = rerun_unloaded(calls, replies)
-        if rerun:
-            self.replication.after_write()
+        unloaded = [i for i, reply in enumerate(replies) if isinstance(reply, NoScriptError)]
+        settled = list(replies)
+        if not unloaded:
+            return settled
+        again = [calls[i] for i in unloaded]
+        try:
+            for source in {call.script.script for call in again}:
+                self.connection.script_load(source)
+            rerun, acknowledged = self._send(again)
+            if acknowledged is not None:
+                self.replication.count(acknowledged)
+            # Forgotten again (another failover in between): each runs alone, unconfirmed, as without WAIT.
+            rerun, _ = rerun_unloaded(again, rerun)
+        except Exception as exc:
+            rerun = [exc] * len(again)
+        for i, reply in zip(unloaded, rerun, strict=True):
+            settled[i] = reply
         return settled
 
     def _template(self, policy: RolloutPolicy) -> JobTemplate:
@@ -165,35 +196,35 @@ class Lifecycle:
         k = self.keys
         template = self._template(policy)
         shared = [policy.model_dump_json(), policy.unresponsive_seconds]
-        pipe = self.connection.pipeline(transaction=False)
+        calls: list[ScriptCall] = []
         sizes = []
         for (mode, pinned), group in itertools.groupby(tasks, key=lambda t: (t[0].mode or "", t[0].resources_id or "")):
             items = list(group)
             for start in range(0, len(items), _ENQUEUE_BATCH):
                 batch = items[start : start + _ENQUEUE_BATCH]
                 keys = [k.rq_queue, k.rq_queues(), k.resources_refs, k.resources(pinned) if pinned else k.rq_queue]
+                keys.append(k.queued_tasks)
                 args = [*shared, pinned, mode, len(template.shared), *template.shared]
                 for task, task_json in batch:
                     jid = job_id(task.rollout_id)
                     keys += [k.task(task.rollout_id), k.rq_job(jid)]
                     args += [task_json, jid, template.payload(task.rollout_id), self._description(task)]
-                self._enqueue(keys=keys, args=args, client=pipe)
+                calls.append(ScriptCall(self._enqueue, keys, args))
                 sizes.append(len(batch))
-        replies = pipe.execute()
-        self.replication.after_write()
+        replies = [replied(reply) for reply in self.run_pipelined(calls)]
         return [outcome for size, reply in zip(sizes, replies, strict=True) for outcome in read_enqueue(reply, size)]
 
     def claim(self, rollout_id: str, job_id: str, worker_name: str) -> Claim | ClaimRefused:
         """Start an attempt: count the claim and stamp its time (Redis's), atomically."""
-        reply = self.claim_call(rollout_id, job_id, worker_name).run()
-        self.replication.after_write()
-        return self.read_claim(reply)
+        return self.read_claim(replied(self.run_pipelined([self.claim_call(rollout_id, job_id, worker_name)])[0]))
 
     def claim_call(self, rollout_id: str, job_id: str, worker_name: str) -> ScriptCall:
         """:meth:`claim` as a call to queue in a pipeline; :meth:`read_claim` reads its settled reply."""
         k = self.keys
         return ScriptCall(
-            self._claim, [k.task(rollout_id), k.inflight, k.resources_latest], [rollout_id, job_id, worker_name]
+            self._claim,
+            [k.task(rollout_id), k.inflight, k.resources_latest, k.queued_tasks],
+            [rollout_id, job_id, worker_name],
         )
 
     read_claim = staticmethod(read_claim)
@@ -207,7 +238,16 @@ class Lifecycle:
         that job. ``summary`` is its summary (:func:`rollq.store.summaries.summary_json`); a minimal one if empty."""
         k = self.keys
         reply = self._reject(
-            keys=[k.task(rollout_id), k.results, k.dead_letter, k.stats, k.resources_refs, k.results_trim, k.summaries],
+            keys=[
+                k.task(rollout_id),
+                k.results,
+                k.dead_letter,
+                k.stats,
+                k.resources_refs,
+                k.results_trim,
+                k.summaries,
+                k.queued_tasks,
+            ],
             args=[
                 rollout_id,
                 job_id,
@@ -235,9 +275,7 @@ class Lifecycle:
         given and the attempt heartbeated after it; :class:`~rollq.store.replies.Cancelled` when the task was
         cancelled (the rollout is dropped).
         """
-        reply = self.finish_call(finish).run()
-        self.replication.after_write()
-        return read_finish(reply)
+        return read_finish(replied(self.run_pipelined([self.finish_call(finish)])[0]))
 
     def finish_call(self, finish: Finish) -> ScriptCall:
         """:meth:`finish` as a call to queue in a pipeline; :meth:`read_finish` reads its settled reply."""
@@ -303,9 +341,10 @@ class Lifecycle:
         """
         k = self.keys
         jid = job_id(task.rollout_id, after_attempt=attempt)
-        reply = self._requeue(
-            keys=[k.task(task.rollout_id), k.inflight, k.rq_queue, k.rq_queues(), k.rq_job(jid), k.stats],
-            args=[
+        call = ScriptCall(
+            self._requeue,
+            [k.task(task.rollout_id), k.inflight, k.rq_queue, k.rq_queues(), k.rq_job(jid), k.stats, k.queued_tasks],
+            [
                 task.rollout_id,
                 attempt,
                 jid,
@@ -315,8 +354,7 @@ class Lifecycle:
                 *self._template(policy).fields(task.rollout_id, self._description(task)),
             ],
         )
-        self.replication.after_write()
-        return read_requeue(reply)
+        return read_requeue(replied(self.run_pipelined([call])[0]))
 
     def revive(self, task: Task, policy: RolloutPolicy, claims: int) -> bool:
         """Requeue a dead-lettered task with a fresh attempt budget; False if it was not dead-lettered.
@@ -325,7 +363,15 @@ class Lifecycle:
         k = self.keys
         jid = job_id(task.rollout_id, after_attempt=claims)
         reply = self._revive(
-            keys=[k.task(task.rollout_id), k.dead_letter, k.rq_queue, k.rq_queues(), k.rq_job(jid), k.resources_refs],
+            keys=[
+                k.task(task.rollout_id),
+                k.dead_letter,
+                k.rq_queue,
+                k.rq_queues(),
+                k.rq_job(jid),
+                k.resources_refs,
+                k.queued_tasks,
+            ],
             args=[task.rollout_id, jid, *self._template(policy).fields(task.rollout_id, self._description(task))],
         )
         if reply == -1:
@@ -358,6 +404,11 @@ class Lifecycle:
     def quarantine(self, source: str, job_id: str) -> bool:
         """Move ``job_id`` from RQ list ``source`` of this namespace to the quarantine list; True if it moved."""
         return bool(self._quarantine(keys=[source, self.keys.quarantine], args=[job_id]))
+
+    def unindex(self, task_keys: Sequence[str]) -> int:
+        """Drop those of ``task_keys`` whose task is no longer queued from the queued-task index (see
+        ``lua/unindex.lua``); how many were dropped."""
+        return int(self._unindex(keys=[self.keys.queued_tasks, *task_keys], args=[]))
 
     def reissue(
         self, task: Task, policy: RolloutPolicy, old_job_id: str, claims: int, now: float, *, deep: bool

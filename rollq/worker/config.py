@@ -64,13 +64,17 @@ class WorkerSettings(Settings):
     """Hard limit of the results stream's payload bytes; routine trimming keeps it under half of this."""
     max_result_bytes: int = Field(8 * 1024 * 1024, ge=1)
     """A rollout whose JSON is larger is replaced by a failed rollout saying so; at most results_max_bytes / 16."""
-    keep_seconds: int = Field(7 * 24 * 3600, ge=0)
-    """How long a succeeded task's record is kept (0 = forever); failed ones stay for the dead-letter list."""
+    keep_seconds: int = Field(3600, ge=0)
+    """How long a succeeded task's record is kept (0 = forever); failed ones stay for the dead-letter list. One hour,
+    as RQ's job result TTL: at high rates records dominate memory (7 days at 32,000 rollouts/s was ~21 TB); the
+    worker warns at start-up when its namespace's projected records exceed ``maxmemory`` (store/sizing.py)."""
     result_ttl: int = Field(DEFAULT_RESULT_TTL, ge=0, le=MAX_RESULT_TTL)
     """How long RQ keeps a finished job, for rq-dashboard (replaces ``rq worker --results-ttl``); at most a week."""
-    wait_replicas: int = Field(0, ge=0)
-    """Replicas that must hold each claim, finish and requeue (Redis ``WAIT``) before the worker goes on; 0 = off.
-    Bounds what a Sentinel failover can undo (docs/reliability.md); a shortfall is logged, not raised."""
+    wait_replicas: int | None = Field(None, ge=0)
+    """Replicas that must hold each claim, finish and requeue (Redis ``WAIT``) before the worker goes on; 0 = off;
+    unset: 1 on a ``redis+sentinel://`` URL, else 0. Bounds what a failover can undo (docs/reliability.md);
+    a shortfall is logged, not raised, and makes the worker stop waiting until a replica is online again
+    (:mod:`rollq.store.replication`)."""
     wait_timeout_ms: int = Field(1000, ge=1)
     """How long one ``WAIT`` may block before the worker goes on with a warning (0 would mean forever)."""
     capture_llm: bool = True

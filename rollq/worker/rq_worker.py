@@ -39,6 +39,7 @@ from collections import deque
 from collections.abc import Sequence
 from typing import Any, cast
 
+import redis
 from rq.exceptions import StopRequested
 from rq.job import Job
 from rq.logutils import setup_loghandlers
@@ -56,6 +57,7 @@ from rollq.store.keys import DEFAULT_NAMESPACE, Keys
 from rollq.store.llm_gate import GateReporter
 from rollq.store.namespaces import namespace_hint
 from rollq.store.resources import ResourceStore
+from rollq.store.sizing import project_memory, warn_if_oversized
 from rollq.store.transitions import Lifecycle
 
 from . import rq_url
@@ -82,6 +84,7 @@ log = logging.getLogger(__name__)
 
 # RQ's CLI imports this module (``-w rollq.worker.RolloutWorker``) before it builds its Redis client.
 rq_url.lend_rollq_url_to_rq_cli()
+rq_url.teach_rq_cli_rollq_urls()
 rq_url.wait_for_redis_in_rq_cli()
 
 WORKER_CONCURRENCY_FIELD = "rollq_concurrency"
@@ -229,6 +232,18 @@ class RolloutWorker(SimpleWorker):
             wait_replicas=self.settings.wait_replicas,
             wait_timeout_ms=self.settings.wait_timeout_ms,
         )
+        try:
+            warn_if_oversized(
+                project_memory(
+                    self.connection,
+                    self.keys,
+                    keep_seconds=self.settings.keep_seconds,
+                    results_max_bytes=self.settings.results_max_bytes,
+                    concurrency=self.settings.concurrency,
+                )
+            )
+        except redis.RedisError as exc:  # a projection is advice: never a reason not to start
+            log.info("no memory projection: %s", exc)
         self._executor.start()
         self._capture = None
         if self.settings.capture_llm:

@@ -10,6 +10,7 @@ local resources_refs = KEYS[4]
 local stats = KEYS[5]
 local results_trim = KEYS[6]
 local summaries = KEYS[7]
+local queued_tasks = KEYS[8]  -- the index of queued tasks (see enqueue.lua)
 local rollout_id = ARGV[1]
 local rollout_json = ARGV[2]  -- metadata.status = "cancelled"; attempt and worker are filled in here
 local maxlen = tonumber(ARGV[3])
@@ -40,6 +41,7 @@ if t[3] and t[3] ~= '' then summary['version'] = t[3] end
 if t[5] and t[5] ~= '' then summary['worker'] = t[5] end
 add_summary(summaries, maxlen, rollout_id, cjson.encode(summary), t[4], id)
 redis.call('HSET', task_key, F.state, STATE.cancelled, F.result, id, F.ended, now)
+redis.call('SREM', queued_tasks, task_key)
 if t[3] and t[3] ~= '' then
   if count(resources_refs, t[3], -1) <= 0 then
     redis.call('HDEL', resources_refs, t[3])

@@ -10,6 +10,7 @@ local stats = KEYS[4]
 local resources_refs = KEYS[5]
 local results_trim = KEYS[6]
 local summaries = KEYS[7]
+local queued_tasks = KEYS[8]  -- the index of queued tasks (see enqueue.lua)
 local rollout_id = ARGV[1]
 local job_id = ARGV[2]
 local rollout_json = ARGV[3]
@@ -26,6 +27,7 @@ local id = redis.call('XADD', results, '*', S.rollout_id, rollout_id, S.rollout,
 trim_results(results, stats, results_trim, maxlen, max_bytes, id, #rollout_id + #rollout_json)
 add_summary(summaries, maxlen, rollout_id, summary, t[3], id)
 redis.call('HSET', task_key, F.state, STATE.failed, F.result, id, F.ended, now)
+redis.call('SREM', queued_tasks, task_key)
 redis.call('ZADD', dead_letter, now, rollout_id)
 count(stats, outcome_stat(STATE.failed, t[3] or ''), 1)
 if t[4] and t[4] ~= '' and count(resources_refs, t[4], -1) <= 0 then
