@@ -51,6 +51,11 @@ class ContractShapeError(RollqError, ValueError):
         super().__init__(message)
 
 
+class AttemptTokenError(RollqError, PermissionError):
+    """A rollout posted to a gateway without the token handed out with its attempt (forged, for another
+    attempt, or for an attempt a worker runs): refused, counted, never stored."""
+
+
 class InvalidTaskError(RollqError, ValueError):
     """A queue entry that is not a valid rollq task."""
 

@@ -79,6 +79,11 @@ class Keys:
         return f"{self._tag}:stats"
 
     @property
+    def gateway_secret(self) -> str:
+        """String: the key serve-al gateways sign attempt tokens with (shared, so any gateway checks any token)."""
+        return f"{self._tag}:gateway-secret"
+
+    @property
     def worker_seq(self) -> str:
         """Counter handing out worker ids that are distinct across processes and machines."""
         return f"{self._tag}:worker-seq"
@@ -214,6 +219,8 @@ class StatsField(StrEnum):
     GROUPS_STALE_DROPPED = "groups:stale-dropped"  # groups older than the staleness bound, dropped
     GROUPS_STALE_REQUEUED = "groups:stale-requeued"  # groups older than the staleness bound, queued again
     GROUPS_FAILED_DROPPED = "groups:failed-dropped"  # groups with a failed, cancelled or lost member, dropped
+    GATEWAY_REFUSED = "gateway:refused"  # rollouts posted to serve-al without their attempt's token, refused
+    GATEWAY_RELEASED = "gateway:released"  # serve-al attempts whose lease ended unposted, handed back
 
 
 TRIMMED_TO = "trimmed-to"

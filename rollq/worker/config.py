@@ -22,7 +22,7 @@ log = logging.getLogger(__name__)
 
 ENV_PREFIX = "ROLLQ_"
 # Read by the CLI and connection code rather than the worker, but just as much rollq's own.
-_OTHER_KNOWN = ("REDIS_URL", "NAMESPACE", "LOG_LEVEL")
+_OTHER_KNOWN = ("REDIS_URL", "NAMESPACE", "LOG_LEVEL", "AL_KEY", "AGL_KEY")
 # Tests pass their own knobs to agents under this prefix.
 _RESERVED_PREFIX = "ROLLQ_TEST_"
 _warned: set[str] = set()
