@@ -67,3 +67,11 @@ class ExitingHook(Hook):
     def on_rollout_end(self, task: Task, *args: Any) -> None:
         if isinstance(task.input, dict) and task.input.get("hook_exit"):
             raise KeyboardInterrupt(f"hook interrupt on {task.rollout_id}")
+
+
+class SlowStartHook(Hook):
+    """Sleeps in ``on_rollout_start`` for the task input's ``hook_sleep`` seconds (a hostile tester's 0.3-0.6 s)."""
+
+    def on_rollout_start(self, task: Task, *args: Any) -> None:
+        if isinstance(task.input, dict):
+            time.sleep(float(task.input.get("hook_sleep", 0)))

@@ -51,6 +51,9 @@ class WorkerSettings(BaseSettings):
     """``package.module:AgentClass`` (a LitAgent subclass), instantiated once per process."""
     hooks: Annotated[tuple[str, ...], NoDecode] = ()
     """``package.module:HookClass`` entries, run in order around each rollout."""
+    hook_budget_seconds: float = Field(1.0, gt=0)
+    """A hook call longer than this is logged and listed in the rollout's ``hook_overruns`` metadata (the attempt
+    is heartbeated from its claim whatever hooks do, but a slow start hook delays the agents claimed after it)."""
     concurrency: int = Field(1, ge=1)
     """Rollouts in flight at once in this process; 1 behaves like plain RQ."""
     grace_seconds: float = Field(30.0, ge=0)

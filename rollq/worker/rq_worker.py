@@ -144,7 +144,10 @@ class RolloutWorker(SimpleWorker):
                 raise ValueError("no agent configured: set ROLLQ_AGENT=package.module:AgentClass or pass --agent")
             agent = load_object(self.settings.agent)
         self.agent = as_lit_agent(agent)
-        self.hook_set = HookSet(hooks if hooks is not None else [load_object(h) for h in self.settings.hooks])
+        self.hook_set = HookSet(
+            hooks if hooks is not None else [load_object(h) for h in self.settings.hooks],
+            budget_seconds=self.settings.hook_budget_seconds,
+        )
         self.tracer = tracer
         self.worker_id: int | None = None
         self.runner: AgentRunner | None = None

@@ -35,6 +35,7 @@ from rollq.models.errors import (
     UnknownResourcesError,
 )
 from rollq.models.policy import FailureKind, RolloutPolicy
+from rollq.store.keys import inflight_member
 from rollq.store.records import parse_task
 from rollq.store.transitions import Claim, ClaimRefused, FinishReply, Lifecycle
 
@@ -104,6 +105,7 @@ class Pending:
     attempt: Attempt
     started: float = field(default_factory=time.monotonic)
     capture: AttemptCapture | None = None
+    hook_overruns: dict[str, float] = field(default_factory=dict)
 
     @property
     def member(self) -> str:
@@ -138,6 +140,8 @@ class AgentRunner:
         self.attempts = Attempts(lifecycle, PublishLimits.of(settings))
         self.worker_id: int | None = None  # set by the worker once Redis gave it one (Agent Lightning's runner has it)
         self._running: dict[str, Pending] = {}
+        # Claimed attempts not launched yet (``member`` -> unresponsive_seconds): heartbeated from the claim.
+        self._claimed: dict[str, float] = {}
         self._lock = threading.Lock()
 
     def heartbeat_members(self) -> dict[str, float]:
@@ -150,9 +154,12 @@ class AgentRunner:
         loop_stalled = self.executor.stalled_for() > 0
         with self._lock:
             return {
-                member: p.policy.unresponsive_seconds
-                for member, p in self._running.items()
-                if not (loop_stalled and self.agent.is_async)
+                **self._claimed,
+                **{
+                    member: p.policy.unresponsive_seconds
+                    for member, p in self._running.items()
+                    if not (loop_stalled and self.agent.is_async)
+                },
             }
 
     def release_all(self) -> int:
@@ -182,6 +189,8 @@ class AgentRunner:
     def claimed(self, rollout_id: str, job_id: str, claim: Claim | ClaimRefused) -> Claim | AttemptResult:
         """What a claim's reply means for the job: the claim to launch, or the job's result when refused."""
         if not isinstance(claim, ClaimRefused):
+            with self._lock:
+                self._claimed[inflight_member(rollout_id, claim.attempt)] = _unresponsive_of(claim.policy_json)
             return claim
         error = self.attempts.refused(rollout_id, job_id, claim, self.worker_name)
         if error is not None:
@@ -190,6 +199,13 @@ class AgentRunner:
 
     def launch(self, rollout_id: str, claim: Claim) -> Pending | AttemptResult:
         """Start the agent of a claimed attempt; the result at once when the task cannot run."""
+        try:
+            return self._launch(rollout_id, claim)
+        finally:
+            with self._lock:
+                self._claimed.pop(inflight_member(rollout_id, claim.attempt), None)
+
+    def _launch(self, rollout_id: str, claim: Claim) -> Pending | AttemptResult:
         try:
             task, policy = parse_task(
                 rollout_id, claim.task_json, claim.policy_json, claims=claim.attempt, last_claim=claim.claimed_at
@@ -219,7 +235,7 @@ class AgentRunner:
             resources, capture = self.capture.open_attempt(
                 resources, trace.set_span_in_context(rollout_trace.root), self.tracer.capture_tracer()
             )
-        self.hooks.rollout_start(task, self, self.tracer, rollout_trace.context)
+        overruns = self.hooks.rollout_start(task, self, self.tracer, rollout_trace.context)
         with self._lock:
             future = self.executor.submit(
                 self.agent.rollout_call(task.mode),
@@ -231,7 +247,7 @@ class AgentRunner:
             )
             attempt = Attempt.claimed(rollout_id, claim, self.worker_name)
             pending = self._running[attempt.member] = Pending(
-                task, policy, claim, rollout_trace, future, attempt, capture=capture
+                task, policy, claim, rollout_trace, future, attempt, capture=capture, hook_overruns=overruns
             )
         return pending
 
@@ -274,7 +290,12 @@ class AgentRunner:
                 log.error("task %s attempt %d failed: %s: %s", rid, attempt, type(error).__name__, error)
                 rollout = to_rollout(rid, None, spans, only_agent=self.settings.triplet_agent or None, strict=False)
             rollout = pending.attempt.stamp(rollout, error)
-            self.hooks.rollout_end(task, rollout, self, self.tracer, pending.trace.context)
+            overruns = {
+                **pending.hook_overruns,
+                **self.hooks.rollout_end(task, rollout, self, self.tracer, pending.trace.context),
+            }
+            if overruns:
+                rollout = rollout.model_copy(update={"metadata": {**rollout.metadata, "hook_overruns": overruns}})
             if error is not None and kind is not None and policy.retries(kind, claim.attempts_used):
                 self.lifecycle.requeue(task, attempt, policy, "retry")
                 log.warning(
@@ -349,6 +370,15 @@ def _published(rollout: Rollout, status: AttemptStatus, attempt: int, task: Task
         resources_id=rollout.metadata.get("resources_id") or (task.resources_id if task else None),
         input=preview,
     )
+
+
+def _unresponsive_of(policy_json: bytes) -> float:
+    """The unresponsive_seconds of a claimed task's policy, to heartbeat it before it is parsed in full."""
+    try:
+        value = json.loads(policy_json).get("unresponsive_seconds")
+        return float(value) if isinstance(value, int | float) and value > 0 else RolloutPolicy().unresponsive_seconds
+    except (ValueError, AttributeError, RecursionError):
+        return RolloutPolicy().unresponsive_seconds
 
 
 def _finite(value: float | None) -> bool:
