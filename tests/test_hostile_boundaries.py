@@ -4,11 +4,21 @@
 
 from __future__ import annotations
 
-import pytest
+import json
+import subprocess
+import time
 
+import pytest
+import redis
+from conftest import ROLLQ
+from fault_agents import assert_exactly_once, wait_until
+
+from rollq.models.errors import InvalidTaskError
 from rollq.models.policy import RolloutPolicy
 from rollq.producer.producer import Producer
-from rollq.store.keys import requeue_stat
+from rollq.store.connection import connect
+from rollq.store.keys import TaskField, job_id, requeue_stat
+from rollq.store.transitions import Lifecycle
 
 pytestmark = pytest.mark.redis
 
@@ -39,3 +49,138 @@ def test_a_slow_start_hook_fails_no_healthy_task_and_is_reported_over_its_budget
     for rollout in rollouts:
         assert rollout.metadata["hook_overruns"]["SlowStartHook.on_rollout_start"] >= 0.4
     assert "hook SlowStartHook.on_rollout_start took" in worker.log()
+
+
+# -- 3. a full Redis -------------------------------------------------------------------------------------------
+
+
+def _fill_up(client: redis.Redis) -> None:
+    """Make Redis refuse every write that needs memory: maxmemory below what it uses, under noeviction."""
+    client.config_set("maxmemory-policy", "noeviction")
+    client.config_set("maxmemory", int(client.info("memory")["used_memory"]) - 1024)
+
+
+def test_a_full_redis_pauses_workers_who_resume_when_memory_frees(own_redis, namespace, workers):
+    # On 48fc877 every worker exited at the first refused write ("found an unhandled exception, quitting").
+    server = own_redis()
+    client = server.client()
+    producer = Producer.from_url(server.url, namespace, policy=RolloutPolicy(unresponsive_seconds=30))
+    ids = [t.rollout_id for t in producer.enqueue_many([{"sleep": 0.3}] * 60)]
+    fleet = [workers(server.url, namespace, env={**ASYNC, "ROLLQ_CONCURRENCY": "4"}) for _ in range(2)]
+    wait_until(lambda: producer.connection.xlen(producer.keys.results) >= 4, 30, "some rollouts to finish")
+    # Both running (a worker that starts into a full Redis exits at once, as it does when Redis is down).
+    wait_until(lambda: all("concurrency 4" in w.log() for w in fleet), 30, "both workers to start")
+
+    _fill_up(client)
+    time.sleep(6)
+    assert [w.process.poll() for w in fleet] == [None, None]
+    status = subprocess.run(
+        [ROLLQ, "--url", server.url, "-n", namespace, "status"], capture_output=True, text=True, timeout=60
+    )
+    assert "FULL: refusing writes" in status.stdout, status.stdout + status.stderr
+    metrics = subprocess.run(
+        [ROLLQ, "--url", server.url, "-n", namespace, "status", "--prometheus"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert f'rollq_redis_refusing_writes{{namespace="{namespace}"}} 1.0' in metrics.stdout, metrics.stderr
+
+    client.config_set("maxmemory", 0)
+    rollouts = producer.wait(ids, timeout=90)
+    assert [r.metadata["status"] for r in rollouts] == ["succeeded"] * len(ids)
+    assert_exactly_once(producer.connection, namespace, ids)
+    for worker in fleet:
+        log = worker.log()
+        assert "found an unhandled exception" not in log
+        assert log.count("Redis refuses commands") == 1, log[-3000:]
+        assert "Redis accepts commands again" in log
+    wait_until(lambda: int(client.hget(producer.keys.stats, "redis:refusals") or 0) >= 2, 20, "refusals counted")
+
+
+def test_an_enqueue_refused_by_a_full_redis_queues_none_of_its_batch(own_redis, namespace):
+    # On 48fc877 a batch refused part way had queued the Lua calls sent before memory ran out (300 of them).
+    server = own_redis()
+    client = server.client()
+    producer = Producer(connect(server.url, retries=1), namespace)
+    producer.enqueue({"warm": True})
+    client.config_set("maxmemory-policy", "noeviction")
+    big = "x" * 4000
+    # Room for a few hundred of these tasks but not 1500: the refusal comes part way through the batch.
+    client.config_set("maxmemory", int(client.info("memory")["used_memory"]) + 1_500_000)
+    before = client.llen(producer.keys.rq_queue)
+    try:
+        queued = producer.enqueue_many([{"pad": big, "i": i} for i in range(1500)])
+    except redis.exceptions.OutOfMemoryError:
+        queued = []
+    after = client.llen(producer.keys.rq_queue)
+    assert after - before in (0, 1500) and after - before == len(queued)
+    # And a batch enqueued while Redis is full is refused whole.
+    _fill_up(client)
+    with pytest.raises(redis.exceptions.OutOfMemoryError):
+        producer.enqueue_many([{"i": i} for i in range(300)])
+    assert client.llen(producer.keys.rq_queue) == after
+
+
+def test_an_evicting_maxmemory_policy_is_warned_about_at_start(own_redis, namespace, workers, caplog):
+    server = own_redis()
+    server.client().config_set("maxmemory-policy", "allkeys-lru")
+    with caplog.at_level("WARNING", logger="rollq"):
+        Producer.from_url(server.url, namespace).enqueue({"sleep": 0})
+    assert "maxmemory-policy is allkeys-lru" in caplog.text
+    worker = workers(server.url, namespace, env=ASYNC)
+    wait_until(lambda: "maxmemory-policy is allkeys-lru" in worker.log(), 30, "the worker's warning")
+    status = subprocess.run(
+        [ROLLQ, "--url", server.url, "-n", namespace, "status"], capture_output=True, text=True, timeout=60
+    )
+    assert "may EVICT rollq's keys" in status.stdout
+
+
+# -- 4. task records nested deeper than a parser goes ----------------------------------------------------------
+
+
+def _deep(levels: int) -> str:
+    return "[" * levels + "]" * levels
+
+
+def test_a_record_nested_100000_deep_fails_its_task_and_never_stops_reaping_or_waiting(redis_server, namespace):
+    # On 48fc877 reap() and Producer.wait raised RecursionError: no stale attempt of the namespace was reaped.
+    producer = Producer.from_url(
+        redis_server.url, namespace, policy=RolloutPolicy(unresponsive_seconds=1, max_attempts=1)
+    )
+    lifecycle = Lifecycle(producer.connection, producer.keys)
+    deep, good = (t.rollout_id for t in producer.enqueue_many([{}, {}]))
+    for rid in (deep, good):
+        lifecycle.claim(rid, job_id(rid), "gone-worker")
+    task = json.loads(producer.connection.hget(producer.keys.task(deep), TaskField.TASK.value))
+    record = json.dumps(task).replace('"input": {}', '"input": ' + _deep(100_000))
+    producer.connection.hset(producer.keys.task(deep), TaskField.TASK.value, record)
+    time.sleep(3)  # both attempts are now past their deadline
+
+    report = producer.reap()
+    assert report.failed == 2
+    rollouts = {r.rollout_id: r for r in producer.wait([deep, good], timeout=5)}
+    error = rollouts[deep].metadata["error"]
+    assert error["type"] == "InvalidTaskError" and "nested too deep" in error["message"]
+    assert rollouts[good].metadata["error"]["type"] == "WorkerUnresponsiveError"
+
+
+def test_a_record_nested_too_deep_fails_one_task_on_a_worker_which_runs_the_others(redis_server, namespace, workers):
+    producer = Producer.from_url(redis_server.url, namespace, policy=RolloutPolicy(timeout_seconds=30))
+    deep, *good = (t.rollout_id for t in producer.enqueue_many([{}] * 4))
+    task = json.loads(producer.connection.hget(producer.keys.task(deep), TaskField.TASK.value))
+    record = json.dumps(task).replace('"input": {}', '"input": ' + _deep(100_000))
+    producer.connection.hset(producer.keys.task(deep), TaskField.TASK.value, record)
+    worker = workers(redis_server.url, namespace, env=ASYNC)
+    rollouts = {r.rollout_id: r for r in producer.wait([deep, *good], timeout=30)}
+    assert rollouts[deep].metadata["error"]["type"] == "InvalidTaskError"
+    assert [rollouts[rid].metadata["status"] for rid in good] == ["succeeded"] * 3
+    assert worker.process.poll() is None
+
+
+def test_an_input_nested_deeper_than_json_allows_is_refused_naming_its_task_and_queues_nothing(redis_server, namespace):
+    producer = Producer.from_url(redis_server.url, namespace)
+    with pytest.raises(InvalidTaskError, match="cannot be queued: its input") as info:
+        producer.enqueue_many([{"ok": 1}, json.loads(_deep(300))], rollout_ids=["fine", "too-deep"])
+    assert "too-deep" in str(info.value)
+    assert producer.connection.llen(producer.keys.rq_queue) == 0

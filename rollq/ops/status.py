@@ -11,6 +11,7 @@ import redis
 from rq.worker import Worker
 
 from rollq.models.policy import RolloutStatus
+from rollq.store.eviction import MemoryState, memory_state
 from rollq.store.keys import REQUEUED_PREFIX, Keys, StatsField, TaskField, outcome_stat, parse_inflight_member
 from rollq.worker.rq_worker import WORKER_CONCURRENCY_FIELD
 
@@ -43,6 +44,13 @@ class Snapshot:
     counters: dict[str, float] = field(default_factory=dict)
     results_stream_memory_bytes: int | None = None
     """MEMORY USAGE of the results stream; None where the server has no such command (the embedded one)."""
+    memory: MemoryState | None = None
+    """Redis's memory limit, use and eviction policy; None where ``INFO`` is not available."""
+
+    @property
+    def redis_refusing_writes(self) -> bool:
+        """Whether Redis refuses writes now for lack of memory (workers wait, enqueues fail after retrying)."""
+        return self.memory is not None and self.memory.full
 
     @property
     def workers_alive(self) -> int:
@@ -125,6 +133,7 @@ def snapshot(
         workers=workers,
         counters=counters,
         results_stream_memory_bytes=_memory_usage(connection, keys.results) if xlen else 0,
+        memory=memory_state(connection),
     )
 
 
@@ -219,6 +228,21 @@ def render_text(s: Snapshot) -> str:
     if any(groups.values()):
         lines.append("  training groups   " + ", ".join(f"{name} {n}" for name, n in groups.items()))
     lines.append(f"  resources         {', '.join(s.resource_versions) or 'none'} (latest {s.latest_resources or '-'})")
+    if s.memory is not None:
+        m = s.memory
+        limit = f"{_size(m.used_bytes)} of {_size(m.max_bytes)}" if m.max_bytes else f"{_size(m.used_bytes)}, no limit"
+        state = (
+            "FULL: refusing writes; workers wait until memory frees"
+            if m.full
+            else "may EVICT rollq's keys when full: set noeviction"
+            if m.policy != "noeviction"
+            else "ok"
+        )
+        lines.append(f"  redis memory      {limit}, policy {m.policy}: {state}")
+    refusals = int(s.counters.get(StatsField.REDIS_REFUSALS, 0))
+    if refusals:
+        waited = s.counters.get(StatsField.REDIS_REFUSED_SECONDS, 0.0)
+        lines.append(f"  redis refusals    {refusals} (workers waited {waited:.0f}s in all)")
     dead = len(s.workers) - s.workers_alive
     lines.append(f"  workers           {s.workers_alive} alive" + (f", {dead} dead" if dead else ""))
     for w in s.workers:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import time
 import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -11,11 +12,12 @@ import redis
 
 from rollq.models.coerce import coerce_resources
 from rollq.models.contract import ResourcesUpdate, Rollout, Task, TaskInput
-from rollq.models.errors import JobIdTakenError, PayloadTooLargeError, UnknownResourcesError
+from rollq.models.errors import InvalidTaskError, JobIdTakenError, PayloadTooLargeError, UnknownResourcesError
 from rollq.models.groups import Membership, member_rollout_id, new_group_id
 from rollq.models.policy import RolloutPolicy, TaskState
 from rollq.store.connection import connect
 from rollq.store.control import CancelResult, cancel_call, cancel_script_source, parse_cancel
+from rollq.store.eviction import warn_if_evicting
 from rollq.store.keys import DEFAULT_NAMESPACE, Keys, job_id
 from rollq.store.queries import AttemptInfo, TaskInfo, TaskPage, query_tasks, read_attempts
 from rollq.store.reaper import ReapReport, reap
@@ -26,6 +28,8 @@ from rollq.store.transitions import DEFAULT_RESULTS_MAX_BYTES, Enqueued, Lifecyc
 from .batches import BatchReader
 from .groups import GroupPolicy
 from .results import ResultReader, WaitResult, collect, fetch_rollouts, wait
+
+log = logging.getLogger(__name__)
 
 Mode = str | None
 
@@ -71,6 +75,7 @@ class Producer:
         )
         self.resources = ResourceStore(connection, self.keys, keep_versions=keep_versions)
         self._cancel = connection.register_script(cancel_script_source())
+        self._policy_checked = False  # the eviction-policy warning, at the first enqueue
 
     @classmethod
     def from_url(cls, url: str | None = None, namespace: str = DEFAULT_NAMESPACE, **kwargs: Any) -> Producer:
@@ -151,17 +156,26 @@ class Producer:
             )
             for i, value in enumerate(inputs)
         ]
-        serialized = [(task, task.model_dump_json()) for task in tasks]
+        serialized = [(task, _task_json(task)) for task in tasks]
         for task, data in serialized:
             if len(data) > self.max_task_bytes:
                 raise PayloadTooLargeError(f"task {task.rollout_id}", len(data), self.max_task_bytes)
+        if not self._policy_checked:
+            self._policy_checked = True
+            warn_if_evicting(self.connection, f"producer of namespace {self.namespace!r}")
         outcomes: list[Enqueued] = []
         for start in range(0, len(serialized), _ENQUEUE_CHUNK):
             chunk = serialized[start : start + _ENQUEUE_CHUNK]
-            chunk_outcomes = self.lifecycle.enqueue_many(chunk, policy)
-            # The enqueue script checks the pinned version atomically and queues none of a batch without it.
-            if Enqueued.UNKNOWN_RESOURCES in chunk_outcomes:
-                raise UnknownResourcesError(resources_id, self.namespace)
+            try:
+                # One transaction per chunk: Redis queues all of it or none (a full Redis refuses it whole).
+                chunk_outcomes = self.lifecycle.enqueue_many(chunk, policy)
+                # The enqueue script checks the pinned version atomically and queues none of a batch without it.
+                if Enqueued.UNKNOWN_RESOURCES in chunk_outcomes:
+                    raise UnknownResourcesError(resources_id, self.namespace)
+            except (redis.RedisError, UnknownResourcesError):
+                done = serialized[: len(outcomes)]
+                self._withdraw([task for (task, _), got in zip(done, outcomes, strict=True) if got is Enqueued.QUEUED])
+                raise
             outcomes += chunk_outcomes
             if on_progress:
                 on_progress(len(chunk))
@@ -176,6 +190,17 @@ class Producer:
             stored = read_records(self.connection, self.keys, known)
             tasks = [stored[t.rollout_id].task if t.rollout_id in stored else t for t in tasks]
         return tasks
+
+    def _withdraw(self, queued: list[Task]) -> None:
+        """Cancel the tasks of a batch queued before a later chunk of it was refused, so that a refused batch
+        runs none of its tasks (each ends as ``cancelled``; the caller gets the refusal)."""
+        if not queued:
+            return
+        log.error("a chunk of the batch was refused after %d of its tasks were queued; cancelling those", len(queued))
+        try:
+            self.cancel([task.rollout_id for task in queued])
+        except redis.RedisError as exc:
+            log.error("could not cancel them (%s): they stay queued", exc)
 
     def get_task(self, rollout_id: str) -> Task:
         """The task with ``num_claims`` and ``last_claim_time`` as the workers left them."""
@@ -354,3 +379,12 @@ class Producer:
     def reap(self) -> ReapReport:
         """Requeue or fail attempts whose worker stopped heartbeating (workers do this too)."""
         return reap(self.lifecycle, results_maxlen=self.results_maxlen)
+
+
+def _task_json(task: Task) -> str:
+    """The task's JSON; :class:`InvalidTaskError` naming the task when its input cannot be stored (nested deeper
+    than JSON serialisation allows, about 250 levels, or not JSON-serialisable): nothing of the batch is queued."""
+    try:
+        return task.model_dump_json()
+    except (ValueError, TypeError, RecursionError) as exc:  # pydantic's PydanticSerializationError is a ValueError
+        raise InvalidTaskError(f"task {task.rollout_id} cannot be queued: its input {str(exc)[:300]}") from None

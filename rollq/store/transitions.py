@@ -31,6 +31,7 @@ from rollq.models.contract import Task
 from rollq.models.errors import JobIdTakenError
 from rollq.models.policy import RolloutPolicy
 
+from .connection import transient_refusal
 from .jobs import JobTemplate
 from .keys import Keys, job_id, lua_header
 
@@ -292,15 +293,20 @@ class Lifecycle:
 
     def settle_all(self, calls: Sequence[ScriptCall], replies: Sequence[Any], *, acknowledged: Any = None) -> list[Any]:
         """The replies of ``calls`` sent in a pipeline (``execute(raise_on_error=False)``), each a reply or the
-        exception its call got; a call Redis answered ``NOSCRIPT`` is run again on its own, which loads the
-        script, then waited for like :meth:`claim` waits. ``acknowledged``: the reply of the pipeline's
+        exception its call got; a call Redis answered ``NOSCRIPT``, or refused for now (OOM, READONLY, BUSY: it
+        did not run), is run again on its own, which loads the script or waits until Redis accepts it, then
+        waited for like :meth:`claim` waits. ``acknowledged``: the reply of the pipeline's
         ``WAIT`` (see :meth:`queue_wait`)."""
         if acknowledged is not None:
             self._count_acknowledged(acknowledged)
         settled: list[Any] = []
         rerun = False
         for call, reply in zip(calls, replies, strict=True):
-            if isinstance(reply, NoScriptError):
+            if isinstance(reply, NoScriptError) or (
+                isinstance(reply, redis.ResponseError) and transient_refusal(reply) is not None
+            ):
+                # Not run: the script is loaded (NOSCRIPT) or Redis accepts it again (OOM, READONLY, BUSY...;
+                # the connection's retry backs off until it does) when it is sent on its own.
                 rerun = True
                 try:
                     reply = call.run()
@@ -340,7 +346,7 @@ class Lifecycle:
         return f"rollout {task.rollout_id} ({task.mode or 'no mode'})"
 
     def enqueue_many(self, tasks: Sequence[tuple[Task, str]], policy: RolloutPolicy) -> list[Enqueued]:
-        """Queue each ``(task, task_json)`` unless its rollout id is known, in one pipelined round trip.
+        """Queue each ``(task, task_json)`` unless its rollout id is known, in one transaction (all or none).
 
         Tasks that share a mode and a resources pin go in Lua calls of up to
         100, the job template sent once per call. Returns what happened to each task.
@@ -348,7 +354,9 @@ class Lifecycle:
         k = self.keys
         template = self._template(policy)
         shared = [policy.model_dump_json(), policy.unresponsive_seconds]
-        pipe = self.connection.pipeline(transaction=False)
+        # One MULTI/EXEC: Redis decides "out of memory" once for the whole EXEC, so a full Redis refuses all of
+        # the chunk's calls or none (a plain pipeline queued the calls sent before memory ran out).
+        pipe = self.connection.pipeline(transaction=True)
         sizes = []
         for (mode, pinned), group in itertools.groupby(tasks, key=lambda t: (t[0].mode or "", t[0].resources_id or "")):
             items = list(group)

@@ -49,9 +49,10 @@ from rq.worker import SimpleWorker, WorkerStatus
 
 from rollq.models.contract import Hook
 from rollq.models.errors import InvalidTaskError
-from rollq.store.connection import describe_client, retry_policy
+from rollq.store.connection import REFUSALS, describe_client, retry_policy
+from rollq.store.eviction import warn_if_evicting
 from rollq.store.jobs import RollqJob, read_rollq_jobs, rollout_id_of
-from rollq.store.keys import Keys
+from rollq.store.keys import Keys, StatsField
 from rollq.store.resources import ResourceStore
 from rollq.store.transitions import Lifecycle
 
@@ -161,6 +162,7 @@ class RolloutWorker(SimpleWorker):
         self._force_stop = False
         self._loop_wedged = False
         self._next_suspension_check = 0.0
+        self._refusals_reported = (REFUSALS.episodes, REFUSALS.refused_seconds)
 
     @property
     def dequeue_timeout(self) -> int:
@@ -177,6 +179,7 @@ class RolloutWorker(SimpleWorker):
             setup_loghandlers(level, name=name)
         reformat(self.settings.log_format, "rq.worker", "rollq")
         self.worker_id = int(self.connection.incr(self.keys.worker_seq))
+        warn_if_evicting(self.connection, f"worker {self.name}")
         # The rollouts a worker holds outlive Python's default young collections (see .collector).
         widen_young_generation()
         lifecycle = Lifecycle(
@@ -236,6 +239,18 @@ class RolloutWorker(SimpleWorker):
         # waits for a free slot this keeps the worker visible.
         if self.slots.busy:
             self.heartbeat()
+        self._report_refusals()
+
+    def _report_refusals(self) -> None:
+        """Count the times this process waited out Redis refusing commands (OOM, READONLY...) in the stats hash,
+        once Redis accepts writes again, for ``rollq status`` and ``/metrics``."""
+        episodes, seconds = REFUSALS.episodes, REFUSALS.refused_seconds
+        if episodes > self._refusals_reported[0]:
+            pipe = self.connection.pipeline(transaction=False)
+            pipe.hincrby(self.keys.stats, StatsField.REDIS_REFUSALS, episodes - self._refusals_reported[0])
+            pipe.hincrbyfloat(self.keys.stats, StatsField.REDIS_REFUSED_SECONDS, seconds - self._refusals_reported[1])
+            pipe.execute()
+            self._refusals_reported = (episodes, seconds)
 
     def heartbeat(self, timeout: int | None = None, pipeline: Any = None) -> None:
         # RQ refreshes the worker key up to four times per job, two round trips
