@@ -47,7 +47,8 @@ from rollq.models.contract import Rollout  # noqa: E402
 from rollq.models.outcomes import stamp  # noqa: E402
 from rollq.models.policy import RolloutStatus  # noqa: E402
 from rollq.producer import Producer  # noqa: E402
-from rollq.store.transitions import Claim  # noqa: E402
+from rollq.store.replies import Claim  # noqa: E402
+from rollq.store.transitions import Finish  # noqa: E402
 from rollq.worker.normalize import to_rollout  # noqa: E402
 
 MAXLEN = 1000
@@ -126,13 +127,15 @@ def replay(turns: int, count: int) -> dict[str, Any]:
             data = rollout.model_dump_json()
             t4 = time.perf_counter()
             lifecycle.finish(
-                task.rollout_id,
-                claim.attempt,
-                data,
-                "succeeded",
-                results_maxlen=MAXLEN,
-                dead_letter=False,
-                now=time.time(),
+                Finish(
+                    rollout_id=task.rollout_id,
+                    attempt=claim.attempt,
+                    rollout_json=data,
+                    status=RolloutStatus.SUCCEEDED,
+                    results_maxlen=MAXLEN,
+                    dead_letter=False,
+                    now=time.time(),
+                )
             )
             t5 = time.perf_counter()
             got: Rollout = next(reader)

@@ -32,7 +32,7 @@ import redis
 from redis.connection import Connection
 
 from rollq.store.keys import Keys
-from rollq.store.transitions import script_source
+from rollq.store.scripts import script_source
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"

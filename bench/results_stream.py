@@ -27,10 +27,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import private_redis, write_result  # noqa: E402
 from rollq.models.contract import Rollout, Triplet  # noqa: E402
-from rollq.models.policy import RolloutPolicy  # noqa: E402
+from rollq.models.policy import RolloutPolicy, RolloutStatus  # noqa: E402
 from rollq.producer import Producer  # noqa: E402
 from rollq.store.keys import job_id  # noqa: E402
-from rollq.store.transitions import Claim  # noqa: E402
+from rollq.store.replies import Claim  # noqa: E402
+from rollq.store.transitions import Finish  # noqa: E402
 
 
 def rollout_json(rollout_id: str, turns: int, prompt_tokens: int, response_tokens: int) -> str:
@@ -65,7 +66,15 @@ def measure(size: str, rollouts: int) -> dict[str, float]:
             claim = life.claim(task.rollout_id, job_id(task.rollout_id), "bench")
             started = time.perf_counter()
             life.finish(
-                task.rollout_id, 1, payload, "succeeded", results_maxlen=10**9, dead_letter=False, now=time.time()
+                Finish(
+                    rollout_id=task.rollout_id,
+                    attempt=1,
+                    rollout_json=payload,
+                    status=RolloutStatus.SUCCEEDED,
+                    results_maxlen=10**9,
+                    dead_letter=False,
+                    now=time.time(),
+                )
             )
             elapsed += time.perf_counter() - started
             assert isinstance(claim, Claim), claim

@@ -21,11 +21,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import private_redis, rate, write_result  # noqa: E402
 from rollq.models.contract import Rollout  # noqa: E402
-from rollq.models.policy import TaskState  # noqa: E402
+from rollq.models.policy import RolloutStatus, TaskState  # noqa: E402
 from rollq.producer import Producer  # noqa: E402
 from rollq.producer.aio import AsyncProducer  # noqa: E402
 from rollq.store.connection import connect_async  # noqa: E402
 from rollq.store.keys import job_id  # noqa: E402
+from rollq.store.transitions import Finish  # noqa: E402
 
 
 def timed(fn):  # type: ignore[no-untyped-def]
@@ -47,13 +48,15 @@ def main() -> None:
             claim = producer.lifecycle.claim(rid, job_id(rid), "bench-worker")
             rollout = Rollout(rollout_id=rid, final_reward=1.0, metadata={"status": "succeeded"})
             producer.lifecycle.finish(
-                rid,
-                claim.attempt,
-                rollout.model_dump_json(),
-                "succeeded",  # type: ignore[union-attr]
-                results_maxlen=10 * n,
-                dead_letter=False,
-                now=time.time(),
+                Finish(
+                    rollout_id=rid,
+                    attempt=claim.attempt,  # type: ignore[union-attr]
+                    rollout_json=rollout.model_dump_json(),
+                    status=RolloutStatus.SUCCEEDED,
+                    results_maxlen=10 * n,
+                    dead_letter=False,
+                    now=time.time(),
+                )
             )
 
         def walk(state: TaskState | None) -> int:

@@ -11,6 +11,7 @@ import pytest
 from servers import wait_until
 
 from rollq.models.contract import LLM
+from rollq.models.errors import BackpressureTimeoutError
 from rollq.models.groups import GROUP_ID, GROUP_INDEX, GROUP_SIZE, membership
 from rollq.ops.status import group_outcomes, snapshot
 from rollq.producer import BatchTimeoutError, GroupPolicy, Producer
@@ -204,3 +205,24 @@ def test_status_shows_what_became_of_training_groups(producer, serve) -> None:
     producer.batches(2, timeout=2).next_batch()
     text = render_text(snapshot(producer.connection, producer.keys))
     assert "training groups   delivered 1, stale-dropped 0, stale-requeued 0, failed-dropped 1" in text
+
+
+def test_max_pending_holds_enqueue_until_rollouts_finish(producer, serve) -> None:
+    first = producer.enqueue_many([{"rewards": [1.0], "sleep": 0.5}] * 4, mode="train", group_size=2)
+    assert producer.pending() == 8
+    with pytest.raises(BackpressureTimeoutError) as refused:
+        producer.enqueue_many([{"rewards": [1.0]}], mode="train", group_size=2, max_pending=8, pending_timeout=0.5)
+    assert refused.value.queued == 0 and producer.pending() == 8
+    serve()
+    after_each_chunk: list[int] = []
+    started = time.monotonic()
+    more = producer.enqueue_many(
+        [{"rewards": [1.0]}] * 6,
+        mode="train",
+        group_size=2,
+        max_pending=4,
+        on_progress=lambda _: after_each_chunk.append(producer.pending()),
+    )
+    assert time.monotonic() - started > 0.5  # it waited for the first tasks to drain
+    assert len(after_each_chunk) == 3 and max(after_each_chunk) <= 4
+    producer.wait([t.rollout_id for t in first + more], timeout=60)

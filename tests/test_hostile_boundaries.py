@@ -17,7 +17,8 @@ from rollq.models.errors import InvalidTaskError
 from rollq.models.policy import RolloutPolicy
 from rollq.producer.producer import Producer
 from rollq.store.connection import connect
-from rollq.store.keys import TaskField, job_id, requeue_stat
+from rollq.store.keys import TaskField, job_id
+from rollq.store.stats import requeue_stat
 from rollq.store.transitions import Lifecycle
 
 pytestmark = pytest.mark.redis

@@ -9,11 +9,12 @@ from collections.abc import Callable
 import pytest
 from servers import RedisServer, Replicated, WorkerProcess, wait_until
 
-from rollq.models.policy import RolloutPolicy
+from rollq.models.policy import RolloutPolicy, RolloutStatus
 from rollq.producer.producer import Producer
 from rollq.store.connection import connect
 from rollq.store.keys import Keys, job_id
-from rollq.store.transitions import Claim, Lifecycle, Published
+from rollq.store.replies import Claim, Published
+from rollq.store.transitions import Finish, Lifecycle
 from rollq.worker.config import InvalidSettingError, WorkerSettings
 
 SHORTFALL = "only 0 of 1 replica(s) acknowledged a transition within"
@@ -50,7 +51,7 @@ def test_a_replica_that_does_not_acknowledge_delays_each_transition_by_the_timeo
         started = time.monotonic()
         plain.enqueue({"q": 0})
         assert time.monotonic() - started < 0.5  # off by default: no wait at all
-        with caplog.at_level(logging.WARNING, logger="rollq.store.transitions"):
+        with caplog.at_level(logging.WARNING, logger="rollq.store.replication"):
             started = time.monotonic()
             first = waited.enqueue({"q": 1})
             assert time.monotonic() - started >= 0.8
@@ -81,7 +82,7 @@ def test_wait_covers_a_write_made_on_another_connection(replicated: Replicated) 
     try:
         writer.set("written-elsewhere", "1")
         assert bystander.wait(1, 200) == 1  # the pitfall: a bare WAIT on another connection says "held"
-        lifecycle._replicated()
+        lifecycle.replication.after_write()
     finally:
         replicated.resume_replica()
     assert lifecycle.replication_shortfalls == 1
@@ -95,13 +96,21 @@ def test_with_no_replica_at_all_transitions_complete_with_a_warning(
     producer = Producer(
         connect(server.url), "alone", wait_replicas=1, wait_timeout_ms=100, policy=RolloutPolicy(max_attempts=2)
     )
-    with caplog.at_level(logging.WARNING, logger="rollq.store.transitions"):
+    with caplog.at_level(logging.WARNING, logger="rollq.store.replication"):
         task = producer.enqueue({"q": 1})
     lifecycle = producer.lifecycle
     claim = lifecycle.claim(task.rollout_id, job_id(task.rollout_id), "w1")
     assert isinstance(claim, Claim), claim
     reply = lifecycle.finish(
-        task.rollout_id, 1, '{"rollout_id": "x"}', "succeeded", results_maxlen=10, dead_letter=False, now=time.time()
+        Finish(
+            rollout_id=task.rollout_id,
+            attempt=1,
+            rollout_json='{"rollout_id": "x"}',
+            status=RolloutStatus.SUCCEEDED,
+            results_maxlen=10,
+            dead_letter=False,
+            now=time.time(),
+        )
     )
     assert isinstance(reply, Published)
     assert lifecycle.replication_shortfalls == 3  # enqueue, claim, finish: each waited, none failed

@@ -18,7 +18,7 @@ from test_serve_al_attempts import ROLLQ, _get, _post, _take
 
 from rollq.models.policy import RolloutPolicy, TaskState
 from rollq.producer.producer import Producer
-from rollq.store.keys import StatsField
+from rollq.store.stats import StatsField
 
 pytestmark = pytest.mark.redis
 

@@ -11,11 +11,12 @@ from fault_agents import assert_exactly_once, wait_until
 
 from rollq.models.contract import Rollout
 from rollq.models.errors import UnknownTaskError
-from rollq.models.policy import RolloutPolicy, TaskState
+from rollq.models.policy import RolloutPolicy, RolloutStatus, TaskState
 from rollq.producer.producer import Producer
 from rollq.store.control import CancelOutcome
 from rollq.store.queries import AttemptOutcome
-from rollq.store.transitions import Cancelled, ClaimRefused
+from rollq.store.replies import Cancelled, ClaimRefused
+from rollq.store.transitions import Finish
 
 pytestmark = pytest.mark.redis
 
@@ -171,7 +172,15 @@ def test_a_cancelled_attempts_late_finish_is_dropped_not_superseded() -> None:
     assert result.was_running and result.attempt == claim.attempt
     late = Rollout(rollout_id=rid, final_reward=1.0).model_dump_json()
     reply = producer.lifecycle.finish(
-        rid, claim.attempt, late, "succeeded", results_maxlen=100, dead_letter=False, now=time.time()
+        Finish(
+            rollout_id=rid,
+            attempt=claim.attempt,
+            rollout_json=late,
+            status=RolloutStatus.SUCCEEDED,
+            results_maxlen=100,
+            dead_letter=False,
+            now=time.time(),
+        )
     )
     assert reply == Cancelled()
     assert producer.connection.xlen(producer.keys.superseded) == 0

@@ -192,11 +192,17 @@ def train(args: argparse.Namespace, url: str) -> list[dict[str, Any]]:
         wait_http(f"http://127.0.0.1:{port}/health")
         post_json(f"http://127.0.0.1:{port}/weights", {"version": "v1", "state": policy.state_json()})
         producer.update_resources(llm_resource(port))
-        queued_steps = 0
+        per_step = args.groups * args.group_size
 
         def queue_step() -> None:
+            # Back-pressure: at most (ahead + 1) steps of tasks queued or running, so little goes stale.
             words = random.choices(WORDS, k=args.groups)
-            producer.enqueue_many([{"word": w} for w in words], mode="train", group_size=args.group_size)
+            producer.enqueue_many(
+                [{"word": w} for w in words],
+                mode="train",
+                group_size=args.group_size,
+                max_pending=(args.ahead + 1) * per_step,
+            )
 
         reader = producer.batches(
             args.groups,
@@ -206,9 +212,8 @@ def train(args: argparse.Namespace, url: str) -> list[dict[str, Any]]:
         )
         started = time.monotonic()
         for step in range(args.steps):
-            while queued_steps < step + 1 + args.ahead:
+            for _ in range(1 + args.ahead if step == 0 else 1):
                 queue_step()
-                queued_steps += 1
             batch = reader.next_batch()
             samples = triplet_samples(batch)
             if not samples:

@@ -46,10 +46,12 @@ from rollq.models.contract import ResourcesUpdate, Rollout, Task
 from rollq.models.errors import AttemptTokenError, InvalidTaskError, UnknownResourcesError
 from rollq.models.policy import RolloutPolicy
 from rollq.store.jobs import read_rollq_jobs, rollout_id_of
-from rollq.store.keys import Keys, StatsField, inflight_member
+from rollq.store.keys import Keys, inflight_member
 from rollq.store.records import parse_task
+from rollq.store.replies import ClaimRefused, Requeued
 from rollq.store.resources import ResourceStore
-from rollq.store.transitions import ClaimRefused, Lifecycle, Requeued
+from rollq.store.stats import StatsField
+from rollq.store.transitions import Lifecycle
 from rollq.worker.attempt import Attempt, Attempts, PublishLimits, Settled
 from rollq.worker.config import WorkerSettings
 from rollq.worker.heartbeat import Heartbeat

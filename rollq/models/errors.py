@@ -143,3 +143,15 @@ class LLMBackendError(RollqError):
     def __init__(self, status: int, resource: str, path: str, detail: str) -> None:
         self.status = status
         super().__init__(f"LLM backend of resource {resource!r} answered HTTP {status} to {path}: {detail}")
+
+
+class BackpressureTimeoutError(RollqError, TimeoutError):
+    """``enqueue_many(max_pending=N)`` waited ``timeout`` seconds and the namespace still had too many tasks queued
+    or running to take the next ones; the tasks queued before it stay queued (``queued`` counts them)."""
+
+    def __init__(self, pending: int, max_pending: int, timeout: float, queued: int) -> None:
+        super().__init__(
+            f"{pending} task(s) still queued or running after {timeout:g}s (max_pending={max_pending}); "
+            f"{queued} of this batch were queued before that"
+        )
+        self.pending, self.max_pending, self.timeout, self.queued = pending, max_pending, timeout, queued

@@ -20,8 +20,14 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
-from rollq.store.keys import DURATION_PREFIX, REWARD_SUM, StatsField, parse_reward_stat
-from rollq.store.transitions import DURATION_BUCKETS, REWARD_BUCKETS
+from rollq.store.stats import (
+    DURATION_BUCKETS,
+    DURATION_PREFIX,
+    REWARD_BUCKETS,
+    REWARD_SUM,
+    StatsField,
+    parse_reward_stat,
+)
 
 from .status import Snapshot, group_outcomes
 

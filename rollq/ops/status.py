@@ -12,7 +12,8 @@ from rq.worker import Worker
 
 from rollq.models.policy import RolloutStatus
 from rollq.store.eviction import MemoryState, memory_state
-from rollq.store.keys import REQUEUED_PREFIX, Keys, StatsField, TaskField, outcome_stat, parse_inflight_member
+from rollq.store.keys import Keys, TaskField, parse_inflight_member
+from rollq.store.stats import REQUEUED_PREFIX, StatsField, outcome_stat
 from rollq.worker.rq_worker import WORKER_CONCURRENCY_FIELD
 
 # A worker heartbeats at least every few seconds while alive; RolloutPolicy's default

@@ -30,8 +30,8 @@ from rollq.models.groups import GROUP_FIELDS, membership
 from rollq.models.outcomes import failed_rollout
 from rollq.models.policy import TaskState
 from rollq.store.connection import Outage
-from rollq.store.keys import StatsField
 from rollq.store.records import read_records
+from rollq.store.stats import StatsField
 
 from .groups import Group, GroupAssembler, GroupPolicy, version_number
 from .results import _Collected, parse_entry

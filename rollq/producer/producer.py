@@ -12,7 +12,13 @@ import redis
 
 from rollq.models.coerce import coerce_resources
 from rollq.models.contract import ResourcesUpdate, Rollout, Task, TaskInput
-from rollq.models.errors import InvalidTaskError, JobIdTakenError, PayloadTooLargeError, UnknownResourcesError
+from rollq.models.errors import (
+    BackpressureTimeoutError,
+    InvalidTaskError,
+    JobIdTakenError,
+    PayloadTooLargeError,
+    UnknownResourcesError,
+)
 from rollq.models.groups import Membership, member_rollout_id, new_group_id
 from rollq.models.policy import RolloutPolicy, TaskState
 from rollq.store.connection import connect
@@ -22,8 +28,9 @@ from rollq.store.keys import DEFAULT_NAMESPACE, Keys, job_id
 from rollq.store.queries import AttemptInfo, TaskInfo, TaskPage, query_tasks, read_attempts
 from rollq.store.reaper import ReapReport, reap
 from rollq.store.records import read_record, read_records
+from rollq.store.replies import Enqueued
 from rollq.store.resources import ResourceStore
-from rollq.store.transitions import DEFAULT_RESULTS_MAX_BYTES, Enqueued, Lifecycle
+from rollq.store.transitions import DEFAULT_RESULTS_MAX_BYTES, Lifecycle
 
 from .batches import BatchReader
 from .groups import GroupPolicy
@@ -117,6 +124,8 @@ class Producer:
         policy: RolloutPolicy | None = None,
         on_progress: Callable[[int], None] | None = None,
         group_size: int | None = None,
+        max_pending: int | None = None,
+        pending_timeout: float | None = None,
     ) -> list[Task]:
         """Queue a batch of tasks in pipelined round trips (one per 2000 tasks) and return them.
 
@@ -127,6 +136,13 @@ class Producer:
         ``group_id`` in their metadata, with their ``group_index`` and the ``group_size``, and
         :meth:`batches` hands the trainer whole groups. ``rollout_ids`` cannot be combined with groups
         (the members' ids are derived from the group id, see :mod:`rollq.models.groups`).
+
+        ``max_pending=N`` is back-pressure for asynchronous RL: tasks are queued only while the namespace has at
+        most N tasks queued or running, waiting (up to ``pending_timeout`` seconds, None: forever, then
+        :class:`~rollq.models.errors.BackpressureTimeoutError`) for rollouts to finish. Tasks on the latest
+        resources version start when claimed, so with N = (k + 1) x the rollouts one training step consumes, no
+        task is claimed more than about k versions before the step that trains on it: the bound that keeps a
+        ``batches(max_staleness=k)`` trainer from dropping work.
         """
         policy = policy or self.policy
         now = time.time()
@@ -163,9 +179,14 @@ class Producer:
         if not self._policy_checked:
             self._policy_checked = True
             warn_if_evicting(self.connection, f"producer of namespace {self.namespace!r}")
+        if max_pending is not None and max_pending < 1:
+            raise ValueError("max_pending must be at least 1")
+        step = _ENQUEUE_CHUNK if max_pending is None else min(_ENQUEUE_CHUNK, max_pending)
         outcomes: list[Enqueued] = []
-        for start in range(0, len(serialized), _ENQUEUE_CHUNK):
-            chunk = serialized[start : start + _ENQUEUE_CHUNK]
+        for start in range(0, len(serialized), step):
+            chunk = serialized[start : start + step]
+            if max_pending is not None:
+                self._wait_for_room(len(chunk), max_pending, pending_timeout, queued=start)
             try:
                 # One transaction per chunk: Redis queues all of it or none (a full Redis refuses it whole).
                 chunk_outcomes = self.lifecycle.enqueue_many(chunk, policy)
@@ -201,6 +222,26 @@ class Producer:
             self.cancel([task.rollout_id for task in queued])
         except redis.RedisError as exc:
             log.error("could not cancel them (%s): they stay queued", exc)
+
+    def pending(self) -> int:
+        """Tasks queued or running in this namespace (one round trip)."""
+        pipe = self.connection.pipeline(transaction=False)
+        pipe.llen(self.keys.rq_queue)
+        pipe.zcard(self.keys.inflight)
+        queued, running = pipe.execute()
+        return int(queued) + int(running)
+
+    def _wait_for_room(self, wanted: int, max_pending: int, timeout: float | None, *, queued: int) -> None:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        delay, logged = 0.02, False
+        while (pending := self.pending()) + wanted > max_pending:
+            if deadline is not None and time.monotonic() >= deadline:
+                raise BackpressureTimeoutError(pending, max_pending, timeout or 0.0, queued)
+            if not logged:
+                log.info("%d queued or running (max_pending=%d): waiting to queue %d", pending, max_pending, wanted)
+                logged = True
+            time.sleep(delay)
+            delay = min(delay * 2, 0.5)
 
     def get_task(self, rollout_id: str) -> Task:
         """The task with ``num_claims`` and ``last_claim_time`` as the workers left them."""

@@ -14,7 +14,9 @@ from rollq.models.contract import Rollout
 from rollq.models.policy import RolloutStatus, TaskState
 
 from .keys import Keys
-from .transitions import DEFAULT_RESULTS_MAX_BYTES, script_source
+from .replies import Word
+from .scripts import script_source
+from .transitions import DEFAULT_RESULTS_MAX_BYTES
 
 
 class CancelOutcome(StrEnum):
@@ -60,9 +62,9 @@ def cancel_call(
 
 def parse_cancel(rollout_id: str, reply: list[Any]) -> CancelResult:
     kind = reply[0].decode() if isinstance(reply[0], bytes) else str(reply[0])
-    if kind == "missing":
+    if kind == Word.MISSING:
         return CancelResult(rollout_id, CancelOutcome.UNKNOWN)
-    if kind == "finished":
+    if kind == Word.FINISHED:
         return CancelResult(rollout_id, CancelOutcome.FINISHED, TaskState(reply[1].decode()))
     _, previous, attempt, entry = reply
     return CancelResult(rollout_id, CancelOutcome.CANCELLED, TaskState(previous.decode()), int(attempt), entry.decode())

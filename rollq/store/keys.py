@@ -1,4 +1,5 @@
-"""The one place that knows where rollq keeps things in Redis, and the formats inside those keys.
+"""The one place that knows where rollq keeps things in Redis, and the formats inside those keys (but the stats
+hash's, which are :mod:`rollq.store.stats`'s).
 
 Every rollq key of a namespace starts with the hash tag ``{namespace}``, so all
 keys one Lua script or transaction touches land in one slot; the layout stays
@@ -75,7 +76,8 @@ class Keys:
 
     @property
     def stats(self) -> str:
-        """Hash of counters: outcomes by mode, requeues by reason, duration buckets."""
+        """Hash of counters: outcomes by mode, requeues by reason, duration and reward histograms (see
+        :mod:`rollq.store.stats`)."""
         return f"{self._tag}:stats"
 
     @property
@@ -134,7 +136,7 @@ class Keys:
     @property
     def clock(self) -> str:
         """Hash: the Redis time by which the next heartbeat or reap pass is due, and until when reaping waits
-        after a stall (see ``lua/clock.lua``)."""
+        after a stall (see ``lua/beat.lua``)."""
         return f"{self._tag}:clock"
 
     @property
@@ -150,7 +152,7 @@ class Keys:
     @property
     def replication_mark(self) -> str:
         """Pub/sub channel nobody subscribes to: a PUBLISH on it before ``WAIT`` gives any pooled connection a write
-        of its own to wait for (see ``Lifecycle._replicated``)."""
+        of its own to wait for (see :mod:`rollq.store.replication`)."""
         return f"{self._tag}:replication-mark"
 
     @property
@@ -207,78 +209,22 @@ class StreamField(StrEnum):
     ATTEMPT = "attempt"  # superseded stream only
 
 
-class StatsField(StrEnum):
-    """Fixed fields of the stats hash; the others are made by :func:`outcome_stat`, :func:`requeue_stat`,
-    :func:`duration_stat`."""
-
-    SUPERSEDED = "superseded"
-    DURATION_SUM = "duration:sum"
-    RESULTS_BYTES = "results:bytes"  # payload bytes (rollout JSON + rollout id) on the results stream
-    DROPPED_CANCELLED = "dropped:cancelled"  # results of cancelled attempts that arrived and were dropped
-    GROUPS_DELIVERED = "groups:delivered"  # complete groups handed to a trainer by Producer.batches
-    GROUPS_STALE_DROPPED = "groups:stale-dropped"  # groups older than the staleness bound, dropped
-    GROUPS_STALE_REQUEUED = "groups:stale-requeued"  # groups older than the staleness bound, queued again
-    GROUPS_FAILED_DROPPED = "groups:failed-dropped"  # groups with a failed, cancelled or lost member, dropped
-    GATEWAY_REFUSED = "gateway:refused"  # rollouts posted to serve-al without their attempt's token, refused
-    GATEWAY_RELEASED = "gateway:released"  # serve-al attempts whose lease ended unposted, handed back
-    REDIS_REFUSALS = "redis:refusals"  # times a worker found Redis refusing commands (OOM, READONLY...) and waited
-    REDIS_REFUSED_SECONDS = "redis:refused-seconds"  # how long those waits took, summed over workers
-
-
 TRIMMED_TO = "trimmed-to"
 """The field of :attr:`Keys.results_trim` holding the first entry id the last trim kept."""
 
-REQUEUED_PREFIX = "requeued:"
-DURATION_PREFIX = "duration:"
-REWARD_PREFIX = "reward:"
-REWARD_SUM = "sum"
-"""The ``bucket`` of :func:`reward_stat` that holds the sum of rewards rather than a count."""
-_REWARD_SEPARATOR = "|"
-
-
-def outcome_stat(status: str, mode: str | None) -> str:
-    """The stats field counting outcomes of ``status`` for tasks of ``mode`` (``succeeded:train``)."""
-    return f"{status}:{mode or ''}"
-
-
-def requeue_stat(reason: str) -> str:
-    """The stats field counting requeues for ``reason`` (``requeued:unresponsive``)."""
-    return REQUEUED_PREFIX + reason
-
-
-def duration_stat(bucket: str) -> str:
-    """The stats field counting rollouts whose duration falls in histogram ``bucket`` (``duration:0.5``)."""
-    return DURATION_PREFIX + bucket
-
-
-def reward_stat(mode: str | None, resources_id: str | None, bucket: str) -> str:
-    """The stats field of the reward histogram for ``mode`` and ``resources_id``: ``reward:train|v3|0.5``.
-
-    ``bucket`` is a histogram bound (``le``) or :data:`REWARD_SUM`. Modes and version ids never contain ``|``.
-    """
-    return f"{REWARD_PREFIX}{mode or ''}{_REWARD_SEPARATOR}{resources_id or ''}{_REWARD_SEPARATOR}{bucket}"
-
-
-def parse_reward_stat(field: str) -> tuple[str, str, str] | None:
-    """``(mode, resources_id, bucket)`` of a :func:`reward_stat` field; None for any other stats field."""
-    if not field.startswith(REWARD_PREFIX):
-        return None
-    mode, resources_id, bucket = field[len(REWARD_PREFIX) :].split(_REWARD_SEPARATOR, 2)
-    return mode, resources_id, bucket
-
-
-_MEMBER_SEPARATOR = "|"
+MEMBER_SEPARATOR = "|"
+"""Between the parts of an in-flight member and of an attempt-history value."""
 
 
 def inflight_member(rollout_id: str, attempt: int) -> str:
     """The member of :attr:`Keys.inflight` for one running attempt: ``rollout_id|attempt``."""
-    return f"{rollout_id}{_MEMBER_SEPARATOR}{attempt}"
+    return f"{rollout_id}{MEMBER_SEPARATOR}{attempt}"
 
 
 def parse_inflight_member(member: str | bytes) -> tuple[str, int]:
     """``(rollout_id, attempt)`` of an in-flight member; a rollout id may itself contain the separator."""
     text = member.decode() if isinstance(member, bytes) else member
-    rollout_id, _, attempt = text.rpartition(_MEMBER_SEPARATOR)
+    rollout_id, _, attempt = text.rpartition(MEMBER_SEPARATOR)
     return rollout_id, int(attempt)
 
 
@@ -301,7 +247,7 @@ def end_field(attempt: int) -> str:
 def parse_history(name: bytes, value: bytes) -> tuple[str, int, str, float]:
     """``(kind, attempt, head, time)`` of one history field: kind ``a`` (head = worker) or ``e`` (head = outcome)."""
     kind, _, attempt = name.decode().partition(":")
-    head, _, when = value.decode().rpartition(_MEMBER_SEPARATOR)
+    head, _, when = value.decode().rpartition(MEMBER_SEPARATOR)
     return kind, int(attempt), head, float(when)
 
 
@@ -309,50 +255,6 @@ def rollout_id_of_task_key(keys: Keys, key: str | bytes) -> str:
     """The rollout id in a task hash's key (the inverse of :meth:`Keys.task`)."""
     text = key.decode() if isinstance(key, bytes) else key
     return text[len(keys.task("")) :]
-
-
-def lua_header() -> str:
-    """Lua source that every rollq script starts with: the names above, so that no script spells them.
-
-    ``F.<field>`` for task record fields, ``S.<field>`` for stream fields, ``member(rid, attempt)`` for an
-    in-flight member, ``outcome_stat``/``requeue_stat``/``duration_stat``/``reward_stat`` and ``STATS_*`` for the
-    stats hash, ``count(key, field, by)`` to add to a counter without failing on a corrupt one.
-    """
-
-    def table(fields: type[StrEnum]) -> str:
-        return "{" + ", ".join(f"{f.name.lower()} = '{f.value}'" for f in fields) + "}"
-
-    return "\n".join(
-        [
-            "-- Names generated by rollq.store.keys.lua_header(): the one Python owner of these formats.",
-            f"local F = {table(TaskField)}",
-            f"local S = {table(StreamField)}",
-            f"local STATS_SUPERSEDED, STATS_DURATION_SUM = '{StatsField.SUPERSEDED}', '{StatsField.DURATION_SUM}'",
-            f"local STATS_RESULTS_BYTES = '{StatsField.RESULTS_BYTES}'",
-            f"local TRIMMED_TO = '{TRIMMED_TO}'",
-            f"local STATS_DROPPED_CANCELLED = '{StatsField.DROPPED_CANCELLED}'",
-            f"local HISTORY_LIMIT = {HISTORY_LIMIT}",
-            f"local function claim_field(attempt) return '{claim_field(0)[:-1]}' .. attempt end",
-            f"local function end_field(attempt) return '{end_field(0)[:-1]}' .. attempt end",
-            f"local function history(head, time) return head .. '{_MEMBER_SEPARATOR}' .. time end",
-            f"local function member(rid, attempt) return rid .. '{_MEMBER_SEPARATOR}' .. attempt end",
-            "local function outcome_stat(status, mode) return status .. ':' .. (mode or '') end",
-            f"local function requeue_stat(reason) return '{REQUEUED_PREFIX}' .. reason end",
-            f"local function duration_stat(bucket) return '{DURATION_PREFIX}' .. bucket end",
-            # A counter that is not a whole number (a corrupt or foreign value) is left alone and reads as 0:
-            # a failed HINCRBY half way through a script would leave its earlier writes in place.
-            "local function count(key, field, by)",
-            "  local v = redis.call('HGET', key, field)",
-            "  if v and not string.match(v, '^%-?%d+$') then return 0 end",
-            "  return redis.call('HINCRBY', key, field, by)",
-            "end",
-            f"local REWARD_SUM = '{REWARD_SUM}'",
-            "local function reward_stat(mode, rid, bucket) return "
-            f"'{REWARD_PREFIX}' .. (mode or '') .. '{_REWARD_SEPARATOR}' .. (rid or '') .. '{_REWARD_SEPARATOR}' "
-            ".. bucket end",
-            "",
-        ]
-    )
 
 
 _JOB_PREFIX = "rollq-"

@@ -36,12 +36,13 @@ import redis
 
 from rollq.models.errors import InvalidTaskError, WorkerUnresponsiveError
 from rollq.models.outcomes import failed_rollout
-from rollq.models.policy import TaskState
+from rollq.models.policy import RolloutStatus, TaskState
 
 from .jobs import read_rollq_jobs, rollout_id_of
 from .keys import Keys, TaskField, parse_inflight_member
 from .records import TaskRecord, read_records_or_errors
-from .transitions import Clock, JobTaken, Lifecycle, Published, Requeued
+from .replies import Clock, JobTaken, Published, Requeued
+from .transitions import Finish, Lifecycle
 
 log = logging.getLogger(__name__)
 
@@ -175,14 +176,16 @@ def _fail(
 ) -> None:
     rollout = failed_rollout(rid, attempt=attempt, worker=worker, error=error, generation=generation)
     outcome = lifecycle.finish(
-        rid,
-        attempt,
-        rollout.model_dump_json(),
-        "failed",
-        results_maxlen=results_maxlen,
-        dead_letter=True,
-        now=now,
-        stale_before=now,
+        Finish(
+            rollout_id=rid,
+            attempt=attempt,
+            rollout_json=rollout.model_dump_json(),
+            status=RolloutStatus.FAILED,
+            results_maxlen=results_maxlen,
+            dead_letter=True,
+            now=now,
+            stale_before=now,
+        )
     )
     if isinstance(outcome, Published):
         report.failed += 1

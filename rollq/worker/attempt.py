@@ -33,17 +33,9 @@ from rollq.models.groups import GROUP_FIELDS
 from rollq.models.outcomes import failed_rollout, stamp
 from rollq.models.policy import RolloutStatus
 from rollq.store.keys import TaskField, inflight_member
-from rollq.store.transitions import (
-    Cancelled,
-    Claim,
-    ClaimRefused,
-    FinishReply,
-    Lifecycle,
-    Published,
-    ScriptCall,
-    Superseded,
-    replied,
-)
+from rollq.store.replies import Cancelled, Claim, ClaimRefused, FinishReply, Published, Superseded
+from rollq.store.scripts import ScriptCall, replied
+from rollq.store.transitions import Finish, Lifecycle
 
 from .config import WorkerSettings
 
@@ -220,17 +212,19 @@ class Attempts:
             rollout.final_reward if rollout.final_reward is not None and math.isfinite(rollout.final_reward) else None
         )
         call = self.lifecycle.finish_call(
-            rollout_id,
-            attempt.number,
-            data,
-            status.value,
-            results_maxlen=self.limits.results_maxlen,
-            dead_letter=failed,
-            now=time.time(),
-            duration=duration,
-            keep_seconds=self.limits.keep_seconds,
-            reward=reward,
-            resources_id=resources_id,
+            Finish(
+                rollout_id=rollout_id,
+                attempt=attempt.number,
+                rollout_json=data,
+                status=status,
+                results_maxlen=self.limits.results_maxlen,
+                dead_letter=failed,
+                now=time.time(),
+                duration=duration,
+                keep_seconds=self.limits.keep_seconds,
+                reward=reward,
+                resources_id=resources_id,
+            )
         )
         return Publication(rollout, attempt, status, call, task, member)
 

@@ -23,7 +23,8 @@ from collections.abc import Callable
 import redis
 
 from rollq.store.reaper import reap, take_turn
-from rollq.store.transitions import Clock, Lifecycle
+from rollq.store.replies import Clock
+from rollq.store.transitions import Lifecycle
 
 log = logging.getLogger(__name__)
 
@@ -66,7 +67,7 @@ class Heartbeat(threading.Thread):
             if self.on_beat is not None:
                 self.on_beat()
             return
-        clock = self.lifecycle.heartbeat(members, within=self.interval)
+        clock = self.lifecycle.beat(members, within=self.interval)
         if members and self.on_lost is not None:
             # An attempt no longer in flight was cancelled or taken over by a reaper: its agent
             # works for nothing, so the worker is told to stop it and free the slot.

@@ -33,7 +33,8 @@ from rq.queue import Queue
 from rq.utils import now
 from rq.worker import BaseWorker, WorkerStatus
 
-from rollq.store.transitions import Claim, FinishReply, replied
+from rollq.store.replies import Claim, FinishReply
+from rollq.store.scripts import replied
 
 from .attempt import Publication
 from .bookkeeping import Batcher

@@ -52,8 +52,9 @@ from rollq.models.errors import InvalidTaskError
 from rollq.store.connection import REFUSALS, describe_client, retry_policy
 from rollq.store.eviction import warn_if_evicting
 from rollq.store.jobs import RollqJob, read_rollq_jobs, rollout_id_of
-from rollq.store.keys import Keys, StatsField
+from rollq.store.keys import Keys
 from rollq.store.resources import ResourceStore
+from rollq.store.stats import StatsField
 from rollq.store.transitions import Lifecycle
 
 from . import rq_url

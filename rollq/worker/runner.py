@@ -37,7 +37,8 @@ from rollq.models.errors import (
 from rollq.models.policy import FailureKind, RolloutPolicy
 from rollq.store.keys import inflight_member
 from rollq.store.records import parse_task
-from rollq.store.transitions import Claim, ClaimRefused, FinishReply, Lifecycle
+from rollq.store.replies import Claim, ClaimRefused, FinishReply
+from rollq.store.transitions import Lifecycle
 
 from .agent import LitAgent
 from .attempt import Attempt, Attempts, Publication, PublishLimits, Settled

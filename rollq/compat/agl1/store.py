@@ -28,7 +28,8 @@ from rollq.producer.results import fetch_rollouts
 from rollq.store.keys import StreamField, TaskField, inflight_member
 from rollq.store.queries import read_attempts
 from rollq.store.records import TaskRecord, read_record, read_records
-from rollq.store.transitions import ClaimRefused, Published
+from rollq.store.replies import ClaimRefused, Published
+from rollq.store.transitions import Finish
 
 from . import events as event_views
 from .keys import Agl1Keys
@@ -239,14 +240,16 @@ class Agl1Store:
             generation=record.generation,
         )
         reply = self.producer.lifecycle.finish(
-            rid,
-            attempt,
-            rollout.model_dump_json(),
-            (RolloutStatus.SUCCEEDED if succeeded else RolloutStatus.FAILED).value,
-            results_maxlen=self.producer.results_maxlen,
-            dead_letter=not succeeded,
-            now=time.time(),
-            reward=rollout.final_reward,
+            Finish(
+                rollout_id=rid,
+                attempt=attempt,
+                rollout_json=rollout.model_dump_json(),
+                status=RolloutStatus.SUCCEEDED if succeeded else RolloutStatus.FAILED,
+                results_maxlen=self.producer.results_maxlen,
+                dead_letter=not succeeded,
+                now=time.time(),
+                reward=rollout.final_reward,
+            )
         )
         if not isinstance(reply, Published):
             raise InvalidTransition(f"Rollout {rid}: attempt {attempt} is no longer current ({type(reply).__name__})")

@@ -5,28 +5,30 @@
 -- finds every promise broken by more than a second (Redis was stopped, restarted or out of reach of all clients),
 -- reaping waits for the longest promised interval plus a second, so that the workers' first heartbeats after the
 -- stall land before any reaper judges a deadline.
--- KEYS: inflight, clock
--- ARGV: within (seconds; 0 = no promise), then member, unresponsive_seconds pairs (ZADD XX: never re-adds an
---       attempt that finished or was taken over)
 -- Returns {now, grace_until|''} as strings.
+local inflight = KEYS[1]
+local clock = KEYS[2]
+local within = tonumber(ARGV[1]) or 0  -- seconds; 0 = no promise
+-- member, unresponsive_seconds pairs (ZADD XX: never re-adds an attempt that finished or was taken over)
+local attempts = list_from(ARGV, 2)
+
 local time = redis.call('TIME')
 local now = tonumber(time[1]) + tonumber(time[2]) / 1000000
-local c = redis.call('HMGET', KEYS[2], 'due', 'grace_until', 'longest')
+local c = redis.call('HMGET', clock, 'due', 'grace_until', 'longest')
 local due, grace_until = tonumber(c[1]), tonumber(c[2])
-local within = tonumber(ARGV[1]) or 0
 local longest = math.max(tonumber(c[3]) or 0, within)
 if due and now > due + 1 then
   grace_until = now + longest + 1
-  redis.call('HSET', KEYS[2], 'grace_until', tostring(grace_until))
+  redis.call('HSET', clock, 'grace_until', tostring(grace_until))
 end
 if within > 0 then
-  redis.call('HSET', KEYS[2], 'due', tostring(math.max(due or 0, now + within)), 'longest', tostring(longest))
-  redis.call('EXPIRE', KEYS[2], 3600)
+  redis.call('HSET', clock, 'due', tostring(math.max(due or 0, now + within)), 'longest', tostring(longest))
+  redis.call('EXPIRE', clock, 3600)
 end
-for i = 2, #ARGV - 1, 2 do
-  local unresponsive = tonumber(ARGV[i + 1])
+for i = 1, #attempts - 1, 2 do
+  local unresponsive = tonumber(attempts[i + 1])
   if unresponsive then
-    redis.call('ZADD', KEYS[1], 'XX', now + unresponsive, ARGV[i])
+    redis.call('ZADD', inflight, 'XX', now + unresponsive, attempts[i])
   end
 end
 return {tostring(now), grace_until and tostring(grace_until) or ''}

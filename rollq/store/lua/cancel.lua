@@ -2,34 +2,43 @@
 -- one loses its attempt (the worker's later finish is answered 'cancelled' and dropped). Either way the task ends
 -- now with the given cancelled rollout on the results stream, so every task still has exactly one outcome.
 -- The results stream is kept within its bounds by trim_results (lua/trim_results.lua, put before this script).
--- KEYS: task, inflight, results, resources_refs, stats, results_trim
--- ARGV: rollout_id, rollout_json (metadata.status = "cancelled"; attempt and worker are filled in here), maxlen, now,
---       max_bytes
 -- Returns {'missing'} | {'finished', state} | {'cancelled', previous_state, attempt, results_stream_id}
-local t = redis.call('HMGET', KEYS[1], F.state, F.attempt, F.resources_id, F.mode, F.worker, F.task)
+local task_key = KEYS[1]
+local inflight = KEYS[2]
+local results = KEYS[3]
+local resources_refs = KEYS[4]
+local stats = KEYS[5]
+local results_trim = KEYS[6]
+local rollout_id = ARGV[1]
+local rollout_json = ARGV[2]  -- metadata.status = "cancelled"; attempt and worker are filled in here
+local maxlen = tonumber(ARGV[3])
+local now = ARGV[4]
+local max_bytes = tonumber(ARGV[5])
+
+local t = redis.call('HMGET', task_key, F.state, F.attempt, F.resources_id, F.mode, F.worker, F.task)
 if not t[6] then
-  return {'missing'}
+  return {REPLY.missing}
 end
-local state = t[1] or 'queued'
-if state ~= 'queued' and state ~= 'running' then
-  return {'finished', state}
+local state = t[1] or STATE.queued
+if state ~= STATE.queued and state ~= STATE.running then
+  return {REPLY.finished, state}
 end
 local attempt = tonumber(t[2] or '0') or 0
-local rollout = cjson.decode(ARGV[2])
+local rollout = cjson.decode(rollout_json)
 rollout['metadata']['attempt'] = attempt
 rollout['metadata']['worker'] = t[5] or ''
-if state == 'running' then
-  redis.call('ZREM', KEYS[2], member(ARGV[1], attempt))
-  redis.call('HSET', KEYS[1], end_field(attempt), history('cancelled', ARGV[4]))
+if state == STATE.running then
+  redis.call('ZREM', inflight, member(rollout_id, attempt))
+  redis.call('HSET', task_key, end_field(attempt), history(STATE.cancelled, now))
 end
-local rollout_json = cjson.encode(rollout)
-local id = redis.call('XADD', KEYS[3], '*', S.rollout_id, ARGV[1], S.rollout, rollout_json)
-trim_results(KEYS[3], KEYS[5], KEYS[6], tonumber(ARGV[3]), tonumber(ARGV[5]), id, #ARGV[1] + #rollout_json)
-redis.call('HSET', KEYS[1], F.state, 'cancelled', F.result, id, F.ended, ARGV[4])
+local published = cjson.encode(rollout)
+local id = redis.call('XADD', results, '*', S.rollout_id, rollout_id, S.rollout, published)
+trim_results(results, stats, results_trim, maxlen, max_bytes, id, #rollout_id + #published)
+redis.call('HSET', task_key, F.state, STATE.cancelled, F.result, id, F.ended, now)
 if t[3] and t[3] ~= '' then
-  if count(KEYS[4], t[3], -1) <= 0 then
-    redis.call('HDEL', KEYS[4], t[3])
+  if count(resources_refs, t[3], -1) <= 0 then
+    redis.call('HDEL', resources_refs, t[3])
   end
 end
-count(KEYS[5], outcome_stat('cancelled', t[4]), 1)
-return {'cancelled', state, attempt, id}
+count(stats, outcome_stat(STATE.cancelled, t[4]), 1)
+return {REPLY.cancelled, state, attempt, id}

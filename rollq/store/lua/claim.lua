@@ -2,45 +2,51 @@
 -- Only the RQ job that currently stands for the task may claim it, so a stray or duplicated job runs nothing.
 -- The heartbeat deadline is Redis's own time plus unresponsive_seconds, so clients' clocks do not matter.
 -- Every number is checked before the first write: Redis does not undo a script that fails part way.
--- A cancelled task is not 'queued', so its claim is refused as stale.
+-- A cancelled task is not queued, so its claim is refused as stale.
 -- Also records the attempt in the task's history (claim_field(attempt) = worker|claim time; only the newest
 -- HISTORY_LIMIT attempts are kept).
--- KEYS: task, inflight, resources_latest
--- ARGV: rollout_id, job_id, worker_name
 -- Returns {'missing'} | {'stale', state} | {'invalid', reason} (nothing written) |
 --         {'claimed', attempt, task_json, policy_json, latest_resources_id|'', attempts_used, now, generation}
--- (F, S, member and the stats helpers come from the header rollq.store.keys.lua_header() puts before every script.)
-local t = redis.call('HMGET', KEYS[1], F.task, F.policy, F.state, F.job, F.unresponsive, F.worker, F.attempt,
+-- (F, S, STATE, REPLY, member and the stats helpers come from the header rollq.store.scripts.lua_header() puts
+-- before every script.)
+local task_key = KEYS[1]
+local inflight = KEYS[2]
+local resources_latest = KEYS[3]
+local rollout_id = ARGV[1]
+local job_id = ARGV[2]
+local worker = ARGV[3]
+
+local t = redis.call('HMGET', task_key, F.task, F.policy, F.state, F.job, F.unresponsive, F.worker, F.attempt,
   F.attempts, F.claims, F.generation)
 if not t[1] then
-  return {'missing'}
+  return {REPLY.missing}
 end
 local time = redis.call('TIME')
 local now = tonumber(time[1]) + tonumber(time[2]) / 1000000
 local generation = tonumber(t[10]) or 1
-if t[3] == 'running' and t[4] == ARGV[2] and t[6] == ARGV[3] then
+if t[3] == STATE.running and t[4] == job_id and t[6] == worker then
   -- This worker's own claim, sent again because a connection drop swallowed the reply.
-  return {'claimed', tonumber(t[7]), t[1], t[2], redis.call('GET', KEYS[3]) or '', tonumber(t[8]), tostring(now),
-    generation}
+  return {REPLY.claimed, tonumber(t[7]), t[1], t[2], redis.call('GET', resources_latest) or '', tonumber(t[8]),
+    tostring(now), generation}
 end
-if t[3] ~= 'queued' or t[4] ~= ARGV[2] then
-  return {'stale', t[3] or ''}
+if t[3] ~= STATE.queued or t[4] ~= job_id then
+  return {REPLY.stale, t[3] or ''}
 end
 local unresponsive = tonumber(t[5])
 if not unresponsive or unresponsive <= 0 then
-  return {'invalid', F.unresponsive .. ' is ' .. tostring(t[5]) .. ', not a positive number'}
+  return {REPLY.invalid, F.unresponsive .. ' is ' .. tostring(t[5]) .. ', not a positive number'}
 end
 for _, i in ipairs({8, 9}) do
   if t[i] and not string.match(t[i], '^%d+$') then
-    return {'invalid', (i == 8 and F.attempts or F.claims) .. ' is ' .. t[i] .. ', not a whole number'}
+    return {REPLY.invalid, (i == 8 and F.attempts or F.claims) .. ' is ' .. t[i] .. ', not a whole number'}
   end
 end
-local attempt = redis.call('HINCRBY', KEYS[1], F.claims, 1)
-local used = redis.call('HINCRBY', KEYS[1], F.attempts, 1)
-redis.call('HSET', KEYS[1], F.state, 'running', F.attempt, attempt, F.last_claim, tostring(now), F.worker, ARGV[3],
-  claim_field(attempt), history(ARGV[3], tostring(now)))
+local attempt = redis.call('HINCRBY', task_key, F.claims, 1)
+local used = redis.call('HINCRBY', task_key, F.attempts, 1)
+redis.call('HSET', task_key, F.state, STATE.running, F.attempt, attempt, F.last_claim, tostring(now), F.worker, worker,
+  claim_field(attempt), history(worker, tostring(now)))
 if attempt > HISTORY_LIMIT then
-  redis.call('HDEL', KEYS[1], claim_field(attempt - HISTORY_LIMIT), end_field(attempt - HISTORY_LIMIT))
+  redis.call('HDEL', task_key, claim_field(attempt - HISTORY_LIMIT), end_field(attempt - HISTORY_LIMIT))
 end
-redis.call('ZADD', KEYS[2], now + unresponsive, member(ARGV[1], attempt))
-return {'claimed', attempt, t[1], t[2], redis.call('GET', KEYS[3]) or '', used, tostring(now), generation}
+redis.call('ZADD', inflight, now + unresponsive, member(rollout_id, attempt))
+return {REPLY.claimed, attempt, t[1], t[2], redis.call('GET', resources_latest) or '', used, tostring(now), generation}

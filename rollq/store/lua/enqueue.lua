@@ -1,41 +1,47 @@
 -- Queue a batch of new tasks that share a mode, a resources pin and a policy. Each task is queued once:
 -- its record, its RQ job and the queue push happen together or not at all; a known rollout id is skipped.
--- KEYS: rq_queue, rq_queues, resources_refs, resources_version (rq_queue again when unpinned),
---       then per task: task, rq_job
--- ARGV: policy_json, unresponsive_seconds, resources_id|'', mode|'', n, n job-template field/value items,
---       then per task: task_json, job_id, job payload, job description
 -- Returns one word per task, 'queued', 'known', or 'job_taken' (nothing written for that task: its job id holds a
 -- job hash that stands for something else); or 'unknown_resources' for the whole batch when the pinned resources
 -- version does not exist (then nothing is written).
-local pinned = ARGV[3]
-if pinned ~= '' and redis.call('EXISTS', KEYS[4]) == 0 then
-  return 'unknown_resources'
+local rq_queue = KEYS[1]
+local rq_queues = KEYS[2]
+local resources_refs = KEYS[3]
+local resources_version = KEYS[4]  -- rq_queue again when unpinned
+local task_keys = list_from(KEYS, 5)  -- per task: task, rq_job
+local policy_json = ARGV[1]
+local unresponsive_seconds = ARGV[2]
+local pinned = ARGV[3]  -- the resources version id, '' when unpinned
+local mode = ARGV[4]  -- '' for none
+local template_size = tonumber(ARGV[5])
+local template = list_from(ARGV, 6, 5 + template_size)  -- job hash field/value items every task's job shares
+local task_args = list_from(ARGV, 6 + template_size)  -- per task: task_json, job_id, job payload, job description
+
+if pinned ~= '' and redis.call('EXISTS', resources_version) == 0 then
+  return ENQUEUED.unknown_resources
 end
-local n = tonumber(ARGV[5])
-local template = {unpack(ARGV, 6, 5 + n)}
-local first = 6 + n
 local codes, pushed = {}, {}
-for i = 1, (#KEYS - 4) / 2 do
-  local task_key, job_key = KEYS[3 + 2 * i], KEYS[4 + 2 * i]
-  local a = first + 4 * (i - 1)
+for i = 1, #task_keys / 2 do
+  local task_key, job_key = task_keys[2 * i - 1], task_keys[2 * i]
+  local a = 4 * (i - 1)
+  local task_json, job_id, payload, description = task_args[a + 1], task_args[a + 2], task_args[a + 3], task_args[a + 4]
   local held = redis.call('HGET', job_key, 'data')
   if redis.call('EXISTS', task_key) == 1 then
-    codes[i] = 'known'
-  elseif held and held ~= ARGV[a + 2] then
-    codes[i] = 'job_taken'
+    codes[i] = ENQUEUED.known
+  elseif held and held ~= payload then
+    codes[i] = ENQUEUED.job_taken
   else
-    redis.call('HSET', task_key, F.task, ARGV[a], F.policy, ARGV[1], F.unresponsive, ARGV[2], F.job, ARGV[a + 1],
-      F.resources_id, pinned, F.mode, ARGV[4], F.state, 'queued', F.claims, 0, F.attempts, 0)
-    redis.call('HSET', job_key, 'data', ARGV[a + 2], 'description', ARGV[a + 3], unpack(template))
+    redis.call('HSET', task_key, F.task, task_json, F.policy, policy_json, F.unresponsive, unresponsive_seconds,
+      F.job, job_id, F.resources_id, pinned, F.mode, mode, F.state, STATE.queued, F.claims, 0, F.attempts, 0)
+    redis.call('HSET', job_key, 'data', payload, 'description', description, unpack(template))
     if pinned ~= '' then
-      count(KEYS[3], pinned, 1)
+      count(resources_refs, pinned, 1)
     end
-    pushed[#pushed + 1] = ARGV[a + 1]
-    codes[i] = 'queued'
+    pushed[#pushed + 1] = job_id
+    codes[i] = ENQUEUED.queued
   end
 end
 if #pushed > 0 then
-  redis.call('RPUSH', KEYS[1], unpack(pushed))
-  redis.call('SADD', KEYS[2], KEYS[1])
+  redis.call('RPUSH', rq_queue, unpack(pushed))
+  redis.call('SADD', rq_queues, rq_queue)
 end
 return codes

@@ -1,43 +1,55 @@
 -- Queue again a task whose RQ job vanished: deleted (rq-dashboard's Delete or Empty buttons, `rq empty`) or left
 -- on none of RQ's lists (a flushed list). A vanished job hash is acted on at once: nothing in rollq deletes the hash
 -- of a job its task still waits for. A job hash on none of the lists is only marked on the first sighting and acted
--- on when a later pass, unresponsive_seconds (at most 30 s) on, finds it still so: a worker between RQ's lists could otherwise be raced.
+-- on when a later pass, unresponsive_seconds (at most 30 s) on, finds it still so: a worker between RQ's lists could
+-- otherwise be raced.
 -- The list check (two LPOS, linear in the lists' length) runs only when `deep` is 1: the caller bounds how many
 -- it asks for.
--- KEYS: task, rq_queue, rq_intermediate, rq_queues, old rq_job, new rq_job, marker, stats
--- ARGV: rollout_id, old_job_id, new_job_id, now, deep (0|1),
---       new job hash field/value pairs... (the first pair is 'data', payload)
 -- Returns 1 queued again, 0 not (or not yet), -1 the new job id holds a job hash that stands for something else.
-local t = redis.call('HMGET', KEYS[1], F.state, F.job, F.unresponsive)
-if t[1] ~= 'queued' or t[2] ~= ARGV[2] then
-  redis.call('DEL', KEYS[7])
+local task_key = KEYS[1]
+local rq_queue = KEYS[2]
+local rq_intermediate = KEYS[3]
+local rq_queues = KEYS[4]
+local old_job_key = KEYS[5]
+local new_job_key = KEYS[6]
+local marker = KEYS[7]  -- when a pass first saw the old job on none of RQ's lists
+local stats = KEYS[8]
+local old_job_id = ARGV[1]
+local new_job_id = ARGV[2]
+local now = ARGV[3]
+local deep = ARGV[4] == '1'
+local job_fields = list_from(ARGV, 5)  -- the new job hash's field/value pairs, 'data' and its payload first
+
+local t = redis.call('HMGET', task_key, F.state, F.job, F.unresponsive)
+if t[1] ~= STATE.queued or t[2] ~= old_job_id then
+  redis.call('DEL', marker)
   return 0
 end
-if redis.call('EXISTS', KEYS[5]) == 1 then
-  if ARGV[5] ~= '1' then
+if redis.call('EXISTS', old_job_key) == 1 then
+  if not deep then
     return 0
   end
-  if redis.call('LPOS', KEYS[2], ARGV[2]) or redis.call('LPOS', KEYS[3], ARGV[2]) then
-    redis.call('DEL', KEYS[7])
+  if redis.call('LPOS', rq_queue, old_job_id) or redis.call('LPOS', rq_intermediate, old_job_id) then
+    redis.call('DEL', marker)
     return 0
   end
-  local seen = tonumber(redis.call('GET', KEYS[7]))
+  local seen = tonumber(redis.call('GET', marker))
   if not seen then
-    redis.call('SET', KEYS[7], ARGV[4], 'EX', 600)
+    redis.call('SET', marker, now, 'EX', 600)
     return 0
   end
-  if tonumber(ARGV[4]) - seen < math.min(tonumber(t[3]) or 30, 30) then
+  if tonumber(now) - seen < math.min(tonumber(t[3]) or 30, 30) then
     return 0
   end
 end
-local taken = redis.call('HGET', KEYS[6], 'data')
-if taken and taken ~= ARGV[7] then
+local taken = redis.call('HGET', new_job_key, 'data')
+if taken and taken ~= job_fields[2] then
   return -1
 end
-redis.call('DEL', KEYS[7])
-redis.call('HSET', KEYS[1], F.job, ARGV[3])
-redis.call('HSET', KEYS[6], unpack(ARGV, 6))
-redis.call('RPUSH', KEYS[2], ARGV[3])
-redis.call('SADD', KEYS[4], KEYS[2])
-count(KEYS[8], requeue_stat('vanished'), 1)
+redis.call('DEL', marker)
+redis.call('HSET', task_key, F.job, new_job_id)
+redis.call('HSET', new_job_key, unpack(job_fields))
+redis.call('RPUSH', rq_queue, new_job_id)
+redis.call('SADD', rq_queues, rq_queue)
+count(stats, requeue_stat('vanished'), 1)
 return 1

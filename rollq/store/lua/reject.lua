@@ -2,19 +2,30 @@
 -- its failed rollout, naming the problem, is published as the task's outcome and the task is dead-lettered.
 -- Only the job that currently stands for the task may do this, as only it may claim the task.
 -- The results stream is kept within its bounds by trim_results (lua/trim_results.lua, put before this script).
--- KEYS: task, results, dead_letter, stats, resources_refs, results_trim
--- ARGV: rollout_id, job_id, rollout_json, maxlen, now, max_bytes
 -- Returns {'published', entry_id} | {'superseded'} when the task no longer waits for that job.
-local t = redis.call('HMGET', KEYS[1], F.state, F.job, F.mode, F.resources_id)
-if t[1] ~= 'queued' or t[2] ~= ARGV[2] then
-  return {'superseded'}
+local task_key = KEYS[1]
+local results = KEYS[2]
+local dead_letter = KEYS[3]
+local stats = KEYS[4]
+local resources_refs = KEYS[5]
+local results_trim = KEYS[6]
+local rollout_id = ARGV[1]
+local job_id = ARGV[2]
+local rollout_json = ARGV[3]
+local maxlen = tonumber(ARGV[4])
+local now = ARGV[5]
+local max_bytes = tonumber(ARGV[6])
+
+local t = redis.call('HMGET', task_key, F.state, F.job, F.mode, F.resources_id)
+if t[1] ~= STATE.queued or t[2] ~= job_id then
+  return {REPLY.superseded}
 end
-local id = redis.call('XADD', KEYS[2], '*', S.rollout_id, ARGV[1], S.rollout, ARGV[3])
-trim_results(KEYS[2], KEYS[4], KEYS[6], tonumber(ARGV[4]), tonumber(ARGV[6]), id, #ARGV[1] + #ARGV[3])
-redis.call('HSET', KEYS[1], F.state, 'failed', F.result, id, F.ended, ARGV[5])
-redis.call('ZADD', KEYS[3], ARGV[5], ARGV[1])
-count(KEYS[4], outcome_stat('failed', t[3] or ''), 1)
-if t[4] and t[4] ~= '' and count(KEYS[5], t[4], -1) <= 0 then
-  redis.call('HDEL', KEYS[5], t[4])
+local id = redis.call('XADD', results, '*', S.rollout_id, rollout_id, S.rollout, rollout_json)
+trim_results(results, stats, results_trim, maxlen, max_bytes, id, #rollout_id + #rollout_json)
+redis.call('HSET', task_key, F.state, STATE.failed, F.result, id, F.ended, now)
+redis.call('ZADD', dead_letter, now, rollout_id)
+count(stats, outcome_stat(STATE.failed, t[3] or ''), 1)
+if t[4] and t[4] ~= '' and count(resources_refs, t[4], -1) <= 0 then
+  redis.call('HDEL', resources_refs, t[4])
 end
-return {'published', id}
+return {REPLY.published, id}

@@ -1,40 +1,51 @@
 -- End the current attempt without an outcome and queue the task again as a new RQ job:
 -- a retry after a failure, a requeue of an unresponsive attempt, or a hand-back on graceful stop.
 -- Nothing is written when the new job id holds a job hash that stands for something else.
--- KEYS: task, inflight, rq_queue, rq_queues, rq_job (new), stats
--- ARGV: rollout_id, attempt, new_job_id, reason, stale_before|'', at_front(0|1), job hash field/value pairs...
---       (the first pair is 'data', payload)
 -- Records the attempt's end in the task's history (end_field(attempt) = reason|server time).
 -- Returns 'requeued'; 'superseded' when the attempt is not current; 'alive' when stale_before is set and the
 -- attempt heartbeated after it; 'conflict' when the new job id is taken by another job.
-local running = member(ARGV[1], ARGV[2])
-local t = redis.call('HMGET', KEYS[1], F.state, F.attempt, F.attempts)
-if t[1] ~= 'running' or t[2] ~= ARGV[2] then
-  return 'superseded'
+local task_key = KEYS[1]
+local inflight = KEYS[2]
+local rq_queue = KEYS[3]
+local rq_queues = KEYS[4]
+local new_job_key = KEYS[5]
+local stats = KEYS[6]
+local rollout_id = ARGV[1]
+local attempt = ARGV[2]  -- a string, as the task record holds it
+local new_job_id = ARGV[3]
+local reason = ARGV[4]  -- retry | unresponsive | released (a hand-back gives the attempt back)
+local stale_before = ARGV[5]  -- '' unless a reaper requeues the attempt
+local at_front = ARGV[6] == '1'
+local job_fields = list_from(ARGV, 7)  -- the new job hash's field/value pairs, 'data' and its payload first
+
+local running = member(rollout_id, attempt)
+local t = redis.call('HMGET', task_key, F.state, F.attempt, F.attempts)
+if t[1] ~= STATE.running or t[2] ~= attempt then
+  return REPLY.superseded
 end
-if ARGV[5] ~= '' then
-  local deadline = redis.call('ZSCORE', KEYS[2], running)
-  if deadline and tonumber(deadline) > tonumber(ARGV[5]) then
-    return 'alive'
+if stale_before ~= '' then
+  local deadline = redis.call('ZSCORE', inflight, running)
+  if deadline and tonumber(deadline) > tonumber(stale_before) then
+    return REPLY.alive
   end
 end
-local taken = redis.call('HGET', KEYS[5], 'data')
-if taken and taken ~= ARGV[8] then
-  return 'conflict'
+local taken = redis.call('HGET', new_job_key, 'data')
+if taken and taken ~= job_fields[2] then
+  return REPLY.conflict
 end
-redis.call('ZREM', KEYS[2], running)
+redis.call('ZREM', inflight, running)
 local clock = redis.call('TIME')
-redis.call('HSET', KEYS[1], F.state, 'queued', F.job, ARGV[3],
-  end_field(ARGV[2]), history(ARGV[4], clock[1] .. '.' .. string.format('%06d', clock[2])))
-if ARGV[4] == 'released' and t[3] and string.match(t[3], '^%d+$') then
-  redis.call('HINCRBY', KEYS[1], F.attempts, -1)
+redis.call('HSET', task_key, F.state, STATE.queued, F.job, new_job_id,
+  end_field(attempt), history(reason, clock[1] .. '.' .. string.format('%06d', clock[2])))
+if reason == 'released' and t[3] and string.match(t[3], '^%d+$') then
+  redis.call('HINCRBY', task_key, F.attempts, -1)
 end
-count(KEYS[6], requeue_stat(ARGV[4]), 1)
-redis.call('HSET', KEYS[5], unpack(ARGV, 7))
-if ARGV[6] == '1' then
-  redis.call('LPUSH', KEYS[3], ARGV[3])
+count(stats, requeue_stat(reason), 1)
+redis.call('HSET', new_job_key, unpack(job_fields))
+if at_front then
+  redis.call('LPUSH', rq_queue, new_job_id)
 else
-  redis.call('RPUSH', KEYS[3], ARGV[3])
+  redis.call('RPUSH', rq_queue, new_job_id)
 end
-redis.call('SADD', KEYS[4], KEYS[3])
-return 'requeued'
+redis.call('SADD', rq_queues, rq_queue)
+return REPLY.requeued

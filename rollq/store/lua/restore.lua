@@ -6,30 +6,36 @@
 -- A job whose task no longer waits for it (its worker claimed it and died before RQ's start bookkeeping; the
 -- reaper requeued the attempt) is a leftover: it is dropped from the list after 30 s, so that leftovers never
 -- pile up in front of the entries a reaper reads.
--- KEYS: task, rq_intermediate, rq_queue, marker, stats
--- ARGV: job_id, now
 -- Returns 1 pushed back, 0 not (or not yet) stranded, -1 a leftover dropped.
-local t = redis.call('HMGET', KEYS[1], F.state, F.job, F.unresponsive)
-local waiting = t[1] == 'queued' and t[2] == ARGV[1]
+local task_key = KEYS[1]
+local rq_intermediate = KEYS[2]
+local rq_queue = KEYS[3]
+local marker = KEYS[4]  -- when a pass first saw the job stranded
+local stats = KEYS[5]
+local job_id = ARGV[1]
+local now = ARGV[2]
+
+local t = redis.call('HMGET', task_key, F.state, F.job, F.unresponsive)
+local waiting = t[1] == STATE.queued and t[2] == job_id
 local grace = 30
 if waiting then
   grace = math.min(tonumber(t[3]) or 30, 30)
 end
-local seen = redis.call('GET', KEYS[4])
+local seen = redis.call('GET', marker)
 if not seen or not tonumber(seen) then
-  redis.call('SET', KEYS[4], ARGV[2], 'EX', 2 * grace + 60)
+  redis.call('SET', marker, now, 'EX', 2 * grace + 60)
   return 0
 end
-if tonumber(ARGV[2]) - tonumber(seen) < grace then
+if tonumber(now) - tonumber(seen) < grace then
   return 0
 end
-redis.call('DEL', KEYS[4])
-if redis.call('LREM', KEYS[2], 1, ARGV[1]) == 0 then
+redis.call('DEL', marker)
+if redis.call('LREM', rq_intermediate, 1, job_id) == 0 then
   return 0
 end
 if not waiting then
   return -1
 end
-redis.call('LPUSH', KEYS[3], ARGV[1])
-count(KEYS[5], requeue_stat('stranded'), 1)
+redis.call('LPUSH', rq_queue, job_id)
+count(stats, requeue_stat('stranded'), 1)
 return 1

@@ -1,5 +1,6 @@
--- Library, not a script: put before finish.lua by rollq.store.transitions. Keeps the results stream within its
--- bounds without ever dropping an entry a consumer group still needs, until the hard byte limit forces it.
+-- Library, not a script: put before finish.lua, reject.lua and cancel.lua by rollq.store.scripts. Keeps the results
+-- stream within its bounds without ever dropping an entry a consumer group still needs, until the hard byte limit
+-- forces it.
 --
 -- The bounds: at most `maxlen` entries and half of `max_bytes` payload bytes (rollout JSON + rollout id); trimming
 -- down to them stops at the oldest entry some group has not been delivered or has not acknowledged. Past `max_bytes`

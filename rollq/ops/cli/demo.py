@@ -1,0 +1,38 @@
+"""``rollq demo``: the sample agent end to end, on an embedded Redis unless a URL is given."""
+
+from __future__ import annotations
+
+import click
+
+from rollq.store.connection import check_reachable
+
+from . import context
+from .errors import one_line_errors
+
+
+@click.command()
+@click.option(
+    "--redis-url", default=None, metavar="URL", hidden=True, help="Same as the global --url (older spelling)."
+)
+@click.option("--tasks", default=300, show_default=True, help="Tasks to queue.")
+@click.option("--workers", default=3, show_default=True, help="Worker processes to start.")
+@click.option("--concurrency", default=16, show_default=True, help="Rollouts in flight per worker.")
+@click.option("--timeout", default=300.0, show_default=True, help="Seconds to wait for every rollout.")
+@click.pass_context
+@one_line_errors
+def demo(ctx: click.Context, redis_url: str | None, tasks: int, workers: int, concurrency: int, timeout: float) -> None:
+    """Run the sample agent end to end and print a summary.
+
+    With no URL at all (or --url memory://) it starts an embedded fake Redis
+    and says so; with --url (or ROLLQ_REDIS_URL) it runs on that Redis, in the
+    namespace rollq-demo.
+    """
+    from rollq.ops.demo import run_demo
+
+    url = redis_url or ctx.find_root().params["url"]
+    if url and not url.startswith("memory:"):
+        url = context.redis_url(ctx) if not redis_url else check_reachable(redis_url)
+    else:
+        url = None
+    summary = run_demo(url, tasks=tasks, workers=workers, concurrency=concurrency, timeout=timeout, echo=click.echo)
+    click.echo(summary.render())

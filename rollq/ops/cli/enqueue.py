@@ -1,0 +1,150 @@
+"""``rollq enqueue``: queue tasks from a JSONL file, every line checked before anything is queued."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import sys
+import time
+import uuid
+from typing import IO, Any
+
+import click
+from pydantic import ValidationError
+from tqdm import tqdm
+
+from rollq.models.contract import Task
+
+from . import context
+from .errors import one_line_errors
+
+_LINE_KEYS = {"input", "rollout_id", "mode", "resources_id", "metadata"}
+
+
+def _parse_line(number: int, line: str, mode: str | None, resources_id: str | None) -> Task:
+    """One JSONL line as a Task (with the command's defaults), or ValueError naming the line."""
+    try:
+        entry = json.loads(line)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"line {number}: not JSON ({exc.msg})") from exc
+    if not isinstance(entry, dict) or "input" not in entry:
+        raise ValueError(f'line {number}: expected an object with an "input" key')
+    unknown = set(entry) - _LINE_KEYS
+    if unknown:
+        raise ValueError(f"line {number}: unknown key(s) {', '.join(sorted(unknown))}")
+    try:
+        return Task(
+            rollout_id=entry.get("rollout_id") or f"rollout-{uuid.uuid4().hex}",
+            input=entry["input"],
+            mode=entry.get("mode", mode),
+            resources_id=entry.get("resources_id", resources_id),
+            metadata=entry.get("metadata") or {},
+        )
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        raise ValueError(f"line {number}: {where}: {first['msg']}") from exc
+
+
+def _read_tasks(stream: IO[str], mode: str | None, resources_id: str | None) -> list[Task]:
+    """Every line of ``stream`` as a Task, checked before anything is queued; the error names each bad line."""
+    tasks, errors = [], []
+    for number, line in enumerate(stream, 1):
+        if not line.strip():
+            continue
+        try:
+            tasks.append(_parse_line(number, line, mode, resources_id))
+        except ValueError as exc:
+            errors.append(str(exc))
+    if errors:
+        more = f" (and {len(errors) - 1} more bad line(s))" if len(errors) > 1 else ""
+        raise ValueError(f"{errors[0]}{more}; nothing was queued")
+    ids = [t.rollout_id for t in tasks]
+    if len(set(ids)) != len(ids):
+        dup = next(rid for rid in ids if ids.count(rid) > 1)
+        raise ValueError(f"rollout id {dup!r} appears on more than one line; nothing was queued")
+    return tasks
+
+
+@click.command()
+@click.argument("source", type=click.File("r"), default="-")
+@click.option(
+    "--mode", type=click.Choice(["train", "val", "test"]), default=None, help="Mode for lines that give none."
+)
+@click.option(
+    "--resources-id", default=None, help="Resources version for lines that give none (default: latest at run time)."
+)
+@click.option(
+    "--timeout",
+    "timeout_seconds",
+    type=click.FloatRange(min=0, min_open=True),
+    default=None,
+    help="Hard limit per attempt, seconds [default 300].",
+)
+@click.option("--max-attempts", type=click.IntRange(min=1), default=None, help="Attempts per task [default 3].")
+@click.option(
+    "--retry-on",
+    type=click.Choice(["exception", "timeout", "unresponsive"]),
+    multiple=True,
+    help="Failure kinds that get another attempt; repeatable [default: timeout, unresponsive].",
+)
+@click.pass_context
+@one_line_errors
+def enqueue(
+    ctx: click.Context,
+    source: IO[str],
+    mode: str | None,
+    resources_id: str | None,
+    timeout_seconds: float | None,
+    max_attempts: int | None,
+    retry_on: tuple[str, ...],
+) -> None:
+    """Queue tasks from a JSONL file (or stdin), one object per line.
+
+    Each line: {"input": ..., "rollout_id"?, "mode"?, "resources_id"?, "metadata"?}.
+    The whole file is checked first: one bad line queues nothing. A rollout id
+    already known is not queued again (so re-running a file is safe).
+
+    Prints the rollout id of each line, then (on stderr) how many were new.
+    """
+    from rollq.models.policy import RolloutPolicy
+
+    tasks = _read_tasks(source, mode, resources_id)
+    producer = context.producer(ctx)
+    pinned = sorted({t.resources_id for t in tasks if t.resources_id})
+    missing = [rid for rid in pinned if not producer.connection.exists(producer.keys.resources(rid))]
+    if missing:
+        raise ValueError(
+            f"unknown resources id(s) {', '.join(missing)} in namespace {producer.namespace!r}; nothing was queued"
+        )
+    overrides = {
+        "timeout_seconds": timeout_seconds,
+        "max_attempts": max_attempts,
+        "retry_on": frozenset(retry_on) or None,
+    }
+    policy = producer.policy.model_copy(update={k: v for k, v in overrides.items() if v is not None})
+    RolloutPolicy.model_validate(policy.model_dump())  # model_copy skips validation
+
+    def batch_key(task: Task) -> tuple[Any, ...]:
+        return (task.mode, task.resources_id, json.dumps(task.metadata, sort_keys=True, default=str))
+
+    new = known = 0
+    # Consecutive lines that share their options go out as one batch (one round trip per 2000).
+    with tqdm(total=len(tasks), desc="enqueue", unit="task", file=sys.stderr, disable=len(tasks) < 1000) as bar:
+        for (line_mode, line_resources, _), group in itertools.groupby(tasks, key=batch_key):
+            batch = list(group)
+            started = time.time()
+            queued = producer.enqueue_many(
+                [task.input for task in batch],
+                mode=line_mode,
+                resources_id=line_resources,
+                metadata=batch[0].metadata,
+                rollout_ids=[task.rollout_id for task in batch],
+                policy=policy,
+            )
+            # A known id comes back as the stored task, created before this call began.
+            fresh = sum(1 for task in queued if (task.create_time or 0) >= started)
+            new, known = new + fresh, known + len(queued) - fresh
+            click.echo("\n".join(task.rollout_id for task in queued))
+            bar.update(len(batch))
+    click.echo(f"queued {new} new task(s); {known} already known (not queued again)", err=True)

@@ -1,0 +1,63 @@
+"""``rollq rollouts``: print a finished task's rollout, or follow the results stream."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import click
+
+from rollq.store.keys import StreamField
+
+from . import context
+from .errors import one_line_errors
+
+
+@click.group()
+def rollouts() -> None:
+    """Read finished rollouts."""
+
+
+@rollouts.command("get")
+@click.argument("rollout_id")
+@click.pass_context
+@one_line_errors
+def rollouts_get(ctx: click.Context, rollout_id: str) -> None:
+    """Print the final rollout of a finished task as JSON."""
+    from rollq.ops.lookup import final_rollout
+
+    click.echo(final_rollout(context.producer(ctx), rollout_id).model_dump_json(indent=2))
+
+
+@rollouts.command("tail")
+@click.option(
+    "--group",
+    default=None,
+    help="Read as a member of this consumer group (acknowledged, shared); default: just follow the stream.",
+)
+@click.option("--from-start", is_flag=True, help="Start at the oldest entry instead of new ones.")
+@click.option("--count", type=int, default=None, help="Stop after this many rollouts.")
+@click.pass_context
+@one_line_errors
+def rollouts_tail(ctx: click.Context, group: str | None, from_start: bool, count: int | None) -> None:
+    """Print finished rollouts as JSON lines as they arrive, until Ctrl+C."""
+    producer = context.producer(ctx)
+    try:
+        if group:
+            for n, rollout in enumerate(producer.rollouts(group, start="0" if from_start else "$"), 1):
+                click.echo(rollout.model_dump_json())
+                if count and n >= count:
+                    return
+            return
+        cursor = "0-0" if from_start else "$"
+        seen = 0
+        while True:
+            reply: Any = producer.connection.xread({producer.keys.results: cursor}, count=100, block=1000)
+            for _, entries in reply or []:
+                for entry_id, fields in entries:
+                    cursor = entry_id
+                    click.echo(fields[StreamField.ROLLOUT.encode()].decode())
+                    seen += 1
+                    if count and seen >= count:
+                        return
+    except KeyboardInterrupt:
+        return

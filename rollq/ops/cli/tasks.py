@@ -1,0 +1,63 @@
+"""``rollq task ID`` shows one task; ``rollq tasks`` lists tasks by state and mode and cancels them."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any
+
+import click
+
+from rollq.models.policy import TaskState
+
+from . import context
+from .errors import one_line_errors
+
+
+@click.command()
+@click.argument("rollout_id")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.pass_context
+@one_line_errors
+def task(ctx: click.Context, rollout_id: str, as_json: bool) -> None:
+    """Show one task: state, attempts, worker, times, policy, and the error if it failed."""
+    from rollq.ops.lookup import task_view
+
+    view = task_view(context.producer(ctx), rollout_id)
+    click.echo(json.dumps(view.to_dict(), indent=2) if as_json else view.render())
+
+
+@click.group()
+def tasks() -> None:
+    """List tasks by state and mode; cancel unfinished tasks."""
+
+
+def _plain(value: Any) -> Any:
+    return dataclasses.asdict(value) if dataclasses.is_dataclass(value) and not isinstance(value, type) else value
+
+
+@tasks.command("list")
+@click.option("--state", type=click.Choice([state.value for state in TaskState]))
+@click.option("--mode", type=click.Choice(["train", "val", "test"]))
+@click.option("--limit", default=100, show_default=True, type=click.IntRange(min=1))
+@click.option("--cursor", default=None, help="The cursor a previous page printed last.")
+@click.pass_context
+@one_line_errors
+def tasks_list(ctx: click.Context, state: str | None, mode: str | None, limit: int, cursor: str | None) -> None:
+    """Tasks by state and mode, one JSON line each (SCAN paging: a full walk costs O(keys in the database))."""
+    page = context.producer(ctx).query_tasks(state=state, mode=mode, limit=limit, cursor=cursor)
+    for info in page.tasks:
+        click.echo(json.dumps(_plain(info)))
+    if page.cursor is not None:
+        click.echo(f"more: rollq tasks list --cursor {page.cursor}", err=True)
+
+
+@tasks.command("cancel")
+@click.argument("rollout_ids", nargs=-1, required=True)
+@click.pass_context
+@one_line_errors
+def tasks_cancel(ctx: click.Context, rollout_ids: tuple[str, ...]) -> None:
+    """Cancel unfinished tasks; prints what happened to each (cancelled, finished, unknown)."""
+    for result in context.producer(ctx).cancel(list(rollout_ids)):
+        was = f" (was {result.state})" if result.state else ""
+        click.echo(f"{result.rollout_id}: {result.outcome}{was}")
