@@ -25,6 +25,10 @@ def _misbehave(spec: dict[str, Any], rollout_id: str) -> Any:
     for key, kind in _BASE_EXCEPTIONS.items():
         if key in spec:
             raise kind(spec[key])
+    if "raise" in spec:
+        raise ValueError(spec["raise"])
+    if spec.get("huge"):
+        return 10**400  # an int no float (nor JSON number a trainer reads) can carry
     if "block" in spec:
         time.sleep(spec["block"])  # blocks the event loop when called from an async agent
     if spec.get("unserialisable") == "triplet":

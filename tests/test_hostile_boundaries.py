@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import time
 
@@ -185,3 +186,91 @@ def test_an_input_nested_deeper_than_json_allows_is_refused_naming_its_task_and_
         producer.enqueue_many([{"ok": 1}, json.loads(_deep(300))], rollout_ids=["fine", "too-deep"])
     assert "too-deep" in str(info.value)
     assert producer.connection.llen(producer.keys.rq_queue) == 0
+
+
+# -- 5. the true cause in every failed rollout -----------------------------------------------------------------
+
+
+def test_a_reward_no_float_can_carry_fails_its_rollout_naming_the_cause(redis_server, namespace, workers):
+    # On 48fc877 returning 10**400 raised OverflowError outside the attempt's error handling: the task was
+    # retried until every attempt was spent and failed as "worker unresponsive".
+    producer = Producer.from_url(redis_server.url, namespace, policy=RolloutPolicy(unresponsive_seconds=2))
+    huge, fine = (t.rollout_id for t in producer.enqueue_many([{"huge": True}, {}]))
+    worker = workers(redis_server.url, namespace, env=ASYNC)
+    rollouts = {r.rollout_id: r for r in producer.wait([huge, fine], timeout=30)}
+    error = rollouts[huge].metadata["error"]
+    assert error["type"] == "InvalidRewardError" and "too large for a float" in error["message"], error
+    assert rollouts[huge].metadata["attempt"] == 1
+    assert rollouts[fine].metadata["status"] == "succeeded"
+    assert worker.process.poll() is None
+
+
+def test_a_corrupted_resources_version_fails_the_rollout_naming_it(redis_server, namespace, workers):
+    producer = Producer.from_url(redis_server.url, namespace, policy=RolloutPolicy(unresponsive_seconds=2))
+    version = producer.update_resources({"llm": {"resource_type": "llm", "endpoint": "http://x", "model": "m"}})
+    producer.connection.set(producer.keys.resources(version), b'{"resources_id": "v", "resources": [1, 2')
+    rid = producer.enqueue({}).rollout_id
+    workers(redis_server.url, namespace, env=ASYNC)
+    (rollout,) = producer.wait([rid], timeout=30)
+    error = rollout.metadata["error"]
+    assert error["type"] == "InvalidResourcesError" and version in error["message"], error
+    assert rollout.metadata["attempt"] == 1
+
+
+def test_a_retry_whose_job_id_is_squatted_fails_naming_both_causes(redis_server, namespace, workers):
+    policy = RolloutPolicy(max_attempts=3, retry_on={"exception"}, unresponsive_seconds=2)
+    producer = Producer.from_url(redis_server.url, namespace, policy=policy)
+    rid = producer.enqueue({"raise": "first attempt fails"}).rollout_id
+    squatter = job_id(rid, after_attempt=1)
+    producer.connection.hset(f"rq:job:{squatter}", mapping={"data": "another job's", "status": "queued"})
+    workers(redis_server.url, namespace, env=ASYNC)
+    (rollout,) = producer.wait([rid], timeout=30)
+    error = rollout.metadata["error"]
+    assert error["type"] == "RetryNotQueuedError", error
+    assert squatter in error["message"] and "first attempt fails" in error["message"]
+    assert producer.connection.hget(f"rq:job:{squatter}", "data") == b"another job's"
+
+
+def test_neighbours_of_a_loop_blocking_agent_are_handed_back_not_failed(redis_server, namespace, workers):
+    # On 48fc877 all 6 neighbours were failed as timed out: their time ran out while another agent held the loop.
+    producer = Producer.from_url(redis_server.url, namespace)
+    blocked = workers(redis_server.url, namespace, env={**ASYNC, "ROLLQ_CONCURRENCY": "8"})
+    warm_up = producer.enqueue({}).rollout_id
+    producer.wait([warm_up], timeout=30)  # the worker is up
+    strict = RolloutPolicy(timeout_seconds=3, unresponsive_seconds=30, max_attempts=1)
+    neighbours = [t.rollout_id for t in producer.enqueue_many([{"sleep": 1}] * 6, policy=strict)]
+    wait_until(lambda: producer.connection.zcard(producer.keys.inflight) == 6, 10, "the neighbours to run")
+    blocker = producer.enqueue({"block": 8}, policy=strict).rollout_id
+    wait_until(lambda: "is blocked" in blocked.log(), 10, "the watchdog to see the loop blocked")
+    workers(redis_server.url, namespace, env={**ASYNC, "ROLLQ_CONCURRENCY": "8"})
+
+    rollouts = {r.rollout_id: r for r in producer.wait([blocker, *neighbours], timeout=60)}
+    assert rollouts[blocker].metadata["error"]["type"] == "AgentTimeoutError"
+    assert [rollouts[rid].metadata["status"] for rid in neighbours] == ["succeeded"] * 6
+    assert_exactly_once(producer.connection, namespace, [warm_up, blocker, *neighbours])
+
+
+def test_a_redis_stall_right_after_a_namespace_starts_fails_no_live_task(own_redis, namespace, workers):
+    # On 48fc877 the namespace clock started at a worker's first heartbeat, an interval after its first claims:
+    # a stall in between looked like dead workers to the first reaper after it (2 of 600 failed in one run).
+    server = own_redis()
+    producer = Producer.from_url(
+        server.url, namespace, policy=RolloutPolicy(unresponsive_seconds=3, max_attempts=1, timeout_seconds=60)
+    )
+    ids = [t.rollout_id for t in producer.enqueue_many([{"sleep": 1}] * 8)]
+    worker = workers(server.url, namespace, env={**ASYNC, "ROLLQ_CONCURRENCY": "8", "ROLLQ_HEARTBEAT_SECONDS": "2"})
+    wait_until(lambda: producer.connection.zcard(producer.keys.inflight) == 8, 20, "the first claims")
+    # Redis and the worker stall together (a paused VM), past every deadline; the producer's reaper then comes
+    # back first.
+    assert server.process is not None
+    worker.signal(signal.SIGSTOP)
+    server.process.send_signal(signal.SIGSTOP)
+    time.sleep(5)
+    server.process.send_signal(signal.SIGCONT)
+    try:
+        report = producer.reap()
+        assert report.waited and report.failed == 0 and report.requeued == 0, report
+    finally:
+        worker.signal(signal.SIGCONT)
+    rollouts = producer.wait(ids, timeout=30)
+    assert [r.metadata["status"] for r in rollouts] == ["succeeded"] * 8

@@ -107,6 +107,20 @@ class JobIdTakenError(RollqError):
         super().__init__(f"RQ job {job_id} of rollout {rollout_id!r} already exists and stands for another job")
 
 
+class RetryNotQueuedError(JobIdTakenError):
+    """A failed attempt's retry could not be queued because its RQ job id holds another job: the task fails for
+    good with this error, which also says why the attempt failed (``cause``)."""
+
+    def __init__(self, job_id: str, rollout_id: str, cause: str) -> None:
+        super().__init__(job_id, rollout_id)
+        self.cause = cause
+        self.args = (f"{self.args[0]}: the retry of a failed attempt could not be queued (the attempt: {cause})",)
+
+
+class InvalidResourcesError(RollqError, ValueError):
+    """A resources version whose stored JSON is not a valid ``ResourcesUpdate`` (corrupted, or not rollq's)."""
+
+
 class AgentExitError(RollqError):
     """An agent raised a BaseException that is not an Exception (SystemExit, KeyboardInterrupt, GeneratorExit):
     the rollout fails with it, and the worker carries on."""

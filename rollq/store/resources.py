@@ -15,7 +15,7 @@ import redis
 from pydantic import TypeAdapter
 
 from rollq.models.contract import NamedResources, ResourcesUpdate
-from rollq.models.errors import UnknownResourcesError
+from rollq.models.errors import InvalidResourcesError, UnknownResourcesError
 
 from .keys import Keys
 
@@ -56,7 +56,12 @@ class ResourceStore:
         raw = self.connection.get(self.keys.resources(resources_id))
         if raw is None:
             raise UnknownResourcesError(resources_id, self.keys.namespace)
-        return ResourcesUpdate.model_validate_json(raw)
+        try:
+            return ResourcesUpdate.model_validate_json(raw)
+        except ValueError as exc:  # pydantic's ValidationError, a JSON error
+            raise InvalidResourcesError(
+                f"resources version {resources_id} of namespace {self.keys.namespace!r} is not valid: {str(exc)[:500]}"
+            ) from None
 
     def versions(self) -> list[str]:
         """Ids of the kept versions, oldest first."""

@@ -30,21 +30,23 @@ from opentelemetry import trace
 from rollq.models.contract import NamedResources, Rollout, Task, Triplet
 from rollq.models.errors import (
     AgentTimeoutError,
+    InvalidResourcesError,
     InvalidTaskError,
     LLMBackendError,
+    RetryNotQueuedError,
     UnknownResourcesError,
 )
 from rollq.models.policy import FailureKind, RolloutPolicy
-from rollq.store.keys import inflight_member
+from rollq.store.keys import inflight_member, job_id
 from rollq.store.records import parse_task
-from rollq.store.replies import Claim, ClaimRefused, FinishReply
+from rollq.store.replies import Claim, ClaimRefused, FinishReply, JobTaken
 from rollq.store.transitions import Lifecycle
 
 from .agent import LitAgent
 from .attempt import Attempt, Attempts, Publication, PublishLimits, Settled
 from .capture import AttemptCapture, CaptureProxy
 from .config import WorkerSettings
-from .executor import AgentExecutor
+from .executor import AgentExecutor, BlockedByNeighbour
 from .hooks import HookSet
 from .normalize import to_rollout
 from .resource_cache import ResourceCache
@@ -217,7 +219,7 @@ class AgentRunner:
             return self._publish(self.attempts.publication(attempt, attempt.failed(error), failed=True, duration=None))
         try:
             resources = self._resources(task, claim)
-        except UnknownResourcesError as exc:
+        except (UnknownResourcesError, InvalidResourcesError) as exc:
             log.error("task %s: %s", rollout_id, exc)
             attempt = Attempt.claimed(rollout_id, claim, self.worker_name)
             rollout = attempt.stamp(Rollout(rollout_id=rollout_id), exc)
@@ -268,10 +270,11 @@ class AgentRunner:
             raw: Any = None
             try:
                 raw = pending.future.result(timeout=0)
-            except AttemptReleased:
+            except (AttemptReleased, BlockedByNeighbour) as exc:
                 pending.trace.finish()
                 self.lifecycle.requeue(task, attempt, policy, "released")
-                log.info("handed %s back to the queue (attempt %d)", rid, attempt)
+                why = f" ({exc})" if isinstance(exc, BlockedByNeighbour) else ""
+                log.info("handed %s back to the queue (attempt %d)%s", rid, attempt, why)
                 return AttemptResult(rid, AttemptStatus.RELEASED, attempt)
             except AttemptLost:
                 pending.trace.finish()
@@ -298,16 +301,21 @@ class AgentRunner:
             if overruns:
                 rollout = rollout.model_copy(update={"metadata": {**rollout.metadata, "hook_overruns": overruns}})
             if error is not None and kind is not None and policy.retries(kind, claim.attempts_used):
-                self.lifecycle.requeue(task, attempt, policy, "retry")
-                log.warning(
-                    "attempt %d/%d of %s failed (%s: %s); retrying",
-                    claim.attempts_used,
-                    policy.max_attempts,
-                    rid,
-                    type(error).__name__,
-                    error,
-                )
-                return AttemptResult(rid, AttemptStatus.RETRYING, attempt)
+                reply = self.lifecycle.requeue(task, attempt, policy, "retry")
+                if not isinstance(reply, JobTaken):
+                    log.warning(
+                        "attempt %d/%d of %s failed (%s: %s); retrying",
+                        claim.attempts_used,
+                        policy.max_attempts,
+                        rid,
+                        type(error).__name__,
+                        error,
+                    )
+                    return AttemptResult(rid, AttemptStatus.RETRYING, attempt)
+                # The retry's job id holds another job: fail for good, saying so and why the attempt failed.
+                error = RetryNotQueuedError(job_id(rid, after_attempt=attempt), rid, f"{type(error).__name__}: {error}")
+                log.error("task %s: %s", rid, error)
+                rollout = pending.attempt.stamp(rollout, error)
             publication = self.attempts.publication(
                 pending.attempt,
                 rollout,
@@ -389,7 +397,10 @@ def _finite(value: float | None) -> bool:
 def _early_reward(raw: Any) -> float | None:
     """The reward of an agent's result when it is plain to see before the trace is read (for the root span)."""
     if isinstance(raw, int | float) and not isinstance(raw, bool):
-        return float(raw)
+        try:
+            return float(raw)
+        except OverflowError:  # to_rollout says why it cannot be a reward
+            return None
     if isinstance(raw, Rollout):
         return raw.final_reward
     if isinstance(raw, list) and raw and isinstance(raw[-1], Triplet):
