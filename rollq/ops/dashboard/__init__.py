@@ -4,8 +4,10 @@ rollq's RQ jobs are JSON-serialised (never pickle), so the dashboard must decode
 them as JSON. Two pages of rq-dashboard 0.9.0 fail with RQ 2.x; :func:`create_app`
 patches both at startup (see :func:`_patch_rq_dashboard`). rollq's pages
 (rollouts, one rollout, workers, charts) live under ``/rollq/`` (:mod:`.views`).
-It runs under waitress, a production WSGI server. The dashboard has no
-authentication: keep it on 127.0.0.1 (the default) or behind a proxy that adds some.
+It runs under waitress, a production WSGI server. Every value rq-dashboard's pages show is escaped, and state
+changes need a POST with the dashboard's CSRF token (:mod:`.guard`); ``?namespace=`` reads only the namespace
+the dashboard was started for. The dashboard has no authentication: keep it on 127.0.0.1 (the default) or
+behind a proxy that adds some.
 """
 
 from __future__ import annotations
@@ -112,9 +114,11 @@ def create_app(redis_url: str, namespace: str = DEFAULT_NAMESPACE) -> Flask:
     # but only after its sweep reaches them): off, as rollq requeues and fails tasks itself.
     app.config["RQ_DASHBOARD_DISABLE_DELETE"] = True
     setup_rq_connection(app)
+    from .guard import install_guard
     from .views import install
 
     install(app, connect(redis_url, retries=1), namespace)
+    install_guard(app)
     return app
 
 
