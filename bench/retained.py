@@ -66,7 +66,12 @@ def main() -> None:
         producer = Producer(connection, NAMESPACE)
         ids = [t.rollout_id for t in producer.enqueue_many([{"question": i} for i in range(args.rollouts)])]
         fleet = rollq_workers(
-            server.url, NAMESPACE, 1, agent="bench.agents:MockLLMAgent", concurrency=args.concurrency, log_dir=Path(logs)
+            server.url,
+            NAMESPACE,
+            1,
+            agent="bench.agents:MockLLMAgent",
+            concurrency=args.concurrency,
+            log_dir=Path(logs),
         )
         try:
             deadline = time.monotonic() + 600
