@@ -84,3 +84,39 @@ class SlowLLMAgent(LitAgent):
                 span.set_attribute("gen_ai.completion", f"answer {turn}")
             emit_reward(0.5 * turn)
         return None
+
+
+class ProxiedLLMAgent(LitAgent):
+    """``task_input["turns"]`` chat calls through the worker's capturing proxy to the ``llm`` resource, one after
+    another; for bench/pause.py, whose backend decides how long each takes.
+
+    Plain aiohttp on one session per process, not the ``openai`` client: at 500 rollouts per process on a shared
+    2-core machine, the SDK's own CPU (a client per rollout, its models per call) stalled the agent loop for
+    seconds, and the benchmark measures the proxy and the pause, not the SDK."""
+
+    _session: Any = None
+
+    async def training_rollout_async(self, task_input: Any, rollout_id: str, resources: Any) -> None:
+        import aiohttp
+
+        if ProxiedLLMAgent._session is None:
+            connector = aiohttp.TCPConnector(limit=0)
+            ProxiedLLMAgent._session = aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(600))
+        llm = resources["llm"]
+        url = f"{llm.endpoint.rstrip('/')}/chat/completions"
+        for turn in range(int(task_input["turns"])):
+            question = f"Compute {turn} + {task_input['i']}."
+            body = {"model": llm.model, "messages": [{"role": "user", "content": question}]}
+            async with self._session.post(url, json=body) as response:
+                answer = await response.json()
+                if response.status != 200:
+                    raise RuntimeError(f"HTTP {response.status}: {answer}")
+        return None
+
+
+class GroupMemberAgent(LitAgent):
+    """A group member that takes U(0.2, 0.6) s and earns a random reward in [0, 1] (``bench/batches.py``)."""
+
+    async def training_rollout_async(self, task_input: Any, rollout_id: str, resources: Any) -> float:
+        await asyncio.sleep(random.uniform(0.2, 0.6))
+        return random.random()

@@ -8,11 +8,14 @@ Workers load them as ``tests.capture_agents:Name``. Each reads ``resources["llm"
   one LLM call made with that client (``sync`` = the ``openai`` SDK's sync
   client, ``curl`` = a subprocess);
 - ``"reward:<x>"``: ``emit_reward(x)``;
+- ``"sleep:<s>"``: wait that many seconds (between calls);
 - ``"agent:<name>"`` / ``"end_agent"``: open / close an autogen-style
   ``invoke_agent`` span; ``"tool"``: an ``execute_tool`` span (both carry GenAI
   attributes and must not become triplets).
 
-The agent returns what the calls answered, so a test can check the texts too.
+``task_input["sampling"]`` (optional) is sent with every SDK call (``temperature``, ``top_p``, ...), as an
+agent with its own sampling settings would. The agent returns what the calls answered, so a test can check the
+texts too.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import asyncio
 import contextlib
 import json
 import subprocess
+import time
 from typing import Any
 
 import httpx
@@ -38,14 +42,14 @@ def _messages(rollout_id: str, i: int) -> list[dict[str, str]]:
     return [{"role": "system", "content": "be brief"}, {"role": "user", "content": f"{rollout_id} question {i}"}]
 
 
-def _sync_call(step: str, llm: LLM, rollout_id: str, i: int) -> str:
+def _sync_call(step: str, llm: LLM, rollout_id: str, i: int, sampling: dict[str, Any] | None = None) -> str:
     url = llm.endpoint.rstrip("/")
     body = {"model": llm.model, "messages": _messages(rollout_id, i)}
     if step == "sync":
         client = openai.OpenAI(base_url=llm.endpoint, api_key="none", max_retries=0)
-        return (
-            client.chat.completions.create(model=llm.model, messages=body["messages"]).choices[0].message.content or ""
-        )  # type: ignore[arg-type]
+        messages: Any = body["messages"]
+        answer = client.chat.completions.create(model=llm.model, messages=messages, **(sampling or {}))
+        return answer.choices[0].message.content or ""
     if step == "httpx":
         answer = httpx.post(f"{url}/chat/completions", json=body, timeout=30)
         answer.raise_for_status()
@@ -62,19 +66,20 @@ def _sync_call(step: str, llm: LLM, rollout_id: str, i: int) -> str:
     raise AssertionError(f"unknown sync step {step!r}")
 
 
-async def _async_call(step: str, llm: LLM, rollout_id: str, i: int) -> str:
+async def _async_call(step: str, llm: LLM, rollout_id: str, i: int, sampling: dict[str, Any] | None = None) -> str:
     client = openai.AsyncOpenAI(base_url=llm.endpoint, api_key="none", max_retries=0)
     messages: Any = _messages(rollout_id, i)
+    given: Any = sampling or {}
     if step == "async":
-        answer = await client.chat.completions.create(model=llm.model, messages=messages)
+        answer = await client.chat.completions.create(model=llm.model, messages=messages, **given)
         return answer.choices[0].message.content or ""
     if step == "stream":
         stream = await client.chat.completions.create(
-            model=llm.model, messages=messages, stream=True, stream_options={"include_usage": True}
+            model=llm.model, messages=messages, stream=True, stream_options={"include_usage": True}, **given
         )
         return "".join([c.choices[0].delta.content or "" async for c in stream if c.choices])
     if step == "completion":
-        completion = await client.completions.create(model=llm.model, prompt=f"{rollout_id} prompt {i}")
+        completion = await client.completions.create(model=llm.model, prompt=f"{rollout_id} prompt {i}", **given)
         return completion.choices[0].text
     if step == "tools":
         tools: Any = [{"type": "function", "function": {"name": "calc", "parameters": {"type": "object"}}}]
@@ -86,7 +91,7 @@ async def _async_call(step: str, llm: LLM, rollout_id: str, i: int) -> str:
             response = await http.post(f"{llm.endpoint.rstrip('/')}/chat/completions", json=body)
             response.raise_for_status()
             return str(response.json()["choices"][0]["message"]["content"])
-    return await asyncio.to_thread(_sync_call, step, llm, rollout_id, i)  # the sync SDK, curl: off the loop
+    return await asyncio.to_thread(_sync_call, step, llm, rollout_id, i, sampling)  # the sync SDK, curl: off the loop
 
 
 class _Spans:
@@ -119,8 +124,10 @@ class AsyncCaptureAgent(LitAgent):
         assert isinstance(llm, LLM)
         spans, answers = _Spans(), []
         for i, step in enumerate(task_input["steps"]):
-            if not spans.step(step):
-                answers.append(await _async_call(step, llm, rollout_id, i))
+            if step.startswith("sleep:"):
+                await asyncio.sleep(float(step.split(":", 1)[1]))
+            elif not spans.step(step):
+                answers.append(await _async_call(step, llm, rollout_id, i, task_input.get("sampling")))
         spans.stack.close()
         return task_input.get("returns")
 
@@ -131,7 +138,9 @@ class SyncCaptureAgent(LitAgent):
         assert isinstance(llm, LLM)
         spans = _Spans()
         for i, step in enumerate(task_input["steps"]):
-            if not spans.step(step):
-                _sync_call(step, llm, rollout_id, i)
+            if step.startswith("sleep:"):
+                time.sleep(float(step.split(":", 1)[1]))
+            elif not spans.step(step):
+                _sync_call(step, llm, rollout_id, i, task_input.get("sampling"))
         spans.stack.close()
         return task_input.get("returns")

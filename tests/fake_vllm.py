@@ -8,7 +8,16 @@ test can compare the ids in a rollout with the ids the server really produced.
 Knobs, settable while it runs: ``reject_unknown_fields`` answers 400 to any
 request carrying ``return_token_ids`` (as OpenAI's own API does), ``fail_status``
 answers every call with that status, ``delay`` sleeps before answering,
-``chunk_chars`` sets the size of streamed deltas and ``chunk_pause`` the time between them.
+``chunk_chars`` sets the size of streamed deltas and ``chunk_pause`` the time between them,
+``token_count_skew`` adds that many tokens to the usage's ``completion_tokens`` (ids
+that do not match what the server says it generated, as in Agent Lightning #326).
+
+Logprobs come back as vLLM sends them: chat with ``logprobs: true``, one entry per
+generated token (``choices[0].logprobs.content``, per chunk when streamed); text
+completions with ``logprobs: <n>`` (0 included: the sampled token's own), in
+``choices[0].logprobs.token_logprobs``. The usage comes with every whole response,
+and as a last chunk of a stream asked with ``stream_options.include_usage``.
+``calls`` counts requests by path; ``in_flight`` is the number being answered now.
 """
 
 from __future__ import annotations
@@ -54,6 +63,13 @@ class FakeVLLM:
     delay: float = 0.0
     chunk_chars: int = 3
     chunk_pause: float = 0.0
+    token_count_skew: int = 0
+    fail_next: int = 0
+    """Answer the next this many calls with ``fail_next_status`` (then answer normally)."""
+    fail_next_status: int = 503
+    name: str = "fake"
+    """In every response id (``chatcmpl-<name>-<n>``): several fakes behind one resource keep their ids apart."""
+    in_flight: int = 0
     received: list[dict[str, Any]] = field(default_factory=list)
     sent: dict[str, Sent] = field(default_factory=dict)
     port: int = 0
@@ -103,7 +119,18 @@ class FakeVLLM:
     async def _refusal(self, body: dict[str, Any]) -> web.Response | None:
         self.received.append(body)
         if self.delay:
-            await asyncio.sleep(self.delay)
+            self.in_flight += 1
+            try:
+                await asyncio.sleep(self.delay)
+            finally:
+                self.in_flight -= 1
+        if self.fail_next > 0:
+            self.fail_next -= 1
+            return web.json_response(
+                {"error": {"message": "the fake backend is failing on purpose", "type": "server_error"}},
+                status=self.fail_next_status,
+                headers={"Retry-After": "0"},
+            )
         if self.fail_status is not None:
             return web.json_response(
                 {"error": {"message": "the fake backend is failing on purpose", "type": "server_error"}},
@@ -123,9 +150,11 @@ class FakeVLLM:
 
     def _answer(self, body: dict[str, Any], chat: bool) -> tuple[str, str, Sent]:
         n = next(self._counter)
-        response_id = f"{'chatcmpl' if chat else 'cmpl'}-fake-{n}"
+        response_id = f"{'chatcmpl' if chat else 'cmpl'}-{self.name}-{n}"
         text = f"reply {n}"
-        logprobs = [-0.01 * (i + 1) for i in range(len(text))] if body.get("logprobs") else None
+        asked = body.get("logprobs")
+        wanted = bool(asked) if chat else asked is not None and asked is not False
+        logprobs = [-0.01 * (i + 1) for i in range(len(text))] if wanted else None
         sent = Sent(tokenize(_prompt_text(body, chat)), tokenize(text), text, logprobs, bool(body.get("stream")))
         self.sent[response_id] = sent
         return response_id, text, sent
@@ -156,7 +185,7 @@ class FakeVLLM:
             "created": int(time.time()),
             "model": model,
             "choices": [choice],
-            "usage": _usage(sent),
+            "usage": _usage(sent, self.token_count_skew),
         }
         if ids:
             response["prompt_token_ids"] = sent.prompt_token_ids
@@ -192,7 +221,7 @@ class FakeVLLM:
             await response.write(_event({**base, "choices": [choice]}))
             await asyncio.sleep(self.chunk_pause)
         if (body.get("stream_options") or {}).get("include_usage"):
-            await response.write(_event({**base, "choices": [], "usage": _usage(sent)}))
+            await response.write(_event({**base, "choices": [], "usage": _usage(sent, self.token_count_skew)}))
         await response.write(b"data: [DONE]\n\n")
         await response.write_eof()
         return response
@@ -210,10 +239,11 @@ class FakeVLLM:
             await response.prepare(request)
             for start in range(0, len(text), self.chunk_chars):
                 piece = text[start : start + self.chunk_chars]
+                piece_logprobs = sent.logprobs[start : start + self.chunk_chars] if sent.logprobs else None
                 choice: dict[str, Any] = {
                     "index": 0,
                     "text": piece,
-                    "logprobs": None,
+                    "logprobs": {"tokens": list(piece), "token_logprobs": piece_logprobs} if piece_logprobs else None,
                     "finish_reason": "length" if start + self.chunk_chars >= len(text) else None,
                 }
                 if ids:
@@ -241,7 +271,7 @@ class FakeVLLM:
                 "created": int(time.time()),
                 "model": model,
                 "choices": [choice],
-                "usage": _usage(sent),
+                "usage": _usage(sent, self.token_count_skew),
             }
         )
 
@@ -250,11 +280,12 @@ def _event(payload: dict[str, Any]) -> bytes:
     return b"data: " + json.dumps(payload).encode() + b"\n\n"
 
 
-def _usage(sent: Sent) -> dict[str, int]:
+def _usage(sent: Sent, skew: int = 0) -> dict[str, int]:
+    completion = len(sent.token_ids) + skew
     return {
         "prompt_tokens": len(sent.prompt_token_ids),
-        "completion_tokens": len(sent.token_ids),
-        "total_tokens": len(sent.prompt_token_ids) + len(sent.token_ids),
+        "completion_tokens": completion,
+        "total_tokens": len(sent.prompt_token_ids) + completion,
     }
 
 

@@ -145,7 +145,8 @@ def test_a_backend_that_never_answers_is_a_504_after_the_read_timeout_and_record
     began = time.monotonic()
     with pytest.raises(openai.APIStatusError) as info:
         _client(llm.endpoint).chat.completions.create(model="m", messages=MESSAGES)
-    assert info.value.status_code == 504 and time.monotonic() - began < 8
+    # 2 s of silence per try, and the proxy tries a failing upstream 4 times (h-proxy's retries) with backoff.
+    assert info.value.status_code == 504 and time.monotonic() - began < 20
     [call] = attempt.calls
     assert call.status == 504 and "no answer in 2s" in (call.error or "")
 

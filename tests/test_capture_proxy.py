@@ -17,8 +17,10 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from rollq.models.contract import LLM, PromptTemplate
+from rollq.models.llm_options import with_options
 from rollq.worker.capture import CaptureProxy
 from rollq.worker.capture.proxy import AttemptCapture
+from rollq.worker.capture.routing import rendezvous_order
 
 MESSAGES: Any = [{"role": "user", "content": "hi"}]
 
@@ -168,3 +170,55 @@ def test_fields_are_spliced_into_the_request_body_as_valid_json(raw: bytes) -> N
     sent = json.loads(_with_fields(raw, body, {"return_token_ids": True, "logprobs": True}))
     assert sent == {**body, "return_token_ids": True, "logprobs": True}
     assert _with_fields(raw, body, {}) is raw
+
+
+def _upstream_calls(proxy: CaptureProxy, servers: list[FakeVLLM], **options: Any) -> tuple[LLM, AttemptCapture]:
+    spans = Spans()
+    urls = [s.url for s in servers]
+    llm = with_options(LLM(endpoint=servers[0].url, model="m"), endpoints=urls, **options)
+    # A rollout whose first choice is servers[0] (the servers' ports, hence the order, change from run to run).
+    rollout_id = next(f"r-{i}" for i in range(1000) if rendezvous_order(f"r-{i}", urls)[0] == urls[0])
+    resources, attempt = proxy.open_attempt(
+        {"llm": llm}, trace.set_span_in_context(spans.root), spans.tracer, rollout_id=rollout_id, mode="train"
+    )
+    rewritten = resources["llm"]
+    assert isinstance(rewritten, LLM) and "rollq" not in rewritten.sampling_parameters
+    return rewritten, attempt
+
+
+def test_a_429_is_retried_after_its_retry_after_and_without_retries_the_agent_gets_it() -> None:
+    proxy = CaptureProxy().start()
+    server = FakeVLLM(name="limited", fail_next=1, fail_next_status=429).start()
+    try:
+        llm, attempt = _upstream_calls(proxy, [server], backoff_seconds=0.01)
+        client = openai.OpenAI(base_url=llm.endpoint, api_key="none", max_retries=0)
+        client.chat.completions.create(model="m", messages=MESSAGES)
+        [call] = attempt.calls
+        assert call.upstream_attempts == 2 and call.error is None and server.fail_next == 0
+        llm, attempt = _upstream_calls(proxy, [server], retries=0)
+        server.fail_next = 1
+        with pytest.raises(openai.RateLimitError):
+            openai.OpenAI(base_url=llm.endpoint, api_key="none", max_retries=0).chat.completions.create(
+                model="m", messages=MESSAGES
+            )
+        assert proxy.health.out() == []  # a 429 slows down; it does not take the server out
+    finally:
+        server.stop()
+        proxy.stop()
+
+
+def test_an_upstream_that_answers_503_in_a_row_is_taken_out_and_calls_go_to_the_next() -> None:
+    proxy = CaptureProxy().start()
+    a, b = FakeVLLM(name="a", fail_status=503).start(), FakeVLLM(name="b").start()
+    try:
+        llm, attempt = _upstream_calls(proxy, [a, b], backoff_seconds=0.01, eject_after=2, retries=1)
+        client = openai.OpenAI(base_url=llm.endpoint, api_key="none", max_retries=0)
+        for _ in range(3):
+            client.chat.completions.create(model="m", messages=MESSAGES)
+        # a, the rollout's first choice, answered 503 twice in a row and was taken out; every call ended on b.
+        assert all((c.response_id or "").startswith("chatcmpl-b-") for c in attempt.calls)
+        assert len(a.received) == 2 and proxy.health.out() == [a.url]
+    finally:
+        a.stop()
+        b.stop()
+        proxy.stop()

@@ -43,4 +43,7 @@ def test_the_grpo_example_policy_learns(redis_server, tmp_path: Path) -> None:
     assert last > first + 0.2, (first, last)
     assert all(s["max_staleness"] is None or s["max_staleness"] <= 1 for s in steps)
     assert all(s["pause_to_drained_seconds"] >= 0 for s in steps)
+    # Every sample's ratio used the sampler's own logprobs, captured by the proxy in train mode.
+    assert all(s["logprobs_recorded"] == 1.0 for s in steps)
+    assert steps[-1]["version"] > steps[0]["version"]
     assert (tmp_path / "reward.png").stat().st_size > 1000

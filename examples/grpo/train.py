@@ -238,6 +238,9 @@ def train(args: argparse.Namespace, url: str) -> list[dict[str, Any]]:
                 "failed_dropped": batch.failed_dropped,
                 "pause_to_drained_seconds": round(pause.seconds_to_drained, 4),
                 "loss": round(loss.item(), 5),
+                "samples": len(samples),
+                "logprobs_recorded": sum(s.logprobs_recorded for s in samples) / len(samples),
+                "version": batch.latest_version,
                 "batch_wait_seconds": round(batch.seconds, 3),
                 "elapsed_seconds": round(time.monotonic() - started, 2),
             }

@@ -159,6 +159,22 @@ class LLMBackendError(RollqError):
         super().__init__(f"LLM backend of resource {resource!r} answered HTTP {status} to {path}: {detail}")
 
 
+class LLMPauseTimeoutError(RollqError, TimeoutError):
+    """``pause_llm`` gave up before every live worker's capturing proxy was drained. ``busy`` maps each worker
+    that still had LLM calls running to their number; ``unacknowledged`` lists the workers that had not yet closed
+    their gate (not heartbeated since the pause). The pause itself stays in place."""
+
+    def __init__(self, timeout: float, busy: Mapping[str, int], unacknowledged: Sequence[str]) -> None:
+        self.timeout, self.busy, self.unacknowledged = timeout, dict(busy), list(unacknowledged)
+        parts = []
+        if self.busy:
+            running = ", ".join(f"{w} ({n})" for w, n in list(self.busy.items())[:20])
+            parts.append(f"LLM calls still running on {running}")
+        if self.unacknowledged:
+            parts.append(f"not yet paused: {_shown(self.unacknowledged)}")
+        super().__init__(f"LLM calls not drained within {timeout:g}s: " + "; ".join(parts or ["no report"]))
+
+
 class BackpressureTimeoutError(RollqError, TimeoutError):
     """``enqueue_many(max_pending=N)`` waited ``timeout`` seconds and the namespace still had too many tasks queued
     or running to take the next ones; the tasks queued before it stay queued (``queued`` counts them)."""

@@ -106,6 +106,17 @@ def families(s: Snapshot) -> Iterator[Metric]:
             "Age of the oldest entry in the results stream.",
             s.results_oldest_age_seconds,
         )
+    if s.llm_gate is not None:
+        gate = s.llm_gate
+        yield gauge("rollq_llm_paused", "1 while LLM calls are paused for a weight sync.", 1 if gate["paused"] else 0)
+        yield gauge("rollq_llm_gate_workers", "Workers whose capturing proxy reports to the LLM gate.", gate["workers"])
+        yield gauge("rollq_llm_calls_waiting", "LLM calls waiting at the workers' gates.", gate["waiting"])
+        if gate["paused"]:
+            yield gauge(
+                "rollq_llm_calls_running_paused",
+                "LLM calls still running on workers that hold the pause (the drain's progress).",
+                gate["in_flight"],
+            )
     lost = CounterMetricFamily(
         "rollq_results_lost",
         "Rollouts the hard byte limit trimmed before a consumer group got them, by group.",

@@ -5,7 +5,8 @@ sleep: right with probability ``1 - temperature``, else off by one. Its
 "tokeniser" is bytes (a token id per UTF-8 byte of the chat-rendered prompt and
 of the answer), and, as vLLM >= 0.10.2 does, it returns ``prompt_token_ids``
 and the choice's ``token_ids`` only when the request asks with
-``return_token_ids: true``. It runs on a thread of the demo process.
+``return_token_ids: true``, and the sampled tokens' logprobs when it asks with
+``logprobs: true``. It runs on a thread of the demo process.
 """
 
 from __future__ import annotations
@@ -109,5 +110,11 @@ class SimulatedLLM:
         if body.get("return_token_ids"):
             response["prompt_token_ids"] = token_ids(prompt)
             choice["token_ids"] = token_ids(answer)
+        if body.get("logprobs"):  # vLLM's chat spelling: one entry per generated token (here, per byte)
+            choice["logprobs"] = {
+                "content": [
+                    {"token": chr(b), "logprob": -0.05, "bytes": [b], "top_logprobs": []} for b in answer.encode()
+                ]
+            }
         # How long "generation" took, so a benchmark can tell the model's time from the path's.
         return web.json_response(response, headers={"X-Sim-Seconds": f"{thinking:.6f}"})

@@ -13,6 +13,7 @@ from rq.worker import Worker
 from rollq.models.policy import RolloutStatus
 from rollq.store.eviction import MemoryState, memory_state
 from rollq.store.keys import Keys, TaskField, parse_inflight_member
+from rollq.store.llm_gate import LLMGate
 from rollq.store.stats import REQUEUED_PREFIX, StatsField, outcome_stat
 from rollq.worker.rq_worker import WORKER_CONCURRENCY_FIELD
 
@@ -52,6 +53,10 @@ class Snapshot:
     def redis_refusing_writes(self) -> bool:
         """Whether Redis refuses writes now for lack of memory (workers wait, enqueues fail after retrying)."""
         return self.memory is not None and self.memory.full
+
+    llm_gate: dict[str, Any] | None = None
+    """The weight-sync gate: ``paused`` (bool), ``epoch``, ``workers`` reporting, ``acknowledged``, LLM calls
+    ``in_flight`` under the pause and ``waiting`` at the gates; None when no worker's proxy reports."""
 
     @property
     def workers_alive(self) -> int:
@@ -135,7 +140,22 @@ def snapshot(
         counters=counters,
         results_stream_memory_bytes=_memory_usage(connection, keys.results) if xlen else 0,
         memory=memory_state(connection),
+        llm_gate=_llm_gate(connection, keys),
     )
+
+
+def _llm_gate(connection: redis.Redis, keys: Keys) -> dict[str, Any] | None:
+    status = LLMGate(connection, keys).status()
+    if not status.paused and not status.workers:
+        return None
+    return {
+        "paused": status.paused,
+        "epoch": status.epoch,
+        "workers": status.workers,
+        "acknowledged": status.acknowledged,
+        "in_flight": status.in_flight,
+        "waiting": status.waiting,
+    }
 
 
 def _memory_usage(connection: redis.Redis, key: str) -> int | None:
@@ -244,6 +264,14 @@ def render_text(s: Snapshot) -> str:
     if refusals:
         waited = s.counters.get(StatsField.REDIS_REFUSED_SECONDS, 0.0)
         lines.append(f"  redis refusals    {refusals} (workers waited {waited:.0f}s in all)")
+    gate = s.llm_gate
+    if gate is not None and gate["paused"]:
+        lines.append(
+            f"  LLM calls         paused (pause {gate['epoch']}): {gate['acknowledged']} of {gate['workers']} "
+            f"worker(s) holding, {gate['in_flight']} still running, {gate['waiting']} waiting"
+        )
+    elif gate is not None:
+        lines.append(f"  LLM calls         flowing ({gate['workers']} worker proxies reporting)")
     dead = len(s.workers) - s.workers_alive
     lines.append(f"  workers           {s.workers_alive} alive" + (f", {dead} dead" if dead else ""))
     for w in s.workers:

@@ -23,6 +23,7 @@ from rollq.models.policy import TaskState
 from rollq.store.connection import connect_async
 from rollq.store.control import CancelResult, cancel_call, cancel_script_source, parse_cancel
 from rollq.store.keys import DEFAULT_NAMESPACE, StreamField, TaskField
+from rollq.store.llm_gate import AsyncLLMGate, GateStatus, PauseReport
 from rollq.store.queries import (
     ATTEMPT_FIELDS,
     FILTER_FIELDS,
@@ -117,6 +118,7 @@ class AsyncProducer:
         self.sync = sync
         self.keys = sync.keys
         self._cancel = connection.register_script(cancel_script_source())
+        self._llm_gate = AsyncLLMGate(connection, sync.keys)
         self._follower: _Follower | None = None
 
     @classmethod
@@ -157,6 +159,31 @@ class AsyncProducer:
     async def update_resources(self, resources: Any) -> str:
         """See :meth:`Producer.update_resources`."""
         return await asyncio.to_thread(self.sync.update_resources, resources)
+
+    async def pause_llm(self, timeout: float = 60.0, *, lease: float | None = None) -> PauseReport:
+        """See :meth:`Producer.pause_llm`."""
+        return await self._llm_gate.pause(timeout, lease=lease)
+
+    async def resume_llm(self) -> None:
+        """See :meth:`Producer.resume_llm`."""
+        await self._llm_gate.resume()
+
+    async def llm_gate_status(self) -> GateStatus:
+        """See :meth:`Producer.llm_gate_status`."""
+        return await self._llm_gate.status()
+
+    @contextlib.asynccontextmanager
+    async def weight_sync(self, timeout: float = 60.0, *, lease: float | None = None) -> AsyncIterator[PauseReport]:
+        """``async with producer.weight_sync(): ...``: see :meth:`Producer.weight_sync`."""
+        try:
+            report = await self.pause_llm(timeout, lease=lease)
+        except BaseException:
+            await self.resume_llm()
+            raise
+        try:
+            yield report
+        finally:
+            await self.resume_llm()
 
     async def get_resources(self, resources_id: str | None = None) -> ResourcesUpdate:
         """See :meth:`Producer.get_resources`."""

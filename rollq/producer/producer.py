@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 import uuid
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, Literal, cast, overload
 
 import redis
@@ -25,6 +26,7 @@ from rollq.store.connection import connect
 from rollq.store.control import CancelResult, cancel_call, cancel_script_source, parse_cancel
 from rollq.store.eviction import warn_if_evicting
 from rollq.store.keys import DEFAULT_NAMESPACE, Keys, job_id
+from rollq.store.llm_gate import GateStatus, LLMGate, PauseReport
 from rollq.store.queries import AttemptInfo, TaskInfo, TaskPage, query_tasks, read_attempts
 from rollq.store.reaper import ReapReport, reap
 from rollq.store.records import read_record, read_records
@@ -83,6 +85,7 @@ class Producer:
         self.resources = ResourceStore(connection, self.keys, keep_versions=keep_versions)
         self._cancel = connection.register_script(cancel_script_source())
         self._policy_checked = False  # the eviction-policy warning, at the first enqueue
+        self._llm_gate = LLMGate(connection, self.keys)
 
     @classmethod
     def from_url(cls, url: str | None = None, namespace: str = DEFAULT_NAMESPACE, **kwargs: Any) -> Producer:
@@ -306,6 +309,41 @@ class Producer:
     def get_resources(self, resources_id: str | None = None) -> ResourcesUpdate:
         """A resources version by id, or the latest; :class:`UnknownResourcesError` if unknown."""
         return self.resources.get(resources_id)
+
+    # -- weight sync -----------------------------------------------------------
+
+    def pause_llm(self, timeout: float = 60.0, *, lease: float | None = None) -> PauseReport:
+        """Pause every worker's LLM calls for a weight sync; returns once none runs on any live worker.
+
+        Workers see the pause within one heartbeat; from then on their capturing proxies start no upstream call
+        (calls wait, bounded by the workers' ``llm_pause_wait_seconds``, then get 503 + Retry-After), and calls
+        already running finish. Raises :class:`LLMPauseTimeoutError` naming the workers still busy after
+        ``timeout`` (the pause stays in place: call :meth:`resume_llm`). ``lease``: the pause lifts itself after
+        that many seconds, should this process die before resuming.
+        """
+        return self._llm_gate.pause(timeout, lease=lease)
+
+    def resume_llm(self) -> None:
+        """Lift the pause; paused workers open at once, stamping new calls with the latest resources version."""
+        self._llm_gate.resume()
+
+    def llm_gate_status(self) -> GateStatus:
+        """Whether LLM calls are paused, and the workers' reports (live workers, calls running and waiting)."""
+        return self._llm_gate.status()
+
+    @contextlib.contextmanager
+    def weight_sync(self, timeout: float = 60.0, *, lease: float | None = None) -> Iterator[PauseReport]:
+        """``with producer.weight_sync(): load weights; producer.update_resources(...)``: pauses on enter (see
+        :meth:`pause_llm`) and resumes on exit, also when the body or the pause itself raises."""
+        try:
+            report = self.pause_llm(timeout, lease=lease)
+        except BaseException:
+            self.resume_llm()
+            raise
+        try:
+            yield report
+        finally:
+            self.resume_llm()
 
     # -- results -------------------------------------------------------------
 

@@ -162,6 +162,34 @@ class Keys:
         return f"{self._tag}:reap-turn"
 
     @property
+    def llm_pause(self) -> str:
+        """Present while the namespace's LLM calls are paused for a weight sync: the pause's epoch (a number), with
+        the pause's lease as its expiry when it has one (see ``store/llm_gate.py``)."""
+        return f"{self._tag}:llm-pause"
+
+    @property
+    def llm_gate(self) -> str:
+        """Hash of the LLM gate's history: ``epoch`` (pauses so far), ``paused_at``, ``resumed_at`` (Redis time)."""
+        return f"{self._tag}:llm-gate"
+
+    @property
+    def llm_workers(self) -> str:
+        """Sorted set of the workers whose capturing proxy reports to the LLM gate, scored by the Redis time their
+        report expires (a worker that stops reporting drops out)."""
+        return f"{self._tag}:llm-workers"
+
+    @property
+    def llm_calls(self) -> str:
+        """Hash: worker name -> ``ack|in_flight|waiting``: the pause epoch its proxy has closed its gate for (0 for
+        none), LLM calls it has running upstream, and calls waiting at its gate."""
+        return f"{self._tag}:llm-calls"
+
+    @property
+    def llm_gate_channel(self) -> str:
+        """Pub/sub channel on which a resume is announced (with the latest resources id) to paused workers."""
+        return f"{self._tag}:llm-gate-events"
+
+    @property
     def task_pattern(self) -> str:
         """``SCAN MATCH`` pattern of every task record of the namespace."""
         return f"{self._tag}:task:*"

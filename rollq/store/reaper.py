@@ -75,6 +75,12 @@ def take_turn(lifecycle: Lifecycle, seconds: float) -> bool:
     return bool(lifecycle.connection.set(lifecycle.keys.reap_turn, 1, nx=True, px=max(1, round(seconds * 1000))))
 
 
+def queue_take_turn(lifecycle: Lifecycle, seconds: float, pipe: Any) -> None:
+    """:func:`take_turn`'s command queued on ``pipe`` (its reply: truthy when the turn was taken), for a caller
+    that sends something else in the same round trip."""
+    pipe.set(lifecycle.keys.reap_turn, 1, nx=True, px=max(1, round(seconds * 1000)))
+
+
 def reap(
     lifecycle: Lifecycle, *, results_maxlen: int, limit: int = 200, within: float = 0, clock: Clock | None = None
 ) -> ReapReport:

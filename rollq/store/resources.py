@@ -16,6 +16,7 @@ from pydantic import TypeAdapter
 
 from rollq.models.contract import NamedResources, ResourcesUpdate
 from rollq.models.errors import InvalidResourcesError, UnknownResourcesError
+from rollq.models.llm_options import check_resources
 
 from .keys import Keys
 
@@ -33,8 +34,11 @@ class ResourceStore:
         self.keep_versions = keep_versions
 
     def publish(self, resources: Mapping[str, Any]) -> str:
-        """Store ``resources`` as a new version, make it the latest, and return its id (``v1``, ``v2``, ...)."""
+        """Store ``resources`` as a new version, make it the latest, and return its id (``v1``, ``v2``, ...).
+
+        :class:`InvalidLLMOptionsError` for an LLM whose ``sampling_parameters["rollq"]`` is not valid."""
         named = _NAMED.validate_python(dict(resources))
+        check_resources(named)  # rollq's LLM options: refused here rather than by every worker that reads them
         number = int(self.connection.incr(self.keys.resources_seq))
         resources_id = f"v{number}"
         update = ResourcesUpdate(resources_id=resources_id, resources=named)

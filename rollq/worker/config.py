@@ -79,6 +79,12 @@ class WorkerSettings(BaseSettings):
     """``json`` for one JSON object per log line."""
     capture_llm: bool = True
     """Route agents' LLM calls through this process's capturing proxy (``ROLLQ_CAPTURE_LLM=0`` turns it off)."""
+    llm_pause_wait_seconds: float = Field(60.0, ge=0)
+    """How long an LLM call waits at the capturing proxy while calls are paused for a weight sync; past it the agent
+    gets HTTP 503 with Retry-After (an upstream error, never a silent drop)."""
+    llm_gate_listen: bool = True
+    """Follow weight-sync pauses on a Redis pub/sub channel too, so a pause is seen at once rather than at the next
+    heartbeat, for one idle Redis connection per worker process (``ROLLQ_LLM_GATE_LISTEN=0``: the heartbeat only)."""
     triplet_agent: str = ""
     """When set, triplets come only from LLM calls made under the agent of this name (``gen_ai.agent.name``)."""
 

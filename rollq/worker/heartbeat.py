@@ -19,10 +19,11 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
 import redis
 
-from rollq.store.reaper import reap, take_turn
+from rollq.store.reaper import queue_take_turn, reap, take_turn
 from rollq.store.replies import Clock
 from rollq.store.transitions import Lifecycle
 
@@ -49,6 +50,7 @@ class Heartbeat(threading.Thread):
         results_maxlen: int,
         on_beat: Callable[[], None] | None = None,
         on_lost: Callable[[list[str]], object] | None = None,
+        piggyback: Callable[[Any], Callable[[Any], None]] | None = None,
     ) -> None:
         super().__init__(name="rollq-heartbeat", daemon=True)
         self.lifecycle = lifecycle
@@ -57,11 +59,14 @@ class Heartbeat(threading.Thread):
         self.results_maxlen = results_maxlen
         self.on_beat = on_beat
         self.on_lost = on_lost
+        self.piggyback = piggyback
+        """Queues a command of its own on the beat's first round trip (the LLM gate's report); what it returns
+        reads that command's reply."""
         self._stop_event = threading.Event()
 
     def beat(self) -> None:
         members = self.members()
-        turn = take_turn(self.lifecycle, self.interval * TURN_SHARE)
+        turn = self._take_turn()
         if not members and not turn:
             # Idle and not this worker's turn: nothing to vouch for, and the turn's holder keeps the clock.
             if self.on_beat is not None:
@@ -95,6 +100,26 @@ class Heartbeat(threading.Thread):
                 if report.requeued + report.failed < REAP_BATCH or time.monotonic() >= until:
                     break
                 pass_clock = None  # the next pass reads Redis's clock again
+
+    def _take_turn(self) -> bool:
+        if self.piggyback is None:
+            return take_turn(self.lifecycle, self.interval * TURN_SHARE)
+        pipe = self.lifecycle.connection.pipeline(transaction=False)
+        queue_take_turn(self.lifecycle, self.interval * TURN_SHARE, pipe)
+        try:
+            read = self.piggyback(pipe)
+        except Exception:  # the piggyback never costs the attempts their heartbeat
+            log.exception("the heartbeat's piggyback failed; trying again at the next heartbeat")
+            read = None
+        replies = pipe.execute(raise_on_error=False)
+        if read is not None:
+            try:
+                read(replies[1])
+            except Exception:
+                log.exception("the heartbeat's piggyback failed; trying again at the next heartbeat")
+        if isinstance(replies[0], Exception):
+            raise replies[0]
+        return bool(replies[0])
 
     def run(self) -> None:
         # The first beat at once, not an interval later: it starts the namespace clock's promise (``due``), so a

@@ -53,12 +53,15 @@ from rollq.store.connection import REFUSALS, describe_client, retry_policy
 from rollq.store.eviction import warn_if_evicting
 from rollq.store.jobs import RollqJob, read_rollq_jobs, rollout_id_of
 from rollq.store.keys import Keys
+from rollq.store.llm_gate import GateReporter
 from rollq.store.resources import ResourceStore
 from rollq.store.stats import StatsField
 from rollq.store.transitions import Lifecycle
 
 from . import rq_url
 from .capture import CaptureProxy
+from .capture.gate import CallGate
+from .capture.pause import PauseFollower
 from .collector import widen_young_generation
 from .config import WorkerSettings
 from .executor import AgentExecutor
@@ -156,6 +159,7 @@ class RolloutWorker(SimpleWorker):
         self._heartbeat: Heartbeat | None = None
         self._executor = AgentExecutor(on_wedged=self._on_loop_wedged)
         self._capture: CaptureProxy | None = None
+        self._pause: PauseFollower | None = None
         self.slots = Slots(self.settings.concurrency)
         self.rq_lifecycle: RqLifecycle | None = None
         self._dequeuing = False
@@ -191,7 +195,13 @@ class RolloutWorker(SimpleWorker):
             wait_timeout_ms=self.settings.wait_timeout_ms,
         )
         self._executor.start()
-        self._capture = CaptureProxy().start() if self.settings.capture_llm else None
+        self._capture = None
+        if self.settings.capture_llm:
+            self._capture = CaptureProxy(gate=CallGate(self.settings.llm_pause_wait_seconds)).start()
+            # Before the first job: a worker that starts during a weight-sync pause honours it.
+            reporter = GateReporter(self.connection, self.keys, self.name, self.settings.heartbeat_seconds)
+            self._pause = PauseFollower(reporter, self._capture.gate, listen=self.settings.llm_gate_listen)
+            self._pause.start()
         self.runner = AgentRunner(
             lifecycle=lifecycle,
             resources=ResourceCache(ResourceStore(self.connection, self.keys)),
@@ -220,6 +230,7 @@ class RolloutWorker(SimpleWorker):
             results_maxlen=self.settings.results_maxlen,
             on_beat=self._beat_while_busy,
             on_lost=self.runner.abandon,
+            piggyback=self._pause.queue if self._pause is not None else None,
         )
         self._heartbeat.start()
         self.log.info("rollq worker %s: Redis at %s", self.name, describe_client(self.connection))
@@ -466,6 +477,8 @@ class RolloutWorker(SimpleWorker):
                 self.hook_set.teardown_worker(self.worker_id)
                 self.hook_set.teardown()
             self._executor.stop()
+            if self._pause is not None:
+                self._pause.stop()
             if self._capture is not None:
                 self._capture.stop()
             if self.rq_lifecycle is not None:

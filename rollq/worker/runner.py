@@ -36,6 +36,7 @@ from rollq.models.errors import (
     RetryNotQueuedError,
     UnknownResourcesError,
 )
+from rollq.models.llm_options import InvalidLLMOptionsError, agent_view
 from rollq.models.policy import FailureKind, RolloutPolicy
 from rollq.store.keys import inflight_member, job_id
 from rollq.store.records import parse_task
@@ -235,9 +236,24 @@ class AgentRunner:
         capture = None
         if self.capture is not None and resources:
             # The agent sees its LLM endpoints through this attempt's own proxy addresses.
-            resources, capture = self.capture.open_attempt(
-                resources, trace.set_span_in_context(rollout_trace.root), self.tracer.capture_tracer()
-            )
+            self.capture.gate.note_version(claim.latest_resources_id)
+            try:
+                resources, capture = self.capture.open_attempt(
+                    resources,
+                    trace.set_span_in_context(rollout_trace.root),
+                    self.tracer.capture_tracer(),
+                    rollout_id=rollout_id,
+                    mode=task.mode,
+                    resources_id=task.resources_id or claim.latest_resources_id,
+                )
+            except InvalidLLMOptionsError as exc:
+                log.error("task %s: %s", rollout_id, exc)
+                rollout_trace.finish(error=exc)
+                attempt = Attempt.claimed(rollout_id, claim, self.worker_name)
+                rollout = attempt.stamp(Rollout(rollout_id=rollout_id), exc)
+                return self._publish(self.attempts.publication(attempt, rollout, failed=True, duration=None, task=task))
+        else:
+            resources = agent_view(resources)  # rollq's own LLM options are not the agent's to see
         overruns = self.hooks.rollout_start(task, self, self.tracer, rollout_trace.context)
         with self._lock:
             future = self.executor.submit(

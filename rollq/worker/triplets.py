@@ -10,9 +10,14 @@ when they carry ``gen_ai.system`` or ``gen_ai.request.model``. A call seen twice
 makes one triplet, from the proxy's record, which has the token ids.
 
 Each triplet is ``prompt = {"token_ids", "messages" | "text"}``, ``response =
-{"token_ids", "text", "logprobs", "tool_calls"}`` (the keys that are known), and
-``metadata`` with the response id, model, finish reason, resource and, when the
-call ran under an agent span, the agent's name. A reward span's value goes to
+{"token_ids", "text", "logprobs", "tool_calls"}`` (the keys that are known; logprobs
+only when there is one per token id), and ``metadata`` with the response id, model,
+finish reason, resource and, when the call ran under an agent span, the agent's
+name; for calls the proxy captured also the resources version the call ran against
+(``resources_id``), the ``upstream`` it went to and the sampling settings the proxy
+enforced (``sampling_enforced``, ``sampling_overridden``). A call whose response
+token ids do not number the usage's ``completion_tokens`` is flagged
+``token_count_mismatch`` (with ``response_tokens`` and ``usage_completion_tokens``). A reward span's value goes to
 the latest call that started before it (see :mod:`rollq.worker.rewards`).
 """
 
@@ -157,8 +162,6 @@ def _triplet(span: dict[str, Any], agent: str | None) -> Triplet:
         prompt["token_ids"] = prompt_ids
     if response_ids is not None:
         response["token_ids"] = response_ids
-    if names.RESPONSE_LOGPROBS in attributes:
-        response["logprobs"] = _ids(attributes[names.RESPONSE_LOGPROBS])
     finish = attributes.get("gen_ai.response.finish_reasons")
     metadata = {
         "response_id": attributes.get("gen_ai.response.id"),
@@ -168,7 +171,24 @@ def _triplet(span: dict[str, Any], agent: str | None) -> Triplet:
         "agent": agent,
         "span_id": _span_id(span),
         "name": span.get("name"),
+        "resources_id": attributes.get(names.RESOURCES_ID),
+        "upstream": attributes.get(names.UPSTREAM),
+        "sampling_enforced": _json(attributes.get(names.SAMPLING_ENFORCED)),
+        "sampling_overridden": _json(attributes.get(names.SAMPLING_OVERRIDDEN)),
     }
+    if names.RESPONSE_LOGPROBS in attributes:
+        logprobs = _ids(attributes[names.RESPONSE_LOGPROBS])
+        if response_ids is not None and logprobs is not None and len(logprobs) != len(response_ids):
+            # Not one per token id: a trainer would pair them wrongly, so they are left out and the call flagged.
+            metadata.update(logprobs_misaligned=True, response_logprobs=len(logprobs))
+        else:
+            response["logprobs"] = logprobs
+    completion_tokens = attributes.get("gen_ai.usage.output_tokens")
+    if response_ids is not None and isinstance(completion_tokens, int) and completion_tokens != len(response_ids):
+        # The ids do not match what the server says it generated (Agent Lightning #326: streaming + tool parser).
+        metadata.update(
+            token_count_mismatch=True, response_tokens=len(response_ids), usage_completion_tokens=completion_tokens
+        )
     if prompt_ids is None or response_ids is None:
         metadata["token_ids_missing"] = True
     return Triplet(prompt=prompt, response=response, metadata={k: v for k, v in metadata.items() if v is not None})
@@ -236,15 +256,23 @@ def derive(trace: list[dict[str, Any]], *, only_agent: str | None = None, strict
             by_response[response_id] = triplet
         seen_captured[id(triplet)] = captured
         result.triplets.append(triplet)
+    mismatched = 0
     for triplet in result.triplets:
         if triplet.metadata.get("agent") is None:
             triplet.metadata.pop("agent", None)
         if triplet.metadata.get("token_ids_missing"):
             missing += 1
+        if triplet.metadata.get("token_count_mismatch"):
+            mismatched += 1
     for warning in result.warnings:
         log.warning("%s", warning)
     if missing:  # in the rollout for the trainer to see; not logged, it would repeat for every rollout
         result.warnings.append(f"token ids missing for {missing} of {len(result.triplets)} LLM call(s)")
+    if mismatched:
+        result.warnings.append(
+            f"response token ids differ from the usage's completion_tokens for {mismatched} of "
+            f"{len(result.triplets)} LLM call(s)"
+        )
     return result
 
 

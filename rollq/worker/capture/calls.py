@@ -44,6 +44,16 @@ class CapturedCall:
     """False when the backend refused ``return_token_ids`` and the call went through without it."""
     error: str | None = None
     """What went wrong: the backend's error body (HTTP >= 400), or a transport failure."""
+    upstream: str | None = None
+    """The server the call went to (the last one tried)."""
+    upstream_attempts: int = 1
+    """Upstream requests made for the call (retries included)."""
+    resources_id: str | None = None
+    """The resources version the call ran against: the latest one the worker knew when the proxy admitted it."""
+    sampling_enforced: dict[str, Any] | None = None
+    """The sampling settings of the task's mode, written over the agent's (see ``LLMOptions.modes``)."""
+    sampling_overridden: dict[str, Any] | None = None
+    """The values the agent had sent for settings the proxy overwrote (only those that differed)."""
 
     @property
     def token_ids_missing(self) -> bool:

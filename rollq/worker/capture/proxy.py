@@ -12,6 +12,15 @@ to ``/<token>/<rest>`` is forwarded to the real endpoint plus ``<rest>``;
 ``POST .../chat/completions`` and ``POST .../completions`` are captured, any
 other path passes through untouched. An unknown or revoked token gets 404, so a
 straggler from a finished or superseded attempt never lands in another one.
+
+For training (see ``docs/training-proxy.md``) every captured call also goes through:
+
+- the :class:`~.gate.CallGate` (a weight-sync pause: no new upstream request while closed; each request is
+  stamped with the latest resources version the worker knew when it was admitted);
+- the LLM resource's options (:mod:`rollq.models.llm_options`): per-mode sampling settings that overwrite the
+  agent's, logprobs of the sampled tokens in ``train`` mode, several upstreams with sticky routing
+  (:mod:`.routing`), retries of 429/502/503/504 and unreachable upstreams with backoff, failing upstreams left
+  out for a while.
 """
 
 from __future__ import annotations
@@ -35,8 +44,11 @@ from opentelemetry.context import Context
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from rollq.models.contract import LLM, NamedResources
+from rollq.models.llm_options import RETRY_STATUSES, LLMOptions, for_agent, options_of
 
 from .calls import CallKind, CapturedCall
+from .gate import CallGate, GateTimeout
+from .routing import UpstreamHealth, backoff, rendezvous_order
 from .spans import record_span
 from .tokens import StreamAssembler, iter_sse_data, read_response
 
@@ -55,17 +67,33 @@ _DROP_RESPONSE = frozenset({"content-length", "content-encoding", "transfer-enco
 _SAMPLING = ("temperature", "top_p", "max_tokens", "max_completion_tokens", "seed", "n", "logprobs", "top_logprobs")
 
 
+_EJECTING = frozenset({502, 503, 504})
+"""Upstream answers that count towards taking the upstream out of the routing (429 only slows down)."""
+_RETRY_AFTER_CAP = 30.0
+
+
 @dataclass
 class _Route:
     """Where one token leads: a resource of one attempt."""
 
     resource: str
-    upstream: str
+    upstreams: tuple[str, ...]
+    """The resource's upstreams in the order this rollout prefers them (see :mod:`.routing`)."""
     prefix: str
     parent: Context
     tracer: trace.Tracer
     logprobs: Any
     calls: list[CapturedCall]
+    options: LLMOptions = field(default_factory=LLMOptions)
+    enforced: dict[str, Any] = field(default_factory=dict)
+    """Sampling settings of the task's mode, written over the agent's."""
+    train: bool = False
+    fallback_version: str | None = None
+    """The attempt's resources version, for a call admitted before the worker knew any latest version."""
+
+    @property
+    def upstream(self) -> str:
+        return self.upstreams[0]
 
 
 @dataclass
@@ -96,6 +124,7 @@ class CaptureProxy:
     def __init__(
         self,
         host: str = "127.0.0.1",
+        gate: CallGate | None = None,
         *,
         read_timeout: float = DEFAULT_READ_TIMEOUT_SECONDS,
         max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
@@ -106,6 +135,8 @@ class CaptureProxy:
         self.read_timeout = read_timeout
         self.max_body_bytes = max_body_bytes
         self.port = 0
+        self.gate = gate or CallGate()
+        self.health = UpstreamHealth()
         self._routes: dict[str, _Route] = {}
         self._rejecting: set[str] = set()  # upstreams that refused return_token_ids once
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -145,6 +176,7 @@ class CaptureProxy:
         return self
 
     async def _open(self, sock: socket.socket) -> None:
+        self.gate.bind(asyncio.get_running_loop())
         self._session = aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=300),
             # A hung backend must not hold a call (and its socket) forever: no byte for read_timeout fails it.
@@ -173,30 +205,47 @@ class CaptureProxy:
 
     # -- attempts --------------------------------------------------------------------------------------------
     def open_attempt(
-        self, resources: NamedResources, parent: Context, tracer: trace.Tracer
+        self,
+        resources: NamedResources,
+        parent: Context,
+        tracer: trace.Tracer,
+        *,
+        rollout_id: str = "",
+        mode: str | None = None,
+        resources_id: str | None = None,
     ) -> tuple[NamedResources, AttemptCapture]:
-        """``resources`` with each http(s) LLM endpoint pointed at this proxy, and the attempt's capture."""
+        """``resources`` with each http(s) LLM endpoint pointed at this proxy, and the attempt's capture.
+
+        ``rollout_id`` picks the upstream its calls stick to, ``mode`` the sampling settings enforced and whether
+        logprobs are asked for, ``resources_id`` (the attempt's version) stamps calls until the worker knows the
+        latest. :class:`InvalidLLMOptionsError` for an LLM whose options are not valid.
+        """
         attempt = AttemptCapture(self)
         rewritten: dict[str, Any] = dict(resources)
-        for name, resource in resources.items():
-            if not isinstance(resource, LLM) or urlsplit(resource.endpoint).scheme not in ("http", "https"):
-                continue
+        captured = {
+            name: (resource, options_of(resource))  # every resource's options checked before any token is handed out
+            for name, resource in resources.items()
+            if isinstance(resource, LLM) and urlsplit(resource.endpoint).scheme in ("http", "https")
+        }
+        for name, (resource, options) in captured.items():
             token = secrets.token_urlsafe(24)
             suffix = _proxy_suffix(resource.endpoint)
             self._routes[token] = _Route(
                 resource=name,
-                upstream=resource.endpoint.rstrip("/"),
+                upstreams=rendezvous_order(rollout_id, options.upstreams(resource)),
                 prefix=f"/{token}{suffix}",
                 parent=parent,
                 tracer=tracer,
                 logprobs=resource.sampling_parameters.get("logprobs"),
                 calls=attempt.calls,
+                options=options,
+                enforced=options.sampling_for(mode),
+                train=mode == "train",
+                fallback_version=resources_id,
             )
             attempt.tokens.append(token)
             # A copy: the cached resources are shared by every attempt of this process.
-            rewritten[name] = resource.model_copy(
-                update={"endpoint": f"http://{self.host}:{self.port}/{token}{suffix}"}
-            )
+            rewritten[name] = for_agent(resource, endpoint=f"http://{self.host}:{self.port}/{token}{suffix}")
         return rewritten, attempt
 
     def revoke(self, tokens: list[str]) -> None:
@@ -213,7 +262,7 @@ class CaptureProxy:
                 status=404,
             )
         rest = path[len(route.prefix) :]
-        url = route.upstream + rest + (f"?{request.query_string}" if request.query_string else "")
+        query = f"?{request.query_string}" if request.query_string else ""
         kind = (
             CallKind.CHAT
             if rest.endswith("/chat/completions")
@@ -226,11 +275,11 @@ class CaptureProxy:
         if kind is not None and request.method == "POST":
             try:
                 body = json.loads(raw)
-            except ValueError:
+            except (ValueError, RecursionError):  # not JSON, or nested deeper than the parser goes
                 body = None
         if not isinstance(body, dict) or kind is None:
-            return await self._pass_through(request, url, raw)
-        return await self._capture(request, route, kind, url, rest, raw, body)
+            return await self._pass_through(request, self.health.pick(route.upstreams) + rest + query, raw)
+        return await self._capture(request, route, kind, rest, query, raw, body)
 
     def _headers(self, request: web.Request) -> dict[str, str]:
         return {k: v for k, v in request.headers.items() if k.lower() not in _DROP_REQUEST}
@@ -260,12 +309,11 @@ class CaptureProxy:
         request: web.Request,
         route: _Route,
         kind: CallKind,
-        url: str,
         rest: str,
+        query: str,
         raw: bytes,
         body: dict[str, Any],
     ) -> web.StreamResponse:
-        assert self._session is not None
         call = CapturedCall(
             kind=kind,
             resource=route.resource,
@@ -274,46 +322,140 @@ class CaptureProxy:
             request_model=body.get("model") if isinstance(body.get("model"), str) else None,
             messages=body.get("messages") if kind is CallKind.CHAT else None,
             prompt=body.get("prompt") if kind is CallKind.TEXT_COMPLETION else None,
-            sampling={k: body[k] for k in _SAMPLING if k in body},
             streamed=bool(body.get("stream")),
         )
-        extra: dict[str, Any] = {}
-        if route.logprobs and "logprobs" not in body:
-            extra["logprobs"] = True if kind is CallKind.CHAT else int(route.logprobs)
-        call.token_ids_requested = route.upstream not in self._rejecting and TOKEN_IDS_FIELD not in body
-        if call.token_ids_requested:
-            extra[TOKEN_IDS_FIELD] = True
+        fields = dict(route.enforced)
+        if route.enforced:
+            call.sampling_enforced = dict(route.enforced)
+            differing = {k: body[k] for k in route.enforced if k in body and body[k] != route.enforced[k]}
+            call.sampling_overridden = differing or None
+        wants_logprobs = (route.train and route.options.train_logprobs) or bool(route.logprobs)
+        asked = body.get("logprobs")
+        if (
+            wants_logprobs
+            and "logprobs" not in fields
+            and not asked
+            and not (kind is CallKind.TEXT_COMPLETION and type(asked) is int)
+        ):
+            # The sampled tokens' own logprobs: chat takes a flag; text completions a count of alternatives (0).
+            legacy = route.logprobs if not isinstance(route.logprobs, bool) and route.logprobs is not None else 0
+            fields["logprobs"] = True if kind is CallKind.CHAT else int(legacy)
+            if "logprobs" in body:  # the agent said no (false, or null)
+                call.sampling_overridden = {**(call.sampling_overridden or {}), "logprobs": asked}
+        sent = {**body, **fields}
+        call.sampling = {k: sent[k] for k in _SAMPLING if k in sent}
         headers = self._headers(request)
         headers["Content-Type"] = "application/json"
         parent = _parent(request, route.parent)
-        try:
-            upstream = await self._session.post(url, data=_with_fields(raw, body, extra), headers=headers)
-            if call.token_ids_requested and upstream.status in (400, 422):
-                refusal = await upstream.read()
-                upstream.release()
-                if TOKEN_IDS_FIELD.encode() not in refusal:
-                    return self._finish_plain(call, route, parent, upstream, refusal)
-                # An OpenAI-compatible server without vLLM's extension: the call goes through without it.
-                log.warning("%s refused %s; capturing %s calls without token ids", url, TOKEN_IDS_FIELD, route.upstream)
-                self._rejecting.add(route.upstream)
-                call.token_ids_requested = False
-                extra.pop(TOKEN_IDS_FIELD)
-                upstream = await self._session.post(url, data=_with_fields(raw, body, extra), headers=headers)
+        avoid: str | None = None
+        tries = route.options.retries + 1
+        for attempt in range(1, tries + 1):
+            upstream_url = self.health.pick(route.upstreams, avoid)
+            call.upstream, call.upstream_attempts = upstream_url, attempt
             try:
-                streamed = upstream.status == 200 and upstream.content_type == "text/event-stream"
-                if streamed:
-                    return await self._stream(request, call, route, parent, upstream)
-                return self._finish_plain(call, route, parent, upstream, await upstream.read())
-            except BaseException:
-                upstream.close()  # cancelled or failed part way: the backend request ends with the call
-                raise
+                version = await self.gate.admit()
+            except GateTimeout as exc:
+                return self._paused(call, route, parent, exc)
+            call.resources_id = version or route.fallback_version
+            retry_in: float | None = None
+            try:
+                answer = await self._forward(
+                    request, call, route, parent, upstream_url, query, headers, raw, body, fields, last=attempt == tries
+                )
+                if isinstance(answer, web.StreamResponse):
+                    if answer.status in _EJECTING:
+                        self._failed(upstream_url, route.options)
+                    else:
+                        self.health.restore(upstream_url)
+                    return answer
+                status, retry_after = answer
+                if status in _EJECTING:
+                    self._failed(upstream_url, route.options)
+                avoid, retry_in = upstream_url, retry_after  # the retry goes to another server, if there is one
+            except aiohttp.ClientError as exc:
+                log.warning("LLM upstream %s failed (%s: %s); try %d of %d", upstream_url, type(exc).__name__, exc,
+                            attempt, tries)  # fmt: skip
+                self.health.eject(upstream_url, route.options.eject_seconds)
+                avoid = upstream_url
+                if attempt == tries:
+                    timed_out = isinstance(exc, asyncio.TimeoutError)  # no byte for read_timeout
+                    call.error = f"no answer in {self.read_timeout:g}s" if timed_out else f"{type(exc).__name__}: {exc}"
+                    self._record(call, route, parent, status=504 if timed_out else 502)
+                    return _bad_gateway(exc, 504 if timed_out else 502)
             finally:
-                upstream.release()
-        except (TimeoutError, aiohttp.ClientError) as exc:
-            timed_out = isinstance(exc, asyncio.TimeoutError)
-            call.error = f"{type(exc).__name__}: {exc}" if not timed_out else f"no answer in {self.read_timeout:g}s"
-            self._record(call, route, parent, status=504 if timed_out else 502)
-            return _bad_gateway(exc, 504 if timed_out else 502)
+                self.gate.release()
+            # The request is out of the gate while it waits: a pause can drain meanwhile, and the retry is admitted
+            # (and stamped with its version) again.
+            wait = backoff(attempt, route.options.backoff_seconds, route.options.backoff_max_seconds)
+            await asyncio.sleep(min(max(wait, retry_in or 0.0), _RETRY_AFTER_CAP))
+        raise AssertionError("unreachable: the last try returns")  # pragma: no cover
+
+    async def _forward(
+        self,
+        request: web.Request,
+        call: CapturedCall,
+        route: _Route,
+        parent: Context,
+        base: str,
+        query: str,
+        headers: dict[str, str],
+        raw: bytes,
+        body: dict[str, Any],
+        fields: dict[str, Any],
+        *,
+        last: bool,
+    ) -> web.StreamResponse | tuple[int, float | None]:
+        """One upstream request of a call to upstream ``base``: the answer given to the client, or
+        ``(status, retry_after)`` of an answer to retry (never when ``last``)."""
+        assert self._session is not None
+        url = base + call.path + query
+        extra = dict(fields)
+        call.token_ids_requested = base not in self._rejecting and TOKEN_IDS_FIELD not in body
+        if call.token_ids_requested:
+            extra[TOKEN_IDS_FIELD] = True
+        upstream = await self._session.post(url, data=_with_fields(raw, body, extra), headers=headers)
+        if call.token_ids_requested and upstream.status in (400, 422):
+            refusal = await upstream.read()
+            upstream.release()
+            if TOKEN_IDS_FIELD.encode() not in refusal:
+                return self._finish_plain(call, route, parent, upstream, refusal)
+            # An OpenAI-compatible server without vLLM's extension: the call goes through without it.
+            log.warning("%s refused %s; capturing %s calls without token ids", url, TOKEN_IDS_FIELD, base)
+            self._rejecting.add(base)
+            call.token_ids_requested = False
+            extra.pop(TOKEN_IDS_FIELD)
+            upstream = await self._session.post(url, data=_with_fields(raw, body, extra), headers=headers)
+        try:
+            if upstream.status in RETRY_STATUSES and not last:
+                await upstream.read()
+                return upstream.status, _retry_after(upstream.headers)
+            streamed = upstream.status == 200 and upstream.content_type == "text/event-stream"
+            if streamed:
+                return await self._stream(request, call, route, parent, upstream)
+            return self._finish_plain(call, route, parent, upstream, await upstream.read())
+        except BaseException:
+            upstream.close()  # cancelled or failed part way: the backend request ends with the call
+            raise
+        finally:
+            upstream.release()
+
+    def _failed(self, upstream: str, options: LLMOptions) -> None:
+        if self.health.failed(upstream, seconds=options.eject_seconds, after=options.eject_after):
+            log.warning("LLM upstream %s failed %d times in a row: left out for %gs", upstream, options.eject_after,
+                        options.eject_seconds)  # fmt: skip
+
+    def _paused(self, call: CapturedCall, route: _Route, parent: Context, exc: GateTimeout) -> web.Response:
+        message = (
+            f"rollq: LLM calls are paused for a weight sync; this call waited {exc.waited:.1f}s "
+            f"(the worker's llm_pause_wait_seconds); try again"
+        )
+        call.error = message
+        self._record(call, route, parent, status=503)
+        return web.json_response(
+            {"error": {"message": message, "type": "service_unavailable", "code": "rollq_llm_paused"}},
+            status=503,
+            headers={"Retry-After": str(exc.retry_after)},
+        )
 
     def _finish_plain(
         self, call: CapturedCall, route: _Route, parent: Context, upstream: aiohttp.ClientResponse, data: bytes
@@ -387,9 +529,17 @@ class CaptureProxy:
         call.status = status
         call.end_ns = time.time_ns()
         route.calls.append(call)
-        upstream = urlsplit(route.upstream)
+        upstream = urlsplit(call.upstream or route.upstream)
         server = (upstream.hostname or "", upstream.port or (443 if upstream.scheme == "https" else 80))
         record_span(route.tracer, call, parent, server=server)
+
+
+def _retry_after(headers: Mapping[str, str]) -> float | None:
+    value = headers.get("Retry-After")
+    try:
+        return float(value) if value is not None else None
+    except ValueError:
+        return None  # an HTTP date: the backoff decides
 
 
 def _parent(request: web.Request, default: Context) -> Context:
@@ -404,11 +554,13 @@ def _parent(request: web.Request, default: Context) -> Context:
 
 
 def _with_fields(raw: bytes, body: dict[str, Any], extra: dict[str, Any]) -> bytes:
-    """The request body with ``extra`` fields added, spliced in rather than re-encoding a long conversation."""
+    """The request body with ``extra`` fields set: spliced in rather than re-encoding a long conversation, unless
+    one of them overwrites a field the body has (a JSON object with a key twice is read differently by different
+    parsers)."""
     if not extra:
         return raw
-    if not body:
-        return json.dumps(extra).encode()
+    if not body or any(k in body for k in extra):
+        return json.dumps({**body, **extra}).encode()
     start = raw.index(b"{") + 1
     return raw[:start] + json.dumps(extra)[1:-1].encode() + b"," + raw[start:]
 

@@ -34,6 +34,11 @@ RESPONSE_TOKEN_IDS = "rollq.llm.response_token_ids"
 RESPONSE_LOGPROBS = "rollq.llm.response_logprobs"
 TOKEN_IDS_MISSING = "rollq.llm.token_ids_missing"
 STREAMED = "rollq.llm.streamed"
+RESOURCES_ID = "rollq.llm.resources_id"
+UPSTREAM = "rollq.llm.upstream"
+UPSTREAM_ATTEMPTS = "rollq.llm.upstream_attempts"
+SAMPLING_ENFORCED = "rollq.llm.sampling.enforced"
+SAMPLING_OVERRIDDEN = "rollq.llm.sampling.overridden"
 
 
 def _compact(values: list[Any] | None) -> str | None:
@@ -101,6 +106,15 @@ def attributes(call: CapturedCall, server: tuple[str, int] | None = None) -> dic
     }
     if server is not None:
         found["server.address"], found["server.port"] = server
+    training = {
+        RESOURCES_ID: call.resources_id,
+        UPSTREAM: call.upstream,
+        SAMPLING_ENFORCED: json.dumps(call.sampling_enforced) if call.sampling_enforced else None,
+        SAMPLING_OVERRIDDEN: json.dumps(call.sampling_overridden) if call.sampling_overridden else None,
+    }
+    found.update({k: v for k, v in training.items() if v is not None})
+    if call.upstream_attempts > 1:
+        found[UPSTREAM_ATTEMPTS] = call.upstream_attempts
     if call.request_model:
         found["gen_ai.request.model"] = call.request_model
     for name in ("temperature", "top_p", "max_tokens", "seed"):
