@@ -133,6 +133,9 @@ class RolloutWorker(SimpleWorker):
                 listed: list[Any] = [queues] if isinstance(queues, str | Queue) else list(queues)
                 queues = [q.name if isinstance(q, Queue) else str(q) for q in listed]
         super().__init__(queues, *args, **kwargs)
+        # Before RQ's start-up writes (register_birth): a worker started into a full Redis waits for memory, as a
+        # running one does, instead of dying on the first refused HSET.
+        self.connection.set_retry(retry_policy(retries=-1))
         if len(self.queues) != 1:
             raise ValueError("a RolloutWorker serves one rollq namespace: name exactly one queue")
         # `rq worker` builds its Queue objects (and their registries' job class) before the worker.
