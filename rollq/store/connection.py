@@ -250,6 +250,19 @@ def retry_policy(retries: int = _RETRIES) -> Retry:
     return _Retry(ExponentialBackoff(cap=_BACKOFF_CAP_SECONDS, base=0.05), retries)
 
 
+def wait_out_refusals(client: redis.Redis) -> None:
+    """Make ``client`` retry until Redis answers: outages, and commands Redis refuses for now (OOM, READONLY,
+    BUSY...), pipelines included (redis-py re-sends a failed pipeline only for errors in its connections'
+    ``retry_on_error``; :func:`transient_refusal` still decides which replies are retried). For a worker:
+    its loop must outlast a full or failing-over Redis."""
+    errors = [redis.ConnectionError, redis.TimeoutError, redis.ResponseError]
+    pool: Any = client.connection_pool
+    client.get_connection_kwargs()["retry_on_error"] = errors
+    for conn in [*getattr(pool, "_available_connections", []), *getattr(pool, "_in_use_connections", [])]:
+        conn.retry_on_error = errors
+    client.set_retry(retry_policy(retries=-1))
+
+
 def _check_scheme(scheme: str, url: str) -> None:
     """Refuse a URL scheme neither client speaks (``memory`` is handled before this)."""
     if scheme not in ("redis", "rediss", "unix", "redis+sentinel"):

@@ -49,7 +49,7 @@ from rq.worker import SimpleWorker, WorkerStatus
 
 from rollq.models.contract import Hook
 from rollq.models.errors import InvalidTaskError
-from rollq.store.connection import REFUSALS, describe_client, retry_policy
+from rollq.store.connection import REFUSALS, describe_client, wait_out_refusals
 from rollq.store.eviction import warn_if_evicting
 from rollq.store.jobs import RollqJob, read_rollq_jobs, rollout_id_of
 from rollq.store.keys import Keys
@@ -135,7 +135,7 @@ class RolloutWorker(SimpleWorker):
         super().__init__(queues, *args, **kwargs)
         # Before RQ's start-up writes (register_birth): a worker started into a full Redis waits for memory, as a
         # running one does, instead of dying on the first refused HSET.
-        self.connection.set_retry(retry_policy(retries=-1))
+        wait_out_refusals(self.connection)
         if len(self.queues) != 1:
             raise ValueError("a RolloutWorker serves one rollq namespace: name exactly one queue")
         # `rq worker` builds its Queue objects (and their registries' job class) before the worker.
@@ -181,7 +181,7 @@ class RolloutWorker(SimpleWorker):
         super().bootstrap(*args, **kwargs)
         # The client RQ builds from --url gives up at once when Redis is away, and RQ's
         # loop quits on most such errors; a worker should wait for Redis to come back.
-        self.connection.set_retry(retry_policy(retries=-1))
+        wait_out_refusals(self.connection)
         level = args[0] if args else kwargs.get("logging_level", "INFO")
         for name in ("rollq",):
             setup_loghandlers(level, name=name)
