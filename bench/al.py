@@ -1,6 +1,7 @@
 """rollq beside Agent Lightning 0.1.2, interleaved in one run: no-op, mock LLM at 32/256/1000 in flight, big rollouts.
 
-Run: python bench/al.py [--window 10] [--in-flight 32,256,1000] [--rounds 1] [--skip-al]
+Run: python bench/al.py [--window 10] [--in-flight 32,256,1000] [--rounds 1] [--scenarios noop,mock,big]
+     [--skip-al] [--al-without-resources-id] [--out al]
 
 Agent Lightning is installed into its own venv, ``bench/.venv-al`` (made here on first use with
 ``pip install agentlightning==0.1.2``; it is never a dependency of rollq), and runs there:
@@ -12,9 +13,8 @@ read by a trainer thread (``Producer.rollouts``, a consumer group) in this proce
 
 Scenarios (same agents on both sides; bench/agents.py and bench/al_side.py):
 - ``noop``: a reward at once, 16 in flight per worker process: each system's own cost per rollout;
-- ``mock``: 3 turns x U(0.1, 0.5) s LLM calls with spans, at each in-flight level; the zero-overhead
-  simulation of the same workload completes in-flight / 0.9 s rollouts per second, and each row
-  reports its % of that;
+- ``mock``: 3 turns x U(0.1, 0.5) s LLM calls with spans, at each in-flight level; the ideal rate
+  (no cost at all) is in-flight / 0.9 s rollouts per second, and each row reports its % of that;
 - ``big``: 8 triplets of 4096 prompt + 512 response token ids (~0.23 MB of JSON), 16 in flight per
   worker process.
 
@@ -22,12 +22,15 @@ Each setting: both systems' tasks kept queued at least in-flight deep, a warm-up
 in-flight completions), then completions the trainer side received over ``--window`` seconds, with the
 CPU of the worker processes and of the coordinator (redis-server; AL's server process) meanwhile.
 Every rollout id received is checked for duplicates. Settings alternate rollq, AL, so drift hits both
-alike. Writes bench/results/al.json.
+alike. AL's tasks are queued with ``resources_id``, as AL's own RL path queues them (its runner then
+caches the resources; ``--al-without-resources-id`` queues them without, and every AL rollout fetches the
+latest resources over HTTP). Writes bench/results/<--out>.json (al.json by default).
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import subprocess
@@ -165,6 +168,8 @@ def steady_state(
         "worker_cpu_ms_per_rollout": round(1000 * (w1 - w0) / max(done, 1), 3),
         "coordinator_cpu_ms_per_rollout": round(1000 * (c1 - c0) / max(done, 1), 3),
         "trainer_side_cpu_cores": round((m1 - m0) / elapsed, 2),
+        # This process: rollq's producer and trainer threads (AL's trainer side runs in its server, the coordinator).
+        "trainer_side_cpu_ms_per_rollout": round(1000 * (m1 - m0) / max(done, 1), 3),
         "worker_cpu_cores": round((w1 - w0) / elapsed, 2),
         "coordinator_cpu_cores": round((c1 - c0) / elapsed, 2),
         "worker_rss_mb": round(rss / 2**20, 1),
@@ -231,12 +236,16 @@ def al_stats(endpoint: str) -> dict[str, Any]:
         return dict(json.loads(reply.read()))
 
 
-def run_al(scenario: str, in_flight: int, window: float, log_dir: Path) -> dict[str, Any]:
+def run_al(
+    scenario: str, in_flight: int, window: float, log_dir: Path, *, with_resources_id: bool = True
+) -> dict[str, Any]:
     port = free_port()
     endpoint = f"http://127.0.0.1:{port}"
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
     env["PYTHONUNBUFFERED"] = "1"
     command = [str(AL_PYTHON), str(AL_SIDE), "server", "--port", str(port), "--depth", str(in_flight)]
+    if not with_resources_id:
+        command.append("--latest-resources")
     server = Workers([command], env, log_dir)
     clients: Workers | None = None
     try:
@@ -296,14 +305,22 @@ def main() -> None:
     parser.add_argument("--scenarios", default="noop,mock,big")
     parser.add_argument("--rounds", type=int, default=1, help="times to run every setting (interleaved)")
     parser.add_argument("--skip-al", action="store_true", help="rollq only (no venv, no Agent Lightning)")
+    parser.add_argument(
+        "--al-without-resources-id",
+        dest="al_resources_id",
+        action="store_false",
+        help="queue AL's tasks without resources_id (each rollout then fetches the latest resources)",
+    )
+    parser.add_argument("--out", default="al", help="results name: bench/results/<out>.json")
     args = parser.parse_args()
+    al = functools.partial(run_al, with_resources_id=args.al_resources_id)
     levels = [int(n) for n in args.in_flight.split(",")]
     al_version = None if args.skip_al else ensure_al_venv()
     rows: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="rollq-bench-al-") as logs:
         for round_ in range(args.rounds):
             for scenario, in_flight in settings_for(args.scenarios.split(","), levels):
-                systems = [("rollq", run_rollq)] + ([] if args.skip_al else [("agentlightning", run_al)])
+                systems = [("rollq", run_rollq)] + ([] if args.skip_al else [("agentlightning", al)])
                 if round_ % 2:
                     systems.reverse()
                 for system, run in systems:
@@ -313,7 +330,9 @@ def main() -> None:
                         "in_flight": in_flight,
                         "round": round_ + 1,
                     }
+                    load_before = os.getloadavg()[0]  # this setting's own load, beside the run's in the file
                     row.update(run(scenario, in_flight, args.window, Path(logs)))
+                    row["load_1m"] = {"before": round(load_before, 2), "after": round(os.getloadavg()[0], 2)}
                     if scenario == "mock":
                         row["ideal_rollouts_per_s"] = round(in_flight / MEAN_ROLLOUT_SECONDS, 1)
                         row["percent_of_ideal"] = round(100 * row["rollouts_per_s"] / row["ideal_rollouts_per_s"], 1)
@@ -343,7 +362,7 @@ def main() -> None:
                 }
             )
     write_result(
-        "al",
+        args.out,
         {
             "agentlightning": al_version,
             "worker_processes": WORKER_PROCESSES,
@@ -354,6 +373,8 @@ def main() -> None:
             "comparison": comparison,
         },
         sys.argv[1:],
+        script="al",
+        settings=vars(args),
     )
 
 

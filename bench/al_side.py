@@ -97,7 +97,7 @@ class BigAgent(LitAgent):
 AGENTS = {"noop": NoopAgent, "mock": MockLLMAgent, "big": BigAgent}
 
 
-async def serve(port: int, depth: int) -> None:
+async def serve(port: int, depth: int, with_resources_id: bool) -> None:
     server = AgentLightningServer(host="127.0.0.1", port=port)
     stats: dict[str, Any] = {"queued_total": 0, "completed": 0, "duplicates": 0, "ready": False}
     seen: set[str] = set()
@@ -112,7 +112,10 @@ async def serve(port: int, depth: int) -> None:
         }
 
     await server.start()
-    await server.update_resources({"llm": LLM(endpoint="http://127.0.0.1:1/v1", model="mock-llm")})
+    resources_id = await server.update_resources({"llm": LLM(endpoint="http://127.0.0.1:1/v1", model="mock-llm")})
+    # AL's own RL path (its VERL trainer) queues each task with the resources version it was made for; a task
+    # without one makes every rollout ask the server for the latest resources (one HTTP request more).
+    queued_with = resources_id if with_resources_id else None
 
     async def feed() -> None:
         n = 0
@@ -120,7 +123,7 @@ async def serve(port: int, depth: int) -> None:
             store = server._store
             if store is not None and store._task_queue.qsize() < depth:
                 for _ in range(depth):
-                    await server.queue_task({"question": n}, mode="train")
+                    await server.queue_task({"question": n}, mode="train", resources_id=queued_with)
                     n += 1
                 stats["queued_total"] = n
                 stats["ready"] = True
@@ -155,13 +158,14 @@ def main() -> None:
     s = sub.add_parser("server")
     s.add_argument("--port", type=int, required=True)
     s.add_argument("--depth", type=int, required=True)
+    s.add_argument("--latest-resources", action="store_true", help="queue tasks without resources_id")
     c = sub.add_parser("client")
     c.add_argument("--endpoint", required=True)
     c.add_argument("--concurrency", type=int, required=True)
     c.add_argument("--scenario", choices=sorted(AGENTS), required=True)
     args = parser.parse_args()
     if args.role == "server":
-        asyncio.run(serve(args.port, args.depth))
+        asyncio.run(serve(args.port, args.depth, not args.latest_resources))
     else:
         asyncio.run(run_clients(args.endpoint, args.concurrency, args.scenario))
 

@@ -115,7 +115,7 @@ def main() -> None:
         o = out[label]
         print(f"{label:6s}: {o['worker_cpu_ms_per_rollout']:.3f} ms/rollout; round trips per rollout", end="")
         print(", ".join(f" {k.split(', ')[-1]}: {v['round_trips_per_job']}" for k, v in o["round_trips"].items()))
-    write_result("before_after", out, sys.argv[1:])
+    write_result("before_after", out, sys.argv[1:], settings=vars(args))
 
 
 if __name__ == "__main__":

@@ -215,6 +215,7 @@ def main() -> None:
             "rollq_over_raw": first["rollq_over_raw"],
         },
         sys.argv[1:],
+        settings=vars(args),
     )
 
 

@@ -220,12 +220,11 @@ def main() -> None:
             proc.wait(10)
     argv = [f"--calls={args.calls}", f"--concurrency={args.concurrency}", f"--rounds={args.rounds}"]
     argv += [f"--latency={args.latency}", f"--rollout-rounds={args.rollout_rounds}", f"--window={args.window}"]
-    data["load_average"] = [round(v, 1) for v in os.getloadavg()]  # the 1/5/15-minute load: this box is shared
     if args.rollout_rounds:
         data["rollouts"] = rollouts_on_and_off(args)
         print(json.dumps(data["rollouts"], indent=2))
     settings = {k: v for k, v in vars(args).items() if k not in ("serve", "backend")}
-    path = write_result("capture", {"settings": settings, **data}, argv)
+    path = write_result("capture", data, argv, settings=settings)
     print(json.dumps(data, indent=2))
     print(f"wrote {path}")
 

@@ -292,23 +292,75 @@ def machine() -> dict[str, Any]:
     }
 
 
-def write_result(name: str, data: dict[str, Any], argv: Sequence[str] = (), *, script: str | None = None) -> Path:
-    """``bench/results/<name>.json`` with the date, the machine and the command (``bench/<script or name>.py``)
-    that reproduces it."""
+def _git(*args: str) -> str:
+    return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True, check=True).stdout.strip()
+
+
+def source_commit() -> dict[str, Any]:
+    """The commit the benchmark measures: ``git rev-parse HEAD`` and whether the tree differed from it.
+
+    ``dirty`` counts tracked files changed outside ``bench/results/`` and the generated report (a run of
+    bench/run_all.py rewrites those as it goes; they are not the code being measured). Outside a git
+    checkout the commit is None.
+    """
+    try:
+        commit = _git("rev-parse", "HEAD")
+        changed = _git("status", "--porcelain", "--untracked-files=no", "--", ".", *(f":!{p}" for p in _OUTPUTS))
+    except (OSError, subprocess.CalledProcessError):
+        return {"commit": None, "dirty": None}
+    return {"commit": commit, "dirty": bool(changed)}
+
+
+def load_average() -> list[float]:
+    """The 1, 5 and 15-minute load averages: how busy the shared machine was (2 cores: 2.0 is saturated)."""
+    return [round(x, 2) for x in os.getloadavg()]
+
+
+# What the run found when it began: every benchmark imports this module first thing, so the load "before"
+# is the machine's load before the benchmark started its servers and workers, and the commit is the one it
+# started from (a tree edited during a long run does not change what was measured).
+_OUTPUTS = ("bench/results", "docs/benchmarks.md", "docs/throughput.png", "docs/scaling.png")
+STARTED: dict[str, Any] = {
+    "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+    "load_average": load_average(),
+    **source_commit(),
+}
+
+
+def write_result(
+    name: str,
+    data: dict[str, Any],
+    argv: Sequence[str] = (),
+    *,
+    script: str | None = None,
+    module: str | None = None,
+    settings: dict[str, Any] | None = None,
+) -> Path:
+    """``bench/results/<name>.json``: the figures with their provenance.
+
+    Provenance: the date, the commit measured (and whether the tree was dirty), the machine, its load
+    average when the benchmark started and when it wrote this file, the command that reproduces it
+    (``python bench/<script or name>.py`` or ``python -m <module>``, then ``argv``) and the ``settings`` it ran
+    with (its parsed arguments).
+    """
     path = RESULTS / f"{name}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
+    program = ["-m", module] if module else [f"bench/{script or name}.py"]
     document = {
         "benchmark": name,
         "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-        "command": " ".join(["python", f"bench/{script or name}.py", *argv]),
+        "started": STARTED["date"],
+        "commit": STARTED["commit"],
+        "dirty": STARTED["dirty"],
+        "command": " ".join(["python", *program, *argv]),
+        "settings": settings if settings is not None else {},
         "machine": machine(),
-        # Other engineers' tests ran on the same 2 cores during these runs: figures are noisy.
-        "shared_machine": True,
+        "load_average": {"before": STARTED["load_average"], "after": load_average()},
         "niceness": os.nice(0),
         **data,
     }
     tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(document, indent=2) + "\n")
+    tmp.write_text(json.dumps(document, indent=2, default=str) + "\n")
     tmp.replace(path)
     return path
 

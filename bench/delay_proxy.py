@@ -3,11 +3,11 @@
 Run: python bench/delay_proxy.py --listen 127.0.0.1:6380 --upstream 10.231.1.1:6379 --rtt-ms 2 [--jitter-ms 0.2]
      [--stats FILE]
 
-bench/cluster.py runs one per simulated host, inside the host's network namespace. Each chunk read
+bench/cluster/ runs one per simulated host, inside the host's network namespace. Each chunk read
 from one side is written to the other side ``rtt/2 (+ U(0, jitter))`` later, never before an earlier
 chunk (order kept). With ``--rtt-ms 0`` chunks are forwarded at once, which is how the proxy's own
 cost is measured against the direct path. asyncio's timers wait in whole milliseconds (epoll), so a
-sub-millisecond delay comes out at about 1 ms each way: bench/cluster.py measures the round trip it
+sub-millisecond delay comes out at about 1 ms each way: bench/cluster/ measures the round trip it
 actually got and reports that. ``--stats`` gets, four times a second, the chunks and bytes seen each way.
 ``--rtt-file`` (a file holding "rtt_ms jitter_ms") overrides ``--rtt-ms``/``--jitter-ms`` and is read
 again four times a second, so one run of worker processes can be measured at several round trips.

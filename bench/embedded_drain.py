@@ -1,6 +1,6 @@
 """How fast one stock ``rq worker`` subprocess (SimpleWorker, JSON serializer) drains no-op jobs from EmbeddedRedis.
 
-Run: /work/venv/bin/python bench/embedded_drain.py [--jobs 500]
+Run: python bench/embedded_drain.py [--jobs 500]
 
 Prints jobs/s and writes bench/results/embedded_drain.json. Two figures:
 - ``jobs_per_s``: jobs / (worker process start -> worker exits on an empty queue), startup included;
@@ -10,8 +10,6 @@ Prints jobs/s and writes bench/results/embedded_drain.json. Two figures:
 from __future__ import annotations
 
 import argparse
-import datetime as dt
-import json
 import os
 import subprocess
 import sys
@@ -23,10 +21,12 @@ from rq import Queue
 from rq.job import Job
 from rq.serializers import JSONSerializer
 
-from rollq.store.embedded import EmbeddedRedis
-
 ROOT = Path(__file__).resolve().parent.parent
-RESULT = ROOT / "bench" / "results" / "embedded_drain.json"
+sys.path.insert(0, str(ROOT))
+
+from bench.common import write_result  # noqa: E402
+from rollq.store.embedded import EmbeddedRedis  # noqa: E402
+
 QUEUE = "bench-embedded-drain"
 
 
@@ -60,18 +60,16 @@ def main() -> None:
         steady = (last_end - first_start).total_seconds()
 
     result = {
-        "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "jobs": args.jobs,
         "jobs_per_s": round(args.jobs / elapsed, 1),
         "steady_jobs_per_s": round(args.jobs / steady, 1),
         "seconds": round(elapsed, 3),
         "worker": "rq.worker.SimpleWorker, JSONSerializer, one `rq worker --burst` subprocess",
-        "command": " ".join(command[:6] + ["redis://127.0.0.1:<port>/0"] + command[7:]),
+        "worker_command": " ".join(command[:6] + ["redis://127.0.0.1:<port>/0"] + command[7:]),
     }
-    RESULT.parent.mkdir(parents=True, exist_ok=True)
-    RESULT.write_text(json.dumps(result, indent=2) + "\n")
+    path = write_result("embedded_drain", result, sys.argv[1:], settings=vars(args))
     print(f"{result['jobs_per_s']} jobs/s ({args.jobs} jobs in {elapsed:.2f} s, worker startup included); "
-          f"steady state {result['steady_jobs_per_s']} jobs/s -> {RESULT.relative_to(ROOT)}")  # fmt: skip
+          f"steady state {result['steady_jobs_per_s']} jobs/s -> {path.relative_to(ROOT)}")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -93,7 +93,7 @@ def main() -> None:
             }
         )
     rows[0]["vs_rq"] = round(rows[0]["tasks_per_s"] / rows[1]["tasks_per_s"], 2)
-    write_result("enqueue", {"rows": rows, "target": "enqueue at least 20k tasks/s"}, sys.argv[1:])
+    write_result("enqueue", {"rows": rows, "target": "enqueue at least 20k tasks/s"}, sys.argv[1:], settings=vars(args))
 
 
 if __name__ == "__main__":

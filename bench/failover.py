@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import os
 import re
 import shutil
 import signal
@@ -433,12 +432,12 @@ def main() -> None:
                 "replica_rtt_ms": args.replica_rtt_ms,
                 "rejoin_after_seconds": args.rejoin_after,
                 "wait_timeout_ms": args.wait_timeout_ms,
-                "load_average_at_end": [round(x, 2) for x in os.getloadavg()],
             },
             "runs": runs,
             "transition_cost": cost,
         },
         sys.argv[1:],
+        settings=vars(args),
     )
 
 

@@ -130,6 +130,7 @@ def main() -> None:
             "mock_llm_rollout": footprint,
         },
         sys.argv[1:],
+        settings=vars(args),
     )
 
 

@@ -176,7 +176,7 @@ def main() -> None:
     }
     row["rows"] = [{"duplicates": trainer.duplicates}]  # for the report's duplicate count
     print({k: v for k, v in row.items() if k != "rows"}, flush=True)
-    write_result("inflight10k", row, sys.argv[1:])
+    write_result("inflight10k", row, sys.argv[1:], settings=vars(args))
 
 
 if __name__ == "__main__":

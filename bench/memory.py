@@ -109,7 +109,7 @@ def main() -> None:
         f"growth {result['growth_mb_from_start']} MB from start, "
         f"{result[f'growth_mb_after_first_{WARM_ROLLOUTS}']} MB after the first {WARM_ROLLOUTS}"
     )
-    write_result("memory", result, sys.argv[1:])
+    write_result("memory", result, sys.argv[1:], settings=vars(args))
 
 
 if __name__ == "__main__":

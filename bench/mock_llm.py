@@ -19,12 +19,13 @@ dry. After a warm-up (5 s and at least in-flight completions), completions are
 counted over ``--window`` seconds, with the CPU (user + system) the worker
 processes and redis-server used meanwhile, and four times a second how many
 rollouts were running (rollq's in-flight set; RQ's started registry) and how
-many tasks were queued. Writes bench/results/mock_llm.json.
+many tasks were queued. Writes bench/results/mock_llm.json and docs/throughput.png.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import tempfile
 import threading
@@ -41,6 +42,7 @@ from rq import Queue  # noqa: E402
 from rq.serializers import JSONSerializer  # noqa: E402
 
 from bench.common import (  # noqa: E402
+    ROOT,
     RQ,
     RQ_JSON,
     RedisServer,
@@ -60,6 +62,8 @@ from rollq.store.keys import Keys  # noqa: E402
 MEAN_ROLLOUT_SECONDS = TURNS * sum(TURN_SECONDS) / 2
 WORKER_PROCESSES = 2
 WARMUP_SECONDS = 5.0
+
+PLOT = ROOT / "docs" / "throughput.png"
 
 
 class Processes:
@@ -295,6 +299,88 @@ def run_rq(server: RedisServer, in_flight: int, processes: int, window: float, l
     )
 
 
+def plot(mock: dict[str, Any]) -> None:
+    """docs/throughput.png: rollouts/s and worker memory against rollouts in flight, rollq beside plain RQ."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = mock["rows"]
+    levels = sorted({r["in_flight"] for r in rows})
+    span = [min(levels) * 0.8, max(levels) * 1.25]
+    systems = (
+        ("rollq", "o-", "C0", "rollq: 2 worker processes, concurrency = in flight / 2", (8, -12)),
+        ("rq", "s-", "C1", "plain RQ: one SimpleWorker process per rollout in flight", (-28, 8)),
+    )
+    fig, (rate_ax, rss_ax) = plt.subplots(1, 2, figsize=(12, 4.8), dpi=110)
+    rate_ax.plot(
+        span,
+        [x / mock["mean_rollout_seconds"] for x in span],
+        "--",
+        color="grey",
+        label=f"ideal (in flight / {mock['mean_rollout_seconds']:g} s)",
+    )
+    for system, style, color, label, offset in systems:
+        mine = sorted((r for r in rows if r["system"] == system), key=lambda r: r["in_flight"])
+        if not mine:
+            continue
+        xs = [r["in_flight"] for r in mine]
+        rate_ax.plot(xs, [r["rollouts_per_s"] for r in mine], style, color=color, label=label)
+        for r in mine:
+            rate_ax.annotate(
+                f"{r['rollouts_per_s']:.0f}",
+                (r["in_flight"], r["rollouts_per_s"]),
+                color=color,
+                textcoords="offset points",
+                xytext=offset,
+                fontsize=8,
+            )
+        rss_ax.plot(xs, [r["worker_rss_mb"] for r in mine], style, color=color, label=f"{system}: RSS sum")
+        rss_ax.plot(
+            xs,
+            [r["worker_uss_mb"] for r in mine],
+            style.replace("-", ":"),
+            color=color,
+            alpha=0.6,
+            label=f"{system}: USS sum (not shared)",
+        )
+        for r in mine:
+            rss_ax.annotate(
+                f"{r['worker_rss_mb']:,.0f} MB",
+                (r["in_flight"], r["worker_rss_mb"]),
+                color=color,
+                textcoords="offset points",
+                xytext=offset,
+                fontsize=8,
+            )
+    rq_max = max((r["in_flight"] for r in rows if r["system"] == "rq"), default=0)
+    if rq_max and rq_max < max(levels):
+        note = f"plain RQ beyond {rq_max}:\nnot run (memory)"
+        rate_ax.annotate(
+            note, (max(levels), min(r["rollouts_per_s"] for r in rows)), color="C1", fontsize=8, ha="right"
+        )
+    rate_ax.plot([1000], [500], "r*", markersize=10, label="target at 1000 in flight: 500/s")
+    rate_ax.set_ylabel("rollouts / s (steady state)")
+    rate_ax.set_title("Throughput")
+    rss_ax.set_ylabel("worker memory, MB")
+    rss_ax.set_title("Worker memory while running")
+    for ax in (rate_ax, rss_ax):
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlabel("rollouts in flight")
+        ax.set_xticks(levels)
+        ax.set_xticklabels([str(x) for x in levels])
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=7, loc="upper left")
+    # After the log scale is set: limits set on a linear axis would carry a bottom of 0 over.
+    rss_ax.set_ylim(bottom=10, top=max(r["worker_rss_mb"] for r in rows) * 3)
+    fig.suptitle("Mock LLM rollouts (3 turns of 0.1-0.5 s) on 2 cores: rollq beside plain RQ", fontsize=11)
+    fig.tight_layout()
+    fig.savefig(PLOT)
+    plt.close(fig)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--in-flight", default="32,256,1000", help="rollouts in flight to run, comma-separated")
@@ -333,7 +419,7 @@ def main() -> None:
                 "cpu_per_rollout_ratio": round(row["worker_cpu_ms_per_rollout"] / rq["worker_cpu_ms_per_rollout"], 2),
             }
         )
-    write_result(
+    path = write_result(
         "mock_llm",
         {
             "mean_rollout_seconds": MEAN_ROLLOUT_SECONDS,
@@ -344,7 +430,9 @@ def main() -> None:
             "targets": {"percent_of_ideal_at_256": 90, "rollouts_per_s_at_1000": 500},
         },
         sys.argv[1:],
+        settings=vars(args),
     )
+    plot(json.loads(path.read_text()))
 
 
 if __name__ == "__main__":

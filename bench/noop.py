@@ -291,6 +291,7 @@ def main() -> None:
             "target": "per no-op rollout at most 1.5x the cost of a plain RQ SimpleWorker no-op job",
         },
         sys.argv[1:],
+        settings=vars(args),
     )
 
 

@@ -172,7 +172,7 @@ def main() -> None:
     )
     for name, ms in buckets.items():
         print(f"  {ms:7.3f} ms  {name}")
-    write_result("profile", result, sys.argv[1:])
+    write_result("profile", result, sys.argv[1:], settings=vars(args))
 
 
 if __name__ == "__main__":

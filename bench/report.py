@@ -1,629 +1,837 @@
-"""Regenerate docs/benchmarks.md and docs/throughput.png from bench/results/*.json.
+"""Regenerate docs/benchmarks.md from bench/results/*.json: one section per results file, all from one template.
 
 Run: python bench/report.py   (bench/run_all.py runs it after the benchmarks)
 
-Every figure in the page comes from a results file; the notes on a target
-that was missed are written only when the figures say it was missed.
+Every section has the shape of :data:`SECTION`: the title, the command that reproduces it, where and when it
+was measured (date, commit, load average before and after, settings), what was measured, then its tables.
+What differs between benchmark kinds is data, a :class:`Spec`: the prose (a ``str.format`` template over the
+results document) and the tables (which rows, which columns). A results file with no spec still gets its
+section, its figures listed as they are. Every figure comes from a results file and every verdict is computed
+from the measured value; only the words around them are written here. The plots are drawn by the benchmarks
+that measure them (bench/mock_llm.py, bench/scaling.py).
 """
 
 from __future__ import annotations
 
+import json
+import re
 import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "bench" / "results"
+PAGE = ROOT / "docs" / "benchmarks.md"
 
-from bench.common import ROOT  # noqa: E402
-from bench.report_more import sections  # noqa: E402
-from bench.report_util import fmt, load, table, verdict  # noqa: E402
+Doc = dict[str, Any]
+Getter = str | Callable[[Any, Doc], Any]
+Format = str | Callable[[Any], str]
 
-DOCS = ROOT / "docs"
-PAGE = DOCS / "benchmarks.md"
-PLOT = DOCS / "throughput.png"
+# The one template every section is rendered with.
+SECTION = """## {title}
 
+`{command}`
 
-def plot(mock: dict[str, Any]) -> None:
-    import matplotlib
+{provenance}
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+{about}
 
-    rows = mock["rows"]
-    levels = sorted({r["in_flight"] for r in rows})
-    span = [min(levels) * 0.8, max(levels) * 1.25]
-    systems = (
-        ("rollq", "o-", "C0", "rollq: 2 worker processes, concurrency = in flight / 2", (8, -12)),
-        ("rq", "s-", "C1", "plain RQ: one SimpleWorker process per rollout in flight", (-28, 8)),
-    )
-    fig, (rate_ax, rss_ax) = plt.subplots(1, 2, figsize=(12, 4.8), dpi=110)
-    rate_ax.plot(
-        span,
-        [x / mock["mean_rollout_seconds"] for x in span],
-        "--",
-        color="grey",
-        label=f"ideal (in flight / {mock['mean_rollout_seconds']:g} s)",
-    )
-    for system, style, color, label, offset in systems:
-        mine = sorted((r for r in rows if r["system"] == system), key=lambda r: r["in_flight"])
-        if not mine:
-            continue
-        xs = [r["in_flight"] for r in mine]
-        rate_ax.plot(xs, [r["rollouts_per_s"] for r in mine], style, color=color, label=label)
-        for r in mine:
-            rate_ax.annotate(
-                f"{r['rollouts_per_s']:.0f}",
-                (r["in_flight"], r["rollouts_per_s"]),
-                color=color,
-                textcoords="offset points",
-                xytext=offset,
-                fontsize=8,
-            )
-        rss_ax.plot(xs, [r["worker_rss_mb"] for r in mine], style, color=color, label=f"{system}: RSS sum")
-        rss_ax.plot(
-            xs,
-            [r["worker_uss_mb"] for r in mine],
-            style.replace("-", ":"),
-            color=color,
-            alpha=0.6,
-            label=f"{system}: USS sum (not shared)",
-        )
-        for r in mine:
-            rss_ax.annotate(
-                f"{r['worker_rss_mb']:,.0f} MB",
-                (r["in_flight"], r["worker_rss_mb"]),
-                color=color,
-                textcoords="offset points",
-                xytext=offset,
-                fontsize=8,
-            )
-    rq_max = max((r["in_flight"] for r in rows if r["system"] == "rq"), default=0)
-    if rq_max and rq_max < max(levels):
-        note = f"plain RQ beyond {rq_max}:\nnot run (memory)"
-        rate_ax.annotate(
-            note, (max(levels), min(r["rollouts_per_s"] for r in rows)), color="C1", fontsize=8, ha="right"
-        )
-    rate_ax.plot([1000], [500], "r*", markersize=10, label="target at 1000 in flight: 500/s")
-    rate_ax.set_ylabel("rollouts / s (steady state)")
-    rate_ax.set_title("Throughput")
-    rss_ax.set_ylabel("worker memory, MB")
-    rss_ax.set_title("Worker memory while running")
-    for ax in (rate_ax, rss_ax):
-        ax.set_xscale("log")
-        ax.set_yscale("log")
-        ax.set_xlabel("rollouts in flight")
-        ax.set_xticks(levels)
-        ax.set_xticklabels([str(x) for x in levels])
-        ax.grid(True, which="both", alpha=0.3)
-        ax.legend(fontsize=7, loc="upper left")
-    # After the log scale is set: limits set on a linear axis would carry a bottom of 0 over.
-    rss_ax.set_ylim(bottom=10, top=max(r["worker_rss_mb"] for r in rows) * 3)
-    fig.suptitle("Mock LLM rollouts (3 turns of 0.1-0.5 s) on 2 cores: rollq beside plain RQ", fontsize=11)
-    fig.tight_layout()
-    fig.savefig(PLOT)
-    plt.close(fig)
+{tables}
+
+{after}"""
+
+# The provenance every results file carries (bench/common.py: write_result); the rest are its figures.
+PROVENANCE_KEYS = {
+    "benchmark",
+    "date",
+    "started",
+    "commit",
+    "dirty",
+    "committed_in",
+    "provenance_note",
+    "command",
+    "settings",
+    "machine",
+    "load_average",
+    "niceness",
+}
 
 
-def machine_section(docs: list[dict[str, Any]]) -> str:
-    m = docs[0]["machine"]
-    dates = sorted(d["date"] for d in docs)
-    when = dates[0][:10] if dates[0][:10] == dates[-1][:10] else f"{dates[0][:10]} to {dates[-1][:10]}"
-    return (
-        f"Measured {when} on {m['cores']} cores ({m['cpu']}), {m['memory_gb']} GB RAM, {m['os']}; "
-        f"Python {m['python']}, redis-server {m['redis_server']} on loopback (no persistence), "
-        f"RQ {m['rq']}, redis-py {m['redis_py']} with hiredis. Every benchmark starts its own redis-server "
-        "on a free port; the workers, Redis and the producer all share the same 2 cores."
-    )
+@dataclass(frozen=True)
+class Col:
+    """A column: its header, where its value comes from (a key of the row, dotted for a nested one, or a
+    function of the row and the document) and how it is written (a format spec, or a function)."""
+
+    header: str
+    get: Getter
+    fmt: Format = ""
 
 
-def noop_section(noop: dict[str, Any]) -> str:
-    e2e = noop["end_to_end"]
-    rows = [
-        [
-            r["label"],
-            fmt(r["jobs_per_s"]),
-            f"{r['time_per_job_vs_simpleworker']:.2f}x",
-            f"{r['worker_cpu_ms_per_job']:.2f}",
-            f"{r['cpu_per_job_vs_simpleworker']:.2f}x",
-            fmt(r["commands_per_job"]),
-            fmt(r["worker_rss_mb"]),
-        ]
-        for r in e2e
-    ]
-    trips = noop["round_trips"]
-    trip_rows = [
-        [
-            r["label"],
-            f"{r['round_trips_per_job']:.1f}",
-            f"{r['round_trips_vs_simpleworker']:.2f}x",
-            f"{r['commands_per_job']:.1f}",
-            ", ".join(f"{k} {v:g}" for k, v in r["round_trips_per_job_by_command"].items()),
-        ]
-        for r in trips
-    ]
-    rounds = len(e2e[0]["rounds"])
-    text = f"""## 1. No-op rollouts end to end
+@dataclass(frozen=True)
+class Table:
+    """Rows (a key of the document, or a function of it) shown in columns; ``caption`` comes before it.
 
-`{noop["command"]}`
+    A column is a :class:`Col` or the tuple ``(key, header[, format])``.
+    """
 
-Each configuration has 2 worker processes on the same redis-server; all of
-them are up at once and take turns, {rounds} rounds, so that drift and other
-load on the machine hit them alike (the median round is shown). A round is:
-enqueue a batch in one pipelined call, run it, and receive every result in the
-producer (rollq: `Producer.wait`; RQ: poll the finished registry, then read each
-return value in one pipeline). "CPU" is the worker processes' user + system
-time (for RQ's fork-per-job `Worker`, its work horses' too). Commands are
-counted by Redis (`INFO commandstats`, commands run inside Lua included) over
-the whole round, producer side too.
-
-{
-        table(
-            [
-                "configuration",
-                "jobs/s",
-                "time per job vs SimpleWorker",
-                "worker CPU ms/job",
-                "CPU vs SimpleWorker",
-                "Redis commands/job",
-                "worker RSS MB",
-            ],
-            rows,
-        )
-    }
-
-Redis round trips per job, worker side, counted in the client (each packed
-send is one; a pipeline or a Lua call is one): one worker in-process in burst
-mode, (run of {noop["round_trip_jobs"][1]} jobs - run of {noop["round_trip_jobs"][0]}) / {
-        noop["round_trip_jobs"][1] - noop["round_trip_jobs"][0]
-    }, so start-up and
-shutdown cancel out.
-
-{table(["worker", "round trips/job", "vs SimpleWorker", "commands/job", "round trips by command"], trip_rows)}
-"""
-    return text
+    rows: str | Callable[[Doc], list[Any]]
+    cols: list[Col | tuple[str, ...]]
+    caption: str = ""
 
 
-def mock_section(mock: dict[str, Any]) -> str:
-    rows = []
-    for r in sorted(mock["rows"], key=lambda r: (r["system"] != "rollq", r["in_flight"])):
-        rows.append(
-            [
-                "rollq" if r["system"] == "rollq" else "plain RQ",
-                r["in_flight"],
-                r["worker_processes"],
-                fmt(r["rollouts_per_s"]),
-                f"{r['percent_of_ideal']:.1f}%",
-                fmt(r["mean_running"]),
-                r["min_queued"],
-                fmt(r["worker_rss_mb"]),
-                fmt(r["worker_uss_mb"]),
-                f"{r['worker_cpu_ms_per_rollout']:.2f}",
-                f"{r['redis_cpu_ms_per_rollout']:.2f}",
-                f"{r['other_processes_cpu_cores']:.2f}",
-            ]
-        )
-    comparison = [
-        [
-            c["in_flight"],
-            fmt(c["rollq_rollouts_per_s"]),
-            c["rq_processes"],
-            fmt(c["rq_rollouts_per_s"]),
-            f"{c['throughput_ratio']:.2f}x",
-            f"{c['rss_ratio']:.3f}x",
-            f"{c['cpu_per_rollout_ratio']:.2f}x",
-        ]
-        for c in mock["comparison"]
-    ]
-    cap = mock["rq_max_processes"]
-    rq_rows = sorted((r for r in mock["rows"] if r["system"] == "rq"), key=lambda r: r["worker_processes"])
-    if rq_rows:
-        big = rq_rows[-1]
-        per_process = big["worker_rss_mb"] / big["worker_processes"]
-        cost = (
-            f"{big['worker_processes']} forked RQ workers took {fmt(big['worker_rss_mb'] / 1024)} GB of RSS "
-            f"({fmt(big['worker_uss_mb'] / 1024)} GB not shared); 1000 would need about "
-            f"{fmt(per_process * 1000 / 1024, 0)} GB of RSS on this {rq_machine_gb(mock)} GB machine, so RQ's figure "
-            f"at 1000 in flight is its {big['worker_processes']}-process figure."
-        )
-    else:
-        cost = "RQ was not run (`--rq-max-processes 0`)."
-    return f"""## 2. Mock LLM agents: 32, 256 and 1000 rollouts in flight
+@dataclass(frozen=True)
+class Spec:
+    """How one kind of benchmark is written up. ``derive`` adds computed values the templates can name."""
 
-`{mock["command"]}`
-
-A rollout is 3 turns; a turn is an LLM call that sleeps 0.1-0.5 s (uniform)
-inside an LLM-call span, then a reward span, so a rollout takes
-{mock["mean_rollout_seconds"]:g} s on average and the ideal rate is in-flight / {
-        mock["mean_rollout_seconds"]:g} s. rollq runs 2
-worker processes with concurrency in-flight / 2 and an async agent
-(`bench/agents.py: MockLLMAgent`). Plain RQ runs one job per process, so it
-needs one SimpleWorker process per rollout in flight: `rq worker-pool -n N -w
-rq.worker.SimpleWorker` running the sync twin (`bench/rq_jobs.py: mock_llm`,
-same sleeps, same spans), at most {cap} processes. {cost}
-The producer keeps at least in-flight tasks queued ("queued (min)" is the
-fewest seen). After a warm-up, completions are counted over {mock["window_seconds"]:g} s of steady
-state; "running (mean)" is how many rollouts were actually running (rollq's
-in-flight set, RQ's started registry), sampled four times a second.
-"Other processes" is CPU that neither the workers, Redis nor the benchmark's
-producer used: other work on the machine during the run.
-
-{
-        table(
-            [
-                "system",
-                "in flight",
-                "worker processes",
-                "rollouts/s",
-                "of ideal",
-                "running (mean)",
-                "queued (min)",
-                "worker RSS MB (sum)",
-                "worker USS MB (sum)",
-                "worker CPU ms/rollout",
-                "Redis CPU ms/rollout",
-                "other processes, cores",
-            ],
-            rows,
-        )
-    }
-
-rollq against plain RQ (RQ at min(in flight, {cap}) processes):
-
-{
-        table(
-            [
-                "in flight",
-                "rollq rollouts/s",
-                "RQ processes",
-                "RQ rollouts/s",
-                "rollq / RQ throughput",
-                "rollq / RQ RSS",
-                "rollq / RQ CPU per rollout",
-            ],
-            comparison,
-        )
-    }
-
-![rollouts/s against rollouts in flight](throughput.png)
-"""
+    title: str
+    about: str
+    tables: list[Table] = field(default_factory=list)
+    after: str = ""
+    derive: Callable[[Doc], dict[str, Any]] = lambda doc: {}
 
 
-def rq_machine_gb(mock: dict[str, Any]) -> str:
-    return f"{mock['machine']['memory_gb']:.0f}"
+# ---------------------------------------------------------------------------------------------------- values
 
 
-def enqueue_section(enq: dict[str, Any]) -> str:
-    rows = [
-        [
-            r["label"],
-            fmt(r["tasks"], 0),
-            fmt(r["tasks_per_s"], 0),
-            f"{r['producer_cpu_us_per_task']:.1f}",
-            f"{r['redis_cpu_us_per_task']:.1f}",
-            f"{r['commands_per_task']:.1f}",
-        ]
-        for r in enq["rows"]
-    ]
-    return f"""## 3. Enqueue 100k tasks
-
-`{enq["command"]}`
-
-One call each, median of {len(enq["rows"][0]["rounds"])} rounds, same redis-server (flushed between rounds).
-rollq writes, per task, the task record and an RQ job hash and pushes the job,
-all in one Lua call (2000 calls per pipelined round trip); RQ's `enqueue_many`
-pipelines its own commands.
-
-{table(["producer", "tasks", "tasks/s", "producer CPU us/task", "Redis CPU us/task", "Redis commands/task"], rows)}
-"""
+def pick(row: Any, key: str) -> Any:
+    """``row[key]``, or for a dotted key not in the row ``row[a][b]``."""
+    if isinstance(row, dict) and key in row:
+        return row[key]
+    for part in key.split("."):
+        row = row.get(part) if isinstance(row, dict) else None
+    return row
 
 
-def memory_section(mem: dict[str, Any]) -> str:
-    rss = mem["rss_mb"]
-    warm_key = next(k for k in rss if k.startswith("after_"))
-    growth_key = next(k for k in mem if k.startswith("growth_mb_after_first_"))
-    reached = (
-        ""
-        if mem["reached_target"]
-        else (
-            f"\n\n**The run stopped at {mem['rollouts']:,} rollouts**, short of {mem['rollouts_target']:,}, "
-            "when its time limit passed."
-        )
-    )
-    return f"""## 4. One worker's memory over {mem["rollouts"]:,} rollouts
-
-`{mem["command"]}`
-
-One `RolloutWorker` process, concurrency {mem["concurrency"]}, {mem["agent"]}; RSS sampled
-every second. {mem["rollouts"]:,} rollouts in {mem["seconds"]:.0f} s ({fmt(mem["rollouts_per_s"])}/s), {
-        mem["failed"]
-    } failed.{reached}
-
-{
-        table(
-            [
-                "RSS before the first rollout",
-                f"after {warm_key.removeprefix('after_')} rollouts",
-                "peak",
-                "end",
-                "growth from start",
-                f"growth after the first {warm_key.removeprefix('after_')}",
-            ],
-            [
-                [
-                    f"{rss['start']} MB",
-                    f"{rss[warm_key]} MB",
-                    f"{rss['peak']} MB",
-                    f"{rss['end']} MB",
-                    f"{mem['growth_mb_from_start']} MB",
-                    f"{mem[growth_key]} MB",
-                ]
-            ],
-        )
-    }
-"""
+def cell(value: Any, fmt: Format = "") -> str:
+    if value is None:
+        return "-"
+    if callable(fmt):
+        return fmt(value)
+    if isinstance(value, dict):
+        return ", ".join(f"{k} {v}" for k, v in value.items()) or "none"
+    if isinstance(value, list):
+        return ", ".join(str(v) for v in value)
+    return format(value, fmt)
 
 
-def profile_section(prof: dict[str, Any]) -> str:
-    rows = [[name, f"{ms:.3f}"] for name, ms in prof["buckets_ms_per_rollout"].items()]
-    return f"""## Where a worker's time goes at {prof["in_flight"]} in flight
-
-`{prof["command"]}` (needs `pip install py-spy`)
-
-Both workers of the mock-LLM setting sampled with `py-spy record --gil` (stacks
-holding the GIL, i.e. Python CPU) for {prof["seconds"]:g} s: {fmt(prof["rollouts_per_s"])} rollouts/s while
-sampled, {prof["worker_cpu_ms_per_rollout"]:.2f} ms of worker CPU per rollout (psutil), of which
-{prof["gil_held_ms_per_rollout"]:.2f} ms with the GIL held; each process held the GIL
-{100 * prof["gil_held_fraction_per_process"]:.0f}% of the time. CPU ms per rollout by where the sample was
-(innermost matching frame; `bench/profile.py` lists the rules):
-
-{table(["where", "GIL-held CPU ms per rollout"], rows)}
-"""
+def x(value: float) -> str:
+    """A ratio: ``2.00x``."""
+    return f"{value:.2f}x"
 
 
-def soak_section(soak: dict[str, Any]) -> str:
-    """The kill storm: workers SIGKILLed under load, and what was lost or delivered twice (bench/soak.py)."""
-    p = soak["parameters"]
-    rows = [
-        ["tasks in", soak["tasks_in"]],
-        ["delivered (exactly once)", soak["delivered"]],
-        ["lost", soak["lost"]],
-        ["delivered twice", soak["duplicated"]],
-        ["succeeded / failed", f"{soak['succeeded']} / {soak['failed']}"],
-        ["superseded results (kept aside, not delivered)", soak["superseded"]],
-        ["requeues by reason", ", ".join(f"{k} {v}" for k, v in sorted(soak["requeued"].items())) or "none"],
-        ["SIGKILLs (with rollouts in flight)", f"{soak['kills']} ({soak['kills_with_tasks_in_flight']})"],
-        [
-            "kill to requeue of its last attempt, mean / max",
-            f"{soak['kill_to_requeue_mean_s']} s / {soak['kill_to_requeue_max_s']} s",
-        ],
-        ["wall time, rollouts/s", f"{soak['elapsed_s']} s, {soak['rollouts_per_s']}"],
-    ]
-    settings = (
-        f"{p['workers']} workers x concurrency {p['concurrency']}, a random worker SIGKILLed and replaced every "
-        f"{p['kill_every']} s for {p['duration']:g} s, agent sleeping {p.get('sleep', '0.05-0.3')} s per task, "
-        f"unresponsive_seconds {p['unresponsive']:g}, heartbeat {p['heartbeat']:g} s, max_attempts {p['max_attempts']}"
-    )
-    return "\n\n".join(
-        [
-            "## Soak: a kill storm",
-            f"`{soak['command']}` ({soak['when']}, {soak['cpus']} CPUs): {settings}. Every task in must come out "
-            "exactly once; the script exits 1 otherwise.",
-            table(["measure", "value"], rows),
-            "Kill to requeue runs from a SIGKILL to the requeue of the last attempt the killed worker had in "
-            "flight: unresponsive_seconds, plus the wait for a reaper. Only the workers reap in this script (no "
-            "producer waits), and in a storm each lives a few seconds, part of it starting up, so stretches pass "
-            "with no reaper running; a trainer waiting on its rollouts reaps every 5 s as well. `stranded` "
-            "requeues are jobs a killed worker had taken off the queue (taken ahead) but not yet claimed.",
-        ]
-    )
+def ratio(a: float | None, b: float | None) -> float | None:
+    return a / b if a is not None and b else None
 
 
-def capture_section(cap: dict[str, Any]) -> str:
-    rows = [
-        [path, cap[path]["calls"], fmt(cap[path]["p50_ms"]), fmt(cap[path]["p99_ms"]), fmt(cap[path]["mean_ms"])]
-        for path in ("direct", "proxy")
-    ]
-    settings = cap["settings"]
-    return f"""## LLM capture: calls through the capturing proxy vs straight to the backend
-
-`{cap["command"]}`
-
-{settings["concurrency"]} calls in flight against the demo's simulated LLM ({1000 * settings["latency"]:g} ms per
-call on average, uniform in 0.5-1.5x, token ids on), in {settings["rounds"]} rounds alternating direct and
-through a worker's `CaptureProxy` (its own process, recording a span per call as in a worker). Latency is
-each call's time at the client less the generation time the backend reports: what the path itself costs.
-
-{table(["path", "calls", "p50 ms (path only)", "p99 ms (path only)", "mean ms (path only)"], rows)}
-
-Added latency: p50 {cap["added_p50_ms"]:+.1f} ms, p99 {cap["added_p99_ms"]:+.1f} ms (targets <= 1 ms and <= 5 ms);
-proxy CPU per call {cap["proxy_cpu_ms_per_call"]:.2f} ms (target <= 0.5 ms). Load average (1, 5, 15 min) at the
-end of the call rounds: {cap.get("load_average", "not recorded")}. The proxy is one Python thread per worker
-process: at 256 calls in flight of about 0.5 s it must serve about 500 calls/s, i.e. that many times its CPU per
-call of one core, and when the machine leaves it less, calls queue in it; that queue, not the hop itself, is most
-of the added latency measured on this shared machine.
-""" + _capture_rollouts(cap.get("rollouts"))
+def mean(values: list[Any]) -> float | None:
+    kept = [v for v in values if v is not None]
+    return sum(kept) / len(kept) if kept else None
 
 
-def _capture_rollouts(rollouts: dict[str, Any] | None) -> str:
-    if not rollouts:
+def ratios(values: list[float | None]) -> str:
+    """Per-round ratios: ``1.89x, 2.00x``."""
+    return ", ".join(x(v) for v in values if v is not None) or "-"
+
+
+def nth(i: int) -> Callable[[Any, Doc], Any]:
+    """A column of rows that are lists: their ``i``-th item."""
+    return lambda row, doc: row[i]
+
+
+def fixed(rows: list[Any]) -> Callable[[Doc], list[Any]]:
+    """Rows given as they are."""
+    return lambda doc: rows
+
+
+def column(spec: Col | tuple[str, ...]) -> Col:
+    return spec if isinstance(spec, Col) else Col(spec[1], spec[0], spec[2] if len(spec) > 2 else "")
+
+
+def render_table(table: Table, doc: Doc) -> str:
+    rows = pick(doc, table.rows) if isinstance(table.rows, str) else table.rows(doc)
+    if not rows:
         return ""
+    cols = [column(c) for c in table.cols]
+    lines = ["| " + " | ".join(c.header for c in cols) + " |", "|" + "---|" * len(cols)]
+    for row in rows:
+        values = [c.get(row, doc) if callable(c.get) else pick(row, c.get) for c in cols]
+        lines.append("| " + " | ".join(cell(v, c.fmt).replace("|", "/") for v, c in zip(values, cols, strict=True)))
+        lines[-1] += " |"
+    caption = table.caption.format_map(doc) + "\n\n" if table.caption else ""
+    return caption + "\n".join(lines)
+
+
+def measures(*keys: str) -> Table:
+    """A two-column table of some of the document's figures, named by their keys."""
+    return Table(lambda d: [[k.replace("_", " "), pick(d, k)] for k in keys if pick(d, k) is not None], MEASURE)
+
+
+MEASURE: list[Col | tuple[str, ...]] = [Col("measure", nth(0)), Col("value", nth(1))]
+
+
+def provenance(doc: Doc) -> str:
+    """Where and when: the line every section carries."""
+    load = doc.get("load_average") or {}
+    before, after = load.get("before"), load.get("after")
+    when = f"Measured {doc['date'][:16].replace('T', ' ')} UTC"
+    if doc.get("commit"):
+        when += f" at commit `{doc['commit'][:10]}`" + (" (tree modified)" if doc.get("dirty") else "")
+    else:
+        when += f"; commit not recorded (the results file came in with `{doc.get('committed_in', '?')}`)"
+    if before:
+        when += f"; load average (1/5/15 min) {cell(before)} before, {cell(after)} after"
+    elif after:
+        when += f"; load average (1/5/15 min) {cell(after)} at the end (not recorded before)"
+    else:
+        when += "; load not recorded"
+    settings = {k: v for k, v in (doc.get("settings") or {}).items() if v not in (None, False, "")}
+    if settings:
+        when += "; settings: " + ", ".join(f"{k} {cell(v)}" for k, v in settings.items())
+    return when + "."
+
+
+def generic_tables(doc: Doc) -> list[Table]:
+    """A results file without a spec: its scalar figures, then each set of rows, as they are."""
+    flat: list[list[Any]] = []
+    tables = [Table(fixed(flat), MEASURE)]
+    for key, value in doc.items():
+        if key in PROVENANCE_KEYS or key == "note":
+            continue
+        if isinstance(value, list) and value and isinstance(value[0], dict):
+            # Rows nested in rows (a setting's rounds) stay in the results file.
+            keys = [k for k, v in value[0].items() if not (isinstance(v, list) and v and isinstance(v[0], dict))]
+            tables.append(Table(key, [(k, k) for k in keys], caption=f"`{key}`:"))
+        elif isinstance(value, dict) and value and all(isinstance(v, dict) for v in value.values()):
+            by_name: list[Any] = [{key: name, **v} for name, v in value.items()]
+            tables.append(Table(fixed(by_name), [(k, k) for k in by_name[0]], caption=f"`{key}`:"))
+        else:
+            flat.append([key.replace("_", " "), value])
+    return tables
+
+
+def render(doc: Doc, spec: Spec | None) -> str:
+    values = {**doc, **(spec.derive(doc) if spec else {})}
+    tables = spec.tables if spec else generic_tables(doc)
+    text = SECTION.format(
+        title=spec.title.format_map(values) if spec else doc["benchmark"].replace("_", " ").capitalize(),
+        command=doc.get("command", "?"),
+        provenance=provenance(doc),
+        about=spec.about.format_map(values) if spec else doc.get("note", ""),
+        tables="\n\n".join(t for t in (render_table(table, values) for table in tables) if t),
+        after=spec.after.format_map(values) if spec else "",
+    )
+    return re.sub(r"\n{3,}", "\n\n", text).strip()
+
+
+# ----------------------------------------------------------------------------------------- the benchmark kinds
+# Specs are tables of data: laid out by hand, a column to a line where it reads better.
+# fmt: off
+
+
+def _al_rows(doc: Doc, **match: Any) -> list[Doc]:
+    return [r for r in doc["rows"] if all(r.get(k) == v for k, v in match.items())]
+
+
+def _al_comparison(doc: Doc) -> list[Doc]:
+    """AL's comparison rows with each round's ratio and the means of the per-system figures."""
+    rows = []
+    for c in doc["comparison"]:
+        key = {"scenario": c["scenario"], "in_flight": c["in_flight"]}
+        per_round = [
+            ratio(*(mean([r["rollouts_per_s"] for r in _al_rows(doc, system=s, round=n, **key)])
+                    for s in ("rollq", "agentlightning")))
+            for n in sorted({r["round"] for r in doc["rows"]})
+        ]
+        figures = ("percent_of_ideal", "worker_cpu_ms_per_rollout", "coordinator_cpu_ms_per_rollout")
+        means = {f"{s}_{f}": mean([r.get(f) for r in _al_rows(doc, system=s, **key)])
+                 for s in ("rollq", "agentlightning") for f in figures}
+        mine = [r for r in doc["rows"] if r["scenario"] == c["scenario"] and r["in_flight"] == c["in_flight"]]
+        trainer = mean([1000 * r["trainer_side_cpu_cores"] / r["rollouts_per_s"]
+                        for r in mine if r["system"] == "rollq" and r.get("rollouts_per_s")])
+        loads = []  # the 1-minute load before each round's pair of runs and after it
+        for n in sorted({r["round"] for r in mine}):
+            pair = [r for r in mine if r["round"] == n and "load_1m" in r]
+            if pair:
+                loads.append(f"{pair[0]['load_1m']['before']:g} -> {pair[-1]['load_1m']['after']:g}")
+        rows.append({**c, **means, "per_round": per_round, "trainer_ms": trainer, "loads": ", ".join(loads) or None})
+    return rows
+
+
+def _rate_pct(rate: str, pct: str) -> Callable[[Any, Doc], str]:
+    return lambda r, d: f"{r[rate]:,.1f}" + (f" ({r[pct]:.0f}%)" if r.get(pct) is not None else "")
+
+
+def _pair(key: str) -> Callable[[Any, Doc], str]:
+    return lambda r, d: f"{cell(r.get('rollq_' + key), '.2f')} / {cell(r.get('agentlightning_' + key), '.2f')}"
+
+
+AL1 = """**Agent Lightning 1.0.2** has no row above: it has no `LitAgent`, trainer-side store or tracer to run
+the same agents with. Its shipped runner, `agl-controller`, runs every rollout as a Python subprocess (about
+0.55-0.9 s of CPU to start one) or a Kubernetes Job, lists at most 50 queued rollouts per poll (so never runs more
+than 50 at once) and never retries one; its `agl-server` keeps rollouts in process memory (gone after a restart).
+What it can do, measured with AL's own trainer client and a no-op agent (posts its reward, no LLM call), 40
+rollouts, two runs on these 2 shared cores: AL 1.0.2's own `agl-server` + `agl-controller` **2.1-2.4
+rollouts/s** (source: [agent-lightning.md](agent-lightning.md), "Measured", commit `282780f`; not re-measured
+here)."""
+
+
+def _own_path(doc: Doc) -> bool:
+    """Whether AL's tasks were queued with ``resources_id``, as AL's own RL path queues them."""
+    return bool((doc.get("settings") or {}).get("al_resources_id"))
+
+
+def _al_tasks(doc: Doc) -> str:
+    if _own_path(doc):
+        return "AL's tasks were queued with `resources_id`, as AL's own RL path queues them."
+    return (
+        "AL's tasks were queued **without** `resources_id`, so each AL rollout also asked for the latest "
+        "resources: one HTTP request more than on AL's own RL path, which queues with `resources_id`. This "
+        "flatters rollq's ratio."
+    )
+
+
+AL = Spec(
+    title="rollq beside Agent Lightning {agentlightning}{al_path}",
+    about="""Interleaved in one run (rollq, then AL, per setting; the order flips every round), {worker_processes}
+worker processes each, {window_seconds:g} s of steady state after a {warmup_seconds:g} s warm-up; rates are means
+over the rounds, and the rollq / AL ratio of every round is shown beside their mean. Agent Lightning runs in its own
+venv (`bench/.venv-al`): its `AgentLightningServer` with the trainer's feeding and taking in the same process, and 2
+client processes of `AgentRunner` loops over one `AgentLightningClient`; AgentOps is replaced by a no-op tracer (the
+agent builds the same spans and triplets itself), which spares AL its tracing cost. {al_tasks} rollq: `rq worker -w
+rollq.worker.RolloutWorker` at concurrency in flight / 2, a producer thread and a trainer thread reading results
+through a consumer group. Rates count rollouts the trainer side received; the percentages are of the ideal rate
+(in flight / {mean_rollout_seconds:g} s, the mean rollout time): a plain rate, nothing is simulated.
+"Coordinator" is redis-server for rollq, AL's server process (its trainer side included) for AL; rollq's
+trainer side (the producer and trainer threads, this process) is a column of its own. Duplicates
+seen: {duplicates}. Other processes on the shared machine used {other:.2f} cores on average meanwhile.""",
+    derive=lambda d: {
+        "duplicates": sum(r["duplicates"] for r in d["rows"]),
+        "al_tasks": _al_tasks(d),
+        "other": mean([r.get("other_processes_cpu_cores") for r in d["rows"]]) or 0.0,
+        # Said once, beside the run on AL's own path.
+        "al1": AL1 if _own_path(d) else "",
+        "al_path": " on its own RL path (tasks with `resources_id`)"
+        if _own_path(d)
+        else " (tasks without `resources_id`)",
+    },
+    tables=[
+        Table(_al_comparison, [
+            ("scenario", "scenario"), ("in_flight", "in flight"),
+            Col("rollq/s (% of ideal)", _rate_pct("rollq_rollouts_per_s", "rollq_percent_of_ideal")),
+            Col("AL/s (% of ideal)", _rate_pct("al_rollouts_per_s", "agentlightning_percent_of_ideal")),
+            Col("rollq / AL", "rollq_over_al", x), Col("per round", "per_round", ratios),
+            Col("worker CPU ms/rollout rollq / AL", _pair("worker_cpu_ms_per_rollout")),
+            Col("coordinator CPU ms/rollout rollq / AL", _pair("coordinator_cpu_ms_per_rollout")),
+            Col("rollq trainer-side CPU ms/rollout", "trainer_ms", ".2f"),
+            Col("load (1 min) per round", "loads"),
+        ])
+    ],
+    after="{al1}",
+)
+
+
+def _noop_rows(doc: Doc) -> list[Doc]:
+    simple = next(r for r in doc["end_to_end"] if r["label"] == "RQ SimpleWorker")
+    def per_round(r: Doc) -> list[float | None]:
+        return [ratio(a["jobs_per_s"], b["jobs_per_s"]) for a, b in zip(r["rounds"], simple["rounds"], strict=False)]
+
+    return [{**r, "per_round": per_round(r)} for r in doc["end_to_end"]]
+
+
+NOOP = Spec(
+    title="No-op rollouts end to end, beside RQ's own workers",
+    about="""Each configuration has {workers} worker processes on the same redis-server; all are up at once and take
+turns, round by round, so that drift and other load hit them alike (the median round is shown, and each round's
+rate over SimpleWorker's in that round). A round: enqueue a batch in one pipelined call, run it, receive every
+result in the producer (rollq: `Producer.wait`; RQ: poll the finished registry, then read the return values in one
+pipeline). CPU is the worker processes' user + system time (for RQ's fork-per-job `Worker`, its work horses' too).
+Commands are counted by Redis (`INFO commandstats`, Lua's included) over the whole round, producer side too.""",
+    tables=[
+        Table(_noop_rows, [
+            ("label", "configuration"), ("jobs_per_s", "jobs/s", ",.1f"),
+            Col("rate / SimpleWorker, per round", "per_round", ratios),
+            ("worker_cpu_ms_per_job", "worker CPU ms/job", ".2f"),
+            Col("CPU / SimpleWorker", "cpu_per_job_vs_simpleworker", x),
+            ("commands_per_job", "Redis commands/job", ".1f"), ("worker_rss_mb", "worker RSS MB", ".1f"),
+        ]),
+        Table("round_trips", [
+            ("label", "worker"), ("round_trips_per_job", "round trips/job", ".1f"),
+            Col("vs SimpleWorker", "round_trips_vs_simpleworker", x), ("commands_per_job", "commands/job", ".1f"),
+            ("round_trips_per_job_by_command", "round trips by command"),
+        ], caption="Redis round trips per job, worker side, counted in the client (a pipeline or a Lua call is "
+                   "one): one worker in-process in burst mode, the run of {round_trip_jobs[1]} jobs less the run "
+                   "of {round_trip_jobs[0]}, so start-up and shutdown cancel out."),
+    ],
+)
+
+
+MOCK = Spec(
+    title="Mock LLM agents: rollq beside plain RQ at 32 to 1000 in flight",
+    about="""A rollout is 3 turns of an LLM-call span sleeping 0.1-0.5 s and a reward span, {mean_rollout_seconds:g} s
+on average; the ideal rate is in flight / {mean_rollout_seconds:g} s. rollq runs 2 worker processes at concurrency
+in flight / 2 (`bench/agents.py: MockLLMAgent`). Plain RQ runs one job per process, so one SimpleWorker process per
+rollout in flight (`rq worker-pool`, the sync twin `bench/rq_jobs.py: mock_llm`), at most {rq_max_processes}
+processes: at 1000 in flight RQ's figure is its {rq_max_processes}-process one. After a warm-up, completions are
+counted over {window_seconds:g} s; "running (mean)" is sampled four times a second; "other processes" is CPU that
+neither the workers, Redis nor the producer used. One round per setting.""",
+    tables=[
+        Table(lambda d: sorted(d["rows"], key=lambda r: (r["system"] != "rollq", r["in_flight"])), [
+            ("system", "system"), ("in_flight", "in flight"), ("worker_processes", "worker processes"),
+            ("rollouts_per_s", "rollouts/s", ",.1f"), ("percent_of_ideal", "% of the ideal rate", ".1f"),
+            ("mean_running", "running (mean)", ",.1f"), ("worker_rss_mb", "worker RSS MB (sum)", ",.1f"),
+            ("worker_cpu_ms_per_rollout", "worker CPU ms/rollout", ".2f"),
+            ("redis_cpu_ms_per_rollout", "Redis CPU ms/rollout", ".2f"),
+            ("other_processes_cpu_cores", "other processes, cores", ".2f"),
+        ]),
+        Table("comparison", [
+            ("in_flight", "in flight"), ("rq_processes", "RQ processes"),
+            Col("rollq / RQ throughput", "throughput_ratio", x), Col("rollq / RQ RSS", "rss_ratio", ".3f"),
+            Col("rollq / RQ CPU per rollout", "cpu_per_rollout_ratio", x),
+        ], caption="rollq over plain RQ:"),
+    ],
+    after="![rollouts/s against rollouts in flight](throughput.png)",
+)
+
+
+def _before_after_rows(doc: Doc) -> list[list[Any]]:
+    b, a = doc["before"], doc["after"]
+    cpu = "worker_cpu_ms_per_rollout"
     rows = [
-        [r["system"], r["rollouts"], r["failed"], fmt(r["rollouts_per_s"]), fmt(r["worker_cpu_ms_per_rollout"], 2),
-         fmt(r["other_processes_cpu_cores"], 2)]
-        for r in rollouts["rows"]
-    ]  # fmt: skip
-    headers = ["capture", "rollouts", "failed", "rollouts/s", "worker CPU ms/rollout", "other processes' cores"]
-    return f"""
-Sample-agent rollouts (the `openai` client, 1-2 calls of 0.1-0.5 s) on 2 worker processes, capture off and on in
-alternating rounds: with capture on, {rollouts["on_vs_off_percent"]}% of the rollouts/s with it off (target >= 95%).
+        ["worker CPU ms per rollout, 1000 in flight", b[cpu], a[cpu],
+         [ratio(y, z) for z, y in zip(b[f"{cpu}_rounds"], a[f"{cpu}_rounds"], strict=False)]],
+        ["rollouts/s while profiled, 1000 in flight", b["rollouts_per_s_1000_in_flight"],
+         a["rollouts_per_s_1000_in_flight"], []],
+    ] + [
+        [f"round trips per no-op rollout ({label.split(', ')[-1]})", trips["round_trips_per_job"],
+         a["round_trips"][label]["round_trips_per_job"], []]
+        for label, trips in b["round_trips"].items() if label in a["round_trips"]
+    ]
+    return [[name, before, after, ratio(after, before), per] for name, before, after, per in rows]
 
-{table(headers, rows)}
-"""
+
+BEFORE_AFTER = Spec(
+    title="Cheaper per rollout: before and after",
+    about="""Commit `{base}` (rollq 0.2.0 as it landed) beside `{head}`, taking turns in one run, {rounds} rounds.
+What changed: a worker starts and ends its jobs in batches (claims and RQ's start bookkeeping in one pipeline, the
+publications in one, RQ's end bookkeeping in one); a rollout's tracer and executor leave no reference cycles and
+workers raise the garbage collector's young-generation threshold; agent spans and the span-to-dict conversion do
+less per span.""",
+    tables=[
+        Table(_before_after_rows, [
+            Col("per rollout", nth(0)), Col("before", nth(1), ",.2f"),
+            Col("after", nth(2), ",.2f"), Col("after / before", nth(3), x),
+            Col("after / before, per round", nth(4), ratios),
+        ])
+    ],
+)
 
 
-def targets_section(
-    noop: dict[str, Any] | None, mock: dict[str, Any] | None, enq: dict[str, Any] | None, mem: dict[str, Any] | None
-) -> tuple[str, list[str]]:
-    rows: list[list[str]] = []
-    notes: list[str] = []
-    if noop:
-        simple = next(r for r in noop["end_to_end"] if r["label"] == "RQ SimpleWorker")
-        rq_trips = next(r for r in noop["round_trips"] if r["label"] == "RQ SimpleWorker")
-        for r in (r for r in noop["end_to_end"] if r["label"].startswith("rollq")):
-            worst = max(r["time_per_job_vs_simpleworker"], r["cpu_per_job_vs_simpleworker"])
-            rows.append(
-                [
-                    f"no-op cost vs RQ SimpleWorker ({r['label']})",
-                    "at most 1.5x",
-                    f"time {r['time_per_job_vs_simpleworker']:.2f}x, "
-                    f"worker CPU {r['cpu_per_job_vs_simpleworker']:.2f}x",
-                    verdict(worst <= 1.5),
-                ]
-            )
-            if worst > 1.5:
-                notes.append(
-                    f"{r['label']}: a no-op rollout costs {worst:.2f}x an RQ SimpleWorker job "
-                    f"({fmt(r['jobs_per_s'])} vs {fmt(simple['jobs_per_s'])} jobs/s)."
-                )
-        for r in (r for r in noop["round_trips"] if r["label"].startswith("rollq")):
-            rows.append(
-                [
-                    f"worker round trips per job ({r['label']})",
-                    "at most 1.5x SimpleWorker",
-                    f"{r['round_trips_per_job']:.1f} vs {rq_trips['round_trips_per_job']:.1f} "
-                    f"({r['round_trips_vs_simpleworker']:.2f}x)",
-                    verdict(r["round_trips_vs_simpleworker"] <= 1.5),
-                ]
-            )
-    if mock:
-        by_level = {r["in_flight"]: r for r in mock["rows"] if r["system"] == "rollq"}
-        if 256 in by_level:
-            r = by_level[256]
-            rows.append(
-                [
-                    "256 in flight, 2 worker processes",
-                    "at least 90% of ideal",
-                    f"{r['percent_of_ideal']:.1f}%",
-                    verdict(r["percent_of_ideal"] >= 90),
-                ]
-            )
-            if r["percent_of_ideal"] < 90:
-                notes.append(
-                    f"256 in flight reached {r['percent_of_ideal']:.1f}% of the ideal "
-                    f"({fmt(r['rollouts_per_s'])} of {fmt(r['ideal_rollouts_per_s'])} rollouts/s)."
-                )
-        if 1000 in by_level:
-            r = by_level[1000]
-            rows.append(
-                [
-                    "1000 in flight, 2 worker processes",
-                    "at least 500 rollouts/s",
-                    fmt(r["rollouts_per_s"]),
-                    verdict(r["rollouts_per_s"] >= 500),
-                ]
-            )
-            if r["rollouts_per_s"] < 500:
-                busy = r["worker_cpu_cores"] + r["redis_cpu_cores"] + r["producer_cpu_cores"]
-                per_rollout = r["worker_cpu_ms_per_rollout"] + r["redis_cpu_ms_per_rollout"]
-                notes.append(
-                    f"1000 in flight reached {fmt(r['rollouts_per_s'])} rollouts/s, not 500 "
-                    f"({r['percent_of_ideal']:.1f}% of the ideal {fmt(r['ideal_rollouts_per_s'])}/s). "
-                    f"Each rollout cost {r['worker_cpu_ms_per_rollout']:.2f} ms of worker CPU and "
-                    f"{r['redis_cpu_ms_per_rollout']:.2f} ms of "
-                    f"Redis CPU, {per_rollout * 500 / 1000:.2f} of the 2 cores at 500/s. During the run the workers, "
-                    f"Redis and the producer used {busy:.2f} cores and other processes "
-                    f"{r['other_processes_cpu_cores']:.2f}. "
-                    'See "Where a worker\'s time goes" below.'
-                )
-    if enq:
-        r = enq["rows"][0]
-        rows.append(
-            [
-                "enqueue (Producer.enqueue_many)",
-                "at least 20,000 tasks/s",
-                fmt(r["tasks_per_s"], 0),
-                verdict(r["tasks_per_s"] >= 20_000),
-            ]
-        )
-        if r["tasks_per_s"] < 20_000:
-            notes.append(
-                f"Enqueue reached {fmt(r['tasks_per_s'], 0)} tasks/s, not 20,000: the producer spends "
-                f"{r['producer_cpu_us_per_task']:.0f} us of CPU per task (building the task, the RQ job hash "
-                f"and the Lua call's arguments) and Redis {r['redis_cpu_us_per_task']:.0f} us running the Lua "
-                "call, one after the other for each 2000-task chunk."
-            )
-    if mem:
-        growth_key = next(k for k in mem if k.startswith("growth_mb_after_first_"))
-        growth = mem["growth_mb_from_start"]
-        label = f"{mem['rollouts']:,} rollouts" + ("" if mem["reached_target"] else " (run cut short)")
-        rows.append(
-            [
-                f"worker RSS growth over {label}",
-                "less than 20 MB",
-                f"{growth} MB from start ({mem[growth_key]} MB after warm-up)",
-                verdict(growth < 20),
-            ]
-        )
-        if growth >= 20:
-            notes.append(f"The worker's RSS grew {growth} MB over {mem['rollouts']:,} rollouts.")
-        if not mem["reached_target"]:
-            notes.append(f"The memory run reached {mem['rollouts']:,} of {mem['rollouts_target']:,} rollouts.")
-    return table(["target", "asked", "measured", ""], rows), notes
+PROFILE = Spec(
+    title="Where a worker's time goes at {in_flight} in flight",
+    about="""Both workers of the mock-LLM setting sampled with `py-spy record --gil` (stacks holding the GIL: Python
+CPU) for {seconds:g} s: {rollouts_per_s:,.1f} rollouts/s while sampled, {worker_cpu_ms_per_rollout:.2f} ms of
+worker CPU per rollout (psutil), {gil_held_ms_per_rollout:.2f} ms of it with the GIL held. CPU ms per rollout by
+the innermost matching frame (`bench/profile.py` lists the rules):""",
+    tables=[
+        Table(lambda d: sorted(d["buckets_ms_per_rollout"].items(), key=lambda kv: -kv[1]),
+              [Col("where", nth(0)), Col("GIL-held CPU ms per rollout", nth(1), ".3f")])
+    ],
+)
+
+
+BIG = Spec(
+    title="Big token-id rollouts beside a raw redis-py pipe",
+    about="""A rollout carries 8 (or 35) triplets of 4096 prompt + 512 response token ids. The anchor is one process
+moving the same JSON through a stream with redis-py and the standard `json` module (`json.dumps`, `XADD MAXLEN ~
+{results_maxlen}`, `XREAD`, `json.loads`): a slow anchor, the standard `json` module being the slowest serialiser
+at hand (a pipe using orjson is not measured yet). rollq runs {worker_processes} worker processes ({in_flight} in
+flight) and a trainer thread reading through a consumer group; the two alternate in one run, {window_seconds:g} s
+each.""",
+    tables=[
+        Table("rows", [
+            Col("rollout", lambda r, d: f"{r['mb_per_rollout']:.2f} MB ({r['turns']} turns)"),
+            ("raw.rollouts_per_s", "raw pipe/s", ",.1f"), ("rollq.rollouts_per_s", "rollq/s", ",.1f"),
+            Col("rollq / raw", "rollq_over_raw", x),
+            ("raw.process_cpu_ms_per_rollout", "raw pipe CPU ms/rollout", ".2f"),
+            ("rollq.worker_cpu_ms_per_rollout", "rollq worker CPU ms/rollout", ".2f"),
+            ("rollq.coordinator_cpu_ms_per_rollout", "rollq Redis CPU ms/rollout", ".2f"),
+        ]),
+        Table(lambda d: [{"MB": r["mb_per_rollout"], **r["replay"]["steps_ms_per_rollout"],
+                          "total": r["replay"]["total_ms_per_rollout"]} for r in d["rows"]],
+              [("MB", "rollout MB", ".2f"), *((s, s, ".2f") for s in (
+                  "agent", "to_rollout", "stamp", "model_dump_json", "finish.lua", "read + parse", "total"))],
+              caption="One rollout's path step by step in one thread under cProfile (ms per rollout, wall clock):"),
+    ],
+)
+
+
+K10 = Spec(
+    title="10,000 rollouts in flight",
+    about="""Slow agents: 3 LLM calls of 3-10 s each, traced as spans. Every task is enqueued in one call into idle
+workers; the run ends when the trainer has every rollout. The simulation runs the same task list FIFO on
+{in_flight:,} slots at zero cost: a real simulation, the figure to reach. Heartbeats every {heartbeat_seconds:g} s,
+`unresponsive_seconds` 30.""",
+    tables=[measures(
+        "tasks", "in_flight", "worker_processes", "seconds", "simulated_seconds", "percent_of_simulation",
+        "rollouts_per_s", "simulated_rollouts_per_s", "worker_cpu_ms_per_rollout", "redis_cpu_ms_per_rollout",
+        "worker_rss_idle_mb", "worker_rss_full_mb", "worker_kb_per_in_flight", "redis_bytes_per_finished_rollout",
+        "enqueue_seconds", "seconds_to_fill_slots", "min_deadline_slack_seconds", "requeued_or_superseded",
+        "tasks_claimed_more_than_once", "lost", "duplicates")],
+)
+
+
+SCALING = Spec(
+    title="How cost grows with worker processes and rollouts in flight",
+    about="""Mock-LLM rollouts (3 turns x 0.1-0.5 s, spans on), {window_seconds:g} s of steady state each. First
+sweep: 1000 in flight over 1-8 processes; second: 2 processes, 32 to 10,000 in flight (its 1000 is the first
+sweep's 2-process row).""",
+    tables=[
+        Table(lambda d: [r for r in d["rows"] if not (r["sweep"] == "in_flight" and r["in_flight"] == 1000)], [
+            ("worker_processes", "worker processes"), ("in_flight", "in flight"),
+            ("rollouts_per_s", "rollouts/s", ",.1f"), ("percent_of_ideal", "% of the ideal rate", ".0f"),
+            ("worker_cpu_ms_per_rollout", "worker CPU ms/rollout", ".2f"),
+            ("coordinator_cpu_ms_per_rollout", "Redis CPU ms/rollout", ".2f"),
+            ("worker_rss_mb", "worker RSS MB", ",.1f"), ("other_processes_cpu_cores", "other processes, cores", ".2f"),
+        ])
+    ],
+    after="![rollouts/s and CPU per rollout against processes and in flight](scaling.png)",
+)
+
+
+def _cluster_rows(doc: Doc) -> list[Doc]:
+    rows = []
+    for setting in dict.fromkeys(r["rtt_setting"] for r in doc["rows"]):
+        mine = [r for r in doc["rows"] if r["rtt_setting"] == setting]
+        avg = {k: mean([r.get(k) for r in mine]) for k, v in mine[0].items() if isinstance(v, (int, float))}
+        firsts = sorted(r["seconds_to_first_claim"]["median"] for r in mine if r["seconds_to_first_claim"]["median"])
+        rows.append({**avg, "setting": setting + ("" if setting == "direct" else " ms"),
+                     "per_round": ", ".join(f"{r['percent_of_ideal']:.0f}%" for r in mine),
+                     "first_claim": firsts[len(firsts) // 2] if firsts else None})
+    return rows
+
+
+CLUSTER = Spec(
+    title="A simulated cluster: {hosts} hosts x {workers_per_host} worker processes, latency to Redis",
+    about="""{hosts} hosts (network namespaces) x {workers_per_host} worker processes x {concurrency} in flight, one
+redis-server in its own namespace, the producer and trainer in a third; each host reaches Redis over its own veth
+pair through `bench/delay_proxy.py`, which delays each direction by half the round trip (this kernel has no
+netem). "direct" skips the proxy; "0 ms" goes through it undelayed. {note}. "Writes/rollout" counts
+client-to-Redis writes the proxies saw per rollout (each pays the latency). First claim: seconds from a worker's
+start to its first claim (median). The % of the ideal rate of every round is shown beside the mean.""",
+    tables=[
+        Table(_cluster_rows, [
+            ("setting", "RTT asked"), ("ping_rtt_ms_measured", "PING RTT measured, ms", ".2f"),
+            ("rollouts_per_s", "rollouts/s", ",.1f"),
+            Col("% of ideal (per round)", lambda r, d: f"{r['percent_of_ideal']:.0f}% ({r['per_round']})"),
+            ("redis_connections", "Redis connections", ".0f"),
+            ("redis_commands_per_rollout", "commands/rollout", ".1f"),
+            ("client_writes_per_rollout", "writes/rollout", ".1f"),
+            ("redis_cpu_ms_per_rollout", "Redis CPU ms/rollout", ".2f"),
+            ("worker_cpu_ms_per_rollout", "worker CPU ms/rollout", ".2f"),
+            ("proxy_cpu_ms_per_rollout", "proxy CPU ms/rollout", ".2f"), ("first_claim", "first claim, s"),
+        ]),
+        Table(lambda d: [d["dead_host"]] if d.get("dead_host") else [], [
+            ("down_for_seconds", "link down, s"), ("rtt_setting", "RTT, ms"), ("tasks", "tasks"),
+            ("received", "received"), ("lost", "lost"), ("duplicates", "duplicated"),
+            ("tasks_claimed_more_than_once", "ran more than once"),
+            ("requeued_or_superseded", "requeued / superseded"),
+        ], caption="Dead host (`--outage`): host 0's link down, then back (tasks' `unresponsive_seconds` 6, "
+                   "heartbeats 1 s):"),
+    ],
+)
+
+
+def _failover_rows(doc: Doc) -> list[list[Any]]:
+    keys = [
+        ("Sentinels named the replica primary after, s", "sentinel_named_new_primary_after_seconds"),
+        ("workers published again after, s", "workers_published_again_after_seconds"),
+        ("trainer received again after, s", "trainer_received_again_after_seconds"),
+        ("enqueue of 10, median before the kill, ms", "enqueue_batch_of_10_ms_median_before_kill"),
+        ("tasks enqueued (acknowledged)", "tasks_enqueued_acknowledged"),
+        ("tasks lost", "tasks_lost"),
+        ("rollouts never received", "rollouts_never_received"),
+        ("rollouts received twice", "rollouts_received_twice"),
+        ("tasks run more than once", "tasks_run_more_than_once"),
+        ("worker processes alive at the end", "workers_alive"),
+    ]
+    return [[label, *(doc["runs"][f"wait_replicas_{n}"].get(key) for n in (0, 1))] for label, key in keys]
+
+
+def _arrow(key: str) -> Callable[[Any, Doc], str]:
+    return lambda r, d: f"{r['wait_replicas_0'][key]} -> {r['wait_replicas_1'][key]}"
+
+
+FAILOVER = Spec(
+    title="Redis failover under load (Sentinel), with and without `wait_replicas`",
+    about="""A primary, one replica {settings[replica_rtt_ms]:g} ms away through a delaying proxy, 3 Sentinels
+(down-after {settings[sentinel_down_after_ms]} ms); {settings[workers]} `rollq worker` processes (concurrency
+{settings[concurrency]}) and a producer enqueuing {settings[rate_per_s]:g} tasks/s connect with
+`redis+sentinel://...`; the primary is SIGKILLed {settings[kill_after_seconds]:g} s in and restarts
+{settings[rejoin_after_seconds]:g} s later. Two runs, the same but for `wait_replicas` on every producer and
+worker.""",
+    tables=[
+        Table(_failover_rows, [Col("measure", nth(0)), Col("wait_replicas=0", nth(1)),
+                               Col("wait_replicas=1", nth(2))]),
+        Table("transition_cost", [
+            ("replica_rtt_ms", "replica round trip, ms", "g"), Col("enqueue median ms, 0 -> 1",
+            _arrow("enqueue_ms_median")), Col("worker rollouts/s, 0 -> 1", _arrow("worker_rollouts_per_s")),
+        ], caption="What `wait_replicas=1` costs each transition (interleaved rounds):"),
+    ],
+)
+
+
+SOAK = Spec(
+    title="Soak: a kill storm",
+    about="""{settings[workers]} workers x concurrency {settings[concurrency]}; a random worker SIGKILLed and
+replaced every {settings[kill_every]} s for {settings[duration]:g} s; `unresponsive_seconds`
+{settings[unresponsive]:g}. Every task in must come out exactly once (the script exits 1 otherwise).""",
+    tables=[measures("tasks_in", "delivered", "lost", "duplicated", "succeeded", "failed", "superseded", "requeued",
+                     "kills", "kills_with_tasks_in_flight", "kill_to_requeue_mean_s", "kill_to_requeue_max_s",
+                     "elapsed_s", "rollouts_per_s")],
+)
+
+
+def _capture_rounds(doc: Doc) -> list[Doc]:
+    """The capture on/off rollout rounds, each "on" round with its rate over the "off" round before it."""
+    rows = (doc.get("rollouts") or {}).get("rows", [])
+    return [{**r, "on_over_off": ratio(r["rollouts_per_s"], rows[i - 1]["rollouts_per_s"]) if i % 2 else None}
+            for i, r in enumerate(rows)]
+
+
+CAPTURE = Spec(
+    title="LLM calls through the capturing proxy vs straight to the backend",
+    about="""{settings[concurrency]} calls in flight against the demo's simulated LLM ({settings[latency]:g} s per
+call on average), {settings[rounds]} rounds alternating direct and through a worker's `CaptureProxy` (its own
+process). Latency is each call's time at the client less the backend's reported generation time: the path's own
+cost. Added latency p50 {added_p50_ms:+.1f} ms, p99 {added_p99_ms:+.1f} ms; proxy CPU per call
+{proxy_cpu_ms_per_call:.2f} ms. The proxy is one Python thread per worker process: when the machine leaves it less
+than the calls need, they queue in it, and that queue is most of the added latency.""",
+    tables=[
+        Table(lambda d: [{"path": p, **d[p]} for p in ("direct", "proxy")], [
+            ("path", "path"), ("calls", "calls"), ("p50_ms", "p50 ms", ",.1f"), ("p99_ms", "p99 ms", ",.1f"),
+            ("mean_ms", "mean ms", ",.1f")]),
+        Table(_capture_rounds, [
+            ("system", "capture"), ("rollouts", "rollouts"), ("failed", "failed"),
+            ("rollouts_per_s", "rollouts/s", ",.1f"), Col("on / off, this round pair", "on_over_off", x),
+            ("worker_cpu_ms_per_rollout", "worker CPU ms/rollout", ".2f"),
+            ("other_processes_cpu_cores", "other processes, cores", ".2f"),
+        ], caption="Sample-agent rollouts (the `openai` client, 1-2 calls of 0.1-0.5 s) on 2 worker processes, "
+                   "capture off and on in alternating rounds:"),
+    ],
+)
+
+
+ENQUEUE = Spec(
+    title="Enqueue {rows[0][tasks]:,} tasks",
+    about="""One call each, median of the rounds, same redis-server (flushed between rounds). rollq writes the task
+record and an RQ job hash and pushes the job in one Lua call per task (2000 per pipelined round trip); RQ's
+`enqueue_many` pipelines its own commands.""",
+    tables=[
+        Table("rows", [
+            ("label", "producer"), ("tasks_per_s", "tasks/s", ",.0f"),
+            ("producer_cpu_us_per_task", "producer CPU us/task", ".1f"),
+            ("redis_cpu_us_per_task", "Redis CPU us/task", ".1f"), ("commands_per_task", "Redis commands/task", ".1f"),
+        ])
+    ],
+)
+
+
+MEMORY = Spec(
+    title="One worker's memory over {rollouts:,} rollouts",
+    about="""One `RolloutWorker` process, concurrency {concurrency}, {agent}; RSS sampled every second.
+{rollouts:,} rollouts in {seconds:.0f} s ({rollouts_per_s:,.1f}/s), {failed} failed.""",
+    tables=[measures("rss_mb.start", "rss_mb.peak", "rss_mb.end", "growth_mb_from_start",
+                     "growth_mb_after_first_1000")],
+)
+
+
+def _median(values: list[float]) -> float:
+    ordered = sorted(values)
+    middle = len(ordered) // 2
+    return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
+
+
+STARTUP = Spec(
+    title="Worker start-up: from exec to the first claim",
+    about="""{rounds} rounds; in each, the workers take turns, every one a fresh `rq worker` process on the same
+redis-server with one job already queued for it: the seconds from `exec` to the moment its first job started (RQ's
+`started_at` for the plain job, the claim for rollq). Below, the import times: `python -X importtime -c
+"import ..."` in a fresh process, cumulative, median of {import_rounds} runs.""",
+    tables=[
+        Table("rows", [
+            ("label", "worker"), ("median_seconds", "exec to first claim, median s", ".3f"),
+            Col("per round, s", "rounds_seconds", lambda v: ", ".join(f"{s:.2f}" for s in v)),
+            Col("vs plain RQ (medians)", "vs_rq", x),
+            Col("median of per-round ratios", lambda r, d: _median(r["vs_rq_per_round"]), x),
+            Col("vs plain RQ, per round", "vs_rq_per_round", ratios),
+        ]),
+        Table(lambda d: list(d.get("imports", {}).items()),
+              [Col("import", lambda r, d: f"`{r[0]}`"), Col("seconds (median)", nth(1), ".3f")]),
+    ],
+    after="""What changed, and what it cost: the capturing proxy's HTTP stack (aiohttp) is imported and its thread
+started by the first attempt that has an http(s) LLM endpoint, not at worker start (`OnDemandCapture`); that
+attempt waits for it (a few tenths of a second, once per process), and a proxy that cannot start fails that
+attempt (the task is retried) instead of stopping the worker at start. The weight-sync gate still exists from
+the start, so a pause is followed before any proxy runs. fakeredis (and the numpy it imports) is imported only
+for `memory://` URLs. rollq's modules are byte-compiled as a wheel install leaves them.
+`tests/test_startup_imports.py` pins what a worker's import leaves out (aiohttp, fakeredis, numpy, the
+metrics and dashboard side). What remains over plain RQ is pydantic and pydantic-settings (the contract and the
+settings model) and rollq's own modules.""",
+)
+
+
+SPECS: dict[str, Spec] = {
+    "al": AL, "noop": NOOP, "mock_llm": MOCK, "before_after": BEFORE_AFTER, "profile": PROFILE, "big": BIG,
+    "inflight10k": K10, "scaling": SCALING, "cluster": CLUSTER, "failover": FAILOVER, "soak": SOAK,
+    "capture": CAPTURE, "enqueue": ENQUEUE, "memory": MEMORY, "startup": STARTUP,
+}
+# The page's order; results files not named here follow in name order.
+ORDER = ["al_own_path", "al", "noop", "mock_llm", "startup", "before_after", "profile", "rollout_cpu", "big",
+         "results_stream", "inflight10k", "scaling", "cluster", "cluster_256", "failover", "soak", "capture",
+         "enqueue", "memory", "idle", "trainer_api", "embedded_drain"]
+
+
+def spec_for(doc: Doc) -> Spec | None:
+    """The spec of the script that wrote the file (cluster_256.json was written by bench/cluster/)."""
+    script = re.search(r"bench[/.](\w+)", doc.get("command", ""))
+    return SPECS.get(script.group(1) if script else doc["benchmark"])
+
+
+# ------------------------------------------------------------------------------------------------ the targets
+
+
+def _al_mean(docs: dict[str, Doc], system: str, key: str) -> float | None:
+    """rollq's or AL's mean ``key`` at 1000 mock rollouts in flight in al.json."""
+    rows = _al_rows(docs["al"], system=system, scenario="mock", in_flight=1000) if "al" in docs else []
+    return mean([r.get(key) for r in rows])
+
+
+def _noop_vs_al(docs: dict[str, Doc]) -> tuple[str, bool] | None:
+    """The no-op ratio from a run with AL on its own RL path when there is one, else from al.json (saying so)."""
+    runs = [d for d in docs.values() if spec_for(d) is AL and any(c["scenario"] == "noop" for c in d["comparison"])]
+    runs.sort(key=lambda d: (_own_path(d), d["date"]))
+    if not runs:
+        return None
+    doc = runs[-1]
+    c = next(c for c in _al_comparison(doc) if c["scenario"] == "noop")
+    note = "" if _own_path(doc) else ", AL without `resources_id`"
+    load = (doc.get("load_average") or {}).get("before")
+    value = (
+        f"{x(c['rollq_over_al'])} ({c['rollq_rollouts_per_s']:,.0f} vs {c['al_rollouts_per_s']:,.0f}/s{note}; "
+        f"per round {ratios(c['per_round'])}" + (f"; load {load[0]:g}" if load else "") + ")"
+    )
+    return value, c["rollq_over_al"] >= 3.0 and _median([r for r in c["per_round"] if r]) >= 3.0 and _own_path(doc)
+
+
+def _cpu_1000(docs: dict[str, Doc]) -> tuple[str, bool] | None:
+    cpu = _al_mean(docs, "rollq", "worker_cpu_ms_per_rollout")
+    return None if cpu is None else (f"{cpu:.2f} ms", cpu <= 0.4)
+
+
+def _ideal_1000(docs: dict[str, Doc]) -> tuple[str, bool] | None:
+    pct, al = _al_mean(docs, "rollq", "percent_of_ideal"), _al_mean(docs, "agentlightning", "percent_of_ideal")
+    return None if pct is None else (f"{pct:.1f}% (AL 0.1.2: {cell(al, '.1f')}%)", pct >= 95)
+
+
+def _commands_16(docs: dict[str, Doc]) -> tuple[str, bool] | None:
+    row = next((r for r in docs["noop"]["end_to_end"] if r["label"] == "rollq, concurrency 16"), None)
+    return None if row is None else (f"{row['commands_per_job']:.1f}", row["commands_per_job"] <= 15)
+
+
+def _startup(docs: dict[str, Doc]) -> tuple[str, bool] | None:
+    # The tree measured, not the --base commit it was measured beside.
+    rows = [r for r in docs["startup"]["rows"] if r["label"].startswith("rollq") and "(at " not in r["label"]]
+    if not rows:
+        return None
+    r = rows[0]
+    per_round = _median(r["vs_rq_per_round"])
+    value = f"{x(r['vs_rq'])} (median of per-round ratios {x(per_round)}; {r['median_seconds']:.2f} s)"
+    return value, max(r["vs_rq"], per_round) <= 2.0
+
+
+def _field(name: str, key: str, text: str, ok: Callable[[float], bool]) -> Callable[[dict[str, Doc]], Any]:
+    """The measure ``docs[name][key]``, written with the template ``text``."""
+    return lambda docs: (text.format(docs[name][key]), ok(docs[name][key])) if name in docs else None
+
+
+# (target, asked, its measure over the results: (value, met) or None when nothing measures it)
+TARGETS: list[tuple[str, str, Callable[[dict[str, Doc]], tuple[str, bool] | None]]] = [
+    ("worker CPU per rollout, 1000 in flight, mock agent", "<= 0.4 ms", _cpu_1000),
+    ("capturing proxy CPU per LLM call", "<= 0.2 ms",
+     _field("capture", "proxy_cpu_ms_per_call", "{:.2f} ms", lambda v: v <= 0.2)),
+    ("proxy's added latency at 256 calls in flight, p50", "<= +1 ms",
+     _field("capture", "added_p50_ms", "{:+.1f} ms", lambda v: v <= 1)),
+    ("proxy's added latency at 256 calls in flight, p99", "<= +5 ms",
+     _field("capture", "added_p99_ms", "{:+.1f} ms", lambda v: v <= 5)),
+    ("no-op rollouts vs Agent Lightning 0.1.2 on its own RL path", ">= 3x", _noop_vs_al),
+    ("no-op rollouts vs a minimal Redis queue on the same box", ">= 10%", lambda docs: None),
+    ("Redis commands per no-op rollout, concurrency 16", "<= 15",
+     lambda docs: _commands_16(docs) if "noop" in docs else None),
+    ("1000 in flight, % of the ideal rate", ">= 95%", _ideal_1000),
+    ("10,000 in flight, % of the simulation", ">= 95%",
+     _field("inflight10k", "percent_of_simulation", "{:.1f}%", lambda v: v >= 95)),
+    ("10,000 in flight, worker memory per in-flight rollout", "<= 30 KB",
+     _field("inflight10k", "worker_kb_per_in_flight", "{:.1f} KB", lambda v: v <= 30)),
+    ("big token-id rollouts vs a raw pipe using orjson", ">= 1.0x", lambda docs: None),
+    ("worker start-up, exec to first claim", "<= 2x plain RQ",
+     lambda docs: _startup(docs) if "startup" in docs else None),
+]
+
+
+def targets_section(docs: dict[str, Doc]) -> str:
+    rows = []
+    for name, asked, measure in TARGETS:
+        measured = measure(docs)
+        value, ok = measured if measured else ("not measured", None)
+        rows.append([name, asked, value, "" if ok is None else ("met" if ok else "**missed**")])
+    headers = ["target", "asked", "measured", ""]
+    table = Table(fixed(rows), [Col(h, nth(i)) for i, h in enumerate(headers)])
+    return (
+        "## Targets\n\nEach checked against the figure of the section below that measures it (\"not measured\": "
+        "no benchmark here measures it yet). The figures come from different runs: see each section's date, "
+        "commit and load.\n\n" + render_table(table, {})
+    )
+
+
+# fmt: on
+# ------------------------------------------------------------------------------------------------------ the page
+
+
+def load_all() -> dict[str, Doc]:
+    docs = {p.stem: json.loads(p.read_text()) for p in sorted(RESULTS.glob("*.json"))}
+    for name, doc in docs.items():
+        doc.setdefault("benchmark", name)
+    return docs
+
+
+def header(docs: dict[str, Doc]) -> str:
+    m = next(d["machine"] for d in docs.values() if "machine" in d)
+    dates = sorted(d["date"][:10] for d in docs.values())
+    return f"""# Benchmarks: rollq beside Agent Lightning and plain RQ
+
+<!-- Generated by bench/report.py from bench/results/*.json; edit those, not this file. -->
+
+Measured {dates[0]} to {dates[-1]} on {m["cores"]} cores ({m["cpu"]}), {m["memory_gb"]} GB RAM, {m["os"]};
+Python {m["python"]}, redis-server {m["redis_server"]} on loopback (no persistence), RQ {m["rq"]}, redis-py
+{m["redis_py"]}. Every benchmark starts its own redis-server on a free port; workers, Redis and the producer share
+the same cores, and the machine was shared with other work while these ran: each section says when it was
+measured, at which commit, and the load average before and after (files from before results recorded these say
+so). Figures move by 10-30% between runs. Reproduce everything with `nice -n 10 python bench/run_all.py` (as root,
+or with `--skip-cluster`), or one benchmark with the command in its section; the sizing guide built on these
+figures is [scaling.md](scaling.md)."""
 
 
 def main() -> None:
-    noop, mock, enq, mem, prof = (load(n) for n in ("noop", "mock_llm", "enqueue", "memory", "profile"))
-    soak = load("soak")
-    present = [d for d in (noop, mock, enq, mem, prof) if d]
-    if not present:
+    docs = load_all()
+    if not docs:
         sys.exit("no results in bench/results/: run python bench/run_all.py")
-    if mock:
-        plot(mock)
-    summary, notes = targets_section(noop, mock, enq, mem)
-    parts = [
-        "# Benchmarks: rollq beside Agent Lightning 0.1.2 and plain RQ",
-        "<!-- Generated by bench/report.py from bench/results/*.json; edit those scripts, not this file. -->",
-        machine_section(present),
-        "Reproduce everything (about 20 minutes): `nice -n 10 python bench/run_all.py` (as root, or with "
-        "`--skip-cluster`: `bench/cluster.py` builds network namespaces), which runs each benchmark below with "
-        "short windows, writes `bench/results/<name>.json`, then regenerates this page, `docs/throughput.png` "
-        "and `docs/scaling.png`; the sizing guide built on these figures is [scaling.md](scaling.md). "
-        "Each benchmark also runs on its own with the command shown in its section. The machine was shared "
-        "with other work while these ran; every benchmark reports what it could of that (the interleaved "
-        'rounds, the "other processes" CPU column), and figures move by 10-30% between runs.',
-        *sections(mock),
-        "## Earlier targets (plain RQ comparison)\n\n" + summary,
-    ]
-    if notes:
-        parts.append("Shortfalls, as measured:\n\n" + "\n".join(f"- {n}" for n in notes))
-    if mock:
-        starved = [r for r in mock["rows"] if r["system"] == "rollq" and r["mean_running"] < 0.9 * r["in_flight"]]
-        for r in starved:
-            parts.append(
-                f"At {r['in_flight']} in flight only {fmt(r['mean_running'])} rollouts were running on average, "
-                f"although at least {r['min_queued']} tasks were queued throughout: the 2 workers took jobs off the "
-                f"queue more slowly than their {r['in_flight']} slots freed up, so the rate is "
-                f"{r['percent_of_ideal']:.0f}% of the ideal whatever the target says. The profile below shows where "
-                "the workers' CPU goes."
-            )
-    if noop:
-        parts.append(noop_section(noop))
-    if mock:
-        parts.append(mock_section(mock))
-    if enq:
-        parts.append(enqueue_section(enq))
-    if mem:
-        parts.append(memory_section(mem))
-    if prof:
-        parts.append(profile_section(prof))
-    if soak:
-        parts.append(soak_section(soak))
-    cap = load("capture")
-    if cap:
-        parts.append(capture_section(cap))
-    DOCS.mkdir(exist_ok=True)
-    PAGE.write_text("\n\n".join(p.strip() for p in parts) + "\n")
-    print(f"wrote {PAGE.relative_to(ROOT)}" + (f" and {PLOT.relative_to(ROOT)}" if mock else ""))
+    order = [n for n in ORDER if n in docs] + sorted(set(docs) - set(ORDER))
+    parts = [header(docs), targets_section(docs), *(render(docs[n], spec_for(docs[n])) for n in order)]
+    PAGE.parent.mkdir(exist_ok=True)
+    PAGE.write_text("\n\n".join(parts) + "\n")
+    print(f"wrote {PAGE.relative_to(ROOT)}: {len(order)} sections")
 
 
 if __name__ == "__main__":

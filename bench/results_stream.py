@@ -107,7 +107,7 @@ def main() -> None:
     results = {size: measure(size, args.rollouts) for size in SIZES}
     print(json.dumps(results, indent=2))
     argv = ["--rollouts", str(args.rollouts)] if args.rollouts != 400 else []
-    print(write_result("results_stream", {"rollouts": args.rollouts, "sizes": results}, argv))
+    print(write_result("results_stream", {"rollouts": args.rollouts, "sizes": results}, argv, settings=vars(args)))
 
 
 if __name__ == "__main__":

@@ -123,7 +123,7 @@ def main() -> None:
         f"ms/rollout, of which GC {result['gc_ms_per_rollout']} ms {result['gc_ms_per_rollout_by_generation']}"
     )
     if not args.no_write:
-        write_result("rollout_cpu", result, sys.argv[1:])
+        write_result("rollout_cpu", result, sys.argv[1:], settings=vars(args))
 
 
 if __name__ == "__main__":

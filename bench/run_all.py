@@ -1,16 +1,16 @@
-"""Run every benchmark, then regenerate docs/benchmarks.md, docs/throughput.png and docs/scaling.png.
+"""Run every benchmark, then regenerate docs/benchmarks.md (mock_llm.py and scaling.py draw the two plots).
 
 Run: nice -n 10 python bench/run_all.py [--skip-profile] [--skip-cluster]   (about 35 minutes on 2 cores)
 Needs the bench extra: pip install -e '.[dev,bench]' (matplotlib for the plots, psutil), and py-spy for the profile.
 
 Each benchmark runs with the short settings below (each setting well under a minute), so that the whole
 suite fits in a sitting on a shared 2-core machine; run a script on its own for longer windows.
-bench/cluster.py needs root and is skipped without it.
+bench/cluster/ (python -m bench.cluster) needs root and is skipped without it.
 
 Each benchmark runs in a subprocess of its own, one after the other, and writes
-bench/results/<name>.json; ``bench/report.py`` then builds the page from those
-files. The profile (bench/before_after.py runs it for this tree and for rollq 0.2.0 as it landed) needs
-py-spy (pip install py-spy) and is skipped without it.
+bench/results/<name>.json (with the commit, the load before and after, the settings); ``bench/report.py``
+then builds the page from those files, one section per file. The profile (bench/before_after.py runs it
+for this tree and for rollq 0.2.0 as it landed) needs py-spy (pip install py-spy) and is skipped without it.
 """
 
 from __future__ import annotations
@@ -38,13 +38,14 @@ BENCHMARKS: list[tuple[str, list[str]]] = [
     ("enqueue", ["--tasks", "50000", "--rounds", "2"]),
     ("memory", ["--rollouts", "30000", "--max-seconds", "90"]),
     ("capture", []),
+    ("startup", ["--rounds", "5"]),
 ]
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--skip-profile", action="store_true", help="do not run bench/profile.py (py-spy)")
-    parser.add_argument("--skip-cluster", action="store_true", help="do not run bench/cluster.py (needs root)")
+    parser.add_argument("--skip-cluster", action="store_true", help="do not run python -m bench.cluster (needs root)")
     args = parser.parse_args()
     missing = [m for m in ("matplotlib", "psutil") if importlib.util.find_spec(m) is None]
     if missing:
@@ -55,7 +56,7 @@ def main() -> None:
         if os.geteuid() == 0:
             names.append(("cluster", ["--rounds", "2"]))
         else:
-            print("not root: skipping bench/cluster.py (network namespaces need root)")
+            print("not root: skipping python -m bench.cluster (network namespaces need root)")
     has_py_spy = shutil.which("py-spy") or (Path(sys.executable).parent / "py-spy").exists()
     if not args.skip_profile:
         if has_py_spy:
@@ -66,10 +67,12 @@ def main() -> None:
             print("py-spy is not installed (pip install py-spy): skipping bench/profile.py")
     started = time.monotonic()
     for name, extra in names:
-        print(f"=== bench/{name}.py {' '.join(extra)}", flush=True)
+        # A benchmark is a script, or a package run with -m (bench/cluster/).
+        program = [str(BENCH / f"{name}.py")] if (BENCH / f"{name}.py").exists() else ["-m", f"bench.{name}"]
+        print(f"=== {' '.join(program + extra)}", flush=True)
         t = time.monotonic()
-        subprocess.run([sys.executable, str(BENCH / f"{name}.py"), *extra], check=True)
-        print(f"=== bench/{name}.py took {time.monotonic() - t:.0f} s", flush=True)
+        subprocess.run([sys.executable, *program, *extra], check=True, cwd=BENCH.parent)
+        print(f"=== {' '.join(program)} took {time.monotonic() - t:.0f} s", flush=True)
     subprocess.run([sys.executable, str(BENCH / "report.py")], check=True)
     print(f"all benchmarks in {(time.monotonic() - started) / 60:.1f} min")
 

@@ -99,7 +99,7 @@ def main() -> None:
     shared = next((r for r in rows if r["worker_processes"] == 2 and r["in_flight"] == PROCESS_SWEEP_IN_FLIGHT), None)
     if shared:
         rows.append({**shared, "sweep": "in_flight"})
-    write_result("scaling", {"window_seconds": args.window, "rows": rows}, sys.argv[1:])
+    write_result("scaling", {"window_seconds": args.window, "rows": rows}, sys.argv[1:], settings=vars(args))
     plot(rows)
 
 

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import datetime as dt
 import json
 import os
 import random
@@ -45,7 +44,6 @@ from rollq.producer.producer import Producer
 from rollq.worker.agent import LitAgent
 
 ROOT = Path(__file__).resolve().parent.parent
-RESULT = ROOT / "bench" / "results" / "soak.json"
 RQ = str(Path(sys.executable).parent / "rq")
 NAMESPACE = "soak"
 SLEEP_SECONDS = (0.05, 0.3)
@@ -275,6 +273,9 @@ def main() -> None:
     parser.add_argument("--max-attempts", type=int, default=20, help="high, so that repeated kills do not fail tasks")
     parser.add_argument("--drain-timeout", type=float, default=600, help="how long to wait for the last rollouts")
     args = parser.parse_args()
+    # Here, not at the top: the workers import this module for its agent, and need none of it.
+    sys.path.insert(0, str(ROOT))
+    from bench.common import write_result
 
     with tempfile.TemporaryDirectory(prefix="rollq-soak-") as directory:
         redis_process, url = start_redis(Path(directory))
@@ -292,15 +293,7 @@ def main() -> None:
     for key, value in summary.items():
         if not key.endswith("_ids") or value:
             print(f"{key:28} {value}")
-    RESULT.parent.mkdir(parents=True, exist_ok=True)
-    RESULT.write_text(json.dumps({
-        "benchmark": "soak",
-        "when": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-        "command": " ".join([Path(sys.executable).name, *sys.argv]),
-        "parameters": vars(args),
-        "cpus": os.cpu_count(),
-        **summary,
-    }, indent=2) + "\n")  # fmt: skip
+    write_result("soak", {"cpus": os.cpu_count(), **summary}, sys.argv[1:], settings=vars(args))
     if summary["lost"] or summary["duplicated"]:
         sys.exit(1)
 

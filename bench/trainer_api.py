@@ -93,7 +93,7 @@ def main() -> None:
             "async_gather_waits": {"waits": len(finished), "seconds": round(gather_s, 3)},
         }
         print(result)
-        write_result("trainer_api", result, sys.argv[1:])
+        write_result("trainer_api", result, sys.argv[1:], settings=vars(args))
 
 
 if __name__ == "__main__":

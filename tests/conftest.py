@@ -81,11 +81,27 @@ def workers(tmp_path: Path) -> Iterator[Callable[..., WorkerProcess]]:
 
 
 @pytest.fixture(scope="session")
-def al_bin(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """``bin/`` of a venv with Agent Lightning 0.1.2 and rollq (see al_venv.py); built once per session."""
+def al_bin() -> Path:
+    """``bin/`` of a venv with Agent Lightning 0.1.2 and rollq (see al_venv.py); built once, cached under /tmp."""
     import al_venv
 
-    return al_venv.build(tmp_path_factory.mktemp("agentlightning"))
+    return al_venv.build("0.1.2")
+
+
+@pytest.fixture(scope="session")
+def al02_bin() -> Path:
+    """``bin/`` of a venv with Agent Lightning 0.2.2 and rollq."""
+    import al_venv
+
+    return al_venv.build("0.2.2")
+
+
+@pytest.fixture(scope="session")
+def al03_bin() -> Path:
+    """``bin/`` of a venv with Agent Lightning 0.3.0 and rollq."""
+    import al_venv
+
+    return al_venv.build("0.3.0")
 
 
 ROLLQ = str(Path(sys.executable).parent / "rollq")

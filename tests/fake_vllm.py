@@ -18,6 +18,10 @@ completions with ``logprobs: <n>`` (0 included: the sampled token's own), in
 ``choices[0].logprobs.token_logprobs``. The usage comes with every whole response,
 and as a last chunk of a stream asked with ``stream_options.include_usage``.
 ``calls`` counts requests by path; ``in_flight`` is the number being answered now.
+``answer`` (a function of the request body) replaces ``reply <n>`` with its text when it returns one.
+``old_vllm`` answers chat calls as Agent Lightning 0.1's patched vLLM (before vLLM 0.10.2) did: top-level
+``prompt_token_ids`` and ``response_token_ids`` (one list per choice) in every whole response, asked or not,
+and no ``token_ids`` on the choice. ``authorizations`` keeps each call's ``Authorization`` header.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ import json
 import socket
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -63,6 +68,10 @@ class FakeVLLM:
     delay: float = 0.0
     chunk_chars: int = 3
     chunk_pause: float = 0.0
+    answer: Callable[[dict[str, Any]], str | None] | None = None
+    old_vllm: bool = False
+    authorizations: list[str | None] = field(default_factory=list)
+    max_in_flight: int = 0  # the most calls it held at once (during ``delay``)
     token_count_skew: int = 0
     fail_next: int = 0
     """Answer the next this many calls with ``fail_next_status`` (then answer normally)."""
@@ -120,6 +129,7 @@ class FakeVLLM:
         self.received.append(body)
         if self.delay:
             self.in_flight += 1
+            self.max_in_flight = max(self.max_in_flight, self.in_flight)
             try:
                 await asyncio.sleep(self.delay)
             finally:
@@ -151,7 +161,7 @@ class FakeVLLM:
     def _answer(self, body: dict[str, Any], chat: bool) -> tuple[str, str, Sent]:
         n = next(self._counter)
         response_id = f"{'chatcmpl' if chat else 'cmpl'}-{self.name}-{n}"
-        text = f"reply {n}"
+        text = (self.answer(body) if self.answer is not None else None) or f"reply {n}"
         asked = body.get("logprobs")
         wanted = bool(asked) if chat else asked is not None and asked is not False
         logprobs = [-0.01 * (i + 1) for i in range(len(text))] if wanted else None
@@ -161,6 +171,7 @@ class FakeVLLM:
 
     async def _chat(self, request: web.Request) -> web.StreamResponse:
         body = await request.json()
+        self.authorizations.append(request.headers.get("Authorization"))
         refusal = await self._refusal(body)
         if refusal is not None:
             return refusal
@@ -187,7 +198,10 @@ class FakeVLLM:
             "choices": [choice],
             "usage": _usage(sent, self.token_count_skew),
         }
-        if ids:
+        if self.old_vllm:
+            response["prompt_token_ids"] = sent.prompt_token_ids
+            response["response_token_ids"] = [sent.token_ids]
+        elif ids:
             response["prompt_token_ids"] = sent.prompt_token_ids
             choice["token_ids"] = sent.token_ids
         return web.json_response(response)

@@ -204,6 +204,7 @@ class WorkerProcess:
         env: dict[str, str],
         args: list[str] | None = None,
         cwd: Path | None = None,
+        rq: str | Path = RQ,
     ) -> None:
         self.log_path = log_path
         self._log = open(log_path, "wb")  # noqa: SIM115  # closed in wait()
@@ -216,7 +217,7 @@ class WorkerProcess:
         )
         full_env = {**os.environ, "PYTHONPATH": path, "PYTHONUNBUFFERED": "1", **env}
         self.process = subprocess.Popen(
-            [RQ, "worker", "-w", "rollq.worker.RolloutWorker", "--url", url, *(args or []), namespace],
+            [str(rq), "worker", "-w", "rollq.worker.RolloutWorker", "--url", url, *(args or []), namespace],
             stdout=self._log,
             stderr=subprocess.STDOUT,
             env=full_env,

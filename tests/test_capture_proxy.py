@@ -172,6 +172,99 @@ def test_fields_are_spliced_into_the_request_body_as_valid_json(raw: bytes) -> N
     assert _with_fields(raw, body, {}) is raw
 
 
+def test_agent_lightning_01s_patched_vllm_response_token_ids_at_the_top_level_are_read(proxy: CaptureProxy) -> None:
+    old = FakeVLLM(old_vllm=True).start()
+    try:
+        llm, attempt, _ = open_attempt(proxy, old.url)
+        answer = openai.OpenAI(base_url=llm.endpoint, api_key="none").chat.completions.create(
+            model="m", messages=MESSAGES
+        )
+        [call] = attempt.calls
+        sent = old.sent[answer.id]
+        assert call.prompt_token_ids == sent.prompt_token_ids and call.response_token_ids == sent.token_ids
+        assert not call.token_ids_missing
+    finally:
+        old.stop()
+
+
+def test_a_proxy_llm_addressed_by_rollout_and_attempt_is_captured_and_forwarded(
+    proxy: CaptureProxy, fake: FakeVLLM
+) -> None:
+    from rollq.models.resource_kinds import ProxyLLM
+
+    spans = Spans()
+    resources, attempt = proxy.open_attempt(
+        {"llm": ProxyLLM(endpoint=fake.url, model="m", api_key="sk-9")},
+        trace.set_span_in_context(spans.root),
+        spans.tracer,
+    )
+    llm = resources["llm"]
+    assert isinstance(llm, ProxyLLM) and llm.api_key == "sk-9"  # the key survives the rewrite
+    base = llm.get_base_url("r-1", "attempt-1")
+    assert "/rollout/r-1/attempt/attempt-1/v1" in base
+    answer = openai.OpenAI(base_url=base, api_key=llm.api_key).chat.completions.create(model="m", messages=MESSAGES)
+    assert [c.response_id for c in attempt.calls] == [answer.id] and len(spans.captured()) == 1
+    assert fake.authorizations[-1] == "Bearer sk-9"
+
+
+def test_calls_to_the_environments_openai_url_are_attributed_by_the_calling_rollouts_context(
+    fake: FakeVLLM,
+) -> None:
+    import contextvars
+
+    from rollq.worker.capture.ambient import CURRENT_ATTEMPT
+
+    proxy = CaptureProxy().start()
+    try:
+        environ = {"OPENAI_API_BASE": fake.url, "OPENAI_BASE_URL": fake.url, "HOME": "/"}
+        [upstream] = proxy.serve_environment(concurrency=4, environ=environ)
+        assert environ["OPENAI_API_BASE"] == environ["OPENAI_BASE_URL"] == f"http://127.0.0.1:{proxy.port}/env-0/v1"
+        attempts = []
+        for _ in range(2):
+            spans = Spans()
+            _, attempt = proxy.open_attempt({}, trace.set_span_in_context(spans.root), spans.tracer)
+            context = contextvars.copy_context()
+            context.run(CURRENT_ATTEMPT.set, attempt.header_token)
+            attempts.append((attempt, context))
+
+        def call(content: str) -> str:
+            client = openai.OpenAI(base_url=environ["OPENAI_API_BASE"], api_key="none", max_retries=0)
+            return client.chat.completions.create(model="m", messages=[{"role": "user", "content": content}]).id
+
+        ids = [context.run(call, f"from {i}") for i, (_, context) in enumerate(attempts)]
+        for i, (attempt, _) in enumerate(attempts):
+            [captured] = attempt.calls
+            assert captured.response_id == ids[i] and captured.messages == [{"role": "user", "content": f"from {i}"}]
+            assert captured.resource == "$OPENAI_BASE_URL" or captured.resource == "$OPENAI_API_BASE"
+        # Outside any rollout's context, with two open and up to 4 at once: refused, not guessed.
+        received = len(fake.received)
+        with pytest.raises(openai.BadRequestError, match="cannot tell which rollout"):
+            call("from nowhere")
+        assert len(fake.received) == received and all(len(a.calls) == 1 for a, _ in attempts)
+        assert "X-Rollq-Attempt" not in str(fake.received[-1])
+    finally:
+        proxy.stop()
+
+
+def test_a_call_that_does_not_say_its_rollout_is_attributed_when_the_worker_runs_one_at_a_time(
+    fake: FakeVLLM,
+) -> None:
+    proxy = CaptureProxy().start()
+    try:
+        environ = {"OPENAI_BASE_URL": fake.url}
+        proxy.serve_environment(concurrency=1, environ=environ)
+        spans = Spans()
+        _, attempt = proxy.open_attempt({}, trace.set_span_in_context(spans.root), spans.tracer)
+        answer = httpx.post(f"{environ['OPENAI_BASE_URL']}/chat/completions", json={"model": "m", "messages": MESSAGES})
+        assert answer.status_code == 200 and [c.response_id for c in attempt.calls] == [answer.json()["id"]]
+        attempt.close()
+        # With no rollout open the call belongs to none: forwarded, recorded nowhere.
+        late = httpx.post(f"{environ['OPENAI_BASE_URL']}/chat/completions", json={"model": "m", "messages": MESSAGES})
+        assert late.status_code == 200 and len(attempt.calls) == 1 and late.json()["id"] in fake.sent
+    finally:
+        proxy.stop()
+
+
 def _upstream_calls(proxy: CaptureProxy, servers: list[FakeVLLM], **options: Any) -> tuple[LLM, AttemptCapture]:
     spans = Spans()
     urls = [s.url for s in servers]

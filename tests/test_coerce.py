@@ -84,3 +84,21 @@ def test_a_real_worker_publishes_foreign_results_and_uses_foreign_resources(redi
     error = rollouts["wrong"].metadata["error"]
     assert error["type"] == "ContractShapeError" and "prompt: Field required" in error["message"]
     assert_exactly_once(producer.connection, namespace, [t.rollout_id for t in tasks])
+
+
+def test_agent_lightning_03_api_key_and_proxy_llm_are_kept_through_the_store(redis_server, namespace) -> None:
+    from rollq.models.resource_kinds import KeyedLLM, ProxyLLM
+
+    producer = Producer.from_url(redis_server.url, namespace)
+    version = producer.update_resources(
+        {
+            "keyed": {"resource_type": "llm", "endpoint": "http://x/v1", "model": "m", "api_key": "sk-1"},
+            "proxied": {"resource_type": "proxy_llm", "endpoint": "http://y/v1", "model": "n", "api_key": "sk-2"},
+            "plain": LLM(endpoint="http://z", model="o"),
+        }
+    )
+    stored = producer.get_resources(version).resources
+    assert isinstance(stored["keyed"], KeyedLLM) and stored["keyed"].api_key == "sk-1"
+    assert isinstance(stored["proxied"], ProxyLLM) and stored["proxied"].api_key == "sk-2"
+    assert stored["proxied"].get_base_url("r-1", "attempt-2") == "http://y/rollout/r-1/attempt/attempt-2/v1"
+    assert stored["plain"] == contract.LLM(endpoint="http://z", model="o")  # no key: the contract's own class

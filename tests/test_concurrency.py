@@ -64,6 +64,7 @@ def test_one_worker_runs_its_concurrency_in_flight_without_a_thread_each() -> No
     producer = _producer()
     tasks = producer.enqueue_many([{"i": i} for i in range(120)], mode="train")
     gauge = Gauge()
+    before = threading.active_count()  # threads earlier tests of this process left running do not count
     worker = RolloutWorker(
         ["conc"], connection=producer.connection, agent=SlowAsyncAgent(gauge), settings=WorkerSettings(concurrency=60)
     )
@@ -72,7 +73,7 @@ def test_one_worker_runs_its_concurrency_in_flight_without_a_thread_each() -> No
     assert [r.final_reward for r in rollouts] == [float(i) for i in range(120)]
     assert gauge.most == 60
     # 60 rollouts in flight on a handful of threads: loop, heartbeat, bookkeeping pool, main.
-    assert gauge.threads_seen < 20
+    assert gauge.threads_seen - before < 20, threading.enumerate()
 
 
 def test_every_rollout_is_a_finished_rq_job_and_none_stays_started() -> None:

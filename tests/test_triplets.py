@@ -147,3 +147,10 @@ def test_a_returned_nan_reward_is_an_error() -> None:
 def test_a_failed_captured_call_makes_no_triplet() -> None:
     trace = [captured("r1", [1], [2], **{"error.type": "503"}), captured("r2", [3], [4])]
     assert [t.metadata["response_id"] for t in derive(trace).triplets] == ["r2"]
+
+
+def test_agent_lightning_02_emit_reward_spans_named_agentlightning_reward_are_read() -> None:
+    # AL 0.2.2's emit_reward: a span named "agentlightning.reward" with a plain "reward" attribute.
+    trace = [captured("r1", [1], [2]), span("agentlightning.reward", reward=0.4)]
+    result = derive(trace)
+    assert result.triplets[0].reward == 0.4 and result.last_reward == 0.4

@@ -14,12 +14,13 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, TypeAdapter, ValidationError
 
-from .contract import NamedResources, ResourcesUpdate, ResourceUnion
+from .contract import NamedResources
 from .errors import ContractShapeError
+from .resource_kinds import ResourcesVersion, StoredResource
 
 M = TypeVar("M", bound=BaseModel)
 
-_RESOURCE = TypeAdapter(ResourceUnion)
+_RESOURCE: TypeAdapter[Any] = TypeAdapter(StoredResource)
 
 
 def is_model_like(value: Any) -> bool:
@@ -52,17 +53,20 @@ def coerce(model: type[M], value: Any, what: str = "value") -> M:
 
 
 def coerce_resource(value: Any, name: str = "") -> Any:
-    """One named resource (an ``LLM`` or ``PromptTemplate`` by its ``resource_type``); errors name ``name.field``."""
+    """One named resource (an ``LLM``, AL 0.3's keyed ``LLM`` or ``ProxyLLM``, or a ``PromptTemplate``, by its
+    ``resource_type``, see :mod:`rollq.models.resource_kinds`); errors name ``name.field``."""
     try:
         return _RESOURCE.validate_python(_fields(value))
     except ValidationError as exc:
-        raise _shape_error(f"resource {name!r}", "resource (LLM or PromptTemplate)", exc, prefix=name) from None
+        raise _shape_error(
+            f"resource {name!r}", "resource (LLM, ProxyLLM or PromptTemplate)", exc, prefix=name
+        ) from None
 
 
 def coerce_resources(value: Any) -> NamedResources:
     """Named resources from a mapping of resource-shaped values, or from a ``ResourcesUpdate``-shaped object."""
     if is_model_like(value) and not isinstance(value, Mapping):
-        value = coerce(ResourcesUpdate, value, "resources update").resources
+        value = coerce(ResourcesVersion, _fields(value), "resources update").resources
     if not isinstance(value, Mapping):
         raise ContractShapeError(
             f"resources must be a mapping of name -> LLM/PromptTemplate, got {type(value).__name__}", field=""

@@ -159,6 +159,13 @@ def families(s: Snapshot) -> Iterator[Metric]:
     )
     superseded.add_metric([ns], s.superseded)
     yield superseded
+    rewardless = CounterMetricFamily(
+        "rollq_rollouts_without_reward",
+        "Succeeded rollouts published with no reward at all (the agent's reward never reached rollq).",
+        labels=["namespace"],
+    )
+    rewardless.add_metric([ns], s.reward_missing)
+    yield rewardless
     groups = CounterMetricFamily(
         "rollq_training_groups",
         "Groups read by Producer.batches, by what became of them (delivered, stale-dropped, stale-requeued, "

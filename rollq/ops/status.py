@@ -48,15 +48,16 @@ class Snapshot:
     """MEMORY USAGE of the results stream; None where the server has no such command (the embedded one)."""
     memory: MemoryState | None = None
     """Redis's memory limit, use and eviction policy; None where ``INFO`` is not available."""
+    reward_missing: int = 0
+    """Succeeded rollouts published with no reward at all (the agent's reward never reached rollq)."""
+    llm_gate: dict[str, Any] | None = None
+    """The weight-sync gate: ``paused`` (bool), ``epoch``, ``workers`` reporting, ``acknowledged``, LLM calls
+    ``in_flight`` under the pause and ``waiting`` at the gates; None when no worker's proxy reports."""
 
     @property
     def redis_refusing_writes(self) -> bool:
         """Whether Redis refuses writes now for lack of memory (workers wait, enqueues fail after retrying)."""
         return self.memory is not None and self.memory.full
-
-    llm_gate: dict[str, Any] | None = None
-    """The weight-sync gate: ``paused`` (bool), ``epoch``, ``workers`` reporting, ``acknowledged``, LLM calls
-    ``in_flight`` under the pause and ``waiting`` at the gates; None when no worker's proxy reports."""
 
     @property
     def workers_alive(self) -> int:
@@ -140,6 +141,7 @@ def snapshot(
         counters=counters,
         results_stream_memory_bytes=_memory_usage(connection, keys.results) if xlen else 0,
         memory=memory_state(connection),
+        reward_missing=int(counters.get(StatsField.REWARD_MISSING, 0)),
         llm_gate=_llm_gate(connection, keys),
     )
 
@@ -227,7 +229,7 @@ def render_text(s: Snapshot) -> str:
             else ""
         ),
         f"  stale attempts    {s.stale_attempts}",
-        f"  succeeded         {s.succeeded}",
+        f"  succeeded         {s.succeeded}" + (f" ({s.reward_missing} with no reward)" if s.reward_missing else ""),
         f"  failed            {s.failed}",
         f"  dead-letter       {s.dead_letter}",
         f"  superseded        {s.superseded}",

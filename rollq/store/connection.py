@@ -18,17 +18,22 @@ import logging
 import os
 import re
 import ssl
+import sys
 import threading
 import time
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote, urlsplit
 
-import fakeredis
 import redis
 from redis.backoff import ExponentialBackoff
 from redis.retry import Retry
 from redis.sentinel import Sentinel, SentinelConnectionPool, SentinelManagedConnection
+
+if TYPE_CHECKING:
+    # Imported where memory:// is asked for: fakeredis (and the numpy it imports) costs a worker a quarter
+    # of a second of start-up it has no use for on a real Redis.
+    import fakeredis
 
 log = logging.getLogger(__name__)
 
@@ -236,6 +241,8 @@ def resolve_url(url: str | None = None) -> str:
 
 def memory_server(name: str = "") -> fakeredis.FakeServer:
     """The process-wide fake server behind ``memory://name``."""
+    import fakeredis
+
     with _MEMORY_LOCK:
         if name not in _MEMORY_SERVERS:
             _MEMORY_SERVERS[name] = fakeredis.FakeServer(version=(7, 0))
@@ -281,6 +288,8 @@ def connect(url: str | None = None, *, retries: int = _RETRIES) -> redis.Redis:
     url = resolve_url(url)
     scheme = urlsplit(url).scheme
     if scheme == "memory":
+        import fakeredis
+
         return fakeredis.FakeRedis(server=memory_server(urlsplit(url).netloc))
     _check_scheme(scheme, url)
     # TCP keepalive is a TCP socket option; redis-py's unix socket connection refuses it.
@@ -393,7 +402,8 @@ def check_reachable(url: str | None = None, *, timeout: float = CONNECT_TIMEOUT_
 
 def describe_client(client: Any) -> str:
     """The URL a redis-py client points at, password masked, for start-up logs."""
-    if isinstance(client, fakeredis.FakeRedis):
+    fake = sys.modules.get("fakeredis")  # not imported: no client of this process can be a fake one
+    if fake is not None and isinstance(client, fake.FakeRedis):
         return "memory:// (in-process)"
     pool = client.connection_pool
     kwargs = pool.connection_kwargs
@@ -422,6 +432,8 @@ def connect_async(url: str | None = None, *, retries: int = _RETRIES, max_connec
     url = resolve_url(url)
     scheme = urlsplit(url).scheme
     if scheme == "memory":
+        import fakeredis
+
         return fakeredis.FakeAsyncRedis(server=memory_server(urlsplit(url).netloc))
     _check_scheme(scheme, url)
     tcp_only = {} if scheme == "unix" else {"socket_keepalive": True}

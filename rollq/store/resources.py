@@ -14,13 +14,14 @@ from typing import Any, cast
 import redis
 from pydantic import TypeAdapter
 
-from rollq.models.contract import NamedResources, ResourcesUpdate
+from rollq.models.contract import ResourcesUpdate
 from rollq.models.errors import InvalidResourcesError, UnknownResourcesError
 from rollq.models.llm_options import check_resources
+from rollq.models.resource_kinds import ResourcesVersion, StoredResource
 
 from .keys import Keys
 
-_NAMED = TypeAdapter(NamedResources)
+_NAMED: TypeAdapter[dict[str, Any]] = TypeAdapter(dict[str, StoredResource])
 
 
 class ResourceStore:
@@ -41,7 +42,7 @@ class ResourceStore:
         check_resources(named)  # rollq's LLM options: refused here rather than by every worker that reads them
         number = int(self.connection.incr(self.keys.resources_seq))
         resources_id = f"v{number}"
-        update = ResourcesUpdate(resources_id=resources_id, resources=named)
+        update = ResourcesVersion(resources_id=resources_id, resources=named)
         pipe = self.connection.pipeline(transaction=True)
         pipe.set(self.keys.resources(resources_id), update.model_dump_json())
         pipe.set(self.keys.resources_latest, resources_id)
@@ -61,7 +62,7 @@ class ResourceStore:
         if raw is None:
             raise UnknownResourcesError(resources_id, self.keys.namespace)
         try:
-            return ResourcesUpdate.model_validate_json(raw)
+            return ResourcesVersion.model_validate_json(raw)
         except ValueError as exc:  # pydantic's ValidationError, a JSON error
             raise InvalidResourcesError(
                 f"resources version {resources_id} of namespace {self.keys.namespace!r} is not valid: {str(exc)[:500]}"

@@ -55,6 +55,7 @@ def lua_header() -> str:
             f"local STATS_RESULTS_BYTES = '{StatsField.RESULTS_BYTES}'",
             f"local TRIMMED_TO = '{TRIMMED_TO}'",
             f"local STATS_DROPPED_CANCELLED = '{StatsField.DROPPED_CANCELLED}'",
+            f"local STATS_REWARD_MISSING = '{StatsField.REWARD_MISSING}'",
             f"local HISTORY_LIMIT = {HISTORY_LIMIT}",
             f"local function claim_field(attempt) return '{claim_field(0)[:-1]}' .. attempt end",
             f"local function end_field(attempt) return '{end_field(0)[:-1]}' .. attempt end",

@@ -18,6 +18,7 @@ class StatsField(StrEnum):
     DURATION_SUM = "duration:sum"
     RESULTS_BYTES = "results:bytes"  # payload bytes (rollout JSON + rollout id) on the results stream
     DROPPED_CANCELLED = "dropped:cancelled"  # results of cancelled attempts that arrived and were dropped
+    REWARD_MISSING = "reward-missing"  # succeeded rollouts published with no reward at all
     GROUPS_DELIVERED = "groups:delivered"  # complete groups handed to a trainer by Producer.batches
     GROUPS_STALE_DROPPED = "groups:stale-dropped"  # groups older than the staleness bound, dropped
     GROUPS_STALE_REQUEUED = "groups:stale-requeued"  # groups older than the staleness bound, queued again

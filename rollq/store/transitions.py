@@ -60,6 +60,7 @@ class Finish:
     histograms (None: not counted), ``resources_id`` (the version the rollout ran with) labels the reward's.
     ``keep_seconds`` > 0 lets a succeeded task's record expire that long after. ``stale_before`` is a reaper's:
     the finish loses (:class:`~rollq.store.replies.StillAlive`) if the attempt heartbeated after it.
+    ``reward_missing`` counts the rollout in the stats hash's ``reward-missing`` (a success with no reward).
     """
 
     rollout_id: str
@@ -74,6 +75,7 @@ class Finish:
     stale_before: float | None = None
     reward: float | None = None
     resources_id: str | None = None
+    reward_missing: bool = False
 
 
 class Lifecycle:
@@ -256,6 +258,7 @@ class Lifecycle:
                 "" if f.reward is None else reward_bucket(f.reward),
                 f.reward or 0,
                 f.resources_id or "",
+                int(f.reward_missing),
             ],
         )
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import weakref
 from typing import TYPE_CHECKING, Any
 
-from rollq.models.contract import NamedResources, RolloutRawResult, TaskInput
+from rollq.models.contract import NamedResources, RolloutRawResult, Task, TaskInput
+from rollq.models.policy import RolloutPolicy
 
 if TYPE_CHECKING:
     from .rq_worker import RolloutWorker
@@ -105,6 +106,16 @@ class LitAgent:
             cls.training_rollout_async is not LitAgent.training_rollout_async
             or cls.validation_rollout_async is not LitAgent.validation_rollout_async
         )
+
+    def rollout_arguments(
+        self, task: Task, attempt: int, resources: NamedResources, resources_id: str | None, policy: RolloutPolicy
+    ) -> tuple[Any, ...]:
+        """The arguments :meth:`rollout_call`'s method is called with: ``(task_input, rollout_id, resources)``.
+
+        Wrappers of other agent APIs (Agent Lightning 0.2/0.3's ``rollout(task, resources, rollout)``) override
+        it together with :meth:`rollout_call`.
+        """
+        return (task.input, task.rollout_id, resources)
 
     def rollout_call(self, mode: str | None) -> Any:
         """The bound method that runs a task of ``mode``."""

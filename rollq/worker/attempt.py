@@ -38,6 +38,7 @@ from rollq.store.scripts import ScriptCall, replied
 from rollq.store.transitions import Finish, Lifecycle
 
 from .config import WorkerSettings
+from .rewards import REWARD_MISSING
 
 log = logging.getLogger(__name__)
 
@@ -224,6 +225,7 @@ class Attempts:
                 keep_seconds=self.limits.keep_seconds,
                 reward=reward,
                 resources_id=resources_id,
+                reward_missing=not failed and rollout.metadata.get(REWARD_MISSING) is True,
             )
         )
         return Publication(rollout, attempt, status, call, task, member)

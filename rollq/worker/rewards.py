@@ -1,7 +1,8 @@
 """Reading rewards out of spans: rollq's own, Agent Lightning 0.1's AgentOps ``@reward``, and 0.3's.
 
-- rollq (and Agent Lightning 0.2): a span carrying ``rollq.reward``, or named
-  ``reward`` with a ``reward`` attribute;
+- rollq: a span carrying ``rollq.reward``, or named ``reward`` with a ``reward`` attribute;
+- Agent Lightning 0.2 (``emit_reward``, and ``@reward`` without AgentOps): a span named
+  ``agentlightning.reward`` with a ``reward`` attribute;
 - Agent Lightning 0.1 (AgentOps): an operation whose output,
   ``agentops.task.output`` or ``agentops.entity.output`` (a dict or its JSON), is
   ``{"type": "reward", "value": x}``;
@@ -12,16 +13,22 @@
 from __future__ import annotations
 
 import json
+import logging
 import math
 import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from rollq.models.contract import Rollout
 from rollq.models.errors import InvalidRewardError
 
 from .tracer import REWARD_ATTRIBUTE, REWARD_SPAN
 
+log = logging.getLogger(__name__)
+
 _AGENTOPS_OUTPUTS = ("agentops.task.output", "agentops.entity.output")
+AL_REWARD_SPAN = "agentlightning.reward"
+_NAMED_REWARD_SPANS = frozenset({REWARD_SPAN, AL_REWARD_SPAN})
 _AGL_DIMENSION = re.compile(r"^agentlightning\.reward\.(\d+)\.(name|value)$")
 
 
@@ -87,10 +94,41 @@ def read_reward(span: dict[str, Any]) -> RewardReading | None:
     value: float | None = None
     if REWARD_ATTRIBUTE in attributes:
         value = _number(attributes[REWARD_ATTRIBUTE])
-    elif span.get("name") == REWARD_SPAN and "reward" in attributes:
+    elif span.get("name") in _NAMED_REWARD_SPANS and "reward" in attributes:
         value = _number(attributes["reward"])
     elif (reading := _agentlightning(attributes)) is not None:
         return reading
     else:
         value = _agentops(attributes)
     return RewardReading(value) if value is not None else None
+
+
+REWARD_MISSING = "reward_missing"
+"""The metadata key that flags a succeeded rollout published with no reward at all."""
+
+_missing_logged = False
+
+
+def flag_missing_reward(rollout: Rollout) -> Rollout:
+    """``rollout`` with ``metadata["reward_missing"] = True`` when it has no final reward; logged once per process.
+
+    A trainer reads a rewardless rollout as reward 0 or drops it: either way a reward API that wrote where
+    rollq does not read (a tracer not connected, a span of another name) turns into all-zero advantages with
+    no error anywhere. The flag, the ``reward-missing`` counter (``rollq status``, ``/metrics``) and this log
+    line make it visible on the first rollout.
+    """
+    global _missing_logged
+    if rollout.final_reward is not None:
+        return rollout
+    if not _missing_logged:
+        _missing_logged = True
+        log.warning(
+            "rollout %s succeeded with no reward: the agent returned none and no reward span reached rollq's "
+            "tracer (rollq.worker.emit_reward, Agent Lightning's @reward / emit_reward, a span carrying %r). "
+            "Such rollouts are flagged metadata[%r] and counted in `rollq status` and "
+            "rollq_rollouts_without_reward_total; this is logged once per worker process",
+            rollout.rollout_id,
+            REWARD_ATTRIBUTE,
+            REWARD_MISSING,
+        )
+    return rollout.model_copy(update={"metadata": {**rollout.metadata, REWARD_MISSING: True}})

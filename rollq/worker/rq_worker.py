@@ -59,8 +59,9 @@ from rollq.store.stats import StatsField
 from rollq.store.transitions import Lifecycle
 
 from . import rq_url
-from .capture import CaptureProxy
+from .al_tracing import connect_agentlightning
 from .capture.gate import CallGate
+from .capture.on_demand import OnDemandCapture
 from .capture.pause import PauseFollower
 from .collector import widen_young_generation
 from .config import WorkerSettings
@@ -161,7 +162,7 @@ class RolloutWorker(SimpleWorker):
         self.runner: AgentRunner | None = None
         self._heartbeat: Heartbeat | None = None
         self._executor = AgentExecutor(on_wedged=self._on_loop_wedged)
-        self._capture: CaptureProxy | None = None
+        self._capture: OnDemandCapture | None = None
         self._pause: PauseFollower | None = None
         self.slots = Slots(self.settings.concurrency)
         self.rq_lifecycle: RqLifecycle | None = None
@@ -200,10 +201,16 @@ class RolloutWorker(SimpleWorker):
         self._executor.start()
         self._capture = None
         if self.settings.capture_llm:
-            self._capture = CaptureProxy(gate=CallGate(self.settings.llm_pause_wait_seconds)).start()
-            # Before the first job: a worker that starts during a weight-sync pause honours it.
+            # The proxy (and aiohttp) starts with the first attempt that has an LLM endpoint: a worker without one
+            # never imports it. Its gate follows the weight-sync pauses from here on, before the first job: a
+            # worker that starts during a pause honours it, and so does a proxy started later.
+            gate = CallGate(self.settings.llm_pause_wait_seconds)
+            self._capture = OnDemandCapture(gate=gate)
+            # Agents that build their OpenAI client from OPENAI_BASE_URL / OPENAI_API_BASE are captured too: when
+            # either is set, the proxy starts now, so the variables point at it before any agent reads them.
+            self._capture.serve_environment(self.settings.concurrency)
             reporter = GateReporter(self.connection, self.keys, self.name, self.settings.heartbeat_seconds)
-            self._pause = PauseFollower(reporter, self._capture.gate, listen=self.settings.llm_gate_listen)
+            self._pause = PauseFollower(reporter, gate, listen=self.settings.llm_gate_listen)
             self._pause.start()
         self.runner = AgentRunner(
             lifecycle=lifecycle,
@@ -219,6 +226,9 @@ class RolloutWorker(SimpleWorker):
         self.runner.worker_id = self.worker_id
         self.rq_lifecycle = RqLifecycle(self, self.runner, self.slots)
         self.tracer = self.runner.tracer  # an Agent Lightning agent's ``tracer`` is ``trainer.tracer``
+        provider = getattr(self.tracer, "provider", None)
+        if provider is not None:  # AgentOps' and Agent Lightning's reward APIs write to rollq's tracer
+            connect_agentlightning(provider)
         self.agent.set_trainer(self)
         self.agent.set_runner(self.runner)
         # rollq has no parent process over its workers: each worker process is the "main" of

@@ -23,7 +23,7 @@ import threading
 import time
 from dataclasses import asdict, dataclass, field
 from enum import StrEnum
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from opentelemetry import trace
 
@@ -45,13 +45,17 @@ from rollq.store.transitions import Lifecycle
 
 from .agent import LitAgent
 from .attempt import Attempt, Attempts, Publication, PublishLimits, Settled
-from .capture import AttemptCapture, CaptureProxy
+from .capture.ambient import CURRENT_ATTEMPT
 from .config import WorkerSettings
 from .executor import AgentExecutor, BlockedByNeighbour
 from .hooks import HookSet
 from .normalize import to_rollout
 from .resource_cache import ResourceCache
+from .rewards import flag_missing_reward
 from .tracer import BaseTracer, RolloutTrace
+
+if TYPE_CHECKING:
+    from .capture import AttemptCapture, OnDemandCapture
 
 log = logging.getLogger(__name__)
 
@@ -130,7 +134,7 @@ class AgentRunner:
         executor: AgentExecutor,
         settings: WorkerSettings,
         worker_name: str,
-        capture: CaptureProxy | None = None,
+        capture: OnDemandCapture | None = None,
     ) -> None:
         self.lifecycle = lifecycle
         self.resources = resources
@@ -234,7 +238,7 @@ class AgentRunner:
             }
         )
         capture = None
-        if self.capture is not None and resources:
+        if self.capture is not None and (resources or self.capture.serves_environment):
             # The agent sees its LLM endpoints through this attempt's own proxy addresses.
             self.capture.gate.note_version(claim.latest_resources_id)
             try:
@@ -246,6 +250,10 @@ class AgentRunner:
                     mode=task.mode,
                     resources_id=task.resources_id or claim.latest_resources_id,
                 )
+                if (
+                    capture is not None and capture.header_token is not None
+                ):  # its calls to $OPENAI_BASE_URL & co. say which attempt made them
+                    rollout_trace.context.run(CURRENT_ATTEMPT.set, capture.header_token)
             except InvalidLLMOptionsError as exc:
                 log.error("task %s: %s", rollout_id, exc)
                 rollout_trace.finish(error=exc)
@@ -258,7 +266,9 @@ class AgentRunner:
         with self._lock:
             future = self.executor.submit(
                 self.agent.rollout_call(task.mode),
-                (task.input, rollout_id, resources),
+                self.agent.rollout_arguments(
+                    task, claim.attempt, resources, task.resources_id or claim.latest_resources_id, policy
+                ),
                 rollout_trace.context,
                 self.agent.is_async,
                 policy.timeout_seconds,
@@ -310,6 +320,8 @@ class AgentRunner:
                 log.error("task %s attempt %d failed: %s: %s", rid, attempt, type(error).__name__, error)
                 rollout = to_rollout(rid, None, spans, only_agent=self.settings.triplet_agent or None, strict=False)
             rollout = pending.attempt.stamp(rollout, error)
+            if error is None:
+                rollout = flag_missing_reward(rollout)
             overruns = {
                 **pending.hook_overruns,
                 **self.hooks.rollout_end(task, rollout, self, self.tracer, pending.trace.context),

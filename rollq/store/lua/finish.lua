@@ -30,6 +30,7 @@ local max_bytes = tonumber(ARGV[12])
 local reward_bucket = ARGV[13]  -- '' when there is no reward
 local reward = ARGV[14]
 local resources_id = ARGV[15]  -- the resources version the rollout ran with, '' when none
+local reward_missing = ARGV[16] == '1'  -- a succeeded rollout with no reward at all
 
 local t = redis.call('HMGET', task_key, F.state, F.attempt, F.mode, F.resources_id, F.result)
 if t[1] == STATE.cancelled then
@@ -86,6 +87,9 @@ if reward_bucket and reward_bucket ~= '' then
   if tonumber(redis.call('HGET', stats, reward_sum) or '0') then
     redis.call('HINCRBYFLOAT', stats, reward_sum, reward)
   end
+end
+if reward_missing then
+  count(stats, STATS_REWARD_MISSING, 1)
 end
 if keep_seconds ~= '0' and status == STATE.succeeded then
   redis.call('EXPIRE', task_key, keep_seconds)

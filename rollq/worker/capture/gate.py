@@ -136,8 +136,8 @@ class CallGate:
         if self._open.is_set():
             self._closed_at = time.monotonic()
             self._open.clear()
-            assert self._opened is not None
-            self._opened.clear()
+            if self._opened is not None:  # unbound: the proxy is not started yet, and bind() copies the state
+                self._opened.clear()
         self.closed_for = epoch
         return self.counts()
 

@@ -13,6 +13,11 @@ to ``/<token>/<rest>`` is forwarded to the real endpoint plus ``<rest>``;
 other path passes through untouched. An unknown or revoked token gets 404, so a
 straggler from a finished or superseded attempt never lands in another one.
 
+A ``ProxyLLM`` (Agent Lightning 0.3) gets the same kind of address; the agent adds
+``/rollout/<id>/attempt/<id>`` to it (``get_base_url``), which the proxy drops: the token already says
+which attempt it is. URLs in ``OPENAI_BASE_URL`` / ``OPENAI_API_BASE`` are served at ``/env-<n>``,
+attributed by a header (see :mod:`.ambient`).
+
 For training (see ``docs/training-proxy.md``) every captured call also goes through:
 
 - the :class:`~.gate.CallGate` (a weight-sync pause: no new upstream request while closed; each request is
@@ -28,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import re
 import secrets
 import socket
 import threading
@@ -46,6 +52,7 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 from rollq.models.contract import LLM, NamedResources
 from rollq.models.llm_options import RETRY_STATUSES, LLMOptions, for_agent, options_of
 
+from . import ambient
 from .calls import CallKind, CapturedCall
 from .gate import CallGate, GateTimeout
 from .routing import UpstreamHealth, backoff, rendezvous_order
@@ -61,7 +68,17 @@ DEFAULT_MAX_BODY_BYTES = 32 * 1024 * 1024
 """Largest request body an agent may send through the proxy (was 256 MiB: a worker peaked at 3 GB)."""
 # Hop-by-hop headers, and the ones that no longer hold once the body is re-encoded or decompressed.
 _DROP_REQUEST = frozenset(
-    {"host", "content-length", "transfer-encoding", "connection", "keep-alive", "accept-encoding", "te", "upgrade"}
+    {
+        "host",
+        "content-length",
+        "transfer-encoding",
+        "connection",
+        "keep-alive",
+        "accept-encoding",
+        "te",
+        "upgrade",
+        ambient.ATTEMPT_HEADER.lower(),
+    }
 )
 _DROP_RESPONSE = frozenset({"content-length", "content-encoding", "transfer-encoding", "connection", "keep-alive"})
 _SAMPLING = ("temperature", "top_p", "max_tokens", "max_completion_tokens", "seed", "n", "logprobs", "top_logprobs")
@@ -91,6 +108,8 @@ class _Route:
     fallback_version: str | None = None
     """The attempt's resources version, for a call admitted before the worker knew any latest version."""
 
+    attempt_path: bool = False  # a ProxyLLM's: the agent puts /rollout/<id>/attempt/<id> after the token
+
     @property
     def upstream(self) -> str:
         return self.upstreams[0]
@@ -98,14 +117,19 @@ class _Route:
 
 @dataclass
 class AttemptCapture:
-    """The tokens of one attempt and the calls made through them; :meth:`close` revokes the tokens."""
+    """The tokens of one attempt and the calls made through them; :meth:`close` revokes the tokens.
+
+    ``header_token`` is what the attempt's calls to the environment's URLs carry in
+    :data:`.ambient.ATTEMPT_HEADER` (set in the rollout's context as :data:`.ambient.CURRENT_ATTEMPT`).
+    """
 
     proxy: CaptureProxy
     tokens: list[str] = field(default_factory=list)
     calls: list[CapturedCall] = field(default_factory=list)
+    header_token: str | None = None
 
     def close(self) -> None:
-        self.proxy.revoke(self.tokens)
+        self.proxy.revoke(self.tokens, self.header_token)
 
     def failed_last_call(self) -> CapturedCall | None:
         """The latest call, when the backend answered it with an HTTP error (or it never reached the backend)."""
@@ -138,6 +162,9 @@ class CaptureProxy:
         self.gate = gate or CallGate()
         self.health = UpstreamHealth()
         self._routes: dict[str, _Route] = {}
+        self._environment: dict[str, ambient.Upstream] = {}  # by key: the URLs of OPENAI_BASE_URL & co.
+        self._environment_open: set[str] = set()  # header tokens of the attempts open now
+        self._concurrency = 1
         self._rejecting: set[str] = set()  # upstreams that refused return_token_ids once
         self._loop: asyncio.AbstractEventLoop | None = None
         self._session: aiohttp.ClientSession | None = None
@@ -203,6 +230,26 @@ class CaptureProxy:
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join(timeout=5)
 
+    def serve_environment(self, concurrency: int, environ: Any = None) -> list[ambient.Upstream]:
+        """Capture calls to the URLs in ``OPENAI_BASE_URL`` / ``OPENAI_API_BASE`` too (see :mod:`.ambient`).
+
+        The variables are pointed at this proxy; ``concurrency`` (rollouts at once in this process) decides
+        whether a call that does not say its rollout can be attributed (only at 1).
+        """
+        environ = ambient.environment() if environ is None else environ
+        upstreams = ambient.plan(environ)
+        if not upstreams:
+            return []
+        self._concurrency = concurrency
+        self._environment = {u.key: u for u in upstreams}
+        ambient.redirect(environ, upstreams, self.host, self.port)
+        ambient.tag_httpx_requests(self.host, self.port)
+        return upstreams
+
+    @property
+    def serves_environment(self) -> bool:
+        return bool(self._environment)
+
     # -- attempts --------------------------------------------------------------------------------------------
     def open_attempt(
         self,
@@ -227,6 +274,23 @@ class CaptureProxy:
             for name, resource in resources.items()
             if isinstance(resource, LLM) and urlsplit(resource.endpoint).scheme in ("http", "https")
         }
+        if self._environment:
+            attempt.header_token = secrets.token_urlsafe(24)
+            for upstream in self._environment.values():
+                key = f"{attempt.header_token}@{upstream.key}"
+                self._routes[key] = _Route(
+                    resource=f"${upstream.variable}",
+                    upstreams=(upstream.url,),
+                    prefix=f"/{upstream.key}{upstream.suffix}",
+                    parent=parent,
+                    tracer=tracer,
+                    logprobs=None,
+                    calls=attempt.calls,
+                    train=mode == "train",
+                    fallback_version=resources_id,
+                )
+                attempt.tokens.append(key)
+            self._environment_open.add(attempt.header_token)
         for name, (resource, options) in captured.items():
             token = secrets.token_urlsafe(24)
             suffix = _proxy_suffix(resource.endpoint)
@@ -242,20 +306,56 @@ class CaptureProxy:
                 enforced=options.sampling_for(mode),
                 train=mode == "train",
                 fallback_version=resources_id,
+                attempt_path=resource.resource_type != "llm",  # AL 0.3's ProxyLLM
             )
             attempt.tokens.append(token)
             # A copy: the cached resources are shared by every attempt of this process.
             rewritten[name] = for_agent(resource, endpoint=f"http://{self.host}:{self.port}/{token}{suffix}")
         return rewritten, attempt
 
-    def revoke(self, tokens: list[str]) -> None:
+    def revoke(self, tokens: list[str], header_token: str | None = None) -> None:
         for token in tokens:
             self._routes.pop(token, None)
+        if header_token is not None:
+            self._environment_open.discard(header_token)
 
     # -- serving ---------------------------------------------------------------------------------------------
+    async def _environment_route(self, request: web.Request, key: str) -> _Route | web.StreamResponse:
+        """The route of the attempt a call to an environment URL came from; else the refusal saying why not, or,
+        with no rollout open at all, the call forwarded uncaptured (it belongs to none: a hook's, a straggler's)."""
+        header = request.headers.get(ambient.ATTEMPT_HEADER)
+        open_now = tuple(self._environment_open)  # one copy: runner threads open and close attempts meanwhile
+        if header is None and self._concurrency == 1 and len(open_now) == 1:
+            header = open_now[0]  # one rollout at a time, and one open: it is that one
+        if header is None and not open_now:
+            upstream = self._environment[key]
+            rest = request.path[len(f"/{key}{upstream.suffix}") :]
+            url = upstream.url + rest + (f"?{request.query_string}" if request.query_string else "")
+            return await self._pass_through(request, url, await request.read())
+        if header is None:
+            message = ambient.unattributable(self._environment[key], len(open_now), self._concurrency)
+            log.error("%s", message)
+            return web.json_response({"error": {"message": message, "type": "invalid_request_error"}}, status=400)
+        route = self._routes.get(f"{header}@{key}")
+        if route is None:
+            message = f"rollq capture: the rollout attempt of {ambient.ATTEMPT_HEADER} has ended or is unknown"
+            return web.json_response({"error": {"message": message, "type": "invalid_request_error"}}, status=404)
+        return route
+
     async def _handle(self, request: web.Request) -> web.StreamResponse:
-        route = self._routes.get(request.match_info["token"])
+        key = request.match_info["token"]
         path = request.path
+        found: _Route | web.StreamResponse | None
+        if key in self._environment:
+            found = await self._environment_route(request, key)
+            if isinstance(found, web.StreamResponse):
+                return found
+        else:
+            found = self._routes.get(key)
+        route = found
+        if route is not None and route.attempt_path:
+            head = f"/{key}"
+            path = head + _ATTEMPT_PATH.sub("", path[len(head) :], count=1)
         if route is None or not (path == route.prefix or path.startswith(route.prefix + "/")):
             return web.json_response(
                 {"error": {"message": "unknown or expired rollq capture address", "type": "invalid_request_error"}},
@@ -532,6 +632,10 @@ class CaptureProxy:
         upstream = urlsplit(call.upstream or route.upstream)
         server = (upstream.hostname or "", upstream.port or (443 if upstream.scheme == "https" else 80))
         record_span(route.tracer, call, parent, server=server)
+
+
+# What AL 0.3's ProxyLLM.get_base_url puts after the proxy address's token: /rollout/<id>/attempt/<id>.
+_ATTEMPT_PATH = re.compile(r"^/rollout/.+/attempt/[^/]+(?=/|$)")
 
 
 def _retry_after(headers: Mapping[str, str]) -> float | None:

@@ -8,6 +8,10 @@ The field spellings are vLLM's (0.10.2 and later, asked with ``return_token_ids:
 - text completions: both on the choice, ``choices[0].prompt_token_ids`` and
   ``choices[0].token_ids``, streamed or not.
 
+Agent Lightning 0.1's patched vLLM (before 0.10.2, chat only, whole responses) answered every request with
+top-level ``prompt_token_ids`` and ``response_token_ids``, the latter one list per choice; those are read when
+the choice has no ``token_ids``.
+
 Logprobs are the chosen tokens' log-probabilities: ``choices[0].logprobs.content[*].logprob``
 for chat, ``choices[0].logprobs.token_logprobs`` for text completions.
 """
@@ -40,6 +44,13 @@ def _logprobs(kind: CallKind, logprobs: Any) -> list[float] | None:
     return None
 
 
+def _old_vllm_response_ids(value: Any) -> list[int] | None:
+    # [[ids of choice 0], [ids of choice 1], ...]; a flat list is taken as choice 0's.
+    if type(value) is list and value and type(value[0]) is list:
+        return _ids(value[0])
+    return _ids(value)
+
+
 def _first_choice(body: dict[str, Any]) -> dict[str, Any]:
     choices = body.get("choices")
     if isinstance(choices, list) and choices and isinstance(choices[0], dict):
@@ -58,6 +69,8 @@ def read_response(call: CapturedCall, body: dict[str, Any]) -> None:
     call.logprobs = _logprobs(call.kind, choice.get("logprobs"))
     if call.kind is CallKind.CHAT:
         call.prompt_token_ids = _ids(body.get("prompt_token_ids"))
+        if call.response_token_ids is None:
+            call.response_token_ids = _old_vllm_response_ids(body.get("response_token_ids"))
         message = choice.get("message") or {}
         call.text = message.get("content")
         call.tool_calls = message.get("tool_calls") or None

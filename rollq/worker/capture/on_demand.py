@@ -1,0 +1,95 @@
+"""The worker's capturing proxy, started by the first attempt that has an LLM endpoint to capture.
+
+A worker whose agents get no LLM resources never imports the proxy's HTTP stack (aiohttp, about 0.3 s of a
+worker's start-up here) nor runs its thread; the first attempt with an http(s) ``LLM`` resource starts it,
+once per process, and every later attempt shares it.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import TYPE_CHECKING
+from urllib.parse import urlsplit
+
+from opentelemetry import trace
+from opentelemetry.context import Context
+
+from rollq.models.contract import LLM, NamedResources
+
+from .gate import CallGate
+
+if TYPE_CHECKING:
+    from .proxy import AttemptCapture, CaptureProxy
+
+
+def capturable(resources: NamedResources) -> bool:
+    """Whether any resource is an LLM at an http(s) endpoint: what the proxy captures."""
+    return any(
+        isinstance(resource, LLM) and urlsplit(resource.endpoint).scheme in ("http", "https")
+        for resource in resources.values()
+    )
+
+
+class OnDemandCapture:
+    """:class:`CaptureProxy`'s ``open_attempt``, ``gate`` and ``stop``, the proxy started when first needed.
+
+    The gate exists from the start (a weight-sync pause can close it before any proxy runs); the proxy binds it
+    to its loop when it starts.
+    """
+
+    def __init__(self, host: str = "127.0.0.1", gate: CallGate | None = None) -> None:
+        self.host = host
+        self.gate = gate or CallGate()
+        self._proxy: CaptureProxy | None = None
+        self._lock = threading.Lock()
+
+    @property
+    def proxy(self) -> CaptureProxy | None:
+        """The running proxy, or None while no attempt has needed one."""
+        return self._proxy
+
+    def open_attempt(
+        self,
+        resources: NamedResources,
+        parent: Context,
+        tracer: trace.Tracer,
+        *,
+        rollout_id: str = "",
+        mode: str | None = None,
+        resources_id: str | None = None,
+    ) -> tuple[NamedResources, AttemptCapture | None]:
+        """:meth:`CaptureProxy.open_attempt`; with no http(s) LLM endpoint in ``resources``, what it would return
+        (a copy: the cached resources are shared by every attempt) without starting the proxy, and no capture."""
+        if not capturable(resources) and not self.serves_environment:
+            return dict(resources), None
+        proxy = self._started()
+        return proxy.open_attempt(
+            resources, parent, tracer, rollout_id=rollout_id, mode=mode, resources_id=resources_id
+        )
+
+    @property
+    def serves_environment(self) -> bool:
+        """Whether calls to ``$OPENAI_BASE_URL`` / ``$OPENAI_API_BASE`` are captured (the proxy then runs)."""
+        return self._proxy is not None and self._proxy.serves_environment
+
+    def serve_environment(self, concurrency: int) -> None:
+        """Start the proxy now and capture calls to the URLs in ``OPENAI_BASE_URL`` / ``OPENAI_API_BASE`` (see
+        :meth:`CaptureProxy.serve_environment`), when either variable is set; else nothing is started."""
+        from . import ambient
+
+        if ambient.plan(ambient.environment()):
+            self._started().serve_environment(concurrency)
+
+    def _started(self) -> CaptureProxy:
+        with self._lock:
+            if self._proxy is None:
+                from .proxy import CaptureProxy
+
+                self._proxy = CaptureProxy(self.host, gate=self.gate).start()
+            return self._proxy
+
+    def stop(self) -> None:
+        with self._lock:
+            proxy, self._proxy = self._proxy, None
+        if proxy is not None:
+            proxy.stop()
