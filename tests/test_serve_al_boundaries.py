@@ -70,6 +70,10 @@ def test_a_post_with_the_token_of_another_attempt_is_refused(redis_server, names
     assert _post(endpoint + "rollout", {"rollout_id": handed[first], "final_reward": 1.0})["status"] == "delivered"
     assert _post(other + "rollout", {"rollout_id": handed[second], "final_reward": 2.0})["status"] == "delivered"
     assert sorted(r.final_reward for r in producer.wait([first, second], timeout=10)) == [1.0, 2.0]  # type: ignore[type-var]
+    # Posting an attempt again (junk a token holder could repeat) is refused, not stored as superseded.
+    assert _status(endpoint + "rollout", {"rollout_id": handed[first], "final_reward": 9.0}) == 403
+    assert _refused(producer) == 3
+    assert producer.connection.xlen(producer.keys.superseded) == 0
 
 
 def test_a_client_that_polls_and_never_posts_fails_no_task_and_holds_at_most_its_share(

@@ -19,7 +19,8 @@ transition a worker uses) and keeps attempts exact:
 - one client (one address) holds at most ``max_held_per_client`` unposted attempts: past that
   its polls get no task, so it cannot drain the queue;
 - a post for an attempt that is no longer current is recorded in the superseded stream
-  and never delivered; a post for a cancelled task is dropped.
+  and never delivered; a post for a cancelled task is dropped; a second post of an attempt to the
+  same gateway is refused (and counted) like a forged one.
 
 What a claim refusal, a published rollout and the finish transition's reply mean is spelled once, in
 :mod:`rollq.worker.attempt`, shared with the workers: a posted rollout carries the same outcome keys
@@ -128,6 +129,7 @@ class Gateway:
         self.max_releases = max_releases
         self.max_held_per_client = max_held_per_client
         self._releases: OrderedDict[str, int] = OrderedDict()
+        self._posted: OrderedDict[str, None] = OrderedDict()  # attempts posted here (refused if posted again)
         self._secret: bytes | None = None
         self.connection = connection
         self.keys = Keys(namespace)
@@ -323,8 +325,16 @@ class Gateway:
             self.refused()
             raise
         self.check_token(rollout_id, attempt, token)
+        member = inflight_member(rollout_id, attempt)
         with self._lock:
-            held = self._held.pop(inflight_member(rollout_id, attempt), None)
+            if member in self._posted:
+                # A second post of one attempt: junk (each could store up to max_result_bytes as superseded).
+                self.refused()
+                raise AttemptTokenError(f"attempt {attempt} of {rollout_id} was posted already; this post is refused")
+            self._posted[member] = None
+            while len(self._posted) > _RELEASES_REMEMBERED:
+                self._posted.popitem(last=False)
+            held = self._held.pop(member, None)
         # An attempt this gateway did not hand out (another gateway did, or this one restarted) is of the task's
         # current generation if it is still current; if it is not, the finish call supersedes it anyway.
         who = (
