@@ -30,15 +30,13 @@ _STATE_CHANGING_GETS = frozenset({"rq_dashboard.requeue_all"})
 
 
 def escape_strings(value: Any) -> Any:
-    """``value`` with every string in it (keys included) HTML-escaped, recursively."""
+    """``value`` with ``&``, ``<`` and ``>`` in every string (keys included) HTML-escaped, recursively.
+
+    Enough for what rq-dashboard inserts as element content: no tag can open. Quotes are kept, so a string that
+    holds JSON (a job's ``metadata``) still parses; the values rq-dashboard puts in attributes are job ids,
+    which RQ restricts to letters, digits, ``_`` and ``-``."""
     if isinstance(value, str):
-        return (
-            value.replace("&", "&amp;")
-            .replace("<", "&lt;")
-            .replace(">", "&gt;")
-            .replace('"', "&quot;")
-            .replace("'", "&#x27;")
-        )
+        return value.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
     if isinstance(value, list):
         return [escape_strings(v) for v in value]
     if isinstance(value, dict):
