@@ -1,7 +1,17 @@
-"""Redis failover under load, with and without wait_replicas: a primary, a replica, 3 Sentinels; SIGKILL the primary.
+"""Redis failover under load, at default and tuned settings: a primary, a replica, 3 Sentinels; SIGKILL the primary.
 
-Run: nice -n 10 python bench/failover.py [--tasks 2400] [--rate 80] [--kill-after 10] [--workers 2]
-     [--concurrency 32] [--replica-rtt-ms 10] [--rejoin-after 5] [--wait-timeout-ms 1000]
+Run: nice -n 10 python bench/failover.py [--profiles defaults,tuned,tuned-no-wait] [--tasks 2400] [--rate 80]
+     [--kill-after 10] [--workers 2] [--concurrency 32] [--replica-rtt-ms 10] [--wait-timeout-ms 1000] [--no-cost]
+
+Profiles (each one run; their settings are written next to their figures):
+
+- ``defaults``: what a deployment gets without tuning anything: Sentinel ``down-after-milliseconds`` 30000
+  (Redis's default), the workers' default heartbeat and the policy's default ``unresponsive_seconds``, and
+  ``wait_replicas`` unset (one replica behind a Sentinel URL). The old primary restarts 45 s after the kill,
+  once the Sentinels have failed over (restarted empty sooner, it would be primary again with nothing).
+- ``tuned``: down-after 1000 ms, 1 s heartbeats, ``unresponsive_seconds`` 5, ``wait_replicas`` unset; the old
+  primary restarts 5 s after the kill.
+- ``tuned-no-wait``: ``tuned`` with ``wait_replicas=0`` everywhere (what 0.2 did by default).
 
 Everything is local and private: redis-servers and ``redis-server --sentinel`` processes on free
 ports of 127.0.0.1, each in a temporary directory (no persistence), stopped at the end. rollq connects
@@ -13,14 +23,15 @@ processes running the mock-LLM agent (3 turns x U(0.1, 0.5) s), 1 s heartbeats, 
 replication lag is microseconds and a failover has nothing to lose. The producer enqueues ``--rate``
 tasks per second in batches of 10 until ``--tasks``; ``--kill-after`` seconds in, the primary and its
 end of the replication link (the proxy) get SIGKILL; ``--rejoin-after`` seconds later the old primary
-restarts empty and the Sentinels make it a replica of the new one. Sentinels: down-after 1000 ms, quorum 2.
+restarts empty and the Sentinels make it a replica of the new one. Sentinels: quorum 2.
 
-Two runs, the same but for ``wait_replicas`` (0, then 1) on the producer and every worker. Reported for
-each: when the Sentinels named the new primary, how long until work resumed, tasks whose enqueue Redis
-acknowledged but which the new primary does not hold (lost tasks), rollouts never received, rollouts
-received twice, tasks run more than once, transitions that fell short of wait_replicas, the stats the
-new primary holds. Then each transition's cost: one enqueue's latency and the no-op rollouts/s of one
-worker, with and without wait_replicas=1, with the replica on loopback and ``--replica-rtt-ms`` away.
+Reported for each profile: when the Sentinels named the new primary, how long until work resumed, tasks
+whose enqueue Redis acknowledged but which the new primary does not hold (lost tasks), rollouts never received,
+rollouts received twice (after the trainer's own de-duplication by rollout id and generation: what a training
+loop sees), tasks run more than once, transitions that fell short of wait_replicas, workers that went degraded
+(no replica: transitions stop waiting until one is back), the stats the new primary holds. Then each
+transition's cost: one enqueue's latency and the no-op rollouts/s of one worker, with and without
+wait_replicas=1, with the replica on loopback and ``--replica-rtt-ms`` away.
 Writes bench/results/failover.json.
 """
 
@@ -28,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import os
 import re
 import shutil
 import signal
@@ -73,7 +85,7 @@ class Servers:
                 [self.binary, *args, "--dir", str(directory)], stdout=log, stderr=subprocess.STDOUT
             )
 
-    def start(self, replica_rtt_ms: float = 0.0, sentinels: bool = True) -> None:
+    def start(self, replica_rtt_ms: float = 0.0, sentinels: bool = True, down_after_ms: int = 1000) -> None:
         """The servers; with ``replica_rtt_ms`` > 0 the replica reaches the primary through a delaying proxy
         (bench/delay_proxy.py), the replication link of a replica in another zone."""
         common = ["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
@@ -96,7 +108,7 @@ class Servers:
             config.write_text(
                 f"port {port}\nbind 127.0.0.1\n"
                 f"sentinel monitor {SERVICE} 127.0.0.1 {self.primary_port} 2\n"
-                f"sentinel down-after-milliseconds {SERVICE} 1000\n"
+                f"sentinel down-after-milliseconds {SERVICE} {down_after_ms}\n"
                 f"sentinel failover-timeout {SERVICE} 60000\n"
                 f"sentinel parallel-syncs {SERVICE} 1\n"
             )
@@ -176,9 +188,12 @@ class Trainer(threading.Thread):
 
     def run(self) -> None:
         producer = Producer(connect(self.url), NAMESPACE)
+        # One reader for the whole run, iterated again after an error: it remembers what it handed over and
+        # skips a second copy of a run (see producer/results.py, Delivered).
+        reader = producer.rollouts(consumer="trainer", idle_timeout=0.5)
         while not self.stop_event.is_set():
             try:
-                for rollout in producer.rollouts(consumer="trainer", idle_timeout=0.5):
+                for rollout in reader:
                     self.received.append((time.time(), rollout.rollout_id))
                     if self.stop_event.is_set():
                         return
@@ -200,32 +215,64 @@ def shortfalls_in_logs(paths: list[Path]) -> int:
     return total
 
 
-def failover_run(args: argparse.Namespace, wait_replicas: int, tmp: Path) -> dict[str, Any]:
-    """One failover under load with every producer and worker at ``wait_replicas``; what it lost and when work
-    resumed."""
+PROFILES: dict[str, dict[str, Any]] = {
+    # None: not set, the default applies (wait_replicas: 1 behind Sentinel; heartbeat and unresponsive_seconds:
+    # WorkerSettings' and RolloutPolicy's).
+    "defaults": {
+        "sentinel_down_after_ms": 30000,
+        "heartbeat_seconds": None,
+        "unresponsive_seconds": None,
+        "wait_replicas": None,
+        "rejoin_after_seconds": 45.0,
+    },
+    "tuned": {
+        "sentinel_down_after_ms": 1000,
+        "heartbeat_seconds": 1.0,
+        "unresponsive_seconds": 5.0,
+        "wait_replicas": None,
+        "rejoin_after_seconds": 5.0,
+    },
+    "tuned-no-wait": {
+        "sentinel_down_after_ms": 1000,
+        "heartbeat_seconds": 1.0,
+        "unresponsive_seconds": 5.0,
+        "wait_replicas": 0,
+        "rejoin_after_seconds": 5.0,
+    },
+}
+
+
+def failover_run(args: argparse.Namespace, profile: str, tmp: Path) -> dict[str, Any]:
+    """One failover under load at ``profile``'s settings; what it lost and when work resumed."""
+    settings = PROFILES[profile]
+    wait_replicas = settings["wait_replicas"]
     servers = Servers(tmp)
     workers: list[subprocess.Popen[bytes]] = []
-    result: dict[str, Any] = {"wait_replicas": wait_replicas}
+    result: dict[str, Any] = {"profile": profile, "settings": settings}
     try:
-        servers.start(args.replica_rtt_ms)
+        servers.start(args.replica_rtt_ms, down_after_ms=settings["sentinel_down_after_ms"])
         url = servers.url
+        unresponsive = settings["unresponsive_seconds"]
         producer = Producer(
             connect(url),
             NAMESPACE,
-            policy=RolloutPolicy(unresponsive_seconds=5.0),
+            policy=RolloutPolicy(unresponsive_seconds=unresponsive) if unresponsive else RolloutPolicy(),
             wait_replicas=wait_replicas,
             wait_timeout_ms=args.wait_timeout_ms,
         )
+        result["producer_wait_replicas"] = producer.lifecycle.wait_replicas
         trainer = Trainer(url)
         trainer.start()
-        env = worker_env(
-            ROLLQ_AGENT="bench.agents:MockLLMAgent",
-            ROLLQ_WAIT_REPLICAS=str(wait_replicas),
-            ROLLQ_WAIT_TIMEOUT_MS=str(args.wait_timeout_ms),
-        )
+        env = worker_env(ROLLQ_AGENT="bench.agents:MockLLMAgent", ROLLQ_WAIT_TIMEOUT_MS=str(args.wait_timeout_ms))
+        if wait_replicas is not None:
+            env["ROLLQ_WAIT_REPLICAS"] = str(wait_replicas)
+        else:
+            env.pop("ROLLQ_WAIT_REPLICAS", None)
         for i in range(args.workers):
             command = [ROLLQ, "--url", url, "--namespace", NAMESPACE, "worker", "--concurrency"]
-            command += [str(args.concurrency), "--heartbeat-seconds", "1", "--name", f"fo-{i}"]
+            command += [str(args.concurrency), "--name", f"fo-{i}"]
+            if settings["heartbeat_seconds"]:
+                command += ["--heartbeat-seconds", str(settings["heartbeat_seconds"])]
             command += ["--logging-level", "WARNING"]
             with open(tmp / f"worker-{i}.log", "wb") as log:
                 workers.append(subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env))
@@ -243,7 +290,7 @@ def failover_run(args: argparse.Namespace, wait_replicas: int, tmp: Path) -> dic
                 return
             if "new_primary" not in events and servers.primary_named() == servers.replica_port:
                 events["new_primary"] = time.time()
-            if "restarted" not in events and time.time() - killed_at >= args.rejoin_after:
+            if "restarted" not in events and time.time() - killed_at >= settings["rejoin_after_seconds"]:
                 servers.restart_old_primary()
                 events["restarted"] = time.time()
             if "restarted" in events and "rejoined" not in events:
@@ -330,6 +377,10 @@ def failover_run(args: argparse.Namespace, wait_replicas: int, tmp: Path) -> dic
         servers.stop()
         logs = sorted(tmp.glob("worker-*.log"))
         result["worker_replication_shortfalls"] = shortfalls_in_logs(logs)
+        result["workers_that_went_degraded"] = sum(
+            "Degraded: transitions no longer wait" in p.read_text() for p in logs
+        )
+        result["workers_that_waited_again"] = sum("online again after" in p.read_text() for p in logs)
         # What went wrong in the workers (each distinct line naming an error, with how often).
         errors: dict[str, int] = {}
         for log_path in logs:
@@ -339,7 +390,7 @@ def failover_run(args: argparse.Namespace, wait_replicas: int, tmp: Path) -> dic
                     errors[key[:200]] = errors.get(key[:200], 0) + 1
         result["worker_error_lines"] = errors
         if args.keep_logs:
-            shutil.copytree(tmp, Path(args.keep_logs) / f"wait-{wait_replicas}", dirs_exist_ok=True)
+            shutil.copytree(tmp, Path(args.keep_logs) / profile, dirs_exist_ok=True)
     return result
 
 
@@ -403,7 +454,8 @@ def main() -> None:
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--concurrency", type=int, default=32)
     parser.add_argument("--replica-rtt-ms", type=float, default=10.0, help="round trip of the replication link")
-    parser.add_argument("--rejoin-after", type=float, default=5.0, help="seconds until the old primary restarts")
+    parser.add_argument("--profiles", default="defaults,tuned", help="comma-separated: " + ", ".join(PROFILES))
+    parser.add_argument("--no-cost", action="store_true", help="skip the per-transition cost measures")
     parser.add_argument("--wait-timeout-ms", type=int, default=1000)
     parser.add_argument("--cost-tasks", type=int, default=1000, help="no-op rollouts per worker rollouts/s run")
     parser.add_argument("--cost-rounds", type=int, default=300, help="single enqueues per latency measure")
@@ -411,10 +463,15 @@ def main() -> None:
     parser.add_argument("--keep-logs", help="copy the servers' and workers' logs to this directory")
     args = parser.parse_args()
     runs = {}
-    for wait_replicas in (0, 1):
+    load_before = [round(x, 2) for x in os.getloadavg()]
+    for profile in args.profiles.split(","):
         with tempfile.TemporaryDirectory(prefix="rollq-failover-") as tmp:
-            runs[f"wait_replicas_{wait_replicas}"] = failover_run(args, wait_replicas, Path(tmp))
-    cost = [transition_cost(rtt, args.cost_tasks, args.cost_rounds) for rtt in sorted({0.0, args.replica_rtt_ms})]
+            runs[profile] = failover_run(args, profile, Path(tmp))
+    cost = (
+        []
+        if args.no_cost
+        else [transition_cost(rtt, args.cost_tasks, args.cost_rounds) for rtt in sorted({0.0, args.replica_rtt_ms})]
+    )
     print(cost, flush=True)
     write_result(
         "failover",
@@ -425,13 +482,12 @@ def main() -> None:
                 "kill_after_seconds": args.kill_after,
                 "workers": args.workers,
                 "concurrency": args.concurrency,
-                "heartbeat_seconds": 1,
-                "unresponsive_seconds": 5,
-                "sentinel_down_after_ms": 1000,
+                "profiles": {name: PROFILES[name] for name in runs},
                 "quorum": 2,
                 "replica_rtt_ms": args.replica_rtt_ms,
-                "rejoin_after_seconds": args.rejoin_after,
                 "wait_timeout_ms": args.wait_timeout_ms,
+                "load_average_at_start": load_before,
+                "load_average_at_end": [round(x, 2) for x in os.getloadavg()],
             },
             "runs": runs,
             "transition_cost": cost,

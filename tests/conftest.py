@@ -68,7 +68,7 @@ def workers(tmp_path: Path) -> Iterator[Callable[..., WorkerProcess]]:
     started: list[WorkerProcess] = []
 
     def start(
-        url: str, namespace: str, *, env: dict[str, str] | None = None, args: list[str] | None = None
+        url: str | None, namespace: str, *, env: dict[str, str] | None = None, args: list[str] | None = None
     ) -> WorkerProcess:
         proc = WorkerProcess(url, namespace, tmp_path / f"worker-{len(started)}.log", env=env or {}, args=args)
         started.append(proc)

@@ -197,7 +197,7 @@ class WorkerProcess:
 
     def __init__(
         self,
-        url: str,
+        url: str | None,
         namespace: str,
         log_path: Path,
         *,
@@ -217,7 +217,16 @@ class WorkerProcess:
         )
         full_env = {**os.environ, "PYTHONPATH": path, "PYTHONUNBUFFERED": "1", **env}
         self.process = subprocess.Popen(
-            [str(rq), "worker", "-w", "rollq.worker.RolloutWorker", "--url", url, *(args or []), namespace],
+            # url None: no --url, for a URL given RQ's other ways (RQ_REDIS_URL, -c, ROLLQ_REDIS_URL).
+            [
+                str(rq),
+                "worker",
+                "-w",
+                "rollq.worker.RolloutWorker",
+                *(["--url", url] if url else []),
+                *(args or []),
+                namespace,
+            ],
             stdout=self._log,
             stderr=subprocess.STDOUT,
             env=full_env,

@@ -141,7 +141,10 @@ def test_worker_imports_the_agent_from_the_current_directory_like_rq_worker(
     assert producer.wait([rid], timeout=10)[0].final_reward == 0.25
     assert wrong.returncode == 1
     (line,) = [ln for ln in wrong.stderr.splitlines() if ln.startswith("rollq:")]
-    assert line == "rollq: the agent must be a rollq.worker.LitAgent or an agentlightning.LitAgent, got dict"
+    assert line == (
+        "rollq: the agent must be a rollq.worker.LitAgent or an agentlightning.LitAgent (an @rollout function is one), "
+        "got dict"
+    )
     assert "Traceback" not in wrong.stderr
 
 

@@ -203,6 +203,18 @@ def test_readme_shows_an_agent_image_built_from_the_rollq_image(tmp_path: Path) 
     assert services_image_name() == "rollq"
 
 
+def test_readme_agent_dockerfile_installs_as_root_and_runs_as_the_rollq_user() -> None:
+    # The rollq image ends with `USER rollq`: a `pip install /agent` run as that user got "Permission denied".
+    (base_user,) = [args for kind, args in dockerfile_instructions(DOCKERFILE.read_text()) if kind == "USER"][-1:]
+    user = base_user
+    for kind, args in dockerfile_instructions(readme_agent_dockerfile()):
+        if kind == "USER":
+            user = args
+        if kind == "RUN" and "pip install" in args:
+            assert user == "root", f"`{args}` runs as {user!r}, which cannot write to site-packages"
+    assert user == base_user == "rollq", "the agent image must run as the unprivileged rollq user again"
+
+
 def services_image_name() -> str:
     return str(yaml.safe_load(COMPOSE.read_text())["services"]["worker"]["image"])
 

@@ -49,7 +49,7 @@ def require_chromium() -> str:
     return binary
 
 
-def chromium(binary: str, profile: Path, url: str, *, screenshot: Path | None = None) -> str:
+def chromium(binary: str, profile: Path, url: str, *, screenshot: Path | None = None, virtual_ms: int = 5000) -> str:
     """Load ``url`` headless, let its scripts run their first polls, and return the DOM (or write a screenshot)."""
     profile.mkdir(parents=True, exist_ok=True)
     # rq-dashboard fills its tables from JSON endpoints in page scripts; the
@@ -65,7 +65,7 @@ def chromium(binary: str, profile: Path, url: str, *, screenshot: Path | None = 
         "--disable-component-update",
         "--disable-sync",
         f"--user-data-dir={profile}",
-        "--virtual-time-budget=5000",
+        f"--virtual-time-budget={virtual_ms}",
     ]
     args += [f"--screenshot={screenshot}", "--window-size=1280,900"] if screenshot else ["--dump-dom"]
     done = subprocess.run([*args, url], capture_output=True, text=True, timeout=120)

@@ -6,6 +6,7 @@ stream is bounded in bytes, and readers ride out Redis outages.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import shutil
@@ -24,6 +25,7 @@ from fault_agents import wait_until
 from servers import free_port, require_redis_server
 
 from rollq.models.errors import RolloutsTrimmedError
+from rollq.producer.aio import AsyncProducer
 from rollq.producer.producer import Producer
 from rollq.store.connection import unrecoverable
 
@@ -276,3 +278,32 @@ def test_a_certificate_that_does_not_verify_fails_at_once_with_one_line(tls_serv
     assert time.monotonic() - started < 10
     assert status.returncode == 3 and len(status.stderr.strip().splitlines()) == 1, status.stderr
     assert "CERTIFICATE_VERIFY_FAILED" in status.stderr
+
+
+def _publish_copy(producer: Producer, rollout_id: str, generation: int, attempt: int) -> None:
+    """What a failover leaves behind: the run a trainer already read, published again (a second stream entry)."""
+    rollout = {
+        "rollout_id": rollout_id,
+        "final_reward": 1.0,
+        "metadata": {"generation": generation, "attempt": attempt},
+    }
+    producer.connection.xadd(producer.keys.results, {"rollout_id": rollout_id, "rollout": json.dumps(rollout)})
+
+
+def test_a_run_published_twice_reaches_each_consumer_group_reader_once_and_a_rerun_again(redis_server, namespace):
+    # Issue 25: with wait_replicas=1 an identical rollout reached the trainer twice in 7 of 17 failovers, as a
+    # second stream entry (a finish the failover undid, published again on the new primary).
+    producer = Producer.from_url(redis_server.url, namespace)
+    _publish_copy(producer, "r1", generation=1, attempt=1)
+    _publish_copy(producer, "r1", generation=1, attempt=2)  # the same run, re-published after the failover
+    _publish_copy(producer, "r2", generation=1, attempt=1)
+    _publish_copy(producer, "r1", generation=2, attempt=3)  # a re-run after a dead-letter requeue: delivered
+    got = [(r.rollout_id, r.metadata["generation"]) for r in producer.rollouts("sync", idle_timeout=0.5)]
+    assert got == [("r1", 1), ("r2", 1), ("r1", 2)]
+    assert producer.connection.xpending(producer.keys.results, "sync")["pending"] == 0  # the copy is acknowledged
+
+    async def read_async() -> list[tuple[str, int]]:
+        async with AsyncProducer.from_url(redis_server.url, namespace) as aio:
+            return [(r.rollout_id, r.metadata["generation"]) async for r in aio.rollouts("async", idle_timeout=0.5)]
+
+    assert asyncio.run(read_async()) == [("r1", 1), ("r2", 1), ("r1", 2)]

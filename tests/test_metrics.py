@@ -138,3 +138,32 @@ def test_status_json_and_prometheus_together_is_a_usage_error() -> None:
 
     assert done.returncode == 2
     assert "--json and --prometheus" in done.stderr
+
+
+@pytest.mark.redis
+def test_reward_metric_labels_the_newest_versions_folds_the_rest_and_buckets_negative_rewards(
+    redis_server: RedisServer, namespace: str
+) -> None:
+    from rollq.store.keys import Keys
+    from rollq.store.stats import reward_bucket, reward_stat
+
+    keys = Keys(namespace)
+    client = redis_server.client()
+    for n in range(1, 13):  # v1 .. v12, two rollouts each: -0.6 and 0.5 + n/100
+        for reward in (-0.6, 0.5 + n / 100):
+            client.hincrby(keys.stats, reward_stat("train", f"v{n}", reward_bucket(reward)), 1)
+            client.hincrbyfloat(keys.stats, reward_stat("train", f"v{n}", "sum"), reward)
+
+    text = render_prometheus(snapshot(Producer.from_url(redis_server.url, namespace).connection, keys))
+    samples = parse(text)
+
+    versions = {dict(labels)["resources_id"] for name, labels in samples if name == "rollq_reward_count"}
+    assert versions == {"v8", "v9", "v10", "v11", "v12", "older"}  # before: one series set per version, forever
+    assert text.index('resources_id="v9"') < text.index('resources_id="v10"')  # numeric order
+    labels = {"namespace": namespace, "mode": "train"}
+    assert value(samples, "rollq_reward_count", **labels, resources_id="older") == 14
+    assert value(samples, "rollq_reward_sum", **labels, resources_id="v12") == pytest.approx(-0.6 + 0.62)
+    # Negative rewards have buckets of their own (before: all in le="0.0").
+    assert value(samples, "rollq_reward_bucket", **labels, resources_id="v12", le="-0.75") == 0
+    assert value(samples, "rollq_reward_bucket", **labels, resources_id="v12", le="-0.5") == 1
+    assert value(samples, "rollq_reward_bucket", **labels, resources_id="v12", le="+Inf") == 2

@@ -359,6 +359,43 @@ def test_a_queued_task_whose_rq_job_was_deleted_is_requeued_by_the_reaper(own_re
     assert_exactly_once(producer.connection, namespace, ids)
 
 
+def test_the_lost_job_sweep_reads_only_queued_tasks_and_sends_no_lpos_while_every_job_is_on_its_list(own_redis):
+    # Issue 25: the sweep SCANned the whole database (every namespace's keys) and sent LPOS, 13.7 ms each with 1M
+    # queued, for 20 jobs a second. It now walks the index of queued tasks the transitions keep, and LPOS only when
+    # RQ's lists hold fewer jobs than there are queued tasks.
+    from rollq.store.reaper import _audit
+
+    server = own_redis()
+    producer = Producer.from_url(server.url, "indexed", policy=QUICK)
+    keys, connection = producer.keys, producer.connection
+    connection.mset({f"elsewhere:{i}": 1 for i in range(3000)})
+    tasks = producer.enqueue_many([{}] * 30)
+    assert connection.scard(keys.queued_tasks) == 30
+    claimed = tasks[0].rollout_id
+    assert producer.lifecycle.claim(claimed, job_id(claimed), "w1") is not None
+    producer.cancel([tasks[1].rollout_id])
+    assert connection.scard(keys.queued_tasks) == 28
+    connection.sadd(keys.queued_tasks, keys.task(claimed))  # a stale member: the sweep drops it
+    with server.client().monitor() as monitor:
+        _audit(producer.lifecycle, producer.lifecycle.beat())
+        connection.ping()
+        sent = []
+        while not sent or sent[-1] != "PING":
+            event = monitor.next_command()
+            if event.get("client_type") != "lua":
+                sent.append(event["command"].split()[0].upper())
+    assert "SSCAN" in sent and "SCAN" not in sent and "LPOS" not in sent, sent
+    assert connection.scard(keys.queued_tasks) == 28
+    connection.delete(keys.rq_queue)  # a flushed list: now the sweep looks for the jobs and queues them again
+    for _ in range(3):
+        connection.delete(keys.audit_lock)
+        _audit(producer.lifecycle, producer.lifecycle.beat())
+        time.sleep(2.1)
+    connection.delete(keys.audit_lock)
+    _audit(producer.lifecycle, producer.lifecycle.beat())
+    assert connection.llen(keys.rq_queue) > 0
+
+
 def test_the_rollq_dashboard_disables_rq_dashboards_delete_buttons():
     from rollq.ops.dashboard import create_app
 

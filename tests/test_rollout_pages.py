@@ -96,9 +96,16 @@ def test_rollout_pages_show_rollouts_errors_triplets_trace_workers_and_charts_in
         assert workers_rows[f"doomed-{namespace}"][4].endswith("s ago")
 
         charts = chromium(browser, profile, f"{base}/charts?bucket=2&refresh=0")
-        assert charts.count("<polyline") == 1 + 2  # throughput, then one line per resources version
-        assert charts.count("<circle") >= 3 + 2 + 2  # points: 3+ throughput buckets, 2 per version
-        assert f">{v1}</text>" in charts and f">{v2}</text>" in charts
+        # Throughput, then mean reward by version (x: the versions in numeric order), one line per mode.
+        assert charts.count("<polyline") == 1 + 2
+        assert charts.count("<circle") >= 3 + 1 + 1  # points: 3+ throughput buckets, train at v1, val at v2
+        assert f'class="tick">{v1}</text>' in charts and f'class="tick">{v2}</text>' in charts
+        assert ">train</text>" in charts and ">val</text>" in charts
+
+        # The failed rollout's page: its attempt and the traceback ending at the agent's raise.
+        attempts = page(f"/rollout/{failed}", "attempt")
+        assert [a[0] for a in attempts] == ["1"] and attempts[0][4] == "failed"
+        assert "Traceback (most recent call last)" in failed_dom and 'data-role="traceback"' in failed_dom
 
         shots = {
             "rollq-rollouts.png": "/",

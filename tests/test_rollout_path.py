@@ -140,7 +140,10 @@ def assert_kind_normalised(kind: str, rid: str, rollout: Rollout) -> None:
 
 def assert_failed_with_agent_error(producer: Producer, rid: str, rollout: Rollout) -> None:
     assert rollout.metadata["status"] == "failed"
-    assert rollout.metadata["error"] == {"type": "ValueError", "message": f"agent failed on {rid}"}
+    error = rollout.metadata["error"]
+    assert {k: error[k] for k in ("type", "message")} == {"type": "ValueError", "message": f"agent failed on {rid}"}
+    # The stack travels with the failure, ending at the agent's raise.
+    assert error["traceback"].startswith("Traceback") and f"ValueError: agent failed on {rid}" in error["traceback"]
     assert rollout.final_reward is None
     assert rid in producer.dead_letter()
     assert producer.get_task(rid).num_claims == 1  # agent exceptions are not retried by default

@@ -86,6 +86,13 @@ PINNED: dict[str, str] = {
     "rq.job.Job.get_status": "self, refresh=True",
     "rq.intermediate_queue.IntermediateQueue.get_intermediate_queue_key": "queue_key",
     "rq.utils.get_version": "connection",
+    # rq_url wraps CliConfig.connection so that RQ's CLI takes redis+sentinel:// URLs (see docs/rq.md).
+    "rq.cli.helpers.CliConfig.__init__": (
+        "self, url=None, config=None, worker_class='rq.Worker', job_class='rq.job.Job',"
+        " death_penalty_class='rq.timeouts.UnixSignalDeathPenalty', queue_class='rq.Queue',"
+        " connection_class='redis.Redis', path=None, *args, **kwargs"
+    ),
+    "rq.cli.helpers.read_config_file": "module",
     "rq.logutils.setup_loghandlers": (
         "level=None, date_format='%H:%M:%S', log_format='%(asctime)s %(message)s', name='rq.worker'"
     ),
@@ -165,6 +172,19 @@ def test_rq_worker_attributes_rollq_reads_are_set_by_its_constructor() -> None:
     worker = SimpleWorker(["q"], connection=fakeredis.FakeRedis())
     missing = [a for a in WORKER_ATTRIBUTES if not hasattr(worker, a)]
     assert not missing
+
+
+def test_rq_cli_config_connection_is_a_property_reading_what_rq_url_reads() -> None:
+    from rq.cli.helpers import CliConfig
+
+    assert isinstance(inspect.getattr_static(CliConfig, "connection"), property)
+    config = CliConfig(url="redis://h:1/0", config=None)
+    assert (config.url, config.config, config._connection, config.connection_class.__name__) == (
+        "redis://h:1/0",
+        None,
+        None,
+        "Redis",
+    )
 
 
 @pytest.mark.parametrize("name", JOB_PROPERTIES)

@@ -52,7 +52,9 @@ def test_jobs_task_records_and_results_are_json_never_pickle(redis_server, names
         if jid == job_id(ids[1], after_attempt=1):
             # The task's last attempt failed: a failed RQ job, the error as its exception info (JSON all the same).
             assert b"return_value" not in result
-            assert zlib.decompress(base64.b64decode(result[b"exc_string"])).decode().startswith("RuntimeError: again")
+            shown = zlib.decompress(base64.b64decode(result[b"exc_string"])).decode()
+            # The agent's traceback (what rq-dashboard shows), ending at the error.
+            assert shown.startswith("Traceback (most recent call last)") and "RuntimeError: again" in shown
         else:
             assert json.loads(base64.b64decode(result[b"return_value"]))["rollout_id"] == args[0]
     for rid in ids:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import json
+import os
 import signal
 import subprocess
 import threading
@@ -15,9 +17,10 @@ import redis
 from redis.asyncio.connection import BlockingConnectionPool
 from redis.asyncio.sentinel import SentinelConnectionPool as AsyncSentinelPool
 from redis.sentinel import SentinelConnectionPool
-from servers import RedisServer, Replicated, WorkerProcess, free_port, require_redis_server
+from servers import REPO, RQ, RedisServer, Replicated, WorkerProcess, free_port, require_redis_server
 
 from rollq.producer.aio import AsyncProducer
+from rollq.producer.producer import Producer
 from rollq.store.connection import check_reachable, connect, connect_async, describe_client
 
 
@@ -252,3 +255,100 @@ def test_an_async_command_after_the_primary_dies_reaches_the_promoted_replica(re
     took = asyncio.run(main())
     assert replicated.replica.client().get("after") == b"1"
     assert took < 8, f"the write took {took:.1f} s to reach the promoted replica"
+
+
+# Every entry point takes a redis+sentinel:// URL, whichever way it is given (issue 25). RQ's own CLI builds
+# its client with redis-py's Redis.from_url, which refused the scheme with a ValueError before any rollq code ran.
+_RQ_URL_WAYS = ["--url", "RQ_REDIS_URL", "ROLLQ_REDIS_URL", "-c module"]
+
+
+@pytest.mark.redis
+@pytest.mark.parametrize("way", _RQ_URL_WAYS)
+def test_a_stock_rq_worker_given_a_sentinel_url_runs_rollouts(
+    replicated: Replicated, namespace: str, workers: Callable[..., WorkerProcess], tmp_path: Path, way: str
+) -> None:
+    env = {"ROLLQ_AGENT": "tests.fault_agents:FaultAgent"}
+    url: str | None = None
+    args: list[str] = []
+    if way == "--url":
+        url = replicated.url
+    elif way == "-c module":
+        (tmp_path / "rq_sentinel_settings.py").write_text(f"REDIS_URL = {replicated.url!r}\n")
+        args = ["-c", "rq_sentinel_settings", "--path", str(tmp_path)]
+    else:
+        env[way] = replicated.url
+    worker = workers(url, namespace, env=env, args=args)
+    producer = Producer.from_url(replicated.url, namespace)
+    try:
+        [rollout] = producer.wait([producer.enqueue({"sleep": 0}).rollout_id], timeout=30)
+    except TimeoutError:
+        raise AssertionError(worker.log()) from None
+    assert rollout.metadata["status"] == "succeeded"
+    assert "ValueError" not in worker.log()
+
+
+@pytest.mark.redis
+def test_a_stock_rq_worker_given_another_redis_than_rollq_redis_url_refuses_to_start(
+    replicated: Replicated, own_redis: Callable[..., RedisServer], namespace: str, workers: Callable[..., WorkerProcess]
+) -> None:
+    # Both name a Sentinel service, so the comparison must tell services apart, not primaries' hosts (None).
+    other = own_redis()
+    worker = workers(other.url, namespace, env={"ROLLQ_AGENT": "x:y", "ROLLQ_REDIS_URL": replicated.url})
+    assert worker.wait(timeout=60) != 0
+    assert "ROLLQ_REDIS_URL is redis+sentinel://" in worker.log()
+    same = workers(replicated.url, namespace + "-same", env={"ROLLQ_REDIS_URL": replicated.url, "ROLLQ_AGENT": "x:y"})
+    assert same.wait(timeout=60) != 0
+    assert "ROLLQ_REDIS_URL is" not in same.log()  # it got past the check (and then failed on the bad agent)
+
+
+@pytest.mark.redis
+def test_rollq_worker_and_commands_take_a_sentinel_url_from_rollq_redis_url(
+    replicated: Replicated, namespace: str
+) -> None:
+    rollq = str(Path(RQ).parent / "rollq")
+    env = {**os.environ, "ROLLQ_REDIS_URL": replicated.url, "ROLLQ_NAMESPACE": namespace, "PYTHONPATH": str(REPO)}
+    enqueued = subprocess.run(
+        [rollq, "enqueue"], input='{"input": {"sleep": 0}}\n', capture_output=True, text=True, timeout=60, env=env
+    )
+    assert enqueued.returncode == 0, enqueued.stderr
+    worked = subprocess.run(
+        [rollq, "worker", "--burst", "--agent", "tests.fault_agents:FaultAgent"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+        cwd=REPO,
+    )
+    assert worked.returncode == 0, worked.stderr
+    status = subprocess.run([rollq, "status", "--json"], capture_output=True, text=True, timeout=60, env=env)
+    assert status.returncode == 0, status.stderr
+    assert json.loads(status.stdout)["succeeded"] == 1, status.stdout
+
+
+@pytest.mark.redis
+def test_a_producer_with_no_url_uses_a_sentinel_rollq_redis_url(
+    replicated: Replicated, namespace: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("ROLLQ_REDIS_URL", replicated.url)
+    producer = Producer.from_url(namespace=namespace)
+    assert isinstance(producer.connection.connection_pool, SentinelConnectionPool)
+    task = producer.enqueue({"q": 1})
+    assert replicated.primary.client().exists(producer.keys.task(task.rollout_id)) == 1
+    aio = AsyncProducer.from_url(namespace=namespace)
+    assert isinstance(aio.connection.connection_pool, AsyncSentinelPool)
+    assert asyncio.run(aio.get_task(task.rollout_id)) is not None
+
+
+@pytest.mark.redis
+def test_the_dashboard_and_its_metrics_read_a_namespace_through_a_sentinel_url(
+    replicated: Replicated, namespace: str
+) -> None:
+    pytest.importorskip("rq_dashboard")
+    from rollq.ops.dashboard import create_app
+
+    Producer.from_url(replicated.url, namespace).enqueue({"q": 1})
+    client = create_app(replicated.url, namespace).test_client()
+    metrics = client.get("/metrics")
+    assert metrics.status_code == 200
+    assert f'rollq_queue_depth{{namespace="{namespace}"}} 1.0' in metrics.get_data(as_text=True)
+    assert client.get("/").status_code == 200  # rq-dashboard's own page, through its Sentinel URL parser

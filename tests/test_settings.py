@@ -22,7 +22,7 @@ def test_fields_and_defaults_are_kept() -> None:
 
     assert (settings.agent, settings.hooks, settings.concurrency, settings.grace_seconds) == ("", (), 1, 30.0)
     assert (settings.heartbeat_seconds, settings.results_maxlen, settings.max_result_bytes) == (5.0, 100_000, 8 << 20)
-    assert (settings.keep_seconds, settings.result_ttl, settings.log_format) == (7 * 24 * 3600, 3600, "text")
+    assert (settings.keep_seconds, settings.result_ttl, settings.log_format) == (3600, 3600, "text")
 
 
 def test_environment_then_overrides_with_comma_separated_hooks() -> None:
@@ -131,3 +131,72 @@ def test_stock_rq_worker_logs_json_with_rollq_log_format(redis_server: RedisServ
     assert any(
         r["message"].startswith("rollq worker") and "Redis at redis://127.0.0.1:" in r["message"] for r in records
     )
+
+
+def _clean_env(**extra: str) -> dict[str, str]:
+    """The process environment without any Redis URL or namespace of its own (only .env and ``extra`` count)."""
+    drop = ("ROLLQ_REDIS_URL", "REDIS_URL", "ROLLQ_NAMESPACE", "RQ_REDIS_URL")
+    return {**{k: v for k, v in os.environ.items() if k not in drop}, **extra}
+
+
+def _status_in(directory: Path, *args: str, **env: str) -> dict:  # type: ignore[type-arg]
+    done = subprocess.run(
+        [ROLLQ, *args, "status", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=directory,
+        env=_clean_env(**env),
+    )
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)  # type: ignore[no-any-return]
+
+
+@pytest.mark.redis
+def test_redis_url_and_namespace_in_dotenv_reach_every_command_flags_then_environment_then_dotenv(
+    redis_server: RedisServer, namespace: str, tmp_path: Path
+) -> None:
+    from rollq.producer import Producer
+
+    Producer.from_url(redis_server.url, namespace).enqueue({"q": 1})
+    # Before: .env's ROLLQ_REDIS_URL and ROLLQ_NAMESPACE were ignored by every command (localhost:6379, 'rollq').
+    (tmp_path / ".env").write_text(f"ROLLQ_REDIS_URL={redis_server.url}\nROLLQ_NAMESPACE={namespace}\n")
+
+    from_dotenv = _status_in(tmp_path)
+    assert (from_dotenv["namespace"], from_dotenv["queued"]) == (namespace, 1)
+    assert _status_in(tmp_path, ROLLQ_NAMESPACE="from-env")["namespace"] == "from-env"
+    assert _status_in(tmp_path, "-n", "from-flag", ROLLQ_NAMESPACE="from-env")["namespace"] == "from-flag"
+
+
+@pytest.mark.redis
+def test_a_worker_started_in_a_directory_with_dotenv_uses_its_redis_and_namespace(
+    redis_server: RedisServer, namespace: str, tmp_path: Path
+) -> None:
+    from rollq.producer import Producer
+
+    producer = Producer.from_url(redis_server.url, namespace)
+    rid = producer.enqueue({"q": 1}).rollout_id
+    (tmp_path / ".env").write_text(
+        f"ROLLQ_REDIS_URL={redis_server.url}\nROLLQ_NAMESPACE={namespace}\n"
+        "ROLLQ_AGENT=rollq.worker.sample_agent:SampleAgent\n"
+    )
+    done = subprocess.run(
+        [ROLLQ, "worker", "--burst"], capture_output=True, text=True, timeout=120, cwd=tmp_path, env=_clean_env()
+    )
+    assert done.returncode == 0, done.stderr
+    # The worker found the task on .env's Redis and namespace and ran it (the sample agent's verdict aside).
+    assert producer.wait([rid], timeout=10)[0].metadata["attempt"] == 1
+
+
+def test_a_typo_in_dotenv_is_warned_about_with_the_closest_name(tmp_path: Path) -> None:
+    (tmp_path / ".env").write_text("ROLLQ_NAMESPAC=oops\n")
+    done = subprocess.run(
+        [ROLLQ, "--url", "memory://", "resources", "list"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=tmp_path,
+        env=_clean_env(),
+    )
+    assert done.returncode == 0, done.stderr
+    assert "unknown setting ROLLQ_NAMESPAC is ignored; did you mean ROLLQ_NAMESPACE?" in done.stderr

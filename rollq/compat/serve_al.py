@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import logging
 
 import click
@@ -100,5 +101,12 @@ def serve_al(
         finally:
             await server.stop()
 
-    with contextlib.suppress(KeyboardInterrupt):
-        asyncio.run(run())
+    try:
+        with contextlib.suppress(KeyboardInterrupt):
+            asyncio.run(run())
+    except OSError as exc:  # a busy port: one line, not a 47-line traceback
+        if exc.errno != errno.EADDRINUSE:
+            raise
+        raise click.ClickException(
+            f"port {port} on {host} is already in use: stop what listens there or pass --port"
+        ) from None

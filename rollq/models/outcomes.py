@@ -3,20 +3,30 @@
 Every rollout on the results stream carries ``status`` ("succeeded"/"failed"),
 ``attempt`` (the claim number that produced it), ``worker`` and ``generation``
 (1 for a task's first run, one more after each dead-letter requeue); a failed
-one also carries ``error`` with the exception's type and message.
+one also carries ``error`` with the exception's type and message, and ``traceback`` (the formatted stack, its last
+:data:`TRACEBACK_LIMIT` characters) when the exception was raised, so that the stack is where people look (the
+worker log, ``rollq task``, rq-dashboard's job page, rollq's rollout page), not only inside the trace.
 """
 
 from __future__ import annotations
 
+import traceback
 from typing import Any
 
 from .contract import Rollout
 from .policy import RolloutStatus
 
+TRACEBACK_LIMIT = 8000
+"""Characters of a formatted traceback a failed rollout keeps (the end: the frame that raised)."""
+
 
 def error_info(exc: BaseException) -> dict[str, str]:
-    """The ``metadata["error"]`` entry for ``exc``."""
-    return {"type": type(exc).__name__, "message": str(exc)}
+    """The ``metadata["error"]`` entry for ``exc``: type, message and, when it was raised, its traceback."""
+    info = {"type": type(exc).__name__, "message": str(exc)}
+    if exc.__traceback__ is not None:
+        text = "".join(traceback.format_exception(exc))
+        info["traceback"] = text if len(text) <= TRACEBACK_LIMIT else "…" + text[-TRACEBACK_LIMIT:]
+    return info
 
 
 def stamp(

@@ -78,6 +78,9 @@ class TaskView:
             lines.append(f"reward     {self.reward:g}")
         if self.error:
             lines.append(f"error      {self.error.get('type')}: {self.error.get('message')}")
+            if self.error.get("traceback"):
+                lines.append("traceback")
+                lines.extend("  " + line for line in str(self.error["traceback"]).rstrip().splitlines())
         return "\n".join(lines)
 
 

@@ -19,7 +19,9 @@ from prometheus_client.core import (
     Metric,
 )
 from prometheus_client.registry import Collector
+from prometheus_client.samples import Sample
 
+from rollq.store.settings import Settings
 from rollq.store.stats import (
     DURATION_BUCKETS,
     DURATION_PREFIX,
@@ -28,6 +30,7 @@ from rollq.store.stats import (
     StatsField,
     parse_reward_stat,
 )
+from rollq.store.summaries import sort_versions, version_order
 
 from .status import Snapshot, group_outcomes
 
@@ -52,8 +55,28 @@ def reward_series(counters: dict[str, float]) -> dict[tuple[str, str], dict[str,
     return series
 
 
-def families(s: Snapshot) -> Iterator[Metric]:
-    """Every rollq metric for one snapshot."""
+OLDER_VERSIONS = "older"
+"""The ``resources_id`` label of the versions folded together (all but the newest ``metrics_versions``)."""
+
+
+def fold_versions(
+    series: dict[tuple[str, str], dict[str, float]], keep: int
+) -> dict[tuple[str, str], dict[str, float]]:
+    """``series`` with only the newest ``keep`` resources versions (numeric order) labelled one by one; the older
+    ones summed into :data:`OLDER_VERSIONS` per mode. Bounded cardinality whatever the number of versions."""
+    versions = sort_versions({v for _, v in series if v})
+    kept = set(versions[-keep:]) | {""}
+    out: dict[tuple[str, str], dict[str, float]] = {}
+    for (mode, version), counts in series.items():
+        key = (mode, version if version in kept else OLDER_VERSIONS)
+        into = out.setdefault(key, {})
+        for bucket, n in counts.items():
+            into[bucket] = into.get(bucket, 0.0) + n
+    return out
+
+
+def families(s: Snapshot, keep_versions: int = 5) -> Iterator[Metric]:
+    """Every rollq metric for one snapshot; the reward histogram labels the newest ``keep_versions`` versions."""
     ns = s.namespace
 
     def gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
@@ -87,6 +110,12 @@ def families(s: Snapshot) -> Iterator[Metric]:
     yield by_worker
     yield gauge("rollq_workers_alive", "Workers on this namespace that heartbeated recently.", s.workers_alive)
     yield gauge("rollq_stale_attempts", "Running attempts past their heartbeat deadline.", s.stale_attempts)
+    yield gauge(
+        "rollq_replication_degraded_processes",
+        "Processes whose transitions no longer wait for replicas (none acknowledged in time): a failover could "
+        "undo their work.",
+        s.replication_degraded,
+    )
     yield gauge("rollq_dead_letter", "Tasks that failed for good.", s.dead_letter)
     yield gauge("rollq_results_stream_length", "Entries in the results stream.", s.results_stream_length)
     yield gauge(
@@ -119,7 +148,7 @@ def families(s: Snapshot) -> Iterator[Metric]:
             )
     lost = CounterMetricFamily(
         "rollq_results_lost",
-        "Rollouts the hard byte limit trimmed before a consumer group got them, by group.",
+        "Rollouts trimmed before a consumer group got them (the hard byte limit, or while the group was idle).",
         labels=["namespace", "group"],
     )
     for g in s.consumer_groups:
@@ -133,12 +162,27 @@ def families(s: Snapshot) -> Iterator[Metric]:
         "Results delivered to a consumer group but not acknowledged.",
         labels=["namespace", "group"],
     )
+    idle = GaugeMetricFamily(
+        "rollq_consumer_group_idle_seconds",
+        "Since a consumer group's most recently active consumer last talked to Redis (absent without consumers).",
+        labels=["namespace", "group"],
+    )
+    idled = GaugeMetricFamily(
+        "rollq_consumer_group_idle",
+        "1 when a consumer group is past the idle bound (or has no consumer) and no longer holds back trimming.",
+        labels=["namespace", "group"],
+    )
     for g in s.consumer_groups:
         if g["lag"] is not None:
             lag.add_metric([ns, g["name"]], g["lag"])
         pending.add_metric([ns, g["name"]], g["pending"])
+        if g["idle_seconds"] is not None:
+            idle.add_metric([ns, g["name"]], g["idle_seconds"])
+        idled.add_metric([ns, g["name"]], 1 if g["idle"] else 0)
     yield lag
     yield pending
+    yield idle
+    yield idled
 
     outcomes = CounterMetricFamily(
         "rollq_rollouts", "Final rollouts published, by status and mode.", labels=["namespace", "status", "mode"]
@@ -190,27 +234,34 @@ def families(s: Snapshot) -> Iterator[Metric]:
         "Final reward of published rollouts, by mode and resources version.",
         labels=["namespace", "mode", "resources_id"],
     )
-    for (mode, resources_id), counts in sorted(reward_series(s.counters).items()):
-        reward.add_metric(
-            [ns, mode or "none", resources_id], _histogram_buckets(counts, REWARD_BUCKETS), counts.get(REWARD_SUM, 0.0)
-        )
+    folded = fold_versions(reward_series(s.counters), keep_versions)
+    for (mode, resources_id), counts in sorted(folded.items(), key=lambda kv: (kv[0][0], version_order(kv[0][1]))):
+        labels = [ns, mode or "none", resources_id]
+        buckets = _histogram_buckets(counts, REWARD_BUCKETS)
+        reward.add_metric(labels, buckets, counts.get(REWARD_SUM, 0.0))
+        if float(buckets[0][0]) < 0:  # prometheus_client leaves these out when a bound is negative
+            names = dict(zip(("namespace", "mode", "resources_id"), labels, strict=True))
+            reward.samples.append(Sample("rollq_reward_count", names, buckets[-1][1], None))
+            reward.samples.append(Sample("rollq_reward_sum", names, counts.get(REWARD_SUM, 0.0), None))
     yield reward
 
 
 class SnapshotCollector(Collector):
     """A collector that reads a fresh snapshot at every scrape."""
 
-    def __init__(self, read: Callable[[], Snapshot]) -> None:
+    def __init__(self, read: Callable[[], Snapshot], keep_versions: int) -> None:
         self.read = read
+        self.keep_versions = keep_versions
 
     def collect(self) -> Iterator[Metric]:
-        return families(self.read())
+        return families(self.read(), self.keep_versions)
 
 
-def registry(read: Callable[[], Snapshot]) -> CollectorRegistry:
-    """A registry holding only rollq's metrics (no process or Python collectors), read through ``read``."""
+def registry(read: Callable[[], Snapshot], keep_versions: int | None = None) -> CollectorRegistry:
+    """A registry holding only rollq's metrics (no process or Python collectors), read through ``read``;
+    ``keep_versions`` defaults to the ``ROLLQ_METRICS_VERSIONS`` setting."""
     reg = CollectorRegistry(auto_describe=False)
-    reg.register(SnapshotCollector(read))
+    reg.register(SnapshotCollector(read, keep_versions or Settings().metrics_versions))
     return reg
 
 

@@ -5,15 +5,18 @@ from __future__ import annotations
 import time
 from collections import Counter
 from dataclasses import asdict, dataclass, field
-from typing import Any, cast
+from typing import Any
 
 import redis
 from rq.worker import Worker
 
 from rollq.models.policy import RolloutStatus
+from rollq.store.consumer_groups import list_groups
 from rollq.store.eviction import MemoryState, memory_state
 from rollq.store.keys import Keys, TaskField, parse_inflight_member
 from rollq.store.llm_gate import LLMGate
+from rollq.store.queries import first_entry_id
+from rollq.store.replication import degraded_processes
 from rollq.store.stats import REQUEUED_PREFIX, StatsField, outcome_stat
 from rollq.worker.rq_worker import WORKER_CONCURRENCY_FIELD
 
@@ -53,6 +56,9 @@ class Snapshot:
     llm_gate: dict[str, Any] | None = None
     """The weight-sync gate: ``paused`` (bool), ``epoch``, ``workers`` reporting, ``acknowledged``, LLM calls
     ``in_flight`` under the pause and ``waiting`` at the gates; None when no worker's proxy reports."""
+    replication_degraded: int = 0
+    """Processes whose transitions do not wait for replicas, none having acknowledged in time
+    (:mod:`rollq.store.replication`): a failover now could undo their work."""
 
     @property
     def redis_refusing_writes(self) -> bool:
@@ -68,29 +74,13 @@ class Snapshot:
 
 
 def _groups(connection: redis.Redis, keys: Keys) -> list[dict[str, Any]]:
-    try:
-        groups = connection.xinfo_groups(keys.results)
-    except redis.ResponseError:  # no stream yet
-        return []
-    lost = {k.decode(): v.decode() for k, v in cast(dict[bytes, bytes], connection.hgetall(keys.results_trim)).items()}
-    return [
-        {
-            "name": name,
-            "pending": g["pending"],
-            "lag": g.get("lag"),
-            "consumers": g["consumers"],
-            "lost": int(lost.get(f"count:{name}", 0)),  # trimmed by the hard byte limit before the group got them
-            "lost_from": lost.get(f"from:{name}"),
-        }
-        for g in groups
-        for name in [g["name"].decode()]
-    ]
+    return [g.to_dict() for g in list_groups(connection, keys)]
 
 
 def _oldest_age(connection: redis.Redis, keys: Keys, now: float) -> float | None:
-    # Reads one entry: an O(1) look at the head of the stream (XINFO STREAM would send the newest entry too).
-    first = cast(list[Any], connection.xrange(keys.results, count=1))
-    return max(0.0, now - int(first[0][0].split(b"-")[0]) / 1000) if first else None
+    # The head's id only: the entry itself can be megabytes (a dashboard reads this on every page).
+    first = first_entry_id(connection, keys.results)
+    return max(0.0, now - int(first.split("-")[0]) / 1000) if first else None
 
 
 def snapshot(
@@ -143,6 +133,7 @@ def snapshot(
         memory=memory_state(connection),
         reward_missing=int(counters.get(StatsField.REWARD_MISSING, 0)),
         llm_gate=_llm_gate(connection, keys),
+        replication_degraded=degraded_processes(connection, keys.replication_degraded, now),
     )
 
 
@@ -245,6 +236,13 @@ def render_text(s: Snapshot) -> str:
     for g in s.consumer_groups:
         lines.append(
             f"    group {g['name']}: lag {g['lag']}, pending {g['pending']}, {g['consumers']} consumer(s)"
+            + (
+                f", IDLE {g['idle_seconds']:.0f}s (no longer holds back trimming; `rollq groups delete {g['name']}`)"
+                if g["idle"] and g["idle_seconds"] is not None
+                else ", IDLE (no longer holds back trimming)"
+                if g["idle"]
+                else ""
+            )
             + (f", lost {g['lost']} to trimming from {g['lost_from']}" if g["lost"] else "")
         )
     groups = group_outcomes(s.counters)
@@ -274,6 +272,11 @@ def render_text(s: Snapshot) -> str:
         )
     elif gate is not None:
         lines.append(f"  LLM calls         flowing ({gate['workers']} worker proxies reporting)")
+    if s.replication_degraded:
+        lines.append(
+            f"  replication       DEGRADED: {s.replication_degraded} process(es) not waiting for replicas "
+            "(none acknowledged in time; a failover now could undo their work)"
+        )
     dead = len(s.workers) - s.workers_alive
     lines.append(f"  workers           {s.workers_alive} alive" + (f", {dead} dead" if dead else ""))
     for w in s.workers:

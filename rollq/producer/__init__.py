@@ -4,5 +4,6 @@ from .batches import Batch, BatchReader, BatchTimeoutError
 from .groups import Group, GroupPolicy
 from .producer import Producer
 from .results import ResultReader
+from .shards import Shards
 
-__all__ = ["Batch", "BatchReader", "BatchTimeoutError", "Group", "GroupPolicy", "Producer", "ResultReader"]
+__all__ = ["Batch", "BatchReader", "BatchTimeoutError", "Group", "GroupPolicy", "Producer", "ResultReader", "Shards"]

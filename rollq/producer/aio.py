@@ -38,7 +38,7 @@ from rollq.store.records import RECORD_FIELDS, TaskRecord
 
 from .batches import Batch
 from .producer import Producer
-from .results import REAP_EVERY_SECONDS, WaitResult, default_consumer_name, parse_entry
+from .results import REAP_EVERY_SECONDS, Delivered, WaitResult, default_consumer_name, parse_entry
 
 log = logging.getLogger(__name__)
 
@@ -81,13 +81,29 @@ class _Follower:
         # Whatever is published from here on is read below; waiters read what came before from the records.
         self.ready.set()
         next_reap = time.monotonic() + REAP_EVERY_SECONDS
+        lost_track = False
         while True:
             try:
+                if lost_track:
+                    # After an outage (a failover) the cursor may name an entry the new primary never had, and
+                    # what it publishes can sort before it: start again from its newest entry, and settle the
+                    # waiters whose rollouts were published meanwhile from their records.
+                    last = await p.connection.xrevrange(p.keys.results, count=1)
+                    cursor = last[0][0] if last else b"0-0"
+                    lost_track = False
+                    if self.waiters:
+                        try:
+                            found = await p.get_rollouts(list(self.waiters))
+                        except RolloutTrimmedError:  # the waits' own record look-up reports it
+                            found = {}
+                        for rid, rollout in found.items():
+                            self.settle(rid, rollout)
                 reply: Any = await p.connection.xread({p.keys.results: cursor}, count=1000, block=1000)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # a Redis outage: the client retried already; keep following
                 log.warning("following the results stream failed (%s); retrying", exc)
+                lost_track = True
                 await asyncio.sleep(1.0)
                 continue
             for _, entries in reply or []:
@@ -349,6 +365,7 @@ class AsyncProducer:
             if "BUSYGROUP" not in str(exc):
                 raise
         unacked: list[bytes] = []
+        delivered = Delivered()  # a second copy of a run is acknowledged, not handed over (see Delivered)
         idle_since = time.monotonic()
         next_claim = 0.0
         try:
@@ -376,7 +393,9 @@ class AsyncProducer:
                 idle_since = time.monotonic()
                 for entry_id, fields in entries:
                     unacked.append(entry_id)
-                    yield parse_entry(fields)
+                    rollout = parse_entry(fields)
+                    if delivered.first(rollout):
+                        yield rollout
         finally:
             if unacked:
                 await conn.xack(stream, group, *unacked)

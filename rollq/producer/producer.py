@@ -65,7 +65,7 @@ class Producer:
         results_max_bytes: int = DEFAULT_RESULTS_MAX_BYTES,
         keep_versions: int = 10,
         max_task_bytes: int = 1024 * 1024,
-        wait_replicas: int = 0,
+        wait_replicas: int | None = None,
         wait_timeout_ms: int = 1000,
     ) -> None:
         self.connection = connection
@@ -73,8 +73,9 @@ class Producer:
         self.policy = policy or RolloutPolicy()
         self.results_maxlen = results_maxlen
         self.max_task_bytes = max_task_bytes
-        # wait_replicas > 0: an enqueue returns once that many replicas hold it (or wait_timeout_ms passed,
-        # with a warning), so a Sentinel failover cannot silently drop a task the producer was told is queued.
+        # wait_replicas > 0 (None: 1 behind Sentinel, else 0): an enqueue returns once that many replicas hold it
+        # (or wait_timeout_ms passed, with a warning), so a failover cannot drop a task the producer was told is
+        # queued. See rollq.store.replication.
         self.lifecycle = Lifecycle(
             connection,
             self.keys,

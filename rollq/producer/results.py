@@ -44,6 +44,39 @@ def parse_entry(fields: dict[bytes, bytes]) -> Rollout:
         return failed_rollout(rid, attempt=0, worker="", error=error)
 
 
+DELIVERED_LIMIT = 100_000
+"""How many recent (rollout id, generation) pairs a reader remembers to skip second copies of."""
+
+
+class Delivered:
+    """The (rollout id, generation) pairs a reader has handed over, the most recent :data:`DELIVERED_LIMIT` of them.
+
+    The results stream can hold one task's run twice, and a consumer group can hand an entry out twice: a
+    failover can undo a finish a trainer had already read (the worker publishes again on the new primary: a
+    second entry, measured in 7 of 17 failovers in issue 25), and it can roll back a group's read position.
+    A reader passes each rollout through :meth:`first` and hands it over only when it is the first of its pair;
+    a re-run after a dead-letter requeue has the next generation and is handed over. Sans-IO, shared by the
+    sync and async readers.
+    """
+
+    def __init__(self, limit: int = DELIVERED_LIMIT) -> None:
+        self.limit = limit
+        self.duplicates = 0
+        self._seen: dict[tuple[str, object], None] = {}  # insertion-ordered: the oldest go first
+
+    def first(self, rollout: Rollout) -> bool:
+        """Whether ``rollout`` is the first of its (rollout id, generation) this reader sees; counts the others."""
+        key = (rollout.rollout_id, rollout.metadata.get("generation", 1))
+        if key in self._seen:
+            self.duplicates += 1
+            log.info("skipped a second copy of rollout %s (generation %s)", key[0], key[1])
+            return False
+        self._seen[key] = None
+        if len(self._seen) > self.limit:
+            del self._seen[next(iter(self._seen))]
+        return True
+
+
 def _stream_id(entry_id: bytes) -> tuple[int, int]:
     ms, _, seq = entry_id.partition(b"-")
     return int(ms), int(seq or 0)
@@ -186,6 +219,9 @@ def _wait(
                 next_reap = time.monotonic() + REAP_EVERY_SECONDS
             outage.over()
         except (redis.ConnectionError, redis.TimeoutError) as exc:
+            # After a failover the cursor may name an entry the new primary never had, and what it publishes
+            # can sort before it: start again from its newest entry and the task records.
+            cursor = None
             try:
                 outage.failed(exc, deadline)
             except (redis.ConnectionError, redis.TimeoutError):
@@ -256,6 +292,7 @@ class ResultReader:
         self._next_claim_check = 0.0
         self._reported_lost = 0
         self._group_ready = False
+        self.delivered = Delivered()
 
     def _ensure_group(self) -> None:
         if self._group_ready:
@@ -335,7 +372,9 @@ class ResultReader:
                 idle_since = time.monotonic()
                 for entry_id, fields in entries:
                     self._unacked.append(entry_id)
-                    yield parse_entry(fields)
+                    rollout = parse_entry(fields)
+                    if self.delivered.first(rollout):  # a second copy is acknowledged, not handed over
+                        yield rollout
         finally:
             try:
                 self._ack()

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import re
 import ssl
 import sys
@@ -29,6 +28,8 @@ import redis
 from redis.backoff import ExponentialBackoff
 from redis.retry import Retry
 from redis.sentinel import Sentinel, SentinelConnectionPool, SentinelManagedConnection
+
+from .settings import environ
 
 if TYPE_CHECKING:
     # Imported where memory:// is asked for: fakeredis (and the numpy it imports) costs a worker a quarter
@@ -235,8 +236,12 @@ class Outage:
 
 
 def resolve_url(url: str | None = None) -> str:
-    """The URL to use: the one given, else ``ROLLQ_REDIS_URL``, ``REDIS_URL``, ``redis://localhost:6379/0``."""
-    return url or os.environ.get("ROLLQ_REDIS_URL") or os.environ.get("REDIS_URL") or DEFAULT_URL
+    """The URL to use: the one given, else ``ROLLQ_REDIS_URL``, ``REDIS_URL`` (the environment, then ``.env``:
+    :mod:`rollq.store.settings`), else ``redis://localhost:6379/0``."""
+    if url:
+        return url
+    env = environ()
+    return env.get("ROLLQ_REDIS_URL") or env.get("REDIS_URL") or DEFAULT_URL
 
 
 def memory_server(name: str = "") -> fakeredis.FakeServer:
@@ -486,3 +491,36 @@ def _via_sentinel_async(url: str, options: dict[str, Any]) -> Any:
         connection_pool_class=BlockingSentinelPool,
         **options,
     )
+
+
+def wait_until_reachable(url: str | None = None, *, seconds: float, what: str = "worker") -> str:
+    """:func:`check_reachable`, retried with backoff (0.1 s doubling to 5 s) for up to ``seconds`` while Redis does
+    not answer, each wait logged; a worker started before its Redis (or during a failover) waits for it instead
+    of exiting. Wrong credentials are not waited out. Returns the URL; raises the last error past ``seconds``."""
+    url = resolve_url(url)
+    deadline = time.monotonic() + seconds
+    delay, waited_since = 0.1, None
+    while True:
+        try:
+            check_reachable(url)
+        except redis.AuthenticationError:
+            raise
+        except redis.ConnectionError as exc:
+            now = time.monotonic()
+            if now >= deadline:
+                raise redis.ConnectionError(f"{exc} (waited {seconds:g}s for it: ROLLQ_REDIS_WAIT_SECONDS)") from exc
+            if waited_since is None:
+                waited_since = now
+                log.warning(
+                    "%s: Redis at %s does not answer (%s); waiting up to %gs for it (ROLLQ_REDIS_WAIT_SECONDS)",
+                    what,
+                    describe(url),
+                    exc,
+                    seconds,
+                )
+            time.sleep(min(delay, max(0.0, deadline - now)))
+            delay = min(5.0, delay * 2)
+            continue
+        if waited_since is not None:
+            log.warning("%s: Redis at %s answers after %.1fs", what, describe(url), time.monotonic() - waited_since)
+        return url

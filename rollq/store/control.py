@@ -55,7 +55,16 @@ def cancel_call(
     """The KEYS and ARGV of ``cancel.lua`` for ``rollout_id``."""
     rollout = Rollout(rollout_id=rollout_id, metadata={"status": RolloutStatus.CANCELLED.value})
     return (
-        [keys.task(rollout_id), keys.inflight, keys.results, keys.resources_refs, keys.stats, keys.results_trim],
+        [
+            keys.task(rollout_id),
+            keys.inflight,
+            keys.results,
+            keys.resources_refs,
+            keys.stats,
+            keys.results_trim,
+            keys.summaries,
+            keys.queued_tasks,
+        ],
         [rollout_id, rollout.model_dump_json(), results_maxlen, now, results_max_bytes],
     )
 

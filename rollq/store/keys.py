@@ -1,11 +1,11 @@
 """The one place that knows where rollq keeps things in Redis, and the formats inside those keys (but the stats
 hash's, which are :mod:`rollq.store.stats`'s).
 
-Every rollq key of a namespace starts with the hash tag ``{namespace}``, so all
-keys one Lua script or transaction touches land in one slot; the layout stays
-valid on Redis Cluster even though RQ itself does not run there. RQ's own keys
-(queue list, job hashes, registries) keep RQ's names; this module asks RQ for
-them instead of spelling them again.
+Every rollq key of a namespace starts with the hash tag ``{namespace}``, so rollq's own keys land in one slot.
+RQ's own keys (queue list, job hashes, registries, and the global ``rq:queues``) keep RQ's names, and the
+enqueue, requeue, revive, reissue and restore scripts touch them beside rollq's: on Redis Cluster those scripts
+would cross slots (docs/scaling.md, "Why not Redis Cluster", says why and what the fence would be). This module
+asks RQ for its names instead of spelling them again.
 """
 
 from __future__ import annotations
@@ -56,6 +56,13 @@ class Keys:
     def results(self) -> str:
         """Stream of final rollouts, one entry per task outcome, bounded by MAXLEN ~."""
         return f"{self._tag}:results"
+
+    @property
+    def summaries(self) -> str:
+        """Stream of compact per-rollout summaries (status, reward, version, group, timings, token counts, error
+        type), one per results-stream entry, bounded like it: what the dashboard lists and charts read (see
+        :mod:`rollq.store.summaries`)."""
+        return f"{self._tag}:summaries"
 
     @property
     def results_trim(self) -> str:
@@ -156,6 +163,18 @@ class Keys:
         return f"{self._tag}:replication-mark"
 
     @property
+    def queued_tasks(self) -> str:
+        """Set of the record keys of queued tasks, kept by the transitions (enqueue, requeue, revive add; claim,
+        cancel, reject remove): the lost-job sweep walks it instead of the whole keyspace (see store/reaper.py)."""
+        return f"{self._tag}:queued-tasks"
+
+    @property
+    def replication_degraded(self) -> str:
+        """Sorted set: processes whose transitions do not wait for replicas because none acknowledged in time,
+        scored by when each last said so (see :mod:`rollq.store.replication`)."""
+        return f"{self._tag}:replication-degraded"
+
+    @property
     def reap_turn(self) -> str:
         """Held for most of a heartbeat interval by the worker whose turn it is to run the namespace's periodic
         reaper pass, so N workers make one pass per interval, not N."""
@@ -230,15 +249,26 @@ class TaskField(StrEnum):
 
 
 class StreamField(StrEnum):
-    """The fields of an entry on the results and superseded streams."""
+    """The fields of an entry on the results, superseded and summaries streams."""
 
     ROLLOUT_ID = "rollout_id"
     ROLLOUT = "rollout"  # the Rollout, JSON
     ATTEMPT = "attempt"  # superseded stream only
+    SUMMARY = "summary"  # summaries stream: the summary, JSON (rollq.store.summaries)
+    MODE = "mode"  # summaries stream: the task's mode, from its record
+    RESULT = "result"  # summaries stream: the results-stream entry the summary describes
 
 
 TRIMMED_TO = "trimmed-to"
 """The field of :attr:`Keys.results_trim` holding the first entry id the last trim kept."""
+
+GROUP_IDLE_SECONDS = 3600
+"""The policy for abandoned readers: a consumer group none of whose consumers has talked to Redis for this long
+(or has had no consumer for this long) no longer holds back trimming of the results stream; what it then loses is
+counted for it (``count:<group>``) and raised to it if it comes back. A namespace may set its own bound (``rollq groups
+idle-after``) in :attr:`Keys.results_trim`'s :data:`IDLE_MS_FIELD`."""
+IDLE_MS_FIELD = "idle-ms"
+"""The field of :attr:`Keys.results_trim` overriding :data:`GROUP_IDLE_SECONDS` (milliseconds)."""
 
 MEMBER_SEPARATOR = "|"
 """Between the parts of an in-flight member and of an attempt-history value."""

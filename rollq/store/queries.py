@@ -227,3 +227,14 @@ def query_tasks(
             pipe.hmget(keys.task(rid), FILTER_FIELDS)
         pager.add(after, rids, pipe.execute())
     return pager.page(read_records(connection, keys, pager.found))
+
+
+# XRANGE inside Redis, answering only the id: the oldest results entry can be megabytes, and XINFO STREAM sends
+# the first and last entries whole.
+_FIRST_ID = "local e = redis.call('XRANGE', KEYS[1], '-', '+', 'COUNT', 1) if e[1] then return e[1][1] end return false"
+
+
+def first_entry_id(connection: redis.Redis, stream: str) -> str | None:
+    """The id of the oldest entry of ``stream`` (None when empty or missing), without reading the entry."""
+    found = connection.eval(_FIRST_ID, 1, stream)
+    return found.decode() if isinstance(found, bytes) else (found or None)  # type: ignore[return-value]

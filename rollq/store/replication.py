@@ -1,85 +1,211 @@
-"""Waiting for replicas to hold a transition (``WAIT``), and counting and logging the times they did not in time.
+"""Waiting for replicas to hold a transition (``WAIT``), and what happens when none can.
 
-A shortfall is logged and counted, never raised: the transition is already applied on the primary, so raising
-would only report a success as a failure.
+Redis replicates asynchronously: a failover undoes every write the promoted replica had not received. A
+transition followed by ``WAIT n`` in the same pipeline returns only once ``n`` replicas hold it, so a failover
+cannot undo what a caller was told had happened. Rules kept here:
+
+- **On by default for Sentinel.** A client that reaches its primary through Sentinels (``redis+sentinel://``)
+  waits for one replica unless told otherwise (``wait_replicas=0``); a plain ``redis://`` client, whose server
+  does not fail over by itself, waits for none.
+- **The WAIT runs on the connection that wrote, in the same pipeline.** ``WAIT`` covers the writes of the
+  connection it is sent on, up to that connection's last write. A separate round trip could take another pooled
+  connection (one that wrote nothing answers "held" at once), or, after a failover in between, reach the new
+  primary, where it covers nothing the old one wrote. So every waited transition is queued with ``PUBLISH`` on a
+  channel nobody reads and the ``WAIT`` behind it, in one pipeline: the ``PUBLISH`` makes the connection's last
+  write the newest on that server, and the replication stream is ordered, so a replica that acknowledged it
+  holds everything the server applied before, the pipeline's transitions included. If redis-py resends the
+  pipeline after a dropped connection (possibly to a new primary), it resends the transitions too, which are
+  idempotent, and the ``WAIT`` covers them there.
+- **A shortfall is counted and logged, never raised.** The transition is already applied on the primary, so
+  raising would report a success as a failure.
+- **No replica, no waiting per transition: a visible degraded state.** After a failover the new primary has no
+  replica until the old one rejoins (for ever if it never does); waiting the full timeout on every transition
+  cut a worker from ~140 to ~8 rollouts/s (issue 25). So the first shortfall puts this process in a degraded
+  state: one warning line, its entry in the namespace's ``replication-degraded`` sorted set (read by ``rollq
+  status`` and the ``rollq_replication_degraded_processes`` metric), and transitions no longer wait. At most once
+  per :data:`PROBE_SECONDS` it asks the primary (``INFO replication``) whether enough replicas are online; when
+  they are, waiting resumes (one more line) and the entry goes. While degraded a failover can undo transitions,
+  as with ``wait_replicas=0``.
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import socket
 import threading
 import time
 from typing import Any
 
 import redis
 from redis.client import Pipeline
+from redis.sentinel import SentinelConnectionPool
 
 log = logging.getLogger(__name__)
 
-# At most one shortfall warning per this many seconds: with no replica (right after a failover) every transition
-# falls short, and a line per transition would drown the log.
-_SHORTFALL_LOG_SECONDS = 10.0
+PROBE_SECONDS = 1.0
+"""While degraded, how often (at most) one transition asks the primary whether replicas are back."""
+
+DEGRADED_FRESH_SECONDS = 60.0
+"""A ``replication-degraded`` entry older than this is a process that stopped reporting (it exited): not counted."""
+
+# While degraded, the entry is refreshed at most this often (it must stay younger than DEGRADED_FRESH_SECONDS).
+_REFRESH_SECONDS = 10.0
+
+
+def sentinel_managed(connection: Any) -> bool:
+    """Whether ``connection`` (sync or asyncio redis-py) finds its primary through Sentinels."""
+    pool = getattr(connection, "connection_pool", None)
+    if isinstance(pool, SentinelConnectionPool):
+        return True
+    from redis.asyncio.sentinel import SentinelConnectionPool as AsyncSentinelPool
+
+    return isinstance(pool, AsyncSentinelPool)
+
+
+def default_replicas(connection: Any) -> int:
+    """How many replicas a transition waits for when the caller did not say: 1 behind Sentinel, else 0."""
+    return 1 if sentinel_managed(connection) else 0
+
+
+def online_replicas(info: dict[str, Any]) -> int:
+    """Replicas in ``state=online`` in a primary's ``INFO replication`` (redis-py's parsed dict)."""
+    return sum(
+        1
+        for key, value in info.items()
+        if key.startswith("slave") and isinstance(value, dict) and value.get("state") == "online"
+    )
+
+
+def process_label() -> str:
+    """This process as it appears in the ``replication-degraded`` set: host and pid."""
+    return f"{socket.gethostname()}:{os.getpid()}"
 
 
 class ReplicaWait:
-    """Waits until ``replicas`` replicas hold this process's writes, for at most ``timeout_ms`` each time (a no-op
-    when ``replicas`` is 0); ``shortfalls`` counts the waits that ended short."""
+    """Makes pipelines of transitions wait until ``replicas`` replicas hold them, for at most ``timeout_ms`` each
+    time (none when ``replicas`` is 0; None: :func:`default_replicas`). ``shortfalls`` counts the waits that ended
+    short or failed; ``degraded_since`` (monotonic) is set while this process does not wait (see the module)."""
 
-    def __init__(self, connection: redis.Redis, mark_channel: str, replicas: int = 0, timeout_ms: int = 1000) -> None:
+    def __init__(
+        self,
+        connection: redis.Redis,
+        mark_channel: str,
+        replicas: int | None = None,
+        timeout_ms: int = 1000,
+        *,
+        degraded_key: str | None = None,
+    ) -> None:
+        replicas = default_replicas(connection) if replicas is None else replicas
         if replicas < 0 or timeout_ms < 1:
             # WAIT's timeout 0 means "block forever": a dead replica would stop every transition.
             raise ValueError(f"wait_replicas must be >= 0 and wait_timeout_ms >= 1, got {replicas}, {timeout_ms}")
         self.connection = connection
         self.mark_channel = mark_channel
+        self.degraded_key = degraded_key
         self.replicas = replicas
         self.timeout_ms = timeout_ms
         self.shortfalls = 0
+        self.degraded_since: float | None = None
+        self.label = process_label()
         self._lock = threading.Lock()
-        self._logged: float | None = None
+        self._next_probe = 0.0
+        self._refreshed = 0.0
 
-    def after_write(self) -> None:
-        """Wait until the replicas hold every write this process made so far.
-
-        ``WAIT`` only covers writes made on the connection it is sent on, and the pool may hand out another
-        one: measured with the replica frozen, a bare ``WAIT 1`` on a second connection answered 1 at once
-        for a write it never saw. So the WAIT follows a PUBLISH on ``mark_channel`` on the same connection, in
-        one round trip; the replication stream is ordered, so a replica that acknowledged the PUBLISH holds every
-        earlier write, the transition's included.
-        """
-        if not self.replicas:
-            return
-        pipe = self.connection.pipeline(transaction=False)
-        pipe.publish(self.mark_channel, b"")
-        pipe.execute_command("WAIT", self.replicas, self.timeout_ms)
-        self.count(pipe.execute()[-1])
+    @property
+    def degraded(self) -> bool:
+        """Whether transitions currently go without waiting because no replica acknowledged in time."""
+        return self.degraded_since is not None
 
     def queue(self, pipe: Pipeline) -> bool:
-        """End a pipeline of writes with one ``WAIT`` for all of them (on the connection that wrote them, so no
-        PUBLISH is needed); False, and nothing queued, when ``replicas`` is 0. Pass the pipeline's last reply
-        to :meth:`count`."""
-        if not self.replicas:
+        """End a pipeline of writes with ``PUBLISH`` + ``WAIT`` (see the module); False, and nothing queued, when
+        this process does not wait (``replicas`` 0, or degraded). Pass the pipeline's last reply to
+        :meth:`count`."""
+        if not self.replicas or not self._waiting():
             return False
+        pipe.publish(self.mark_channel, b"")
         pipe.execute_command("WAIT", self.replicas, self.timeout_ms)
         return True
 
-    def count(self, acknowledged: Any) -> None:
-        """Count (and log, at most once per 10 s) a ``WAIT`` that answered fewer replicas than asked for."""
-        if isinstance(acknowledged, Exception) or int(acknowledged) >= self.replicas:
-            if isinstance(acknowledged, Exception):
-                log.warning("WAIT for replicas failed: %s", acknowledged)
-            return
+    def _waiting(self) -> bool:
+        """Not degraded; or degraded and a probe (at most once per PROBE_SECONDS) finds enough replicas online."""
+        if self.degraded_since is None:
+            return True
+        now = time.monotonic()
+        with self._lock:
+            if now < self._next_probe:
+                return False
+            self._next_probe = now + PROBE_SECONDS
+        try:
+            online = online_replicas(self.connection.info("replication"))
+        except redis.RedisError:
+            return False
+        if online < self.replicas:
+            self._mark_degraded(refresh_only=True)
+            return False
+        with self._lock:
+            since, self.degraded_since = self.degraded_since, None
+        if since is not None:
+            log.warning(
+                "%d replica(s) online again after %.1fs: transitions wait for %d replica(s) again",
+                online,
+                now - since,
+                self.replicas,
+            )
+            self._unmark_degraded()
+        return True
+
+    def count(self, acknowledged: Any) -> bool:
+        """Whether the ``WAIT`` reply ``acknowledged`` confirms the pipeline's writes; a shortfall or an error is
+        counted and puts this process in the degraded state (one log line)."""
+        if not isinstance(acknowledged, Exception) and int(acknowledged) >= self.replicas:
+            return True
         with self._lock:
             self.shortfalls += 1
-            now = time.monotonic()
-            if self._logged is not None and now - self._logged < _SHORTFALL_LOG_SECONDS:
-                return
-            self._logged = now
+            entering = self.degraded_since is None
+            if entering:
+                self.degraded_since = time.monotonic()
+                self._next_probe = self.degraded_since + PROBE_SECONDS
             count = self.shortfalls
-        log.warning(
-            "only %d of %d replica(s) acknowledged a transition within %d ms (%d such transitions so far): "
-            "it is applied on the primary but a failover now could undo it",
-            int(acknowledged),
-            self.replicas,
-            self.timeout_ms,
-            count,
-        )
+        if entering:
+            got = f"failed ({acknowledged})" if isinstance(acknowledged, Exception) else f"got {int(acknowledged)}"
+            log.warning(
+                "waiting for %d replica(s) to acknowledge a transition %s within %d ms (%d such transitions so "
+                "far): it is applied on the primary but a failover now could undo it. Degraded: transitions no "
+                "longer wait for replicas until %d is online again (checked every %gs)",
+                self.replicas,
+                got,
+                self.timeout_ms,
+                count,
+                self.replicas,
+                PROBE_SECONDS,
+            )
+            self._mark_degraded(refresh_only=False)
+        return False
+
+    def _mark_degraded(self, *, refresh_only: bool) -> None:
+        """Record (or refresh) this process in the namespace's ``replication-degraded`` set; best effort."""
+        if self.degraded_key is None:
+            return
+        now = time.monotonic()
+        if refresh_only and now - self._refreshed < _REFRESH_SECONDS:
+            return
+        self._refreshed = now
+        try:
+            self.connection.zadd(self.degraded_key, {self.label: time.time()})
+        except redis.RedisError:
+            pass
+
+    def _unmark_degraded(self) -> None:
+        if self.degraded_key is None:
+            return
+        try:
+            self.connection.zrem(self.degraded_key, self.label)
+        except redis.RedisError:
+            pass
+
+
+def degraded_processes(connection: redis.Redis, degraded_key: str, now: float | None = None) -> int:
+    """How many processes reported, within :data:`DEGRADED_FRESH_SECONDS`, that their transitions do not wait."""
+    now = time.time() if now is None else now
+    return int(connection.zcount(degraded_key, now - DEGRADED_FRESH_SECONDS, "+inf"))

@@ -20,7 +20,17 @@ from redis.exceptions import NoScriptError
 from rollq.models.policy import TaskState
 
 from .connection import transient_refusal
-from .keys import HISTORY_LIMIT, MEMBER_SEPARATOR, TRIMMED_TO, StreamField, TaskField, claim_field, end_field
+from .keys import (
+    GROUP_IDLE_SECONDS,
+    HISTORY_LIMIT,
+    IDLE_MS_FIELD,
+    MEMBER_SEPARATOR,
+    TRIMMED_TO,
+    StreamField,
+    TaskField,
+    claim_field,
+    end_field,
+)
 from .replies import Enqueued, Word
 from .stats import DURATION_PREFIX, REQUEUED_PREFIX, REWARD_PREFIX, REWARD_SEPARATOR, REWARD_SUM, StatsField
 
@@ -37,7 +47,7 @@ def lua_header() -> str:
     answer with (:mod:`rollq.store.replies`), ``member(rid, attempt)`` for an in-flight member,
     ``outcome_stat``/``requeue_stat``/``duration_stat``/``reward_stat`` and ``STATS_*`` for the stats hash,
     ``count(key, field, by)`` to add to a counter without failing on a corrupt one, ``list_from(t, first, last)``
-    for the tail of ``KEYS`` or ``ARGV`` a script names as one list.
+    for the tail of ``KEYS`` or ``ARGV`` a script names as one list, ``add_summary`` for the summaries stream.
     """
 
     def table(fields: type[StrEnum]) -> str:
@@ -54,6 +64,7 @@ def lua_header() -> str:
             f"local STATS_SUPERSEDED, STATS_DURATION_SUM = '{StatsField.SUPERSEDED}', '{StatsField.DURATION_SUM}'",
             f"local STATS_RESULTS_BYTES = '{StatsField.RESULTS_BYTES}'",
             f"local TRIMMED_TO = '{TRIMMED_TO}'",
+            f"local IDLE_MS_FIELD, GROUP_IDLE_MS = '{IDLE_MS_FIELD}', {GROUP_IDLE_SECONDS * 1000}",
             f"local STATS_DROPPED_CANCELLED = '{StatsField.DROPPED_CANCELLED}'",
             f"local STATS_REWARD_MISSING = '{StatsField.REWARD_MISSING}'",
             f"local HISTORY_LIMIT = {HISTORY_LIMIT}",
@@ -75,6 +86,11 @@ def lua_header() -> str:
             "local function reward_stat(mode, rid, bucket) return "
             f"'{REWARD_PREFIX}' .. (mode or '') .. '{REWARD_SEPARATOR}' .. (rid or '') .. '{REWARD_SEPARATOR}' "
             ".. bucket end",
+            # One summary per published rollout (rollq.store.summaries), bounded by the results stream's entry count.
+            "local function add_summary(key, maxlen, rid, summary, mode, result_id)",
+            "  redis.call('XADD', key, 'MAXLEN', '~', maxlen, '*', S.rollout_id, rid, S.summary, summary, "
+            "S.mode, mode or '', S.result, result_id)",
+            "end",
             # A loop, not unpack(): unpack fails past a few thousand items (a worker's heartbeat of every attempt).
             "local function list_from(t, first, last)",
             "  local out = {}",

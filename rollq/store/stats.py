@@ -78,11 +78,31 @@ def duration_bucket(seconds: float) -> str:
     return "+Inf" if i == len(DURATION_BUCKETS) else repr(DURATION_BUCKETS[i])
 
 
-REWARD_BUCKETS = (0.0, 0.1, 0.25, 0.5, 0.75, 0.9, 1.0, 2.0, 5.0, 10.0)
+REWARD_BUCKETS = (
+    -10.0,
+    -5.0,
+    -2.0,
+    -1.0,
+    -0.75,
+    -0.5,
+    -0.25,
+    -0.1,
+    0.0,
+    0.1,
+    0.25,
+    0.5,
+    0.75,
+    0.9,
+    1.0,
+    2.0,
+    5.0,
+    10.0,
+)
 """Upper bounds of the final-reward histogram kept in the stats hash, by mode and resources version.
 
-Negative rewards count in the first bucket: prometheus_client leaves out _sum and _count of a histogram
-with negative bounds, and a trainer wants the mean (sum / count) most of all.
+Negative rewards have buckets of their own (they all landed in ``le="0.0"`` before); rollq's exposition keeps
+``_sum`` and ``_count`` beside them (prometheus_client leaves both out of a histogram with negative bounds, and a
+trainer wants the mean most of all). Counts stored under the old bounds stay in the buckets of the same name.
 """
 
 

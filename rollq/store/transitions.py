@@ -16,11 +16,13 @@ from typing import Any, Literal
 
 import redis
 from redis.client import Pipeline
+from redis.exceptions import NoScriptError
 
 from rollq.models.contract import Task
 from rollq.models.errors import JobIdTakenError
 from rollq.models.policy import RolloutPolicy, RolloutStatus
 
+from .connection import transient_refusal
 from .jobs import JobTemplate
 from .keys import Keys, job_id
 from .replication import ReplicaWait
@@ -37,8 +39,9 @@ from .replies import (
     read_finish,
     read_requeue,
 )
-from .scripts import ScriptCall, load_script, rerun_unloaded
+from .scripts import ScriptCall, load_script, replied, rerun_unloaded
 from .stats import duration_bucket, reward_bucket
+from .summaries import minimal_summary_json
 
 RequeueReason = Literal["retry", "unresponsive", "released"]
 
@@ -76,6 +79,9 @@ class Finish:
     reward: float | None = None
     resources_id: str | None = None
     reward_missing: bool = False
+    summary: str = ""
+    """The rollout's summary for the summaries stream (:func:`rollq.store.summaries.summary_json`); empty: a
+    minimal one from the fields above."""
 
 
 class Lifecycle:
@@ -93,10 +99,12 @@ class Lifecycle:
         keys: Keys,
         *,
         results_max_bytes: int = DEFAULT_RESULTS_MAX_BYTES,
-        wait_replicas: int = 0,
+        wait_replicas: int | None = None,
         wait_timeout_ms: int = 1000,
     ) -> None:
-        self.replication = ReplicaWait(connection, keys.replication_mark, wait_replicas, wait_timeout_ms)
+        self.replication = ReplicaWait(
+            connection, keys.replication_mark, wait_replicas, wait_timeout_ms, degraded_key=keys.replication_degraded
+        )
         self.connection = connection
         self.keys = keys
         self.results_max_bytes = results_max_bytes
@@ -110,40 +118,92 @@ class Lifecycle:
         self._beat = load_script(connection, "beat")
         self._quarantine = load_script(connection, "quarantine")
         self._reissue = load_script(connection, "reissue")
+        self._unindex = load_script(connection, "unindex")
 
     @property
     def replication_shortfalls(self) -> int:
         """Transitions that fewer than ``wait_replicas`` replicas acknowledged in time."""
         return self.replication.shortfalls
 
+    @property
+    def wait_replicas(self) -> int:
+        """Replicas each waited transition waits for (0: none); see :mod:`rollq.store.replication`."""
+        return self.replication.replicas
+
     def queue_wait(self, pipe: Pipeline) -> bool:
-        """End a pipeline of transitions with one ``WAIT`` for all of them; False, and nothing queued, when
-        ``wait_replicas`` is 0. Pass the pipeline's last reply to :meth:`settle_all` as ``acknowledged``."""
+        """End a pipeline of transitions with ``PUBLISH`` + ``WAIT`` for all of them, on the connection that
+        wrote them; False, and nothing queued, when this process does not wait (``wait_replicas`` 0, or
+        degraded). Pass the pipeline's last reply to :meth:`settle_all` as ``acknowledged``."""
         return self.replication.queue(pipe)
 
-    def run_pipelined(self, calls: Sequence[ScriptCall]) -> list[Any]:
-        """Send ``calls`` in one pipeline (ended by a ``WAIT`` when ``wait_replicas`` is set); each item of the
-        result is a reply or the exception its call got (see :meth:`settle_all`)."""
+    def run_pipelined(self, calls: Sequence[ScriptCall], *, atomic: bool = False) -> list[Any]:
+        """Send ``calls`` in one pipeline (ended by ``PUBLISH`` + ``WAIT`` when waiting, see
+        :mod:`rollq.store.replication`); each item of the result is a reply or the exception its call got (see
+        :meth:`settle_all`).
+
+        ``atomic``: the calls in one ``MULTI``/``EXEC``, all or none. Redis decides "out of memory" once for a
+        whole ``EXEC``, so a full Redis refuses every call or none (a plain pipeline ran the calls sent before
+        memory ran out); a refusal is raised, never re-sent call by call."""
         if not calls:
             return []
+        replies, acknowledged = self._send(calls, atomic=atomic)
+        if atomic:
+            refused = next((r for r in replies if isinstance(r, redis.ResponseError) and transient_refusal(r)), None)
+            if refused is not None:
+                raise refused
+        return self.settle_all(calls, replies, acknowledged=acknowledged)
+
+    def _send(self, calls: Sequence[ScriptCall], *, atomic: bool = False) -> tuple[list[Any], Any]:
+        """``calls`` and the wait behind them in one pipeline: (their replies, the ``WAIT`` reply or None)."""
         pipe = self.connection.pipeline(transaction=False)
+        if atomic:
+            pipe.execute_command("MULTI")
         for call in calls:
             call.queue(pipe)
+        if atomic:
+            pipe.execute_command("EXEC")
         waits = self.queue_wait(pipe)
         replies = pipe.execute(raise_on_error=False)
-        return self.settle_all(calls, replies[: len(calls)], acknowledged=replies[-1] if waits else None)
+        if not atomic:
+            return replies[: len(calls)], replies[-1] if waits else None
+        executed = replies[len(calls) + 1]  # after MULTI's OK and each call's QUEUED
+        if isinstance(executed, Exception):
+            # EXECABORT: a call was refused while queued (out of memory, say) and none ran; that refusal says why.
+            executed = next((r for r in replies[1 : len(calls) + 1] if isinstance(r, Exception)), executed)
+        answered = list(executed) if isinstance(executed, list) else [executed] * len(calls)
+        return answered, replies[-1] if waits else None
 
     def settle_all(self, calls: Sequence[ScriptCall], replies: Sequence[Any], *, acknowledged: Any = None) -> list[Any]:
         """The replies of ``calls`` sent in a pipeline (``execute(raise_on_error=False)``), each a reply or the
-        exception its call got; a call Redis answered ``NOSCRIPT``, or refused for now (OOM, READONLY, BUSY: it
-        did not run), is run again on its own, which loads the script or waits until Redis accepts it, then
-        waited for like :meth:`claim` waits. ``acknowledged``: the reply of the pipeline's
-        ``WAIT`` (see :meth:`queue_wait`)."""
+        exception its call got. Calls Redis answered ``NOSCRIPT`` (a restarted or promoted server), or refused for
+        now (OOM, READONLY, BUSY: they did not run), are sent again, once their scripts are loaded, in a pipeline of
+        their own with its own ``WAIT`` (a ``WAIT`` only confirms what its own pipeline wrote); one still refused
+        then runs alone, its connection's retry waiting until Redis accepts it. ``acknowledged``: the reply of the
+        pipeline's ``WAIT`` (see :meth:`queue_wait`)."""
         if acknowledged is not None:
             self.replication.count(acknowledged)
-        settled, rerun = rerun_unloaded(calls, replies)
-        if rerun:
-            self.replication.after_write()
+        unloaded = [
+            i
+            for i, reply in enumerate(replies)
+            if isinstance(reply, NoScriptError)
+            or (isinstance(reply, redis.ResponseError) and transient_refusal(reply) is not None)
+        ]
+        settled = list(replies)
+        if not unloaded:
+            return settled
+        again = [calls[i] for i in unloaded]
+        try:
+            for source in {call.script.script for call in again}:
+                self.connection.script_load(source)
+            rerun, acknowledged = self._send(again)
+            if acknowledged is not None:
+                self.replication.count(acknowledged)
+            # Forgotten again (another failover in between): each runs alone, unconfirmed, as without WAIT.
+            rerun, _ = rerun_unloaded(again, rerun)
+        except Exception as exc:
+            rerun = [exc] * len(again)
+        for i, reply in zip(unloaded, rerun, strict=True):
+            settled[i] = reply
         return settled
 
     def _template(self, policy: RolloutPolicy) -> JobTemplate:
@@ -162,52 +222,70 @@ class Lifecycle:
         k = self.keys
         template = self._template(policy)
         shared = [policy.model_dump_json(), policy.unresponsive_seconds]
-        # One MULTI/EXEC: Redis decides "out of memory" once for the whole EXEC, so a full Redis refuses all of
-        # the chunk's calls or none (a plain pipeline queued the calls sent before memory ran out).
-        pipe = self.connection.pipeline(transaction=True)
+        calls: list[ScriptCall] = []
         sizes = []
         for (mode, pinned), group in itertools.groupby(tasks, key=lambda t: (t[0].mode or "", t[0].resources_id or "")):
             items = list(group)
             for start in range(0, len(items), _ENQUEUE_BATCH):
                 batch = items[start : start + _ENQUEUE_BATCH]
                 keys = [k.rq_queue, k.rq_queues(), k.resources_refs, k.resources(pinned) if pinned else k.rq_queue]
+                keys.append(k.queued_tasks)
                 args = [*shared, pinned, mode, len(template.shared), *template.shared]
                 for task, task_json in batch:
                     jid = job_id(task.rollout_id)
                     keys += [k.task(task.rollout_id), k.rq_job(jid)]
                     args += [task_json, jid, template.payload(task.rollout_id), self._description(task)]
-                self._enqueue(keys=keys, args=args, client=pipe)
+                calls.append(ScriptCall(self._enqueue, keys, args))
                 sizes.append(len(batch))
-        replies = pipe.execute()
-        self.replication.after_write()
+        replies = [replied(reply) for reply in self.run_pipelined(calls, atomic=True)]
         return [outcome for size, reply in zip(sizes, replies, strict=True) for outcome in read_enqueue(reply, size)]
 
     def claim(self, rollout_id: str, job_id: str, worker_name: str) -> Claim | ClaimRefused:
         """Start an attempt: count the claim and stamp its time (Redis's), atomically."""
-        reply = self.claim_call(rollout_id, job_id, worker_name).run()
-        self.replication.after_write()
-        return self.read_claim(reply)
+        return self.read_claim(replied(self.run_pipelined([self.claim_call(rollout_id, job_id, worker_name)])[0]))
 
     def claim_call(self, rollout_id: str, job_id: str, worker_name: str) -> ScriptCall:
         """:meth:`claim` as a call to queue in a pipeline; :meth:`read_claim` reads its settled reply."""
         k = self.keys
         return ScriptCall(
-            self._claim, [k.task(rollout_id), k.inflight, k.resources_latest], [rollout_id, job_id, worker_name]
+            self._claim,
+            [k.task(rollout_id), k.inflight, k.resources_latest, k.queued_tasks],
+            [rollout_id, job_id, worker_name],
         )
 
     read_claim = staticmethod(read_claim)
     """:func:`rollq.store.replies.read_claim`: the reply of a :meth:`claim_call`."""
 
     def reject(
-        self, rollout_id: str, job_id: str, rollout_json: str, *, results_maxlen: int, now: float
+        self, rollout_id: str, job_id: str, rollout_json: str, *, results_maxlen: int, now: float, summary: str = ""
     ) -> FinishReply:
         """Fail a queued task whose record cannot be run, publishing ``rollout_json``; only ``job_id`` (the job
         that stands for the task) may. :class:`~rollq.store.replies.Superseded` when the task no longer waits for
-        that job."""
+        that job. ``summary`` is its summary (:func:`rollq.store.summaries.summary_json`); a minimal one if empty."""
         k = self.keys
         reply = self._reject(
-            keys=[k.task(rollout_id), k.results, k.dead_letter, k.stats, k.resources_refs, k.results_trim],
-            args=[rollout_id, job_id, rollout_json, results_maxlen, now, self.results_max_bytes],
+            keys=[
+                k.task(rollout_id),
+                k.results,
+                k.dead_letter,
+                k.stats,
+                k.resources_refs,
+                k.results_trim,
+                k.summaries,
+                k.queued_tasks,
+            ],
+            args=[
+                rollout_id,
+                job_id,
+                rollout_json,
+                results_maxlen,
+                now,
+                self.results_max_bytes,
+                summary
+                or minimal_summary_json(
+                    status=RolloutStatus.FAILED, attempt=0, reward=None, resources_id=None, duration=None
+                ),
+            ],
         )
         return read_finish(reply)
 
@@ -223,9 +301,7 @@ class Lifecycle:
         given and the attempt heartbeated after it; :class:`~rollq.store.replies.Cancelled` when the task was
         cancelled (the rollout is dropped).
         """
-        reply = self.finish_call(finish).run()
-        self.replication.after_write()
-        return read_finish(reply)
+        return read_finish(replied(self.run_pipelined([self.finish_call(finish)])[0]))
 
     def finish_call(self, finish: Finish) -> ScriptCall:
         """:meth:`finish` as a call to queue in a pipeline; :meth:`read_finish` reads its settled reply."""
@@ -241,6 +317,7 @@ class Lifecycle:
                 k.resources_refs,
                 k.stats,
                 k.results_trim,
+                k.summaries,
             ],
             args=[
                 f.rollout_id,
@@ -259,6 +336,14 @@ class Lifecycle:
                 f.reward or 0,
                 f.resources_id or "",
                 int(f.reward_missing),
+                f.summary
+                or minimal_summary_json(
+                    status=f.status,
+                    attempt=f.attempt,
+                    reward=f.reward,
+                    resources_id=f.resources_id,
+                    duration=f.duration,
+                ),
             ],
         )
 
@@ -282,9 +367,10 @@ class Lifecycle:
         """
         k = self.keys
         jid = job_id(task.rollout_id, after_attempt=attempt)
-        reply = self._requeue(
-            keys=[k.task(task.rollout_id), k.inflight, k.rq_queue, k.rq_queues(), k.rq_job(jid), k.stats],
-            args=[
+        call = ScriptCall(
+            self._requeue,
+            [k.task(task.rollout_id), k.inflight, k.rq_queue, k.rq_queues(), k.rq_job(jid), k.stats, k.queued_tasks],
+            [
                 task.rollout_id,
                 attempt,
                 jid,
@@ -294,8 +380,7 @@ class Lifecycle:
                 *self._template(policy).fields(task.rollout_id, self._description(task)),
             ],
         )
-        self.replication.after_write()
-        return read_requeue(reply)
+        return read_requeue(replied(self.run_pipelined([call])[0]))
 
     def revive(self, task: Task, policy: RolloutPolicy, claims: int) -> bool:
         """Requeue a dead-lettered task with a fresh attempt budget; False if it was not dead-lettered.
@@ -304,7 +389,15 @@ class Lifecycle:
         k = self.keys
         jid = job_id(task.rollout_id, after_attempt=claims)
         reply = self._revive(
-            keys=[k.task(task.rollout_id), k.dead_letter, k.rq_queue, k.rq_queues(), k.rq_job(jid), k.resources_refs],
+            keys=[
+                k.task(task.rollout_id),
+                k.dead_letter,
+                k.rq_queue,
+                k.rq_queues(),
+                k.rq_job(jid),
+                k.resources_refs,
+                k.queued_tasks,
+            ],
             args=[task.rollout_id, jid, *self._template(policy).fields(task.rollout_id, self._description(task))],
         )
         if reply == -1:
@@ -337,6 +430,11 @@ class Lifecycle:
     def quarantine(self, source: str, job_id: str) -> bool:
         """Move ``job_id`` from RQ list ``source`` of this namespace to the quarantine list; True if it moved."""
         return bool(self._quarantine(keys=[source, self.keys.quarantine], args=[job_id]))
+
+    def unindex(self, task_keys: Sequence[str]) -> int:
+        """Drop those of ``task_keys`` whose task is no longer queued from the queued-task index (see
+        ``lua/unindex.lua``); how many were dropped."""
+        return int(self._unindex(keys=[self.keys.queued_tasks, *task_keys], args=[]))
 
     def reissue(
         self, task: Task, policy: RolloutPolicy, old_job_id: str, claims: int, now: float, *, deep: bool

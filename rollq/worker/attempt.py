@@ -35,6 +35,7 @@ from rollq.models.policy import RolloutStatus
 from rollq.store.keys import TaskField, inflight_member
 from rollq.store.replies import Cancelled, Claim, ClaimRefused, FinishReply, Published, Superseded
 from rollq.store.scripts import ScriptCall, replied
+from rollq.store.summaries import summary_json
 from rollq.store.transitions import Finish, Lifecycle
 
 from .config import WorkerSettings
@@ -171,6 +172,7 @@ class Attempts:
             rollout.model_dump_json(),
             results_maxlen=self.limits.results_maxlen,
             now=time.time(),
+            summary=summary_json(rollout, status=RolloutStatus.FAILED),
         )
         return error
 
@@ -226,6 +228,7 @@ class Attempts:
                 reward=reward,
                 resources_id=resources_id,
                 reward_missing=not failed and rollout.metadata.get(REWARD_MISSING) is True,
+                summary=summary_json(rollout, status=status, duration=duration),
             )
         )
         return Publication(rollout, attempt, status, call, task, member)

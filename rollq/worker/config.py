@@ -1,28 +1,29 @@
 """A worker's settings: ``ROLLQ_*`` environment variables (or a ``.env`` file), overridable in code or on the CLI.
 
-One pydantic-settings model, so every value is type-checked with an error naming
-the variable, and a misspelt ``ROLLQ_*`` variable is reported instead of ignored.
+:class:`WorkerSettings` extends rollq's one settings model (:class:`rollq.store.settings.Settings`: Redis URL,
+namespace, logging, ...) with how a worker runs rollouts, so every value is type-checked with an error naming
+the variable, ``.env`` counts the same for every setting, and a misspelt ``ROLLQ_*`` variable (in the
+environment or in ``.env``) is reported with the closest valid name instead of ignored.
 """
 
 from __future__ import annotations
 
 import difflib
 import logging
-import os
 from collections.abc import Mapping
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
 from pydantic import Field, ValidationError, field_validator, model_validator
-from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+from pydantic_settings import NoDecode, SettingsConfigDict
 
 from rollq.store.jobs import DEFAULT_RESULT_TTL, MAX_RESULT_TTL
+from rollq.store.settings import ENV_FILE, ENV_PREFIX, Settings, environ
 from rollq.store.transitions import DEFAULT_RESULTS_MAX_BYTES
 
 log = logging.getLogger(__name__)
 
-ENV_PREFIX = "ROLLQ_"
-# Read by the CLI and connection code rather than the worker, but just as much rollq's own.
-_OTHER_KNOWN = ("REDIS_URL", "NAMESPACE", "LOG_LEVEL", "AL_KEY", "AGL_KEY")
+# Read by `rollq serve-agl` (its --key), not a setting of any model.
+_OTHER_KNOWN: tuple[str, ...] = ("AGL_KEY",)
 # Tests pass their own knobs to agents under this prefix.
 _RESERVED_PREFIX = "ROLLQ_TEST_"
 _warned: set[str] = set()
@@ -34,7 +35,7 @@ class InvalidSettingError(ValueError):
     """A ``ROLLQ_*`` value (or override) of the wrong type or range; the message names the variable."""
 
 
-class WorkerSettings(BaseSettings):
+class WorkerSettings(Settings):
     """How one worker process runs rollouts.
 
     Every field can be set from the environment as ``ROLLQ_<FIELD>``, e.g.
@@ -44,7 +45,7 @@ class WorkerSettings(BaseSettings):
     """
 
     model_config = SettingsConfigDict(
-        env_prefix=ENV_PREFIX, env_file=".env", extra="ignore", frozen=True, validate_default=False
+        env_prefix=ENV_PREFIX, env_file=ENV_FILE, extra="ignore", frozen=True, validate_default=False
     )
 
     agent: str = ""
@@ -66,17 +67,19 @@ class WorkerSettings(BaseSettings):
     """Hard limit of the results stream's payload bytes; routine trimming keeps it under half of this."""
     max_result_bytes: int = Field(8 * 1024 * 1024, ge=1)
     """A rollout whose JSON is larger is replaced by a failed rollout saying so; at most results_max_bytes / 16."""
-    keep_seconds: int = Field(7 * 24 * 3600, ge=0)
-    """How long a succeeded task's record is kept (0 = forever); failed ones stay for the dead-letter list."""
+    keep_seconds: int = Field(3600, ge=0)
+    """How long a succeeded task's record is kept (0 = forever); failed ones stay for the dead-letter list. One hour,
+    as RQ's job result TTL: at high rates records dominate memory (7 days at 32,000 rollouts/s was ~21 TB); the
+    worker warns at start-up when its namespace's projected records exceed ``maxmemory`` (store/sizing.py)."""
     result_ttl: int = Field(DEFAULT_RESULT_TTL, ge=0, le=MAX_RESULT_TTL)
     """How long RQ keeps a finished job, for rq-dashboard (replaces ``rq worker --results-ttl``); at most a week."""
-    wait_replicas: int = Field(0, ge=0)
-    """Replicas that must hold each claim, finish and requeue (Redis ``WAIT``) before the worker goes on; 0 = off.
-    Bounds what a Sentinel failover can undo (README, "Redis failover"); a shortfall is logged, not raised."""
+    wait_replicas: int | None = Field(None, ge=0)
+    """Replicas that must hold each claim, finish and requeue (Redis ``WAIT``) before the worker goes on; 0 = off;
+    unset: 1 on a ``redis+sentinel://`` URL, else 0. Bounds what a failover can undo (README, "Redis failover");
+    a shortfall is logged, not raised, and makes the worker stop waiting until a replica is online again
+    (:mod:`rollq.store.replication`)."""
     wait_timeout_ms: int = Field(1000, ge=1)
     """How long one ``WAIT`` may block before the worker goes on with a warning (0 would mean forever)."""
-    log_format: Literal["text", "json"] = "text"
-    """``json`` for one JSON object per log line."""
     capture_llm: bool = True
     """Route agents' LLM calls through this process's capturing proxy (``ROLLQ_CAPTURE_LLM=0`` turns it off)."""
     llm_pause_wait_seconds: float = Field(60.0, ge=0)
@@ -115,7 +118,7 @@ class WorkerSettings(BaseSettings):
         given = {k: v for k, v in overrides.items() if v is not None}
         try:
             if env is None:
-                warn_unknown(os.environ)
+                warn_unknown(environ())
                 return cls(**given)
             warn_unknown(env)
             raw = {

@@ -282,11 +282,13 @@ class RqLifecycle:
 
 
 def failure_text(result: AttemptResult) -> str:
-    """The exception info RQ keeps for a failed rollout: the error's type and message, then the attempt."""
+    """The exception info RQ keeps for a failed rollout (what rq-dashboard shows): the agent's traceback when it
+    raised (else the error's type and message), then the attempt."""
     error = result.error or {}
+    trace = error.get("traceback")
     return (
-        f"{error.get('type', 'RolloutFailed')}: {error.get('message', '')}\n"
-        f"(rollout {result.rollout_id} attempt {result.attempt} failed; "
+        (trace.rstrip() + "\n" if trace else f"{error.get('type', 'RolloutFailed')}: {error.get('message', '')}\n")
+        + f"(rollout {result.rollout_id} attempt {result.attempt} failed; "
         "the published Rollout's metadata has the same error)"
     )
 

@@ -2,9 +2,10 @@
 
 Stock ``rq worker -w rollq.worker.RolloutWorker`` knows only RQ's ways of naming a Redis (``--url``,
 ``RQ_REDIS_URL``, ``REDIS_URL``, else localhost:6379), while every ``rollq`` command reads ``ROLLQ_REDIS_URL``.
-This module reconciles the two: it lends ``ROLLQ_REDIS_URL`` to RQ's CLI before RQ builds its client, and it
-refuses to start a worker that was given one Redis by RQ's options and another by rollq's. URL forms themselves
-(schemes, Sentinel, TLS) are :mod:`rollq.store.connection`'s; this module only knows RQ's CLI conventions.
+This module reconciles the two: it lends ``ROLLQ_REDIS_URL`` to RQ's CLI before RQ builds its client, it teaches
+RQ's CLI the URL forms redis-py's ``Redis.from_url`` refuses (``redis+sentinel://``), and it refuses to start a
+worker that was given one Redis by RQ's options and another by rollq's. URL forms themselves (schemes, Sentinel,
+TLS) are :mod:`rollq.store.connection`'s; this module only knows RQ's CLI conventions.
 """
 
 from __future__ import annotations
@@ -13,8 +14,12 @@ import logging
 import os
 import sys
 from typing import Any
+from urllib.parse import urlsplit
 
-from rollq.store.connection import connect, describe, describe_client
+from redis.sentinel import SentinelConnectionPool
+
+from rollq.store.connection import connect, describe, describe_client, wait_until_reachable
+from rollq.store.settings import environ
 
 log = logging.getLogger(__name__)
 
@@ -32,14 +37,111 @@ def lend_rollq_url_to_rq_cli() -> None:
     as every ``rollq`` command, instead of localhost. Called when
     :mod:`rollq.worker.rq_worker` is imported.
     """
-    wanted = os.environ.get("ROLLQ_REDIS_URL")
+    wanted = environ().get("ROLLQ_REDIS_URL")
     if wanted and os.path.basename(sys.argv[0]) == "rq" and "REDIS_URL" not in os.environ:
         os.environ["REDIS_URL"] = wanted
 
 
+def rq_cli_url(argv: list[str] | None = None) -> str | None:
+    """The Redis URL RQ's CLI will use in this process, as it decides it: ``--url``/``-u``, ``RQ_REDIS_URL``,
+    ``REDIS_URL`` (None: its default, localhost:6379). A ``--config`` module's own REDIS_URL is not read."""
+    args = sys.argv[1:] if argv is None else argv
+    for i, arg in enumerate(args):
+        if arg in ("--url", "-u") and i + 1 < len(args):
+            return args[i + 1]
+        if arg.startswith("--url="):
+            return arg.split("=", 1)[1]
+    return os.environ.get("RQ_REDIS_URL") or os.environ.get("REDIS_URL")
+
+
+def in_rq_cli() -> bool:
+    """Whether this process is RQ's own ``rq worker`` command."""
+    return os.path.basename(sys.argv[0]) == "rq" and "worker" in sys.argv[1:]
+
+
+def wait_for_redis_in_rq_cli() -> None:
+    """In a stock ``rq worker -w rollq.worker.RolloutWorker`` process, wait (bounded by
+    ``ROLLQ_REDIS_WAIT_SECONDS``, logged) for the Redis RQ's CLI is about to use: RQ's CLI exits at once (rc 1)
+    when its first command fails, so a worker started before Redis, or during a failover, would die. Runs when
+    :mod:`rollq.worker.rq_worker` is imported, which RQ's CLI does before it touches Redis. A Redis still down
+    past the bound is left to RQ's own error."""
+    if not in_rq_cli():
+        return
+    try:
+        seconds = float(environ().get("ROLLQ_REDIS_WAIT_SECONDS") or 60)
+    except ValueError:
+        return  # WorkerSettings reports the bad value by name
+    try:
+        wait_until_reachable(rq_cli_url() or "redis://localhost:6379/0", seconds=seconds, what="rq worker")
+    except Exception:  # noqa: BLE001  # RQ's CLI says what is wrong, as it would have
+        return
+
+
+ROLLQ_ONLY_SCHEMES = frozenset({"redis+sentinel"})
+"""URL schemes rollq's :func:`~rollq.store.connection.connect` speaks and redis-py's ``Redis.from_url`` refuses."""
+
+
+def _url_rq_cli_would_use(config: Any) -> str | None:
+    """The URL RQ 2.12's ``CliConfig.connection`` would hand to ``from_url``: ``--url``/``RQ_REDIS_URL``, else the
+    ``-c`` module's ``REDIS_URL``, else the environment's ``REDIS_URL`` (None: RQ builds its client otherwise)."""
+    if config.url:
+        return str(config.url)
+    if config.config:
+        from rq.cli.helpers import read_config_file
+
+        url = read_config_file(config.config).get("REDIS_URL")
+        return str(url) if url else None
+    return os.environ.get("REDIS_URL")
+
+
+def teach_rq_cli_rollq_urls() -> None:
+    """Let stock ``rq worker -w rollq.worker.RolloutWorker --url redis+sentinel://...`` start.
+
+    RQ's CLI builds its client with ``connection_class.from_url(url)`` (``redis.Redis`` unless
+    ``--connection-class``), and redis-py's parser refuses ``redis+sentinel://`` with a ``ValueError`` before any
+    rollq code could look at the client. RQ imports the ``-w`` class before it builds that client, so this
+    (called when :mod:`rollq.worker.rq_worker` is imported) wraps RQ's ``CliConfig.connection`` property: a URL of
+    a scheme in :data:`ROLLQ_ONLY_SCHEMES`, from ``--url``, ``RQ_REDIS_URL``, a ``-c`` module's ``REDIS_URL`` or
+    ``REDIS_URL``, is built by :func:`rollq.store.connection.connect`, for the plain ``redis.Redis`` class only;
+    every other URL goes to RQ's code unchanged. It does nothing unless RQ's CLI is loaded (an ``rq`` process),
+    and the wrap is pinned by ``tests/test_sentinel_url.py`` against RQ's real CLI.
+    """
+    helpers = sys.modules.get("rq.cli.helpers")
+    if helpers is None:
+        return
+    import redis
+
+    original = helpers.CliConfig.connection
+    if getattr(original.fget, "rollq_urls", False):
+        return
+
+    def connection(self: Any) -> Any:
+        if getattr(self, "_connection", None) is None and self.connection_class is redis.Redis:
+            url = _url_rq_cli_would_use(self)
+            if url and urlsplit(url).scheme in ROLLQ_ONLY_SCHEMES:
+                self._connection = connect(url)
+        return original.fget(self)
+
+    connection.rollq_urls = True  # type: ignore[attr-defined]
+    helpers.CliConfig.connection = property(connection, doc=original.__doc__)
+
+
 def server_of(client: Any) -> tuple[Any, ...]:
-    """(host or socket path, port, db, password) of a redis-py client: what tells two clients' servers apart."""
-    kwargs = client.connection_pool.connection_kwargs
+    """(host or socket path, port, db, password) of a redis-py client: what tells two clients' servers apart.
+
+    For a Sentinel-managed client, the host is (Sentinels, service name): the primary it reaches changes on a
+    failover, the service does not.
+    """
+    pool = client.connection_pool
+    kwargs = pool.connection_kwargs
+    if isinstance(pool, SentinelConnectionPool):
+        sentinels = tuple(
+            sorted(
+                (s.connection_pool.connection_kwargs.get("host"), s.connection_pool.connection_kwargs.get("port"))
+                for s in pool.sentinel_manager.sentinels
+            )
+        )
+        return ((sentinels, pool.service_name), None, int(kwargs.get("db") or 0), kwargs.get("password"))
     return (
         kwargs.get("path") or kwargs.get("host"),
         kwargs.get("port"),
@@ -56,7 +158,7 @@ def honour_rollq_url(connection: Any) -> Any:
     worker on RQ's default honours ``ROLLQ_REDIS_URL``, and one given another
     Redis explicitly refuses to start (``ValueError``) rather than guess.
     """
-    wanted = os.environ.get("ROLLQ_REDIS_URL")
+    wanted = environ().get("ROLLQ_REDIS_URL")
     if not wanted or not hasattr(connection, "connection_pool") or type(connection).__module__.startswith("fakeredis"):
         return connection
     target = connect(wanted)

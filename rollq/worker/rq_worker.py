@@ -32,12 +32,14 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import sys
 import threading
 import time
 from collections import deque
 from collections.abc import Sequence
 from typing import Any, cast
 
+import redis
 from rq.exceptions import StopRequested
 from rq.job import Job
 from rq.logutils import setup_loghandlers
@@ -52,9 +54,11 @@ from rollq.models.errors import InvalidTaskError
 from rollq.store.connection import REFUSALS, describe_client, wait_out_refusals
 from rollq.store.eviction import warn_if_evicting
 from rollq.store.jobs import RollqJob, read_rollq_jobs, rollout_id_of
-from rollq.store.keys import Keys
+from rollq.store.keys import DEFAULT_NAMESPACE, Keys
 from rollq.store.llm_gate import GateReporter
+from rollq.store.namespaces import namespace_hint
 from rollq.store.resources import ResourceStore
+from rollq.store.sizing import project_memory, warn_if_oversized
 from rollq.store.stats import StatsField
 from rollq.store.transitions import Lifecycle
 
@@ -82,6 +86,8 @@ log = logging.getLogger(__name__)
 
 # RQ's CLI imports this module (``-w rollq.worker.RolloutWorker``) before it builds its Redis client.
 rq_url.lend_rollq_url_to_rq_cli()
+rq_url.teach_rq_cli_rollq_urls()
+rq_url.wait_for_redis_in_rq_cli()
 
 WORKER_CONCURRENCY_FIELD = "rollq_concurrency"
 """Field rollq adds to RQ's worker hash: how many rollouts this worker runs at once."""
@@ -123,6 +129,35 @@ class RolloutWorker(SimpleWorker):
         honour_rollq_url: bool = True,
         **kwargs: Any,
     ) -> None:
+        try:
+            self._configure(
+                queues,
+                *args,
+                settings=settings,
+                agent=agent,
+                hooks=hooks,
+                tracer=tracer,
+                honour_rollq_url=honour_rollq_url,
+                **kwargs,
+            )
+        except (ValueError, TypeError) as exc:
+            if not rq_url.in_rq_cli():
+                raise
+            # RQ's CLI prints any setup error with a traceback; a configuration mistake is one line.
+            logging.getLogger("rq.worker").error("rollq: %s", " ".join(str(exc).split()))
+            raise SystemExit(1) from None
+
+    def _configure(
+        self,
+        queues: str | Queue | Sequence[str] | Sequence[Queue],
+        *args: Any,
+        settings: WorkerSettings | None,
+        agent: Any,
+        hooks: Sequence[Hook] | None,
+        tracer: BaseTracer | None,
+        honour_rollq_url: bool,
+        **kwargs: Any,
+    ) -> None:
         kwargs["serializer"] = JSONSerializer
         # RQ's registry clean-up, failure handling and dequeue load jobs with this class: it never imports a
         # callback, function or webhook a job hash names (see store.jobs.RollqJob).
@@ -143,6 +178,12 @@ class RolloutWorker(SimpleWorker):
         for queue in self.queues:
             queue.job_class = RollqJob
         self.keys = Keys(self.queues[0].name)
+        if rq_url.in_rq_cli() and self.keys.queue_name == "default" and "default" not in sys.argv[1:]:
+            logging.getLogger("rq.worker").warning(
+                "rollq: no queue name given, so RQ serves its queue 'default' (rollq namespace 'default'); the "
+                "queue name is the rollq namespace: end the command with one, e.g. `... %s` for rollq's default",
+                DEFAULT_NAMESPACE,
+            )
         self.settings = settings or WorkerSettings.from_env()
         # RQ's CLI has installed its log handlers by now; switch them before the first line is written.
         reformat(self.settings.log_format, "rq.worker", "rollq")
@@ -180,6 +221,9 @@ class RolloutWorker(SimpleWorker):
 
     def bootstrap(self, *args: Any, **kwargs: Any) -> None:
         super().bootstrap(*args, **kwargs)
+        hint = namespace_hint(self.connection, self.keys)
+        if hint:
+            self.log.warning("%s (this worker waits for tasks in %r)", hint, self.keys.namespace)
         # The client RQ builds from --url gives up at once when Redis is away, and RQ's
         # loop quits on most such errors; a worker should wait for Redis to come back.
         wait_out_refusals(self.connection)
@@ -198,6 +242,18 @@ class RolloutWorker(SimpleWorker):
             wait_replicas=self.settings.wait_replicas,
             wait_timeout_ms=self.settings.wait_timeout_ms,
         )
+        try:
+            warn_if_oversized(
+                project_memory(
+                    self.connection,
+                    self.keys,
+                    keep_seconds=self.settings.keep_seconds,
+                    results_max_bytes=self.settings.results_max_bytes,
+                    concurrency=self.settings.concurrency,
+                )
+            )
+        except redis.RedisError as exc:  # a projection is advice: never a reason not to start
+            log.info("no memory projection: %s", exc)
         self._executor.start()
         self._capture = None
         if self.settings.capture_llm:

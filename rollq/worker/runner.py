@@ -317,7 +317,15 @@ class AgentRunner:
                 except Exception as exc:
                     error, kind = exc, "exception"
             if error is not None:
-                log.error("task %s attempt %d failed: %s: %s", rid, attempt, type(error).__name__, error)
+                # With the stack (the agent's frames), where an operator looks first.
+                log.error(
+                    "task %s attempt %d failed: %s: %s",
+                    rid,
+                    attempt,
+                    type(error).__name__,
+                    error,
+                    exc_info=(type(error), error, error.__traceback__) if error.__traceback__ else None,
+                )
                 rollout = to_rollout(rid, None, spans, only_agent=self.settings.triplet_agent or None, strict=False)
             rollout = pending.attempt.stamp(rollout, error)
             if error is None:

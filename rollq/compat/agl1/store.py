@@ -29,6 +29,7 @@ from rollq.store.keys import StreamField, TaskField, inflight_member
 from rollq.store.queries import read_attempts
 from rollq.store.records import TaskRecord, read_record, read_records
 from rollq.store.replies import ClaimRefused, Published
+from rollq.store.summaries import summary_json
 from rollq.store.transitions import Finish
 
 from . import events as event_views
@@ -249,6 +250,7 @@ class Agl1Store:
                 dead_letter=not succeeded,
                 now=time.time(),
                 reward=rollout.final_reward,
+                summary=summary_json(rollout, status=RolloutStatus.SUCCEEDED if succeeded else RolloutStatus.FAILED),
             )
         )
         if not isinstance(reply, Published):

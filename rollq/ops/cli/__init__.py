@@ -2,23 +2,23 @@
 
 The group and its global options are here; each command group is a module of this package (``demo``,
 ``worker``, ``enqueue``, ``resources``, ``tasks``, ``dead_letter``, ``rollouts``, ``status``, ``serve``), and
-``serve-al`` and ``serve-agl`` are :mod:`rollq.compat`'s. Errors and exit codes: :mod:`rollq.ops.cli.errors`. Without
-``--url`` (or ``ROLLQ_REDIS_URL`` / ``REDIS_URL``) every command uses ``redis://localhost:6379/0``.
+``serve-al`` and ``serve-agl`` are :mod:`rollq.compat`'s. Errors and exit codes: :mod:`rollq.ops.cli.errors`.
+Settings come from the flags, then the environment, then ``.env`` (:mod:`rollq.store.settings`); without ``--url`` (or
+``ROLLQ_REDIS_URL`` / ``REDIS_URL``) every command uses ``redis://localhost:6379/0``.
 """
 
 from __future__ import annotations
-
-import os
 
 import click
 
 from rollq.compat.agl1.cli import serve_agl
 from rollq.compat.serve_al import serve_al
 from rollq.store.keys import DEFAULT_NAMESPACE
+from rollq.store.settings import environ
 from rollq.worker import logs
 from rollq.worker.config import warn_unknown
 
-from . import dead_letter, demo, enqueue, resources, rollouts, serve, status, tasks, worker
+from . import context, dead_letter, demo, enqueue, groups, resources, rollouts, serve, status, tasks, worker
 from .errors import OneLineUsageGroup
 
 
@@ -30,7 +30,7 @@ from .errors import OneLineUsageGroup
     metavar="URL",
     help="Redis URL: redis://[:password@]host:port/db, rediss:// (TLS), unix://path, "
     "redis+sentinel://host:port[,host:port]/service[/db], memory:// "
-    "[env: ROLLQ_REDIS_URL, then REDIS_URL].",
+    "[env or .env: ROLLQ_REDIS_URL, then REDIS_URL].",
 )
 @click.option(
     "--namespace",
@@ -38,7 +38,7 @@ from .errors import OneLineUsageGroup
     envvar="ROLLQ_NAMESPACE",
     default=DEFAULT_NAMESPACE,
     show_default=True,
-    help="Namespace (and RQ queue name) to work in [env: ROLLQ_NAMESPACE].",
+    help="Namespace (and RQ queue name) to work in [env or .env: ROLLQ_NAMESPACE].",
 )
 @click.option(
     "--log-format",
@@ -57,7 +57,8 @@ from .errors import OneLineUsageGroup
     help="Log level of short commands (INFO also names the Redis used); the worker has --logging-level.",
 )
 @click.version_option(package_name="rollq")
-def main(url: str | None, namespace: str, log_format: str, log_level: str) -> None:
+@click.pass_context
+def main(ctx: click.Context, url: str | None, namespace: str, log_format: str, log_level: str) -> None:
     """rollq: agent rollouts for RL training on Redis + RQ.
 
     Start with `rollq demo`, which runs a whole producer -> workers -> results
@@ -67,8 +68,9 @@ def main(url: str | None, namespace: str, log_format: str, log_level: str) -> No
     Shell completion: eval "$(_ROLLQ_COMPLETE=bash_source rollq)" in ~/.bashrc
     (zsh_source for zsh, fish_source for fish).
     """
-    logs.configure(log_level.upper(), log_format)  # type: ignore[arg-type]
-    warn_unknown(os.environ)
+    settings = context.load_settings(ctx)
+    logs.configure(settings.log_level.upper(), settings.log_format)  # type: ignore[arg-type]
+    warn_unknown(environ())
 
 
 for command in (
@@ -78,6 +80,7 @@ for command in (
     resources.resources,
     status.status,
     rollouts.rollouts,
+    groups.groups,
     tasks.task,
     tasks.tasks,
     dead_letter.dead_letter,

@@ -7,54 +7,71 @@ import click
 
 from rollq.store.connection import describe, resolve_url
 
+from ..access import TOKEN_ENV, check_bind, port_in_use, require_token
 from . import context
 from .errors import one_line_errors
 
+TOKEN_HELP = (
+    f"Require this token (basic auth password, or Authorization: Bearer) [env: {TOKEN_ENV}]. Without one only a "
+    "loopback --bind is allowed."
+)
+
 
 @click.command()
-@click.option(
-    "--bind",
-    default="127.0.0.1",
-    show_default=True,
-    help="Address to listen on (keep it local; the dashboard has no auth).",
-)
+@click.option("--bind", default="127.0.0.1", show_default=True, help="Address to listen on.")
 @click.option("--port", default=9181, show_default=True)
 @click.option("--threads", default=8, show_default=True, help="Request threads of the WSGI server (waitress).")
+@click.option("--token", envvar=TOKEN_ENV, default="", show_default=False, help=TOKEN_HELP)
 @click.pass_context
 @one_line_errors
-def dashboard(ctx: click.Context, bind: str, port: int, threads: int) -> None:
+def dashboard(ctx: click.Context, bind: str, port: int, threads: int, token: str) -> None:
     """Serve rq-dashboard, rollq's rollout pages (/rollq/) and /metrics (needs rollq[dashboard]).
 
-    Refuses to start when Redis does not answer.
+    Refuses to start when Redis does not answer, or on a non-loopback --bind without a token.
     """
     from rollq.ops.dashboard import serve
 
-    serve(context.redis_url(ctx), context.namespace(ctx), bind=bind, port=port, threads=threads)
+    token = token or context.settings(ctx).dashboard_token
+    check_bind(bind, token, "the dashboard")
+    serve(context.redis_url(ctx), context.namespace(ctx), bind=bind, port=port, threads=threads, token=token)
 
 
 @click.command()
 @click.option("--bind", default="127.0.0.1", show_default=True, help="Address to listen on.")
 @click.option("--port", default=9182, show_default=True)
+@click.option("--token", envvar=TOKEN_ENV, default="", show_default=False, help=TOKEN_HELP)
 @click.pass_context
 @one_line_errors
-def metrics(ctx: click.Context, bind: str, port: int) -> None:
+def metrics(ctx: click.Context, bind: str, port: int, token: str) -> None:
     """Serve the namespace's metrics on http://BIND:PORT/metrics for Prometheus to scrape, until Ctrl+C."""
-    from prometheus_client import start_http_server
+    from wsgiref.simple_server import WSGIRequestHandler, make_server
+
+    from prometheus_client import make_wsgi_app
+    from prometheus_client.exposition import ThreadingWSGIServer
 
     from rollq.ops.metrics import registry
     from rollq.ops.status import snapshot
 
+    class QuietHandler(WSGIRequestHandler):
+        def log_message(self, format: str, *args: object) -> None:  # noqa: A002  # the base class's name
+            pass
+
+    token = token or context.settings(ctx).dashboard_token
+    check_bind(bind, token, "/metrics")
     producer = context.producer(ctx)
-    server, thread = start_http_server(
-        port, addr=bind, registry=registry(lambda: snapshot(producer.connection, producer.keys))
-    )
+    app = require_token(make_wsgi_app(registry(lambda: snapshot(producer.connection, producer.keys))), token)
+    try:
+        server = make_server(bind, port, app, ThreadingWSGIServer, handler_class=QuietHandler)
+    except OSError as exc:
+        raise port_in_use(exc, bind, port) or exc from None
     click.echo(
         f"rollq metrics for {producer.namespace!r} in {describe(resolve_url(ctx.find_root().params['url']))} "
-        f"on http://{bind}:{port}/metrics",
+        f"on http://{bind}:{port}/metrics" + (", token required" if token else ""),
         err=True,
     )
     try:
-        while thread.is_alive():
-            thread.join(1.0)
+        server.serve_forever()
     except KeyboardInterrupt:
-        server.shutdown()
+        pass
+    finally:
+        server.server_close()

@@ -7,6 +7,8 @@ import time
 
 import click
 
+from rollq.store.namespaces import namespace_hint
+
 from . import context
 from .errors import one_line_errors
 
@@ -25,6 +27,9 @@ def status(ctx: click.Context, as_json: bool, prometheus: bool, watch: float | N
     if as_json and prometheus:
         raise click.UsageError("--json and --prometheus are two output formats: pick one")
     producer = context.producer(ctx)
+    hint = namespace_hint(producer.connection, producer.keys)
+    if hint:
+        click.echo(f"rollq: {hint}", err=True)
     while True:
         s = snapshot(producer.connection, producer.keys)
         text = json.dumps(s.to_dict(), indent=2) if as_json else render_prometheus(s) if prometheus else render_text(s)

@@ -7,7 +7,7 @@ from typing import Any
 
 import click
 
-from rollq.store.connection import connect
+from rollq.store.connection import connect, describe, wait_until_reachable
 from rollq.worker import logs
 
 from . import context
@@ -89,7 +89,10 @@ def worker(
         max_result_bytes=max_result_bytes,
     )
     logs.configure(logging_level, settings.log_format)
-    url = context.redis_url(ctx)
+    # A worker started before its Redis (or during a failover) waits for it, bounded and logged.
+    url = wait_until_reachable(ctx.find_root().params["url"], seconds=settings.redis_wait_seconds, what="worker")
+    context.log.info("Redis at %s", describe(url))
+    context.refuse_or_warn_memory(ctx, url)
     kwargs: dict[str, Any] = {"name": name} if name else {}
     if worker_ttl:
         kwargs["worker_ttl"] = worker_ttl

@@ -4,10 +4,10 @@ rollq's RQ jobs are JSON-serialised (never pickle), so the dashboard must decode
 them as JSON. Two pages of rq-dashboard 0.9.0 fail with RQ 2.x; :func:`create_app`
 patches both at startup (see :func:`_patch_rq_dashboard`). rollq's pages
 (rollouts, one rollout, workers, charts) live under ``/rollq/`` (:mod:`.views`).
-It runs under waitress, a production WSGI server. Every value rq-dashboard's pages show is escaped, and state
-changes need a POST with the dashboard's CSRF token (:mod:`.guard`); ``?namespace=`` reads only the namespace
-the dashboard was started for. The dashboard has no authentication: keep it on 127.0.0.1 (the default) or
-behind a proxy that adds some.
+It runs under waitress, a production WSGI server. With a token (:mod:`rollq.ops.access`) every page, the
+JSON and ``/metrics`` need it; without one it serves loopback only. Every value rq-dashboard's pages show is
+escaped, and state changes need a POST with the dashboard's CSRF token (:mod:`.guard`); ``?namespace=`` reads
+only the namespace the dashboard was started for.
 """
 
 from __future__ import annotations
@@ -25,6 +25,8 @@ from rq.worker import Worker
 from rollq.models.errors import RollqError
 from rollq.store.connection import connect, describe
 from rollq.store.keys import DEFAULT_NAMESPACE
+
+from ..access import check_bind, port_in_use, require_token
 
 if TYPE_CHECKING:
     from flask import Flask
@@ -93,6 +95,25 @@ def _patch_rq_dashboard() -> None:
     web.Job = _DashboardJob
 
 
+def _requeue_through_rollq(app: Flask) -> None:
+    """rq-dashboard's two Requeue routes, answered by :mod:`.requeue` (rollq jobs re-run, or a clear refusal)."""
+    from flask import current_app, jsonify
+
+    from .requeue import requeue, requeue_failed
+
+    def requeue_job_view(job_id: str) -> Any:
+        return jsonify(requeue(current_app.redis_conn, job_id))  # type: ignore[attr-defined]
+
+    def requeue_all(queue_name: str) -> Any:
+        return jsonify(requeue_failed(current_app.redis_conn, queue_name))  # type: ignore[attr-defined]
+
+    for endpoint, view in (("requeue_job_view", requeue_job_view), ("requeue_all", requeue_all)):
+        names = [name for name in app.view_functions if name.split(".")[-1] == endpoint]
+        if len(names) != 1:
+            raise RollqError(f"rq-dashboard has no single {endpoint} route to answer for rollq jobs: {names}")
+        app.view_functions[names[0]] = view
+
+
 def create_app(redis_url: str, namespace: str = DEFAULT_NAMESPACE) -> Flask:
     """rq-dashboard's Flask app on ``redis_url`` (redis://, rediss://, unix://), patched, with rollq's pages added."""
     try:
@@ -114,6 +135,7 @@ def create_app(redis_url: str, namespace: str = DEFAULT_NAMESPACE) -> Flask:
     # but only after its sweep reaches them): off, as rollq requeues and fails tasks itself.
     app.config["RQ_DASHBOARD_DISABLE_DELETE"] = True
     setup_rq_connection(app)
+    _requeue_through_rollq(app)
     from .guard import install_guard
     from .views import install
 
@@ -129,18 +151,30 @@ def serve(
     bind: str = "127.0.0.1",
     port: int = DEFAULT_PORT,
     threads: int = 8,
+    token: str = "",
 ) -> None:
-    """Serve the dashboard on ``bind:port`` with waitress until interrupted."""
+    """Serve the dashboard on ``bind:port`` with waitress until interrupted; behind ``token`` when given (a
+    non-loopback ``bind`` needs one)."""
+    check_bind(bind, token, "the dashboard")
     app = create_app(redis_url, namespace)
     try:
         import waitress
     except ImportError as exc:
         raise RollqError("the dashboard runs under waitress: pip install 'rollq[dashboard]'") from exc
+    logging.getLogger("waitress.queue").setLevel(logging.ERROR)  # "task queue depth" warnings under page polling
+    try:
+        server = waitress.create_server(require_token(app, token), host=bind, port=port, threads=threads)
+    except OSError as exc:
+        raise port_in_use(exc, bind, port) or exc from None
     print(
         f"rollq dashboard on http://{bind}:{port}/rollq/ (rq-dashboard on /, metrics on /metrics) "
-        f"for {describe(redis_url)}, namespace {namespace!r}",
+        f"for {describe(redis_url)}, namespace {namespace!r}" + (", token required" if token else ""),
         file=sys.stderr,
         flush=True,
     )
-    logging.getLogger("waitress.queue").setLevel(logging.ERROR)  # "task queue depth" warnings under page polling
-    waitress.serve(app, host=bind, port=port, threads=threads)
+    try:
+        server.run()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.close()

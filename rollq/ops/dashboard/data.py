@@ -1,9 +1,14 @@
-"""What rollq's dashboard pages show, read from Redis into small values the templates render."""
+"""What rollq's dashboard pages show, read from Redis into small values the templates (and the JSON the pages
+poll) render.
+
+Lists and charts read the summaries stream (:mod:`rollq.store.summaries`, filtered and counted inside Redis) and
+the stats hash, never the results stream: a page view reads one page of ~300-byte summaries. Only a rollout's own
+page reads its rollout (one results-stream entry).
+"""
 
 from __future__ import annotations
 
 import json
-import math
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -14,11 +19,21 @@ import redis
 
 from rollq.models.contract import Rollout
 from rollq.store.keys import Keys, StreamField
+from rollq.store.queries import AttemptInfo, read_attempts
 from rollq.store.records import TaskRecord, read_records
+from rollq.store.stats import REWARD_SUM, parse_reward_stat
+from rollq.store.summaries import (
+    Summary,
+    SummaryFilter,
+    SummaryPage,
+    counts_by_time,
+    sort_versions,
+    summary_page,
+)
 
-# Newest entries of the results stream the list and charts read per page view: enough for an hour at a few
-# rollouts per second, bounded so a page never reads the whole stream.
-RECENT = 2000
+CHART_SUMMARIES = 20_000
+"""Newest summaries the throughput chart counts (inside Redis): hours at a few rollouts per second."""
+PAGE_SIZE = 50
 
 
 @dataclass(frozen=True)
@@ -35,62 +50,61 @@ class RolloutRow:
     finished: float
     duration: float | None
     error: str
+    tokens: int | None = None
 
     @property
     def finished_text(self) -> str:
         return time.strftime("%H:%M:%S", time.gmtime(self.finished))
 
-
-@dataclass(frozen=True)
-class Filters:
-    status: str = ""
-    mode: str = ""
-    resources_id: str = ""
-
-    def keep(self, row: RolloutRow) -> bool:
-        return (
-            (not self.status or row.status == self.status)
-            and (not self.mode or row.mode == self.mode)
-            and (not self.resources_id or row.resources_id == self.resources_id)
+    @classmethod
+    def of(cls, s: Summary) -> RolloutRow:
+        tokens = (s.prompt_tokens or 0) + (s.response_tokens or 0)
+        return cls(
+            rollout_id=s.rollout_id,
+            status=s.status,
+            mode=s.mode,
+            resources_id=s.resources_id or "",
+            reward=s.reward,
+            attempt=s.attempt or 0,
+            worker=s.worker or "",
+            finished=s.finished,
+            duration=s.duration,
+            error=f"{s.error_type}: {s.error_message or ''}".rstrip(": ") if s.error_type else "",
+            tokens=tokens or None,
         )
 
-
-def _entry_time(entry_id: bytes) -> float:
-    return int(entry_id.split(b"-")[0]) / 1000.0
-
-
-def recent_rollouts(connection: redis.Redis, keys: Keys, count: int = RECENT) -> list[tuple[float, Rollout]]:
-    """The newest ``count`` final rollouts (newest first) with the time each was published."""
-    entries = cast(list[tuple[bytes, dict[bytes, bytes]]], connection.xrevrange(keys.results, count=count))
-    return [
-        (_entry_time(eid), Rollout.model_validate_json(fields[StreamField.ROLLOUT.encode()])) for eid, fields in entries
-    ]
-
-
-def _row(published: float, rollout: Rollout, record: TaskRecord | None) -> RolloutRow:
-    meta = rollout.metadata
-    error = meta.get("error") or {}
-    task = record.task if record else None
-    claimed = task.last_claim_time if task else None
-    return RolloutRow(
-        rollout_id=rollout.rollout_id,
-        status=str(meta.get("status", "?")),
-        mode=(task.mode if task else None) or "",
-        resources_id=str(meta.get("resources_id") or (task.resources_id if task else "") or ""),
-        reward=rollout.final_reward,
-        attempt=int(meta.get("attempt") or 0),
-        worker=str(meta.get("worker") or ""),
-        finished=published,
-        duration=published - claimed if claimed and published >= claimed else None,
-        error=f"{error.get('type')}: {error.get('message')}" if error else "",
-    )
+    def to_json(self) -> dict[str, Any]:
+        """The row as the rollouts page's script renders it (same columns as the template)."""
+        return {
+            "rollout_id": self.rollout_id,
+            "status": self.status,
+            "mode": self.mode,
+            "resources_id": self.resources_id,
+            "reward": None if self.reward is None else f"{self.reward:.3f}",
+            "attempt": self.attempt,
+            "tokens": self.tokens,
+            "duration": None if self.duration is None else f"{self.duration:.2f}s",
+            "finished": self.finished_text,
+            "error": self.error,
+        }
 
 
-def rollout_rows(connection: redis.Redis, keys: Keys, filters: Filters, limit: int = 200) -> list[RolloutRow]:
-    recent = recent_rollouts(connection, keys)
-    records = read_records(connection, keys, [r.rollout_id for _, r in recent])
-    rows = [_row(t, r, records.get(r.rollout_id)) for t, r in recent]
-    return [row for row in rows if filters.keep(row)][:limit]
+Filters = SummaryFilter
+
+
+@dataclass(frozen=True)
+class RolloutList:
+    rows: list[RolloutRow]
+    before: str | None
+    scanned: int
+
+
+def rollout_rows(
+    connection: redis.Redis, keys: Keys, filters: Filters, *, before: str | None = None, limit: int = PAGE_SIZE
+) -> RolloutList:
+    """One page of finished rollouts, newest first, from the summaries stream."""
+    page: SummaryPage = summary_page(connection, keys, filters, before=before or None, limit=limit)
+    return RolloutList([RolloutRow.of(s) for s in page.rows], page.before, page.scanned)
 
 
 @dataclass(frozen=True)
@@ -121,6 +135,9 @@ class RolloutPage:
     spans: list[Span] = field(default_factory=list)
     total_ms: float = 0.0
     triplets: list[TripletRow] = field(default_factory=list)
+    attempts: list[AttemptInfo] = field(default_factory=list)
+    traceback: str = ""
+    result_trimmed: bool = False
 
 
 def _iso(value: str | None) -> float | None:
@@ -171,6 +188,19 @@ def _tokens(value: Any) -> int | None:
     return None
 
 
+def traceback_of(rollout: Rollout) -> str:
+    """The failure's traceback: the one rollq recorded in ``metadata.error``, else an exception event of a span."""
+    error = rollout.metadata.get("error")
+    if isinstance(error, dict) and isinstance(error.get("traceback"), str):
+        return error["traceback"]
+    for span in rollout.trace or []:
+        for event in span.get("events") or []:
+            stack = (event.get("attributes") or {}).get("exception.stacktrace") if isinstance(event, dict) else None
+            if isinstance(stack, str) and stack:
+                return stack
+    return ""
+
+
 def rollout_page(connection: redis.Redis, keys: Keys, rollout_id: str) -> RolloutPage | None:
     record = read_records(connection, keys, [rollout_id]).get(rollout_id)
     rollout = None
@@ -178,6 +208,7 @@ def rollout_page(connection: redis.Redis, keys: Keys, rollout_id: str) -> Rollou
         reply = cast(list[Any], connection.xrange(keys.results, min=record.result_id, max=record.result_id))
         if reply:
             rollout = Rollout.model_validate_json(reply[0][1][StreamField.ROLLOUT.encode()])
+    trimmed = rollout is None and record is not None and record.result_id is not None
     if rollout is None:
         if record is None:
             return None
@@ -186,6 +217,9 @@ def rollout_page(connection: redis.Redis, keys: Keys, rollout_id: str) -> Rollou
         rollout=rollout,
         record=record,
         input_json=json.dumps(record.task.input, indent=2, default=str) if record else "(record expired)",
+        attempts=read_attempts(connection, keys, rollout_id) if record else [],
+        traceback=traceback_of(rollout),
+        result_trimmed=trimmed,
     )
     page.spans, page.total_ms = waterfall(rollout.trace or [])
     page.triplets = [
@@ -197,26 +231,63 @@ def rollout_page(connection: redis.Redis, keys: Keys, rollout_id: str) -> Rollou
 
 @dataclass(frozen=True)
 class Series:
-    """Points ``(time, value)`` of one line of a chart."""
+    """Points ``(x, value)`` of one line of a chart."""
 
     label: str
     points: list[tuple[float, float]]
 
 
-def charts(connection: redis.Redis, keys: Keys, bucket_seconds: int = 60) -> tuple[Series, list[Series]]:
-    """Throughput (rollouts per minute) and mean reward per resources version, per time bucket."""
-    recent = recent_rollouts(connection, keys)
-    counts: dict[float, int] = defaultdict(int)
-    rewards: dict[str, dict[float, list[float]]] = defaultdict(lambda: defaultdict(list))
-    for published, rollout in recent:
-        bucket = math.floor(published / bucket_seconds) * bucket_seconds
-        counts[bucket] += 1
-        if rollout.final_reward is not None and math.isfinite(rollout.final_reward):
-            version = str(rollout.metadata.get("resources_id") or "none")
-            rewards[version][bucket].append(rollout.final_reward)
-    throughput = Series("rollouts per minute", [(t, counts[t] * 60.0 / bucket_seconds) for t in sorted(counts)])
-    by_version = [
-        Series(version, [(t, sum(v) / len(v)) for t, v in sorted(points.items())])
-        for version, points in sorted(rewards.items())
+def throughput(connection: redis.Redis, keys: Keys, bucket_seconds: int = 60) -> Series:
+    """Finished rollouts per minute, per time bucket, over the newest :data:`CHART_SUMMARIES` summaries (counted
+    inside Redis: only the counts are read)."""
+    counts = counts_by_time(connection, keys, count=CHART_SUMMARIES, bucket_seconds=bucket_seconds)
+    return Series("rollouts per minute", [(t, counts[t] * 60.0 / bucket_seconds) for t in sorted(counts)])
+
+
+@dataclass(frozen=True)
+class RewardByVersion:
+    """Mean final reward per resources version (numeric order: training progress), one line per mode."""
+
+    versions: list[str]
+    series: list[Series]  # x = index into versions
+    counts: dict[str, int]  # rollouts with a reward, per version
+
+
+def reward_by_version(stats: dict[str, float]) -> RewardByVersion:
+    """From the stats hash's reward histograms (every rollout ever counted, not a recent window)."""
+    sums: dict[tuple[str, str], float] = defaultdict(float)
+    counts: dict[tuple[str, str], int] = defaultdict(int)
+    for name, value in stats.items():
+        parsed = parse_reward_stat(name)
+        if parsed is None:
+            continue
+        mode, version, bucket = parsed
+        if bucket == REWARD_SUM:
+            sums[(mode, version or "none")] += value
+        else:
+            counts[(mode, version or "none")] += int(value)
+    versions = sort_versions({v for _, v in counts})
+    index = {v: i for i, v in enumerate(versions)}
+    ordered = sorted(counts.items(), key=lambda kv: index[kv[0][1]])
+    series = [
+        Series(
+            mode or "(no mode)",
+            [(index[v], sums[(m, v)] / n) for (m, v), n in ordered if m == mode and n],
+        )
+        for mode in sorted({m for m, _ in counts})
     ]
-    return throughput, by_version
+    per_version: dict[str, int] = defaultdict(int)
+    for (_, v), n in counts.items():
+        per_version[v] += n
+    return RewardByVersion(versions, series, dict(per_version))
+
+
+def read_stats(connection: redis.Redis, keys: Keys) -> dict[str, float]:
+    """The stats hash as numbers (a corrupt counter reads as 0)."""
+    out: dict[str, float] = {}
+    for k, v in cast(dict[bytes, bytes], connection.hgetall(keys.stats)).items():
+        try:
+            out[k.decode()] = float(v)
+        except ValueError:
+            out[k.decode()] = 0.0
+    return out

@@ -1,7 +1,9 @@
-"""rollq's own dashboard pages (under ``/rollq/``) and ``/metrics``, beside rq-dashboard in one Flask app.
+"""rollq's own dashboard pages (under ``/rollq/``), the JSON they poll (under ``/rollq/api/``) and ``/metrics``,
+beside rq-dashboard in one Flask app.
 
-Pages are rendered on the server from one snapshot per request, so what a
-browser (or a test) sees is in the HTML; they refresh themselves every 5 s.
+A page is rendered on the server from one read per request, so what a browser (or a test) sees is in the HTML;
+then its script polls the page's JSON every few seconds and updates the page in place (no reloads; ``?refresh=0``
+turns polling off). Lists and charts read summaries (:mod:`rollq.store.summaries`), never whole rollouts.
 """
 
 from __future__ import annotations
@@ -10,14 +12,14 @@ import time
 from typing import Any
 
 import redis
-from flask import Blueprint, Flask, Response, abort, current_app, render_template, request
+from flask import Blueprint, Flask, Response, abort, current_app, jsonify, render_template, request
 from markupsafe import Markup
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from rollq.store.keys import Keys
 
 from ..metrics import registry
-from ..status import snapshot
+from ..status import Snapshot, snapshot
 from . import data
 from .svg import line_chart
 
@@ -42,16 +44,52 @@ def _common() -> dict[str, Any]:
     return {"namespace": keys.namespace, "now": time.strftime("%H:%M:%S UTC", time.gmtime())}
 
 
-@pages.route("/")
-def rollouts() -> str:
-    filters = data.Filters(
+def _filters() -> data.Filters:
+    return data.Filters(
         status=request.args.get("status", ""),
         mode=request.args.get("mode", ""),
         resources_id=request.args.get("resources_id", ""),
+        group=request.args.get("group", ""),
     )
+
+
+def _cards(s: Snapshot) -> dict[str, int]:
+    return {
+        "queued": s.queued,
+        "in-flight": s.in_flight,
+        "succeeded": s.succeeded,
+        "failed": s.failed,
+        "dead-letter": s.dead_letter,
+        "workers": s.workers_alive,
+    }
+
+
+@pages.route("/")
+def rollouts() -> str:
+    filters = _filters()
     s = snapshot(_conn(), _keys())
-    rows = data.rollout_rows(_conn(), _keys(), filters)
-    return render_template("rollq/rollouts.html", rows=rows, filters=filters, s=s, **_common())
+    listing = data.rollout_rows(_conn(), _keys(), filters, before=request.args.get("before"))
+    return render_template(
+        "rollq/rollouts.html",
+        rows=listing.rows,
+        listing=listing,
+        filters=filters,
+        s=s,
+        versions=data.sort_versions(s.resource_versions),
+        **_common(),
+    )
+
+
+@pages.route("/api/rollouts")
+def rollouts_json() -> Response:
+    listing = data.rollout_rows(_conn(), _keys(), _filters(), before=request.args.get("before"))
+    return jsonify(
+        rows=[r.to_json() for r in listing.rows],
+        before=listing.before,
+        scanned=listing.scanned,
+        cards=_cards(snapshot(_conn(), _keys())),
+        now=_common()["now"],
+    )
 
 
 @pages.route("/rollout/<rollout_id>")
@@ -62,24 +100,79 @@ def rollout(rollout_id: str) -> str:
     return render_template("rollq/rollout.html", page=page, **_common())
 
 
+@pages.route("/api/rollout/<rollout_id>")
+def rollout_json(rollout_id: str) -> Response:
+    """The task's state and attempts only (a few hundred bytes): the page reloads itself once when it ends."""
+    from rollq.store.queries import read_attempts
+    from rollq.store.records import read_records
+
+    record = read_records(_conn(), _keys(), [rollout_id]).get(rollout_id)
+    if record is None:
+        abort(404)
+    return jsonify(
+        state=record.state.value,
+        attempts=[a.attempt for a in read_attempts(_conn(), _keys(), rollout_id)],
+        now=_common()["now"],
+    )
+
+
+def _workers_json(s: Snapshot) -> dict[str, Any]:
+    return {
+        "alive": s.workers_alive,
+        "dead": len(s.workers) - s.workers_alive,
+        "in_flight": s.in_flight,
+        "stale": s.stale_attempts,
+        "workers": [
+            {
+                "name": w["name"],
+                "state": w["state"] if w["alive"] else "dead",
+                "in_flight": w["in_flight"],
+                "concurrency": w["concurrency"] or "-",
+                "last_heartbeat": _ago(w["last_heartbeat"]),
+            }
+            for w in s.workers
+        ],
+    }
+
+
 @pages.route("/workers")
 def workers() -> str:
     s = snapshot(_conn(), _keys())
-    return render_template("rollq/workers.html", s=s, fmt_time=_ago, **_common())
+    return render_template("rollq/workers.html", s=s, w=_workers_json(s), **_common())
+
+
+@pages.route("/api/workers")
+def workers_json() -> Response:
+    return jsonify(**_workers_json(snapshot(_conn(), _keys())), now=_common()["now"])
+
+
+def _charts() -> dict[str, Any]:
+    # Bucket width in seconds (?bucket=N), 1 s to an hour; a minute by default.
+    bucket = min(3600, max(1, request.args.get("bucket", 60, type=int) or 60))
+    through = data.throughput(_conn(), _keys(), bucket_seconds=bucket)
+    rewards = data.reward_by_version(data.read_stats(_conn(), _keys()))
+    return {
+        "throughput": line_chart([through]),
+        "reward": line_chart(rewards.series, x_labels=rewards.versions),
+        "versions": rewards.versions,
+    }
 
 
 @pages.route("/charts")
 def charts() -> str:
-    # Bucket width in seconds (?bucket=N), 1 s to an hour; a minute by default.
-    bucket = min(3600, max(1, request.args.get("bucket", 60, type=int) or 60))
-    throughput, rewards = data.charts(_conn(), _keys(), bucket_seconds=bucket)
+    c = _charts()
     return render_template(
         "rollq/charts.html",
-        throughput=Markup(line_chart([throughput])),
-        rewards=Markup(line_chart(rewards)),
-        versions=[r.label for r in rewards],
+        throughput=Markup(c["throughput"]),
+        rewards=Markup(c["reward"]),
+        versions=c["versions"],
         **_common(),
     )
+
+
+@pages.route("/api/charts")
+def charts_json() -> Response:
+    return jsonify(**_charts(), now=_common()["now"])
 
 
 def _ago(t: float | None) -> str:
@@ -97,5 +190,6 @@ def install(app: Flask, connection: redis.Redis, namespace: str) -> None:
     """Add rollq's pages and /metrics to ``app`` (rq-dashboard's), on ``connection`` and ``namespace``."""
     app.config["ROLLQ_CONNECTION"] = connection
     app.config["ROLLQ_NAMESPACE"] = namespace
+    app.jinja_env.filters["utc"] = lambda t: time.strftime("%H:%M:%S", time.gmtime(t)) if t else "-"
     app.register_blueprint(pages)
     app.add_url_rule("/metrics", "rollq_metrics", metrics)

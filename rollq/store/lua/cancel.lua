@@ -9,6 +9,8 @@ local results = KEYS[3]
 local resources_refs = KEYS[4]
 local stats = KEYS[5]
 local results_trim = KEYS[6]
+local summaries = KEYS[7]
+local queued_tasks = KEYS[8]  -- the index of queued tasks (see enqueue.lua)
 local rollout_id = ARGV[1]
 local rollout_json = ARGV[2]  -- metadata.status = "cancelled"; attempt and worker are filled in here
 local maxlen = tonumber(ARGV[3])
@@ -34,7 +36,12 @@ end
 local published = cjson.encode(rollout)
 local id = redis.call('XADD', results, '*', S.rollout_id, rollout_id, S.rollout, published)
 trim_results(results, stats, results_trim, maxlen, max_bytes, id, #rollout_id + #published)
+local summary = {status = STATE.cancelled, attempt = attempt}
+if t[3] and t[3] ~= '' then summary['version'] = t[3] end
+if t[5] and t[5] ~= '' then summary['worker'] = t[5] end
+add_summary(summaries, maxlen, rollout_id, cjson.encode(summary), t[4], id)
 redis.call('HSET', task_key, F.state, STATE.cancelled, F.result, id, F.ended, now)
+redis.call('SREM', queued_tasks, task_key)
 if t[3] and t[3] ~= '' then
   if count(resources_refs, t[3], -1) <= 0 then
     redis.call('HDEL', resources_refs, t[3])

@@ -12,6 +12,7 @@
 local task_key = KEYS[1]
 local inflight = KEYS[2]
 local resources_latest = KEYS[3]
+local queued_tasks = KEYS[4]  -- the index of queued tasks (see enqueue.lua)
 local rollout_id = ARGV[1]
 local job_id = ARGV[2]
 local worker = ARGV[3]
@@ -43,6 +44,7 @@ for _, i in ipairs({8, 9}) do
 end
 local attempt = redis.call('HINCRBY', task_key, F.claims, 1)
 local used = redis.call('HINCRBY', task_key, F.attempts, 1)
+redis.call('SREM', queued_tasks, task_key)
 redis.call('HSET', task_key, F.state, STATE.running, F.attempt, attempt, F.last_claim, tostring(now), F.worker, worker,
   claim_field(attempt), history(worker, tostring(now)))
 if attempt > HISTORY_LIMIT then

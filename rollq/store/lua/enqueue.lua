@@ -7,7 +7,8 @@ local rq_queue = KEYS[1]
 local rq_queues = KEYS[2]
 local resources_refs = KEYS[3]
 local resources_version = KEYS[4]  -- rq_queue again when unpinned
-local task_keys = list_from(KEYS, 5)  -- per task: task, rq_job
+local queued_tasks = KEYS[5]  -- the index of queued tasks' record keys (the lost-job sweep walks it)
+local task_keys = list_from(KEYS, 6)  -- per task: task, rq_job
 local policy_json = ARGV[1]
 local unresponsive_seconds = ARGV[2]
 local pinned = ARGV[3]  -- the resources version id, '' when unpinned
@@ -36,6 +37,7 @@ for i = 1, #task_keys / 2 do
     if pinned ~= '' then
       count(resources_refs, pinned, 1)
     end
+    redis.call('SADD', queued_tasks, task_key)
     pushed[#pushed + 1] = job_id
     codes[i] = ENQUEUED.queued
   end

@@ -15,6 +15,7 @@ local dead_letter = KEYS[5]
 local resources_refs = KEYS[6]
 local stats = KEYS[7]
 local results_trim = KEYS[8]
+local summaries = KEYS[9]
 local rollout_id = ARGV[1]
 local attempt = ARGV[2]  -- a string, as the task record holds it
 local rollout_json = ARGV[3]
@@ -31,6 +32,7 @@ local reward_bucket = ARGV[13]  -- '' when there is no reward
 local reward = ARGV[14]
 local resources_id = ARGV[15]  -- the resources version the rollout ran with, '' when none
 local reward_missing = ARGV[16] == '1'  -- a succeeded rollout with no reward at all
+local summary = ARGV[17]  -- the rollout's compact summary, JSON (rollq.store.summaries)
 
 local t = redis.call('HMGET', task_key, F.state, F.attempt, F.mode, F.resources_id, F.result)
 if t[1] == STATE.cancelled then
@@ -63,6 +65,7 @@ end
 -- The rollout is the second field of the entry: the idempotency check above reads it at index 4.
 local id = redis.call('XADD', results, '*', S.rollout_id, rollout_id, S.rollout, rollout_json)
 trim_results(results, stats, results_trim, tonumber(maxlen), max_bytes, id, #rollout_id + #rollout_json)
+add_summary(summaries, tonumber(maxlen), rollout_id, summary, t[3], id)
 redis.call('HSET', task_key, F.state, status, F.result, id, F.ended, now, end_field(attempt), history(status, now))
 redis.call('ZREM', inflight, running)
 if t[4] and t[4] ~= '' then

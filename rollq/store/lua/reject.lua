@@ -9,12 +9,15 @@ local dead_letter = KEYS[3]
 local stats = KEYS[4]
 local resources_refs = KEYS[5]
 local results_trim = KEYS[6]
+local summaries = KEYS[7]
+local queued_tasks = KEYS[8]  -- the index of queued tasks (see enqueue.lua)
 local rollout_id = ARGV[1]
 local job_id = ARGV[2]
 local rollout_json = ARGV[3]
 local maxlen = tonumber(ARGV[4])
 local now = ARGV[5]
 local max_bytes = tonumber(ARGV[6])
+local summary = ARGV[7]  -- the rollout's compact summary, JSON (rollq.store.summaries)
 
 local t = redis.call('HMGET', task_key, F.state, F.job, F.mode, F.resources_id)
 if t[1] ~= STATE.queued or t[2] ~= job_id then
@@ -22,7 +25,9 @@ if t[1] ~= STATE.queued or t[2] ~= job_id then
 end
 local id = redis.call('XADD', results, '*', S.rollout_id, rollout_id, S.rollout, rollout_json)
 trim_results(results, stats, results_trim, maxlen, max_bytes, id, #rollout_id + #rollout_json)
+add_summary(summaries, maxlen, rollout_id, summary, t[3], id)
 redis.call('HSET', task_key, F.state, STATE.failed, F.result, id, F.ended, now)
+redis.call('SREM', queued_tasks, task_key)
 redis.call('ZADD', dead_letter, now, rollout_id)
 count(stats, outcome_stat(STATE.failed, t[3] or ''), 1)
 if t[4] and t[4] ~= '' and count(resources_refs, t[4], -1) <= 0 then

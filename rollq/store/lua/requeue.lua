@@ -10,6 +10,7 @@ local rq_queue = KEYS[3]
 local rq_queues = KEYS[4]
 local new_job_key = KEYS[5]
 local stats = KEYS[6]
+local queued_tasks = KEYS[7]  -- the index of queued tasks (see enqueue.lua)
 local rollout_id = ARGV[1]
 local attempt = ARGV[2]  -- a string, as the task record holds it
 local new_job_id = ARGV[3]
@@ -35,6 +36,7 @@ if taken and taken ~= job_fields[2] then
 end
 redis.call('ZREM', inflight, running)
 local clock = redis.call('TIME')
+redis.call('SADD', queued_tasks, task_key)
 redis.call('HSET', task_key, F.state, STATE.queued, F.job, new_job_id,
   end_field(attempt), history(reason, clock[1] .. '.' .. string.format('%06d', clock[2])))
 if reason == 'released' and t[3] and string.match(t[3], '^%d+$') then

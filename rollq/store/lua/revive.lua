@@ -8,6 +8,7 @@ local rq_queue = KEYS[3]
 local rq_queues = KEYS[4]
 local new_job_key = KEYS[5]
 local resources_refs = KEYS[6]
+local queued_tasks = KEYS[7]  -- the index of queued tasks (see enqueue.lua)
 local rollout_id = ARGV[1]
 local new_job_id = ARGV[2]
 local job_fields = list_from(ARGV, 3)  -- the new job hash's field/value pairs, 'data' and its payload first
@@ -26,6 +27,7 @@ if rid and rid ~= '' then
 end
 local generation = tonumber(redis.call('HGET', task_key, F.generation) or '1') + 1
 redis.call('HSET', task_key, F.state, STATE.queued, F.job, new_job_id, F.attempts, 0, F.generation, generation)
+redis.call('SADD', queued_tasks, task_key)
 redis.call('HDEL', task_key, F.result, F.ended)
 redis.call('PERSIST', task_key)
 redis.call('HSET', new_job_key, unpack(job_fields))

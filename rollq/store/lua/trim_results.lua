@@ -7,6 +7,11 @@
 -- the stream is trimmed anyway, and each group that loses entries gets them counted in the trim hash
 -- (`count:<group>`, `from:<group>`), which its readers raise as RolloutsTrimmedError and `rollq status` shows.
 -- Trimming goes 1% below a bound so that a full stream is not trimmed on every publish.
+-- An idle group (no consumer of it has talked to Redis for GROUP_IDLE_MS, or the trim hash's IDLE_MS_FIELD when
+-- set; a group with no consumer at all for that long, timed from when a trim first saw it so, in the trim hash's
+-- 'seen:<group>': a reader that just created its group has not read yet) holds nothing back: a reader that went away (a Ctrl-C'd
+-- `rollq rollouts tail --group`) must not pin the stream past its bounds. What it loses is counted for it, as for
+-- the hard limit, so a reader that comes back is told (RolloutsTrimmedError).
 -- The payload byte count is kept in the stats hash (STATS_RESULTS_BYTES); the trim hash's TRIMMED_TO holds the id
 -- of the first entry kept by the last trim, so a reader can tell whether entries it had not read yet were removed.
 
@@ -21,8 +26,36 @@ local function id_lt(a, b)
   return am < bm or (am == bm and as < bs)
 end
 
+-- Whether every consumer of `group` has been idle longer than `idle_ms`; a group without consumers counts from
+-- when a trim first saw it without any.
+local function group_idle(stream, trim, group, idle_ms)
+  local consumers = redis.call('XINFO', 'CONSUMERS', stream, group)
+  local seen_field = 'seen:' .. group
+  if #consumers == 0 then
+    local t = redis.call('TIME')
+    local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+    local seen = tonumber(redis.call('HGET', trim, seen_field) or '')
+    if not seen then
+      redis.call('HSET', trim, seen_field, now_ms)
+      return false
+    end
+    return now_ms - seen > idle_ms
+  end
+  if redis.call('HEXISTS', trim, seen_field) == 1 then
+    redis.call('HDEL', trim, seen_field)
+  end
+  for _, c in ipairs(consumers) do
+    for i = 1, #c, 2 do
+      if c[i] == 'idle' and tonumber(c[i + 1]) <= idle_ms then
+        return false
+      end
+    end
+  end
+  return true
+end
+
 -- Each group's need: the entries after its last-delivered id, and its pending ones (from the first pending id).
-local function group_needs(stream)
+local function group_needs(stream, trim, idle_ms)
   local needs = {}
   for _, g in ipairs(redis.call('XINFO', 'GROUPS', stream)) do
     local info = {}
@@ -30,6 +63,7 @@ local function group_needs(stream)
       info[g[i]] = g[i + 1]
     end
     local need = {name = info['name'], delivered = info['last-delivered-id']}
+    need.idle = group_idle(stream, trim, need.name, idle_ms)
     if tonumber(info['pending']) > 0 then
       need.first_pending = redis.call('XPENDING', stream, need.name)[2]
     end
@@ -39,6 +73,9 @@ local function group_needs(stream)
 end
 
 local function needed_by(need, id)
+  if need.idle then
+    return false
+  end
   return id_lt(need.delivered, id) or (need.first_pending ~= nil and not id_lt(id, need.first_pending))
 end
 
@@ -59,7 +96,8 @@ local function trim_results(stream, stats, trim, maxlen, max_bytes, newest, adde
   local target_len, target_bytes = maxlen - math.floor(maxlen / 100), soft_bytes - math.floor(soft_bytes / 100)
   local forced = bytes > max_bytes
   local hard_target = max_bytes - math.floor(max_bytes / 100)
-  local needs = group_needs(stream)
+  local idle_ms = tonumber(redis.call('HGET', trim, IDLE_MS_FIELD) or '') or GROUP_IDLE_MS
+  local needs = group_needs(stream, trim, idle_ms)
   local removed, removed_bytes, cut, first_removed = 0, 0, nil, nil
   local lost_now = {}  -- group -> {count, from}: entries it was never delivered
   local cursor = '-'
@@ -111,21 +149,20 @@ local function trim_results(stream, stats, trim, maxlen, max_bytes, newest, adde
   redis.call('XTRIM', stream, 'MINID', cut)
   redis.call('HINCRBY', stats, STATS_RESULTS_BYTES, -removed_bytes)
   redis.call('HSET', trim, TRIMMED_TO, cut)
-  if not forced then
-    return
-  end
   for _, need in ipairs(needs) do
-    local l = lost_now[need.name] or {count = 0}
-    if need.first_pending ~= nil and id_lt(need.first_pending, cut) then
-      -- Delivered but not acknowledged: a reader that dies now would leave them to a reader that finds nothing.
-      local pending = redis.call('XPENDING', stream, need.name, first_removed, '(' .. cut, removed)
-      if #pending > 0 then
-        l.count, l.from = l.count + #pending, pending[1][1]
+    if forced or need.idle then
+      local l = lost_now[need.name] or {count = 0}
+      if need.first_pending ~= nil and id_lt(need.first_pending, cut) then
+        -- Delivered but not acknowledged: a reader that dies now would leave them to a reader that finds nothing.
+        local pending = redis.call('XPENDING', stream, need.name, first_removed, '(' .. cut, removed)
+        if #pending > 0 then
+          l.count, l.from = l.count + #pending, pending[1][1]
+        end
       end
-    end
-    if l.count > 0 then
-      redis.call('HINCRBY', trim, 'count:' .. need.name, l.count)
-      redis.call('HSETNX', trim, 'from:' .. need.name, l.from)
+      if l.count > 0 then
+        redis.call('HINCRBY', trim, 'count:' .. need.name, l.count)
+        redis.call('HSETNX', trim, 'from:' .. need.name, l.from)
+      end
     end
   end
 end

@@ -1,0 +1,123 @@
+"""Will a namespace's records fit in Redis's memory? A projection from what the namespace has done so far.
+
+What grows with the rate, in steady state: every succeeded task's record (and its RQ job hash) for
+``keep_seconds`` after it ends, and the results stream up to its hard byte limit. At the issue-25 plan's rate
+(32,000 rollouts/s) the former 7-day default would have kept about 21 TB of records; one hour keeps ~1.1 kB x
+rate x 3600 (4 GB per shard at ~1,000 rollouts/s). A worker projects this at start-up and warns when it exceeds
+``maxmemory`` (Redis with ``noeviction`` then refuses writes; with eviction it drops rollq's keys, tasks included).
+
+The rate is estimated from the namespace's own history: the mean rollout duration in the stats hash and the
+capacity of the workers registered on its queue (this worker's concurrency each); a record's size from
+``MEMORY USAGE`` of the task records (and RQ job hashes) of the latest published rollouts. With no finished
+rollout yet there is nothing to project from, and :func:`project_memory` returns None.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any, cast
+
+import redis
+
+from .keys import Keys, StreamField, job_id
+from .stats import DURATION_PREFIX, StatsField
+
+log = logging.getLogger(__name__)
+
+_SAMPLE = 8  # task records sampled for their size
+STREAM_OVERHEAD = 1.15
+"""Redis memory per payload byte of the results stream (measured 1.1-1.3, README)."""
+
+
+@dataclass(frozen=True)
+class MemoryProjection:
+    """Steady-state memory of a namespace's records at its estimated rate, beside what Redis allows."""
+
+    rollouts_per_second: float
+    record_bytes: int
+    keep_seconds: int
+    results_max_bytes: int
+    maxmemory: int
+    """Redis's ``maxmemory`` (0: none set; then the host's memory is the bound)."""
+    bound_bytes: int
+    """What the projection is compared with: ``maxmemory``, else the host's total memory."""
+
+    @property
+    def projected_bytes(self) -> int:
+        """Records kept for ``keep_seconds`` at the rate (0 when kept for ever: unbounded) plus a full stream."""
+        return int(
+            self.rollouts_per_second * self.keep_seconds * self.record_bytes + self.results_max_bytes * STREAM_OVERHEAD
+        )
+
+    @property
+    def fits(self) -> bool:
+        return self.keep_seconds > 0 and (self.bound_bytes <= 0 or self.projected_bytes <= self.bound_bytes)
+
+
+def _mean_duration(stats: dict[bytes, bytes]) -> float | None:
+    """Mean rollout duration from the stats hash's histogram (count of every bucket) and its sum."""
+    total = float(stats.get(StatsField.DURATION_SUM.encode(), b"0") or 0)
+    count = 0
+    for field, value in stats.items():
+        name = field.decode(errors="replace")
+        if name.startswith(DURATION_PREFIX) and name != StatsField.DURATION_SUM:
+            try:
+                count += int(value)
+            except ValueError:
+                continue
+    return total / count if count and total > 0 else None
+
+
+def project_memory(
+    connection: redis.Redis, keys: Keys, *, keep_seconds: int, results_max_bytes: int, concurrency: int
+) -> MemoryProjection | None:
+    """The projection for ``keys``'s namespace (see the module), or None when nothing has finished yet or the
+    server does not answer ``MEMORY USAGE`` / ``INFO`` (fakeredis)."""
+    pipe = connection.pipeline(transaction=False)
+    pipe.hgetall(keys.stats)
+    pipe.scard(f"rq:workers:{keys.queue_name}")
+    pipe.xrevrange(keys.results, count=_SAMPLE)
+    stats, workers, latest = pipe.execute()
+    duration = _mean_duration(cast(dict[bytes, bytes], stats))
+    if duration is None or not latest:
+        return None
+    rate = max(1, int(workers)) * concurrency / max(duration, 0.001)
+    pipe = connection.pipeline(transaction=False)
+    for _, fields in latest:
+        rid = fields.get(StreamField.ROLLOUT_ID.encode(), b"").decode(errors="replace")
+        pipe.memory_usage(keys.task(rid))
+        pipe.memory_usage(keys.rq_job(job_id(rid)))
+    try:
+        sizes: list[Any] = pipe.execute()
+        info: dict[str, Any] = cast(dict[str, Any], connection.info("memory"))
+    except (redis.ResponseError, NotImplementedError, AttributeError):
+        return None
+    tasks = [int(s) for s in sizes[0::2] if s]
+    jobs = [int(s) for s in sizes[1::2] if s]
+    if not tasks:
+        return None
+    record = sum(tasks) // len(tasks) + (sum(jobs) // len(jobs) if jobs else 0)
+    maxmemory = int(info.get("maxmemory", 0) or 0)
+    bound = maxmemory or int(info.get("total_system_memory", 0) or 0)
+    return MemoryProjection(rate, record, keep_seconds, results_max_bytes, maxmemory, bound)
+
+
+def warn_if_oversized(projection: MemoryProjection | None) -> bool:
+    """Log one warning when ``projection`` does not fit; True if it did not."""
+    if projection is None or projection.fits:
+        return False
+    p = projection
+    bound = f"maxmemory {p.maxmemory / 1e9:.1f} GB" if p.maxmemory else f"the host's {p.bound_bytes / 1e9:.1f} GB"
+    kept = f"for {p.keep_seconds} s" if p.keep_seconds else "for ever (ROLLQ_KEEP_SECONDS=0)"
+    log.warning(
+        "memory: at ~%.0f rollouts/s (estimated from this namespace's mean duration and its workers), keeping "
+        "succeeded task records of ~%d bytes %s plus a full results stream needs ~%.1f GB, more than %s: lower "
+        "ROLLQ_KEEP_SECONDS or ROLLQ_RESULTS_MAX_BYTES, or give Redis more memory (docs/scaling.md)",
+        p.rollouts_per_second,
+        p.record_bytes,
+        kept,
+        p.projected_bytes / 1e9 if p.keep_seconds else float("inf"),
+        bound,
+    )
+    return True
