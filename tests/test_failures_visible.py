@@ -66,9 +66,13 @@ def test_a_failed_rollout_is_a_failed_rq_job_with_the_error_and_outcome_shown(
     failed = Job.fetch(job_id(bad), connection=client, serializer=JSONSerializer)
     result = failed.latest_result()
     assert result is not None and result.exc_string is not None
-    assert result.exc_string.startswith("ValueError: bad input 42")
+    # The traceback first (where people look, issue 23), then the error line.
+    assert result.exc_string.startswith("Traceback (most recent call last):")
+    assert "ValueError: bad input 42" in result.exc_string
     meta = failed.get_meta()["rollout"]
-    assert (meta["status"], meta["attempt"], meta["error"]) == (
+    error = dict(meta["error"])
+    assert "raise ValueError(task_input" in error.pop("traceback")  # the agent's own frame
+    assert (meta["status"], meta["attempt"], error) == (
         "failed",
         1,
         {"type": "ValueError", "message": "bad input 42"},
@@ -102,7 +106,8 @@ def test_rq_info_and_rq_dashboard_count_the_failed_rollout(
     assert (row["failed_job_registry_count"], row["finished_job_registry_count"]) == (1, 1), row
     _, ok, bad, _ = finished_pair
     page = app.test_client().get(f"/0/data/job/{job_id(bad)}.json").json
-    assert page["status"] == "failed" and page["exc_info"].startswith("ValueError: bad input 42")
+    assert page["status"] == "failed" and page["exc_info"].startswith("Traceback (most recent call last):")
+    assert "ValueError: bad input 42" in page["exc_info"]
     shown = json.loads(page["metadata"])["rollout"]
     assert (shown["status"], shown["attempt"], shown["error"]["type"]) == ("failed", 1, "ValueError")
     assert "bad input 42" in shown["input"] and "failed, attempt 1" in page["description"]
@@ -128,7 +133,11 @@ def test_cli_shows_one_task_one_rollout_and_the_dead_letter_errors(
         assert done.returncode == 0, done.stderr
         return done.stdout
 
-    task = dict(line.split(None, 1) for line in run("task", bad).splitlines())
+    shown = run("task", bad)
+    # One "field value" line each, then the traceback (issue 23: tracebacks where people look).
+    head, _, traceback = shown.partition("\ntraceback\n")
+    assert "ValueError: bad input 42" in traceback and "raise ValueError(task_input" in traceback
+    task = dict(line.split(None, 1) for line in head.splitlines() if line.strip())
     task_json = json.loads(run("task", bad, "--json"))
     rollout = json.loads(run("rollouts", "get", ok))
     dead = run("dead-letter", "list").splitlines()
