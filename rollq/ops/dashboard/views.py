@@ -31,7 +31,12 @@ def _conn() -> redis.Redis:
 
 
 def _keys() -> Keys:
-    return Keys(request.args.get("namespace") or current_app.config["ROLLQ_NAMESPACE"])
+    # Only the namespace the dashboard serves: ?namespace= must not read any other one on the server.
+    configured = current_app.config["ROLLQ_NAMESPACE"]
+    asked = request.args.get("namespace") or configured
+    if asked != configured:
+        abort(404, "this dashboard serves one namespace; start it with -n for another")
+    return Keys(configured)
 
 
 def _common() -> dict[str, Any]:
