@@ -1,5 +1,5 @@
 # The rollq image compose.yaml runs as worker, dashboard and sample producer; build your agent's image FROM it
-# (see the README, "Operating").
+# (see docs/operations.md, "Docker and compose").
 FROM python:3.11-slim
 
 ENV PYTHONUNBUFFERED=1 PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1

@@ -20,7 +20,7 @@ from rollq.models.contract import LLM
 from rollq.models.policy import RolloutPolicy, TaskState
 from rollq.producer.producer import Producer
 
-pytestmark = pytest.mark.redis
+pytestmark = [pytest.mark.redis, pytest.mark.slow]
 
 
 def start_worker(al_bin: Path, url: str, namespace: str, agent: str, log: Path) -> subprocess.Popen[bytes]:

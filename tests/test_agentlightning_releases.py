@@ -23,7 +23,7 @@ from rollq.producer import Producer
 
 # The first run builds the AL venvs inside the fixtures (0.2.2 and 0.3.0: ~800 MB each, many minutes on a busy
 # machine); later runs find them in the cache.
-pytestmark = [pytest.mark.redis, pytest.mark.timeout(1800)]
+pytestmark = [pytest.mark.redis, pytest.mark.slow, pytest.mark.timeout(1800)]
 
 CALC_TASKS = [
     {"question": "What is 2 + 3?", "result": "5"},

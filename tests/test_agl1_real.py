@@ -24,7 +24,7 @@ from servers import REPO, RedisServer, free_port, wait_until
 from rollq.models.contract import Rollout
 from rollq.store.keys import Keys, StreamField
 
-pytestmark = pytest.mark.redis
+pytestmark = [pytest.mark.redis, pytest.mark.slow]
 KEY = "calcx-dev-key"
 MODEL = "Qwen/Qwen2.5-1.5B-Instruct"
 INPUTS = [

@@ -48,6 +48,7 @@ def test_group_members_share_a_group_id_in_task_and_rollout_metadata(producer, s
         }
 
 
+@pytest.mark.slow
 def test_batches_hand_over_complete_groups_with_grpo_advantages(producer, serve) -> None:
     rewards = [0.0, 1.0, 1.0, 0.5]
     producer.enqueue_many([{"rewards": rewards}] * 5, mode="train", group_size=4)
@@ -75,6 +76,7 @@ def test_unscaled_advantages_subtract_the_mean_only(producer, serve) -> None:
     assert group.advantages == [-1.0, 1.0]
 
 
+@pytest.mark.slow
 def test_a_group_with_a_failed_member_is_dropped_and_counted_by_default(producer, serve) -> None:
     producer.enqueue_many([{"rewards": [1.0, 0.0], "fail": [1]}, {"rewards": [1.0, 0.0]}], mode="train", group_size=2)
     serve()

@@ -201,5 +201,5 @@ def test_shell_completion_is_documented_and_works() -> None:
     assert done.returncode == 0 and "_rollq_completion" in done.stdout
     assert "plain,dead-letter" in words.stdout.split()
     assert "_ROLLQ_COMPLETE=bash_source rollq" in CliRunner().invoke(main, ["--help"]).output
-    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
-    assert "_ROLLQ_COMPLETE=bash_source rollq" in readme
+    operations = (Path(__file__).resolve().parent.parent / "docs" / "operations.md").read_text()
+    assert "_ROLLQ_COMPLETE=bash_source rollq" in operations

@@ -15,6 +15,7 @@ from urllib.parse import urlsplit
 
 import pytest
 import yaml
+from doc_blocks import DOCS, section
 from servers import REPO, RedisServer, WorkerProcess
 
 from rollq.models.policy import RolloutPolicy
@@ -182,17 +183,17 @@ def test_dockerfile_installs_dependencies_before_sources_and_has_a_healthcheck()
     assert "CMD rollq status" in healthcheck and "--timeout=" in healthcheck
 
 
-def readme_agent_dockerfile() -> str:
-    text = (REPO / "README.md").read_text()
+def docs_agent_dockerfile() -> str:
+    text = section(DOCS / "operations.md", "## Docker and compose")
     match = re.search(r"```dockerfile\n(FROM rollq\n.*?)```", text, flags=re.S)
-    assert match is not None, "the README shows a Dockerfile FROM rollq"
+    assert match is not None, "docs/operations.md shows a Dockerfile FROM rollq"
     return match.group(1)
 
 
-def test_readme_shows_an_agent_image_built_from_the_rollq_image(tmp_path: Path) -> None:
+def test_operations_doc_shows_an_agent_image_built_from_the_rollq_image(tmp_path: Path) -> None:
     # No Docker engine here: the file is written and checked as a build would read it.
     dockerfile = tmp_path / "Dockerfile"
-    dockerfile.write_text(readme_agent_dockerfile())
+    dockerfile.write_text(docs_agent_dockerfile())
     steps = dockerfile_instructions(dockerfile.read_text())
 
     assert steps[0] == ("FROM", "rollq")
@@ -203,11 +204,11 @@ def test_readme_shows_an_agent_image_built_from_the_rollq_image(tmp_path: Path) 
     assert services_image_name() == "rollq"
 
 
-def test_readme_agent_dockerfile_installs_as_root_and_runs_as_the_rollq_user() -> None:
+def test_operations_doc_agent_dockerfile_installs_as_root_and_runs_as_the_rollq_user() -> None:
     # The rollq image ends with `USER rollq`: a `pip install /agent` run as that user got "Permission denied".
     (base_user,) = [args for kind, args in dockerfile_instructions(DOCKERFILE.read_text()) if kind == "USER"][-1:]
     user = base_user
-    for kind, args in dockerfile_instructions(readme_agent_dockerfile()):
+    for kind, args in dockerfile_instructions(docs_agent_dockerfile()):
         if kind == "USER":
             user = args
         if kind == "RUN" and "pip install" in args:

@@ -181,6 +181,7 @@ def dashboard(tmp_path: Path) -> Iterator[Callable[[str], Dashboard]]:
 
 @pytest.mark.redis
 @pytest.mark.browser
+@pytest.mark.slow
 def test_browser_shows_the_rollq_queue_a_finished_job_and_a_busy_worker(
     own_redis: Callable[..., RedisServer],
     workers: Callable[..., WorkerProcess],

@@ -59,6 +59,7 @@ def _ids(producer: Producer, n: int, spec: dict | None = None) -> list[str]:
     return [t.rollout_id for t in producer.enqueue_many([spec or {"sleep": 0}] * n)]
 
 
+@pytest.mark.slow
 def test_a_consumer_group_behind_the_count_bound_loses_nothing(redis_server, namespace, workers):
     # 1000 rollouts finish before the group reads any; the count bound is 100.
     producer = Producer.from_url(redis_server.url, namespace, results_maxlen=100)
@@ -84,6 +85,7 @@ def _states(producer: Producer, ids: list[str]) -> list[bytes | None]:
     return pipe.execute()
 
 
+@pytest.mark.slow
 def test_the_hard_byte_limit_trims_a_lagging_group_and_its_reader_says_how_many_it_lost(
     redis_server, namespace, workers
 ):
@@ -163,6 +165,7 @@ def test_wait_paused_while_its_rollouts_are_trimmed_reports_them_as_trimmed(redi
     assert set(_states(producer, outcome["trimmed"])) != {None}
 
 
+@pytest.mark.slow
 def test_wait_and_a_group_reader_ride_out_a_25s_redis_restart(own_redis, namespace, workers, caplog):
     caplog.set_level(logging.WARNING, logger="rollq")
     server = own_redis(appendonly=True)

@@ -122,6 +122,7 @@ def test_rq_info_and_rq_dashboard_count_the_failed_rollout(
 
 
 @pytest.mark.redis
+@pytest.mark.slow
 def test_cli_shows_one_task_one_rollout_and_the_dead_letter_errors(
     finished_pair: tuple[Producer, str, str, str], namespace: str, redis_server: RedisServer
 ) -> None:
@@ -196,7 +197,7 @@ def test_otlp_root_span_carries_status_error_the_exception_and_the_rollout_attri
 
 
 class EmitsRewards(WorkloadAgent):
-    """Reports rewards as spans (emit_reward) and returns nothing: the README's way."""
+    """Reports rewards as spans (emit_reward) and returns nothing: the way docs/workers.md shows."""
 
     async def training_rollout_async(self, task_input, rollout_id, resources):  # type: ignore[no-untyped-def]
         emit_reward(0.1)

@@ -77,6 +77,7 @@ def test_sigterm_lets_the_running_rollout_finish_and_takes_no_new_task(redis_ser
     assert_exactly_once(producer.connection, namespace, [first, late])
 
 
+@pytest.mark.slow
 def test_sigterm_hands_an_unfinished_rollout_back_at_once_after_the_grace_period(redis_server, namespace, workers):
     # A reaper would wait 120 s; the hand-back must not.
     producer = Producer.from_url(redis_server.url, namespace, policy=RolloutPolicy(unresponsive_seconds=120))

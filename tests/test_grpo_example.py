@@ -1,6 +1,6 @@
 """examples/grpo trains a policy that learns: the mean reward of its last steps rises clearly above its first.
 
-A shortened run of the README's example (stock rq workers, the capturing proxy, the example's vLLM-spelling
+A shortened run of docs/training.md's example (stock rq workers, the capturing proxy, the example's vLLM-spelling
 server, Producer.batches with a staleness bound, weight_sync + update_resources), on the session's redis-server.
 """
 

@@ -321,6 +321,7 @@ def _stall_under_load(own_redis, workers, namespace, *, policy, stall, sleep_bet
     return rollouts, stats
 
 
+@pytest.mark.slow
 def test_a_40s_redis_stall_under_load_makes_no_live_attempt_look_dead(own_redis, workers, namespace):
     rollouts, stats = _stall_under_load(
         own_redis, workers, namespace, policy=RolloutPolicy(unresponsive_seconds=3), stall=40, sleep_between=[44, 48]
@@ -330,6 +331,7 @@ def test_a_40s_redis_stall_under_load_makes_no_live_attempt_look_dead(own_redis,
     assert stats.get("superseded", "0") == "0" and stats.get("requeued:unresponsive", "0") == "0", stats
 
 
+@pytest.mark.slow
 def test_a_15s_stall_fails_nothing_with_one_attempt_and_10s_unresponsive(own_redis, workers, namespace):
     policy = RolloutPolicy(unresponsive_seconds=10, max_attempts=1)
     rollouts, _ = _stall_under_load(own_redis, workers, namespace, policy=policy, stall=15, sleep_between=[18, 22])

@@ -23,6 +23,7 @@ LLM = {"main_llm": {"resource_type": "llm", "endpoint": "http://llm:8000/v1", "m
 
 @pytest.mark.redis
 @pytest.mark.browser
+@pytest.mark.slow
 def test_rollout_pages_show_rollouts_errors_triplets_trace_workers_and_charts_in_a_browser(
     redis_server: RedisServer,
     namespace: str,

@@ -155,7 +155,7 @@ def render(fn: Any) -> str:
 
 
 def test_rq_is_the_major_version_rollq_was_built_against() -> None:
-    assert rq.__version__.split(".")[0] == "2", "RQ 3 changed perform_job/handle_job_* signatures: see README"
+    assert rq.__version__.split(".")[0] == "2", "RQ 3 changed perform_job/handle_job_* signatures: see docs/rq.md"
 
 
 @pytest.mark.parametrize("name", sorted(PINNED))

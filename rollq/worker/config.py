@@ -75,7 +75,7 @@ class WorkerSettings(Settings):
     """How long RQ keeps a finished job, for rq-dashboard (replaces ``rq worker --results-ttl``); at most a week."""
     wait_replicas: int | None = Field(None, ge=0)
     """Replicas that must hold each claim, finish and requeue (Redis ``WAIT``) before the worker goes on; 0 = off;
-    unset: 1 on a ``redis+sentinel://`` URL, else 0. Bounds what a failover can undo (README, "Redis failover");
+    unset: 1 on a ``redis+sentinel://`` URL, else 0. Bounds what a failover can undo (docs/reliability.md);
     a shortfall is logged, not raised, and makes the worker stop waiting until a replica is online again
     (:mod:`rollq.store.replication`)."""
     wait_timeout_ms: int = Field(1000, ge=1)

@@ -1,25 +1,25 @@
-"""The README's Operating block runs verbatim against a Redis on localhost:6379 (one of the test's own, inside a
-private network namespace), every line exiting 0."""
+"""docs/operations.md's command-line block runs verbatim against a Redis on localhost:6379 (one of the test's
+own, inside a private network namespace), every line exiting 0."""
 
 from __future__ import annotations
 
 import re
 
 import pytest
+from doc_blocks import DOCS, section
 from isolated import run_isolated
 from servers import REPO
 
 
 def operating_block() -> str:
-    text = (REPO / "README.md").read_text()
-    section = text[text.index("## Operating") :]
-    match = re.search(r"```bash\n(.*?)```", section, flags=re.S)
+    match = re.search(r"```bash\n(.*?)```", section(DOCS / "operations.md", "## The command line"), flags=re.S)
     assert match is not None
     return match.group(1)
 
 
 @pytest.mark.redis
-def test_readme_operating_block_runs_verbatim_on_localhost() -> None:
+@pytest.mark.slow
+def test_operations_command_line_block_runs_verbatim_on_localhost() -> None:
     block = operating_block()
     assert "--url" not in block  # it relies on the default, redis://localhost:6379/0
 
