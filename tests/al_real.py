@@ -78,7 +78,7 @@ class ClientAgent(LitAgent):
         self.marker_dir = marker_dir
 
     def training_rollout(self, task: Any, rollout_id: str, resources: Any) -> Any:
-        if task.get("hang_first") and rollout_id.endswith("#1"):
+        if task.get("hang_first") and rollout_id.rpartition("#")[0].endswith("#1"):
             (self.marker_dir / f"hung-{os.getpid()}").write_text(rollout_id)
             time.sleep(120)
         return float(task["a"] + task["b"]) + (0.5 if resources["main_llm"].model == "m-al" else 0.0)

@@ -2,12 +2,20 @@
 
 from __future__ import annotations
 
+import json
+import signal
+import subprocess
+import sys
+import urllib.error
+import urllib.request
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
-from servers import RedisServer, Replicated, WorkerProcess
+from fault_agents import wait_until
+from servers import REPO, RedisServer, Replicated, WorkerProcess, free_port
 
 
 @pytest.fixture(scope="session")
@@ -94,3 +102,54 @@ def al03_bin() -> Path:
     import al_venv
 
     return al_venv.build("0.3.0")
+
+
+ROLLQ = str(Path(sys.executable).parent / "rollq")
+
+
+def _get(url: str) -> dict[str, Any]:
+    with urllib.request.urlopen(url, timeout=10) as response:
+        return json.loads(response.read())  # type: ignore[no-any-return]
+
+
+def _answers(endpoint: str) -> bool:
+    # Not GET /task: that would claim a task. No resources are set, so the answer is a 404.
+    try:
+        _get(endpoint + "resources/latest")
+    except urllib.error.HTTPError:
+        return True
+    except OSError:
+        return False
+    return True
+
+
+@pytest.fixture
+def serve_al(redis_server: RedisServer, namespace: str, tmp_path: Path) -> Iterator[Callable[..., str]]:
+    """Start ``rollq serve-al`` processes on the test's namespace (2 s leases; more options as arguments);
+    each call returns its endpoint."""
+    started: list[tuple[subprocess.Popen[bytes], Path]] = []
+
+    def start(*extra: str) -> str:
+        port = free_port()
+        log = tmp_path / f"serve-al-{len(started)}.log"
+        process = subprocess.Popen(
+            [ROLLQ, "--url", redis_server.url, "-n", namespace, "serve-al", "--port", str(port)]
+            + ["--lease", "2", "--heartbeat", "0.2", *extra],
+            stdout=log.open("wb"),
+            stderr=subprocess.STDOUT,
+            cwd=REPO,
+        )
+        started.append((process, log))
+        endpoint = f"http://127.0.0.1:{port}/"
+        wait_until(lambda: _answers(endpoint), 20, f"serve-al on port {port} to answer")
+        return endpoint
+
+    yield start
+    for process, log in started:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+        print(f"--- {log.name} ---\n{log.read_text(errors='replace')[-3000:]}")

@@ -25,6 +25,10 @@ def _misbehave(spec: dict[str, Any], rollout_id: str) -> Any:
     for key, kind in _BASE_EXCEPTIONS.items():
         if key in spec:
             raise kind(spec[key])
+    if "raise" in spec:
+        raise ValueError(spec["raise"])
+    if spec.get("huge"):
+        return 10**400  # an int no float (nor JSON number a trainer reads) can carry
     if "block" in spec:
         time.sleep(spec["block"])  # blocks the event loop when called from an async agent
     if spec.get("unserialisable") == "triplet":
@@ -67,3 +71,11 @@ class ExitingHook(Hook):
     def on_rollout_end(self, task: Task, *args: Any) -> None:
         if isinstance(task.input, dict) and task.input.get("hook_exit"):
             raise KeyboardInterrupt(f"hook interrupt on {task.rollout_id}")
+
+
+class SlowStartHook(Hook):
+    """Sleeps in ``on_rollout_start`` for the task input's ``hook_sleep`` seconds (a hostile tester's 0.3-0.6 s)."""
+
+    def on_rollout_start(self, task: Task, *args: Any) -> None:
+        if isinstance(task.input, dict):
+            time.sleep(float(task.input.get("hook_sleep", 0)))

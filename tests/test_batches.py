@@ -198,8 +198,12 @@ def test_async_producer_batches(redis_server, namespace, serve) -> None:
     assert asyncio.run(main()) == [[0.0, 1.0], [0.0, 1.0]]
 
 
-def test_status_shows_what_became_of_training_groups(producer, serve) -> None:
+def test_status_metrics_and_dashboard_show_what_became_of_training_groups(producer, serve, redis_server) -> None:
+    from rollq.ops.dashboard import create_app
+    from rollq.ops.metrics import render_prometheus
     from rollq.ops.status import render_text
+
+    redis_url = redis_server.url
 
     producer.enqueue_many([{"rewards": [1.0, 0.0], "fail": [0]}, {"rewards": [1.0, 0.0]}], mode="train", group_size=2)
     serve()
@@ -207,6 +211,13 @@ def test_status_shows_what_became_of_training_groups(producer, serve) -> None:
     producer.batches(2, timeout=2).next_batch()
     text = render_text(snapshot(producer.connection, producer.keys))
     assert "training groups   delivered 1, stale-dropped 0, stale-requeued 0, failed-dropped 1" in text
+    metrics = render_prometheus(snapshot(producer.connection, producer.keys))
+    assert f'rollq_training_groups_total{{namespace="{producer.namespace}",outcome="failed-dropped"}} 1.0' in metrics
+    app = create_app(redis_url, producer.namespace)
+    charts = app.test_client().get("/rollq/api/charts").json
+    assert charts["training_groups"] == {"delivered": 1, "stale-dropped": 0, "stale-requeued": 0, "failed-dropped": 1}
+    page = app.test_client().get("/rollq/charts").get_data(as_text=True)
+    assert "delivered 1 · stale-dropped 0 · stale-requeued 0 · failed-dropped 1" in page
 
 
 def test_max_pending_holds_enqueue_until_rollouts_finish(producer, serve) -> None:

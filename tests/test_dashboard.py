@@ -280,3 +280,82 @@ def test_dashboard_without_rq_dashboard_says_how_to_install_it(monkeypatch: pyte
 
     with pytest.raises(RollqError, match=r"pip install 'rollq\[dashboard\]'"):
         create_app("redis://127.0.0.1:1/0")
+
+
+class _Hits:
+    """A loopback HTTP listener that records every path requested: what a script injected into a page would call."""
+
+    def __init__(self) -> None:
+        import http.server
+        import threading
+
+        hits = self.paths = []
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # noqa: N802
+                hits.append(self.path)
+                self.send_response(204)
+                self.end_headers()
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.port = self.server.server_address[1]
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+
+@pytest.mark.redis
+@pytest.mark.browser
+def test_script_in_task_input_errors_and_metadata_runs_on_no_dashboard_page(
+    own_redis: Callable[..., RedisServer],
+    workers: Callable[..., WorkerProcess],
+    dashboard: Callable[[str], Dashboard],
+    tmp_path: Path,
+) -> None:
+    # On 48fc877 rq-dashboard's job page ran script taken from a task input quoted in an agent's error.
+    browser = require_chromium()
+    hits = _Hits()
+    payload = (
+        f"<img src=x onerror=\"fetch('http://127.0.0.1:{hits.port}/onerror')\">"
+        f"<script>fetch('http://127.0.0.1:{hits.port}/script')</script>"
+        f"<svg onload=\"fetch('http://127.0.0.1:{hits.port}/svg')\"></svg>"
+    )
+    server = own_redis()
+    namespace = "rollq"
+    producer = Producer.from_url(server.url, namespace)
+    workers(server.url, namespace, env={"ROLLQ_AGENT": "tests.hostile_agents:HostileAgent"})
+    (task,) = producer.enqueue_many([{"raise": payload}], metadata={"note": payload}, mode="train")
+    (rollout,) = producer.wait([task.rollout_id], timeout=30)
+    assert payload in rollout.metadata["error"]["message"]
+    client = server.client()
+    client.persist(Job.key_for(job_id(task.rollout_id)))
+
+    base = dashboard(server.url).base
+    # The pages that show the payload (as text), then the lists that link to it.
+    for page in [f"/0/view/job/{job_id(task.rollout_id)}", f"/rollq/rollout/{task.rollout_id}"]:
+        dom = chromium(browser, tmp_path / "profile", base + page)
+        assert "onerror" in dom, f"{page} did not show the payload at all"
+    for page in [f"/0/view/jobs/{namespace}/failed/8/asc/1", "/rollq/", "/rollq/?status=failed"]:
+        chromium(browser, tmp_path / "profile", base + page)
+    assert hits.paths == [], f"injected script ran: {hits.paths}"
+
+
+@pytest.mark.redis
+def test_dashboard_changes_state_only_by_post_with_its_csrf_token_and_reads_only_its_namespace(
+    redis_server: RedisServer, namespace: str
+) -> None:
+    app = create_app(redis_server.url, namespace)
+    web = app.test_client()
+    page = web.get("/")
+    cookie = page.headers.get("Set-Cookie", "")
+    assert cookie.startswith("_csrf_token=") and "SameSite=Strict" in cookie
+    token = cookie.split(";")[0].split("=", 1)[1]
+    assert web.get(f"/requeue/{namespace}").status_code == 405  # a link or an <img> must not requeue
+    assert web.post(f"/requeue/{namespace}").status_code == 403
+    assert web.post(f"/requeue/{namespace}", headers={"X-CSRFToken": "forged"}).status_code == 403
+    assert web.post(f"/requeue/{namespace}", headers={"X-CSRFToken": token}).status_code == 200
+    assert web.get("/rollq/").status_code == 200
+    assert web.get(f"/rollq/?namespace={namespace}").status_code == 200
+    assert web.get("/rollq/?namespace=someone-else").status_code == 404
+    assert web.get("/rollq/workers?namespace=someone-else").status_code == 404

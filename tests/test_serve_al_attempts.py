@@ -5,18 +5,14 @@ processes, Agent Lightning 0.1's HTTP exchange spoken with urllib."""
 from __future__ import annotations
 
 import json
-import signal
-import subprocess
 import sys
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from fault_agents import wait_until
-from servers import REPO, free_port
 
 from rollq.models.policy import RolloutPolicy, TaskState
 from rollq.producer.producer import Producer
@@ -37,50 +33,8 @@ def _post(url: str, payload: dict[str, Any]) -> dict[str, Any]:
         return json.loads(response.read())  # type: ignore[no-any-return]
 
 
-def _answers(endpoint: str) -> bool:
-    # Not GET /task: that would claim a task. No resources are set, so the answer is a 404.
-    try:
-        _get(endpoint + "resources/latest")
-    except urllib.error.HTTPError:
-        return True
-    except OSError:
-        return False
-    return True
-
-
-@pytest.fixture
-def serve_al(redis_server, namespace, tmp_path) -> Iterator[Callable[[], str]]:  # type: ignore[no-untyped-def]
-    """Start ``rollq serve-al`` processes on the test's namespace (2 s leases); each call returns its endpoint."""
-    started: list[tuple[subprocess.Popen[bytes], Path]] = []
-
-    def start() -> str:
-        port = free_port()
-        log = tmp_path / f"serve-al-{len(started)}.log"
-        process = subprocess.Popen(
-            [ROLLQ, "--url", redis_server.url, "-n", namespace, "serve-al", "--port", str(port)]
-            + ["--lease", "2", "--heartbeat", "0.2"],
-            stdout=log.open("wb"),
-            stderr=subprocess.STDOUT,
-            cwd=REPO,
-        )
-        started.append((process, log))
-        endpoint = f"http://127.0.0.1:{port}/"
-        wait_until(lambda: _answers(endpoint), 20, f"serve-al on port {port} to answer")
-        return endpoint
-
-    yield start
-    for process, log in started:
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-        print(f"--- {log.name} ---\n{log.read_text(errors='replace')[-3000:]}")
-
-
 def _take(endpoint: str) -> str:
-    """The id of the next task ``endpoint`` hands out (``<rollout_id>#<attempt>``)."""
+    """The id of the next task ``endpoint`` hands out (``<rollout_id>#<attempt>#<token>``)."""
     answer = _get(endpoint + "task")
     assert answer["is_available"], answer
     return str(answer["task"]["rollout_id"])
@@ -93,20 +47,21 @@ def test_a_rollout_posted_for_a_revived_task_carries_the_generation_its_record_s
     policy = RolloutPolicy(max_attempts=1, unresponsive_seconds=1, timeout_seconds=60)
     producer = Producer.from_url(redis_server.url, namespace, policy=policy)
     first, second = (t.rollout_id for t in producer.enqueue_many([{"q": 1}, {"q": 2}], mode="train"))
-    handing, other = serve_al(), serve_al()
+    handing, other = serve_al("--max-releases", "0"), serve_al()
 
     # Generation 1: both handed out, neither posted; the reaper fails them for good.
-    assert sorted(_take(handing) for _ in range(2)) == sorted([f"{first}#1", f"{second}#1"])
+    assert sorted(_take(handing).rpartition("#")[0] for _ in range(2)) == sorted([f"{first}#1", f"{second}#1"])
     wait_until(lambda: sorted(producer.dead_letter()) == sorted([first, second]), 30, "both to be dead-lettered")
     assert {producer.get_rollout(rid).metadata["generation"] for rid in (first, second)} == {1}  # type: ignore[union-attr]
 
     # Generation 2: revived, handed out again; one posted to the gateway that handed it out, one to another
     # gateway of the same namespace (as behind a load balancer), which never held that attempt.
     assert sorted(producer.requeue_dead([first, second])) == sorted([first, second])
-    handed = {_take(handing).partition("#")[0]: None for _ in range(2)}
+    handed = {(taken := _take(handing)).partition("#")[0]: taken for _ in range(2)}
     assert sorted(handed) == sorted([first, second])
-    assert _post(handing + "rollout", {"rollout_id": f"{first}#2", "final_reward": 1.0})["status"] == "delivered"
-    assert _post(other + "rollout", {"rollout_id": f"{second}#2", "final_reward": 0.5})["status"] == "delivered"
+    assert [handed[first].rpartition("#")[0], handed[second].rpartition("#")[0]] == [f"{first}#2", f"{second}#2"]
+    assert _post(handing + "rollout", {"rollout_id": handed[first], "final_reward": 1.0})["status"] == "delivered"
+    assert _post(other + "rollout", {"rollout_id": handed[second], "final_reward": 0.5})["status"] == "delivered"
 
     for rid, reward in ((first, 1.0), (second, 0.5)):
         rollout = producer.get_rollout(rid)

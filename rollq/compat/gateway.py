@@ -4,14 +4,23 @@ An AL 0.1 client polls for a task, fetches resources and posts a rollout; it kno
 nothing of attempts. The gateway makes each poll a real rollq claim (same Lua
 transition a worker uses) and keeps attempts exact:
 
-- the task handed out carries the id ``<rollout_id>#<attempt>``, so a posted rollout
-  names the attempt it belongs to, whichever client posts it and however late;
+- the task handed out carries the id ``<rollout_id>#<attempt>#<token>``, so a posted rollout
+  names the attempt it belongs to, whichever client posts it and however late. The token is an
+  HMAC of the attempt under a secret every gateway of the namespace shares (in Redis): a post
+  without the token of the attempt it names (forged, for another attempt, or for an attempt a
+  worker runs, which no gateway handed out) is refused with :class:`AttemptTokenError`, counted
+  in the stats hash (``gateway:refused``) and never stored;
 - the gateway remembers every attempt it handed out and heartbeats it for
-  ``lease_seconds`` (at most the task's ``timeout_seconds``). A client that dies or
-  hangs stops being covered when its lease ends; after ``unresponsive_seconds`` the
-  reaper requeues the task (or fails it when no attempts remain), like a dead worker's;
+  ``lease_seconds`` (at most the task's ``timeout_seconds``). When a lease ends unposted the
+  gateway hands the attempt back (``released``: queued again at the front, the attempt not
+  charged) up to ``max_releases`` times per task, so a client that polls and never posts
+  cannot use up tasks' attempts; past that the reaper requeues the task after
+  ``unresponsive_seconds`` (or fails it when no attempts remain), like a dead worker's;
+- one client (one address) holds at most ``max_held_per_client`` unposted attempts: past that
+  its polls get no task, so it cannot drain the queue;
 - a post for an attempt that is no longer current is recorded in the superseded stream
-  and never delivered; a post for a cancelled task is dropped.
+  and never delivered; a post for a cancelled task is dropped; a second post of an attempt to the
+  same gateway is refused (and counted) like a forged one.
 
 What a claim refusal, a published rollout and the finish transition's reply mean is spelled once, in
 :mod:`rollq.worker.attempt`, shared with the workers: a posted rollout carries the same outcome keys
@@ -20,10 +29,14 @@ What a claim refusal, a published rollout and the finish transition's reply mean
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import logging
+import secrets
 import socket
 import threading
 import time
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,13 +44,14 @@ import redis
 
 from rollq.models.coerce import coerce
 from rollq.models.contract import ResourcesUpdate, Rollout, Task
-from rollq.models.errors import ContractShapeError, InvalidTaskError, UnknownResourcesError
+from rollq.models.errors import AttemptTokenError, InvalidTaskError, UnknownResourcesError
 from rollq.models.policy import RolloutPolicy
 from rollq.store.jobs import read_rollq_jobs, rollout_id_of
 from rollq.store.keys import Keys, inflight_member
 from rollq.store.records import parse_task
-from rollq.store.replies import ClaimRefused
+from rollq.store.replies import ClaimRefused, Requeued
 from rollq.store.resources import ResourceStore
+from rollq.store.stats import StatsField
 from rollq.store.transitions import Lifecycle
 from rollq.worker.attempt import Attempt, Attempts, PublishLimits, Settled
 from rollq.worker.config import WorkerSettings
@@ -52,21 +66,24 @@ ATTEMPT_SEPARATOR = "#"
 _SKIP_LIMIT = 32
 # Attempts whose lease ended are forgotten this long after, bounding the gateway's memory.
 _FORGET_AFTER_SECONDS = 3600.0
+# Tasks whose hand-backs are remembered (for max_releases), oldest forgotten first.
+_RELEASES_REMEMBERED = 100_000
 
 
-def client_rollout_id(rollout_id: str, attempt: int) -> str:
-    return f"{rollout_id}{ATTEMPT_SEPARATOR}{attempt}"
+def client_rollout_id(rollout_id: str, attempt: int, token: str) -> str:
+    return f"{rollout_id}{ATTEMPT_SEPARATOR}{attempt}{ATTEMPT_SEPARATOR}{token}"
 
 
-def split_client_rollout_id(value: str) -> tuple[str, int]:
-    """``(rollout_id, attempt)`` from the id a client posts; ContractShapeError if it is not one handed out."""
-    rollout_id, sep, attempt = value.rpartition(ATTEMPT_SEPARATOR)
-    if not sep or not rollout_id or not attempt.isdigit():
-        raise ContractShapeError(
-            f"rollout id {value!r} was not handed out by this server (expected <rollout_id>#<attempt>)",
-            field="rollout_id",
+def split_client_rollout_id(value: str) -> tuple[str, int, str]:
+    """``(rollout_id, attempt, token)`` from the id a client posts; AttemptTokenError if it is not of the shape
+    handed out."""
+    rest, sep, token = value.rpartition(ATTEMPT_SEPARATOR)
+    rollout_id, sep2, attempt = rest.rpartition(ATTEMPT_SEPARATOR)
+    if not sep or not sep2 or not rollout_id or not attempt.isdigit() or not token:
+        raise AttemptTokenError(
+            f"rollout id {value[:200]!r} was not handed out by this server (expected <rollout_id>#<attempt>#<token>)"
         )
-    return rollout_id, int(attempt)
+    return rollout_id, int(attempt), token
 
 
 PostOutcome = Settled
@@ -81,6 +98,8 @@ class _Held:
     resources_id: str | None  # the version the client was told to run with
     handed_at: float
     lease_until: float
+    client: str = ""
+    released: bool = False
 
 
 class Gateway:
@@ -96,11 +115,22 @@ class Gateway:
         results_maxlen: int | None = None,
         settings: WorkerSettings | None = None,
         name: str | None = None,
+        max_releases: int = 3,
+        max_held_per_client: int = 256,
     ) -> None:
         """``settings``: the bounds on what is published (``results_maxlen``, ``max_result_bytes``,
-        ``keep_seconds``), the workers' ``ROLLQ_*`` settings by default; ``results_maxlen`` overrides one."""
+        ``keep_seconds``), the workers' ``ROLLQ_*`` settings by default; ``results_maxlen`` overrides one.
+        ``max_releases``: hand-backs of a task whose lease ended unposted before its attempts are charged;
+        ``max_held_per_client``: unposted attempts one client may hold."""
         if lease_seconds <= 0:
             raise ValueError("lease_seconds must be > 0")
+        if max_releases < 0 or max_held_per_client < 1:
+            raise ValueError("max_releases must be >= 0 and max_held_per_client >= 1")
+        self.max_releases = max_releases
+        self.max_held_per_client = max_held_per_client
+        self._releases: OrderedDict[str, int] = OrderedDict()
+        self._posted: OrderedDict[str, None] = OrderedDict()  # attempts posted here (refused if posted again)
+        self._secret: bytes | None = None
         self.connection = connection
         self.keys = Keys(namespace)
         self.lifecycle = Lifecycle(connection, self.keys)
@@ -131,18 +161,95 @@ class Gateway:
             return [(h.attempt.rollout_id, h.attempt.number) for h in self._held.values()]
 
     def _members(self) -> dict[str, float]:
-        """The attempts still within their lease (``member`` -> unresponsive_seconds), for the heartbeat."""
+        """The attempts still within their lease (``member`` -> unresponsive_seconds), for the heartbeat;
+        first hands back those whose lease ended (see :meth:`release_expired`)."""
+        self.release_expired()
         now = time.time()
         with self._lock:
             for member in [m for m, h in self._held.items() if now > h.lease_until + _FORGET_AFTER_SECONDS]:
                 del self._held[member]
             return {member: h.policy.unresponsive_seconds for member, h in self._held.items() if now < h.lease_until}
 
+    def release_expired(self) -> int:
+        """Hand back attempts whose lease ended unposted: queued again at the front with the attempt given
+        back, at most ``max_releases`` times per task (then the lease just lapses and the reaper charges
+        the attempt). Returns how many were handed back."""
+        now = time.time()
+        with self._lock:
+            expired = [h for h in self._held.values() if now >= h.lease_until and not h.released]
+            for held in expired:
+                held.released = True  # one try per lease: a refused release is the reaper's
+        released = 0
+        for held in expired:
+            rollout_id = held.attempt.rollout_id
+            with self._lock:
+                count = self._releases.get(rollout_id, 0)
+                if count >= self.max_releases:
+                    continue
+                self._releases[rollout_id] = count + 1
+                self._releases.move_to_end(rollout_id)
+                while len(self._releases) > _RELEASES_REMEMBERED:
+                    self._releases.popitem(last=False)
+            try:
+                reply = self.lifecycle.requeue(held.task, held.attempt.number, held.policy, "released")
+            except redis.RedisError as exc:
+                log.warning("could not hand back %s attempt %d (%s)", rollout_id, held.attempt.number, exc)
+                continue
+            if isinstance(reply, Requeued):
+                released += 1
+                self.connection.hincrby(self.keys.stats, StatsField.GATEWAY_RELEASED, 1)
+                log.warning(
+                    "lease of %s attempt %d ended unposted (client %s); handed back (%d of %d)",
+                    rollout_id,
+                    held.attempt.number,
+                    held.client,
+                    count + 1,
+                    self.max_releases,
+                )
+        return released
+
+    # -- attempt tokens ------------------------------------------------------------------
+
+    def _key(self) -> bytes:
+        if self._secret is None:
+            name = self.keys.gateway_secret
+            self.connection.set(name, secrets.token_hex(32), nx=True)
+            raw = self.connection.get(name)
+            if not raw:
+                raise redis.RedisError(f"the gateway secret {name} vanished")
+            self._secret = raw if isinstance(raw, bytes) else str(raw).encode()
+        return self._secret
+
+    def token(self, rollout_id: str, attempt: int) -> str:
+        """The token of one attempt, as handed out with it and required with its post."""
+        mac = hmac.new(self._key(), f"{rollout_id}|{attempt}".encode(), hashlib.sha256)
+        return mac.hexdigest()[:32]
+
+    def check_token(self, rollout_id: str, attempt: int, token: str) -> None:
+        """AttemptTokenError (counted) unless ``token`` is the one handed out with this attempt."""
+        if not hmac.compare_digest(self.token(rollout_id, attempt).encode(), token.encode()):
+            self.refused()
+            raise AttemptTokenError(
+                f"attempt {attempt} of {rollout_id} was not handed out with this token; the post is refused"
+            )
+
+    def refused(self) -> None:
+        """Count a refused post (``gateway:refused`` in the stats hash)."""
+        self.connection.hincrby(self.keys.stats, StatsField.GATEWAY_REFUSED, 1)
+
     # -- GET /task -----------------------------------------------------------------------
 
-    def next_task(self) -> Task | None:
-        """Claim the next queued task for a client, or None when there is none right now."""
+    def next_task(self, client: str = "") -> Task | None:
+        """Claim the next queued task for ``client``, or None when there is none right now (or the client
+        already holds ``max_held_per_client`` unposted attempts)."""
         k = self.keys
+        if client:
+            now = time.time()
+            with self._lock:
+                holding = sum(1 for h in self._held.values() if h.client == client and now < h.lease_until)
+            if holding >= self.max_held_per_client:
+                log.warning("client %s holds %d unposted attempts; no task for it until it posts", client, holding)
+                return None
         for _ in range(_SKIP_LIMIT):
             # Into RQ's intermediate list, as RQ's own dequeue does: if this process dies before the
             # claim, the reaper puts the job back on the queue.
@@ -150,12 +257,12 @@ class Gateway:
             if raw is None:
                 return None
             job_id = raw.decode() if isinstance(raw, bytes) else str(raw)
-            task = self._claim(job_id)
+            task = self._claim(job_id, client)
             if task is not None:
                 return task
         return None
 
-    def _claim(self, job_id: str) -> Task | None:
+    def _claim(self, job_id: str, client: str) -> Task | None:
         k = self.keys
         job = read_rollq_jobs(self.connection, [job_id])[job_id]
         if job is None or isinstance(job, InvalidTaskError):
@@ -188,10 +295,10 @@ class Gateway:
         # The version the claim saw as latest, so the client runs with what a worker would have.
         resources_id = task.resources_id or claim.latest_resources_id
         with self._lock:
-            self._held[attempt.member] = _Held(attempt, task, policy, resources_id, now, now + lease)
+            self._held[attempt.member] = _Held(attempt, task, policy, resources_id, now, now + lease, client)
         return task.model_copy(
             update={
-                "rollout_id": client_rollout_id(rollout_id, claim.attempt),
+                "rollout_id": client_rollout_id(rollout_id, claim.attempt, self.token(rollout_id, claim.attempt)),
                 "resources_id": resources_id,
                 "num_claims": claim.attempt,
                 "last_claim_time": claim.claimed_at,
@@ -209,11 +316,25 @@ class Gateway:
     # -- POST /rollout -------------------------------------------------------------------
 
     def post_rollout(self, payload: Any, client: str) -> tuple[PostOutcome, str]:
-        """Publish a posted rollout for the attempt its id names; ContractShapeError for a bad payload."""
+        """Publish a posted rollout for the attempt its id names; ContractShapeError for a bad payload,
+        AttemptTokenError (counted) for an id without its attempt's token."""
         posted = coerce(Rollout, payload, "the posted rollout")
-        rollout_id, attempt = split_client_rollout_id(posted.rollout_id)
+        try:
+            rollout_id, attempt, token = split_client_rollout_id(posted.rollout_id)
+        except AttemptTokenError:
+            self.refused()
+            raise
+        self.check_token(rollout_id, attempt, token)
+        member = inflight_member(rollout_id, attempt)
         with self._lock:
-            held = self._held.pop(inflight_member(rollout_id, attempt), None)
+            if member in self._posted:
+                # A second post of one attempt: junk (each could store up to max_result_bytes as superseded).
+                self.refused()
+                raise AttemptTokenError(f"attempt {attempt} of {rollout_id} was posted already; this post is refused")
+            self._posted[member] = None
+            while len(self._posted) > _RELEASES_REMEMBERED:
+                self._posted.popitem(last=False)
+            held = self._held.pop(member, None)
         # An attempt this gateway did not hand out (another gateway did, or this one restarted) is of the task's
         # current generation if it is still current; if it is not, the finish call supersedes it anyway.
         who = (

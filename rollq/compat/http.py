@@ -3,7 +3,9 @@
 ``GET /task`` -> ``TaskIfAny``; ``GET /resources/latest`` and ``GET /resources/{id}`` ->
 ``ResourcesUpdate`` (404 when there is none); ``POST /rollout`` (a ``Rollout``) ->
 ``GenericResponse`` whose ``status`` is ``delivered``, ``superseded`` or ``cancelled``
-(400 naming the field for a malformed body). Redis calls run on threads, off the event loop.
+(400 naming the field for a malformed body, 403 for a post without its attempt's token, 413 for a
+body over ``max_body_bytes``). With a ``key``, every route needs it (401 otherwise; see
+:mod:`rollq.compat.binding`). Redis calls run on threads, off the event loop.
 """
 
 from __future__ import annotations
@@ -11,13 +13,15 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from aiohttp import web
 
 from rollq.models.contract import GenericResponse, TaskIfAny
-from rollq.models.errors import ContractShapeError
+from rollq.models.errors import AttemptTokenError, ContractShapeError
 
+from .binding import authorized
 from .gateway import Gateway
 
 log = logging.getLogger(__name__)
@@ -34,8 +38,12 @@ def _error(status: int, message: str) -> web.Response:
     return web.json_response({"detail": message}, status=status)
 
 
+def _client(request: web.Request) -> str:
+    return f"al-client@{request.remote}"
+
+
 async def _next_task(request: web.Request) -> web.Response:
-    task = await asyncio.to_thread(request.app[_GATEWAY].next_task)
+    task = await asyncio.to_thread(request.app[_GATEWAY].next_task, _client(request))
     return _json(TaskIfAny(is_available=task is not None, task=task))
 
 
@@ -52,20 +60,37 @@ async def _resources(request: web.Request) -> web.Response:
 
 async def _post_rollout(request: web.Request) -> web.Response:
     try:
-        payload = await request.json()
-    except json.JSONDecodeError as exc:
-        return _error(400, f"the body is not JSON: {exc}")
-    client = f"al-client@{request.remote}"
+        payload = await request.json()  # over client_max_size: aiohttp answers 413
+    except (json.JSONDecodeError, RecursionError) as exc:
+        return _error(400, f"the body is not JSON (or nested too deep): {str(exc)[:200]}")
     try:
-        outcome, message = await asyncio.to_thread(request.app[_GATEWAY].post_rollout, payload, client)
+        outcome, message = await asyncio.to_thread(request.app[_GATEWAY].post_rollout, payload, _client(request))
+    except AttemptTokenError as exc:
+        return _error(403, str(exc))
     except ContractShapeError as exc:
         return _error(400, str(exc))
     return _json(GenericResponse(status=outcome.value, message=message))
 
 
-def make_app(gateway: Gateway) -> web.Application:
-    """The aiohttp application serving ``gateway`` (start and stop the gateway around it)."""
-    app = web.Application()
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def _guard(key: str) -> Any:
+    @web.middleware
+    async def guard(request: web.Request, handler: Handler) -> web.StreamResponse:
+        if key and not authorized(request, key):
+            return _error(401, "Invalid or missing API key")
+        return await handler(request)
+
+    return guard
+
+
+def make_app(gateway: Gateway, *, key: str = "", max_body_bytes: int | None = None) -> web.Application:
+    """The aiohttp application serving ``gateway`` (start and stop the gateway around it). ``key``: required
+    on every route when set; ``max_body_bytes``: the largest body accepted, by default the largest rollout
+    the gateway publishes plus 64 KiB."""
+    limit = max_body_bytes if max_body_bytes is not None else gateway.attempts.limits.max_result_bytes + 65536
+    app = web.Application(middlewares=[_guard(key)], client_max_size=limit)
     app[_GATEWAY] = gateway
     app.router.add_get("/task", _next_task)
     app.router.add_get("/resources/latest", _latest_resources)
@@ -77,14 +102,25 @@ def make_app(gateway: Gateway) -> web.Application:
 class Server:
     """The endpoints on ``host:port`` inside a running event loop: ``await start()``, ``await stop()``."""
 
-    def __init__(self, gateway: Gateway, host: str = "127.0.0.1", port: int = 8000) -> None:
+    def __init__(
+        self,
+        gateway: Gateway,
+        host: str = "127.0.0.1",
+        port: int = 8000,
+        *,
+        key: str = "",
+        max_body_bytes: int | None = None,
+    ) -> None:
         self.gateway = gateway
         self.host, self.port = host, port
+        self.key, self.max_body_bytes = key, max_body_bytes
         self._runner: web.AppRunner | None = None
 
     async def start(self) -> None:
         self.gateway.start()
-        self._runner = web.AppRunner(make_app(self.gateway), access_log=None)
+        self._runner = web.AppRunner(
+            make_app(self.gateway, key=self.key, max_body_bytes=self.max_body_bytes), access_log=None
+        )
         await self._runner.setup()
         await web.TCPSite(self._runner, self.host, self.port).start()
         log.info(

@@ -13,7 +13,7 @@ from rollq.store.connection import connect
 
 
 @click.command("serve-al")
-@click.option("--host", default="127.0.0.1", show_default=True, help="Address to bind.")
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to bind (not loopback: needs --key).")
 @click.option("--port", "-p", default=8000, show_default=True, type=int, help="Port to listen on.")
 @click.option(
     "--lease",
@@ -24,24 +24,74 @@ from rollq.store.connection import connect
     help="Seconds a handed-out attempt is heartbeated for (capped by the task's timeout_seconds); "
     "a client silent longer loses it to a retry after unresponsive_seconds.",
 )
+@click.option(
+    "--key",
+    envvar="ROLLQ_AL_KEY",
+    default="",
+    help="Bearer key every route requires (Authorization: Bearer or x-api-key) [env: ROLLQ_AL_KEY]; "
+    "empty: none, allowed on loopback only.",
+)
+@click.option(
+    "--max-releases",
+    default=3,
+    show_default=True,
+    type=click.IntRange(min=0),
+    help="Times a task whose lease ended unposted is handed back without charging its attempt.",
+)
+@click.option(
+    "--max-held",
+    "max_held_per_client",
+    default=256,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="Unposted attempts one client address may hold; past that its polls get no task.",
+)
+@click.option(
+    "--max-body-bytes",
+    default=None,
+    type=click.IntRange(min=1024),
+    help="Largest request body accepted (413 past it) [default: ROLLQ_MAX_RESULT_BYTES + 64 KiB].",
+)
 @click.option("--heartbeat", "heartbeat_seconds", default=5.0, show_default=True, type=float, hidden=True)
 @click.pass_context
-def serve_al(ctx: click.Context, host: str, port: int, lease_seconds: float, heartbeat_seconds: float) -> None:
+def serve_al(
+    ctx: click.Context,
+    host: str,
+    port: int,
+    lease_seconds: float,
+    key: str,
+    max_releases: int,
+    max_held_per_client: int,
+    max_body_bytes: int | None,
+    heartbeat_seconds: float,
+) -> None:
     """Serve Agent Lightning 0.1's worker endpoints (GET /task, GET /resources/..., POST /rollout) on rollq.
 
     Unmodified AL 0.1 clients (Trainer(...).fit(agent, "http://HOST:PORT/")) then pull this
     namespace's tasks. The id a client sees is <rollout_id>#<attempt>; a late result from an
     attempt that was superseded is recorded, never delivered.
+
+    Without --key it serves loopback only: it refuses another --host, as anyone who reaches it could post
+    rewards. Each handed-out id carries a token; a post without its attempt's token is refused (403).
     """
+    from .binding import refusal
     from .gateway import Gateway
     from .http import Server
 
+    refused = refusal(host, key, "pass --key (or set ROLLQ_AL_KEY)")
+    if refused:
+        raise click.UsageError(refused)
     root = ctx.find_root().params
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     gateway = Gateway(
-        connect(root["url"]), root["namespace"], lease_seconds=lease_seconds, heartbeat_seconds=heartbeat_seconds
+        connect(root["url"]),
+        root["namespace"],
+        lease_seconds=lease_seconds,
+        heartbeat_seconds=heartbeat_seconds,
+        max_releases=max_releases,
+        max_held_per_client=max_held_per_client,
     )
-    server = Server(gateway, host, port)
+    server = Server(gateway, host, port, key=key, max_body_bytes=max_body_bytes)
 
     async def run() -> None:
         await server.start()

@@ -51,6 +51,11 @@ class ContractShapeError(RollqError, ValueError):
         super().__init__(message)
 
 
+class AttemptTokenError(RollqError, PermissionError):
+    """A rollout posted to a gateway without the token handed out with its attempt (forged, for another
+    attempt, or for an attempt a worker runs): refused, counted, never stored."""
+
+
 class InvalidTaskError(RollqError, ValueError):
     """A queue entry that is not a valid rollq task."""
 
@@ -100,6 +105,20 @@ class JobIdTakenError(RollqError):
     def __init__(self, job_id: str, rollout_id: str) -> None:
         self.job_id, self.rollout_id = job_id, rollout_id
         super().__init__(f"RQ job {job_id} of rollout {rollout_id!r} already exists and stands for another job")
+
+
+class RetryNotQueuedError(JobIdTakenError):
+    """A failed attempt's retry could not be queued because its RQ job id holds another job: the task fails for
+    good with this error, which also says why the attempt failed (``cause``)."""
+
+    def __init__(self, job_id: str, rollout_id: str, cause: str) -> None:
+        super().__init__(job_id, rollout_id)
+        self.cause = cause
+        self.args = (f"{self.args[0]}: the retry of a failed attempt could not be queued (the attempt: {cause})",)
+
+
+class InvalidResourcesError(RollqError, ValueError):
+    """A resources version whose stored JSON is not a valid ``ResourcesUpdate`` (corrupted, or not rollq's)."""
 
 
 class AgentExitError(RollqError):

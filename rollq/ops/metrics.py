@@ -85,6 +85,22 @@ def families(s: Snapshot, keep_versions: int = 5) -> Iterator[Metric]:
         return g
 
     yield gauge("rollq_queue_depth", "Tasks waiting in the queue.", s.queued)
+    if s.memory is not None:
+        yield gauge(
+            "rollq_redis_refusing_writes",
+            "1 while Redis refuses writes for lack of memory (maxmemory under noeviction); workers wait.",
+            float(s.redis_refusing_writes),
+        )
+        yield gauge(
+            "rollq_redis_may_evict",
+            "1 when Redis's maxmemory-policy may evict rollq's keys (anything but noeviction, with a limit).",
+            float(s.memory.evicts),
+        )
+    yield gauge(
+        "rollq_redis_refusals",
+        "Times workers found Redis refusing commands (OOM, READONLY, BUSY) and waited for it (counter).",
+        s.counters.get(StatsField.REDIS_REFUSALS, 0.0),
+    )
     yield gauge("rollq_in_flight", "Attempts running now.", s.in_flight)
     by_worker = GaugeMetricFamily(
         "rollq_worker_in_flight", "Attempts running now, by worker.", labels=["namespace", "worker"]

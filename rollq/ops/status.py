@@ -12,6 +12,7 @@ from rq.worker import Worker
 
 from rollq.models.policy import RolloutStatus
 from rollq.store.consumer_groups import list_groups
+from rollq.store.eviction import MemoryState, memory_state
 from rollq.store.keys import Keys, TaskField, parse_inflight_member
 from rollq.store.llm_gate import LLMGate
 from rollq.store.queries import first_entry_id
@@ -48,6 +49,8 @@ class Snapshot:
     counters: dict[str, float] = field(default_factory=dict)
     results_stream_memory_bytes: int | None = None
     """MEMORY USAGE of the results stream; None where the server has no such command (the embedded one)."""
+    memory: MemoryState | None = None
+    """Redis's memory limit, use and eviction policy; None where ``INFO`` is not available."""
     reward_missing: int = 0
     """Succeeded rollouts published with no reward at all (the agent's reward never reached rollq)."""
     llm_gate: dict[str, Any] | None = None
@@ -56,6 +59,11 @@ class Snapshot:
     replication_degraded: int = 0
     """Processes whose transitions do not wait for replicas, none having acknowledged in time
     (:mod:`rollq.store.replication`): a failover now could undo their work."""
+
+    @property
+    def redis_refusing_writes(self) -> bool:
+        """Whether Redis refuses writes now for lack of memory (workers wait, enqueues fail after retrying)."""
+        return self.memory is not None and self.memory.full
 
     @property
     def workers_alive(self) -> int:
@@ -122,6 +130,7 @@ def snapshot(
         workers=workers,
         counters=counters,
         results_stream_memory_bytes=_memory_usage(connection, keys.results) if xlen else 0,
+        memory=memory_state(connection),
         reward_missing=int(counters.get(StatsField.REWARD_MISSING, 0)),
         llm_gate=_llm_gate(connection, keys),
         replication_degraded=degraded_processes(connection, keys.replication_degraded, now),
@@ -240,6 +249,21 @@ def render_text(s: Snapshot) -> str:
     if any(groups.values()):
         lines.append("  training groups   " + ", ".join(f"{name} {n}" for name, n in groups.items()))
     lines.append(f"  resources         {', '.join(s.resource_versions) or 'none'} (latest {s.latest_resources or '-'})")
+    if s.memory is not None:
+        m = s.memory
+        limit = f"{_size(m.used_bytes)} of {_size(m.max_bytes)}" if m.max_bytes else f"{_size(m.used_bytes)}, no limit"
+        state = (
+            "FULL: refusing writes; workers wait until memory frees"
+            if m.full
+            else "may EVICT rollq's keys when full: set noeviction"
+            if m.policy != "noeviction"
+            else "ok"
+        )
+        lines.append(f"  redis memory      {limit}, policy {m.policy}: {state}")
+    refusals = int(s.counters.get(StatsField.REDIS_REFUSALS, 0))
+    if refusals:
+        waited = s.counters.get(StatsField.REDIS_REFUSED_SECONDS, 0.0)
+        lines.append(f"  redis refusals    {refusals} (workers waited {waited:.0f}s in all)")
     gate = s.llm_gate
     if gate is not None and gate["paused"]:
         lines.append(

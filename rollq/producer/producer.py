@@ -13,11 +13,18 @@ import redis
 
 from rollq.models.coerce import coerce_resources
 from rollq.models.contract import ResourcesUpdate, Rollout, Task, TaskInput
-from rollq.models.errors import BackpressureTimeoutError, JobIdTakenError, PayloadTooLargeError, UnknownResourcesError
+from rollq.models.errors import (
+    BackpressureTimeoutError,
+    InvalidTaskError,
+    JobIdTakenError,
+    PayloadTooLargeError,
+    UnknownResourcesError,
+)
 from rollq.models.groups import Membership, member_rollout_id, new_group_id
 from rollq.models.policy import RolloutPolicy, TaskState
 from rollq.store.connection import connect
 from rollq.store.control import CancelResult, cancel_call, cancel_script_source, parse_cancel
+from rollq.store.eviction import warn_if_evicting
 from rollq.store.keys import DEFAULT_NAMESPACE, Keys, job_id
 from rollq.store.llm_gate import GateStatus, LLMGate, PauseReport
 from rollq.store.queries import AttemptInfo, TaskInfo, TaskPage, query_tasks, read_attempts
@@ -78,6 +85,7 @@ class Producer:
         )
         self.resources = ResourceStore(connection, self.keys, keep_versions=keep_versions)
         self._cancel = connection.register_script(cancel_script_source())
+        self._policy_checked = False  # the eviction-policy warning, at the first enqueue
         self._llm_gate = LLMGate(connection, self.keys)
 
     @classmethod
@@ -168,10 +176,13 @@ class Producer:
             )
             for i, value in enumerate(inputs)
         ]
-        serialized = [(task, task.model_dump_json()) for task in tasks]
+        serialized = [(task, _task_json(task)) for task in tasks]
         for task, data in serialized:
             if len(data) > self.max_task_bytes:
                 raise PayloadTooLargeError(f"task {task.rollout_id}", len(data), self.max_task_bytes)
+        if not self._policy_checked:
+            self._policy_checked = True
+            warn_if_evicting(self.connection, f"producer of namespace {self.namespace!r}")
         if max_pending is not None and max_pending < 1:
             raise ValueError("max_pending must be at least 1")
         step = _ENQUEUE_CHUNK if max_pending is None else min(_ENQUEUE_CHUNK, max_pending)
@@ -180,10 +191,16 @@ class Producer:
             chunk = serialized[start : start + step]
             if max_pending is not None:
                 self._wait_for_room(len(chunk), max_pending, pending_timeout, queued=start)
-            chunk_outcomes = self.lifecycle.enqueue_many(chunk, policy)
-            # The enqueue script checks the pinned version atomically and queues none of a batch without it.
-            if Enqueued.UNKNOWN_RESOURCES in chunk_outcomes:
-                raise UnknownResourcesError(resources_id, self.namespace)
+            try:
+                # One transaction per chunk: Redis queues all of it or none (a full Redis refuses it whole).
+                chunk_outcomes = self.lifecycle.enqueue_many(chunk, policy)
+                # The enqueue script checks the pinned version atomically and queues none of a batch without it.
+                if Enqueued.UNKNOWN_RESOURCES in chunk_outcomes:
+                    raise UnknownResourcesError(resources_id, self.namespace)
+            except (redis.RedisError, UnknownResourcesError):
+                done = serialized[: len(outcomes)]
+                self._withdraw([task for (task, _), got in zip(done, outcomes, strict=True) if got is Enqueued.QUEUED])
+                raise
             outcomes += chunk_outcomes
             if on_progress:
                 on_progress(len(chunk))
@@ -198,6 +215,17 @@ class Producer:
             stored = read_records(self.connection, self.keys, known)
             tasks = [stored[t.rollout_id].task if t.rollout_id in stored else t for t in tasks]
         return tasks
+
+    def _withdraw(self, queued: list[Task]) -> None:
+        """Cancel the tasks of a batch queued before a later chunk of it was refused, so that a refused batch
+        runs none of its tasks (each ends as ``cancelled``; the caller gets the refusal)."""
+        if not queued:
+            return
+        log.error("a chunk of the batch was refused after %d of its tasks were queued; cancelling those", len(queued))
+        try:
+            self.cancel([task.rollout_id for task in queued])
+        except redis.RedisError as exc:
+            log.error("could not cancel them (%s): they stay queued", exc)
 
     def pending(self) -> int:
         """Tasks queued or running in this namespace (one round trip)."""
@@ -431,3 +459,12 @@ class Producer:
     def reap(self) -> ReapReport:
         """Requeue or fail attempts whose worker stopped heartbeating (workers do this too)."""
         return reap(self.lifecycle, results_maxlen=self.results_maxlen)
+
+
+def _task_json(task: Task) -> str:
+    """The task's JSON; :class:`InvalidTaskError` naming the task when its input cannot be stored (nested deeper
+    than JSON serialisation allows, about 250 levels, or not JSON-serialisable): nothing of the batch is queued."""
+    try:
+        return task.model_dump_json()
+    except (ValueError, TypeError, RecursionError) as exc:  # pydantic's PydanticSerializationError is a ValueError
+        raise InvalidTaskError(f"task {task.rollout_id} cannot be queued: its input {str(exc)[:300]}") from None

@@ -100,18 +100,105 @@ def unrecoverable(error: BaseException) -> str | None:
     return None
 
 
+# Replies by which Redis refuses a command it did not run, and would run later: out of memory under noeviction,
+# a replica (or a primary demoted by a failover), a script running past busy-reply-threshold, a replica cut from
+# its primary, a cluster slot moving. NOSCRIPT is not one: redis-py's Script loads the script and runs it again.
+_REFUSALS = ("OOM", "READONLY", "BUSY", "MASTERDOWN", "TRYAGAIN", "LOADING")
+# A Redis at the edge of its memory refuses and accepts by turns: one warning per this many seconds at most.
+_REFUSAL_LOG_SECONDS = 60.0
+
+
+def transient_refusal(error: BaseException) -> str | None:
+    """The word of a reply by which Redis refused a command it did not run and may accept later (``OOM``,
+    ``READONLY``, ``BUSY``, ``MASTERDOWN``, ``TRYAGAIN``, ``LOADING``); None for anything else."""
+    if isinstance(error, redis.exceptions.OutOfMemoryError):
+        return "OOM"
+    if isinstance(error, redis.exceptions.ReadOnlyError):
+        return "READONLY"
+    if isinstance(error, redis.exceptions.TryAgainError):
+        return "TRYAGAIN"
+    if isinstance(error, redis.ResponseError) and not isinstance(error, redis.exceptions.NoScriptError):
+        word = str(error).split(" ", 1)[0]
+        status = getattr(error, "status_code", None)
+        for candidate in (status, word):
+            if candidate in _REFUSALS:
+                return str(candidate)
+    return None
+
+
+class Refusals:
+    """This process's view of Redis refusing commands: one warning when a refusal starts, one when Redis accepts
+    commands again, and the state in between for whoever reports it (``rollq status`` reads Redis's own)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.since: float | None = None
+        self.reason: str | None = None
+        self.episodes = 0
+        self.refused_seconds = 0.0
+        self._logged: float | None = None
+
+    def refused(self, error: BaseException) -> None:
+        with self._lock:
+            if self.since is not None:
+                return
+            now = time.monotonic()
+            self.since, self.reason = now, str(error)
+            quiet = self._logged is not None and now - self._logged < _REFUSAL_LOG_SECONDS
+            if not quiet:
+                self._logged = now
+        if not quiet:
+            log.warning("Redis refuses commands (%s); backing off and retrying until it accepts them", error)
+
+    def accepted(self) -> None:
+        with self._lock:
+            if self.since is None:
+                return
+            took = time.monotonic() - self.since
+            self.since, self.episodes, self.refused_seconds = None, self.episodes + 1, self.refused_seconds + took
+            logged = self._logged is not None and self._logged >= time.monotonic() - took - 0.001
+        if logged:
+            log.warning("Redis accepts commands again after refusing them for %.1fs", took)
+
+    def state(self) -> str | None:
+        """The refusal in progress (its error text), or None."""
+        return self.reason if self.since is not None else None
+
+
+REFUSALS = Refusals()
+"""The process-wide record of Redis refusing commands (see :class:`Refusals`)."""
+
+
 class _Retry(Retry):
-    """Retry connection errors with backoff, but not those retrying cannot fix (see :func:`unrecoverable`).
+    """Retry connection errors, and commands Redis refused but may accept later (:func:`transient_refusal`:
+    OOM, READONLY, BUSY...), with backoff; not errors retrying cannot fix (see :func:`unrecoverable`).
 
     Waiting will not fix a wrong password or a certificate that does not
-    verify, so the caller hears at once instead of after ~20 s.
+    verify, so the caller hears at once instead of after ~20 s. A refused command did not run, so sending
+    it again is safe; a worker (unbounded retries) waits out a full Redis instead of dying.
     """
 
+    def __init__(self, backoff: Any, retries: int) -> None:
+        super().__init__(backoff, retries)
+        self.update_supported_errors([redis.ResponseError])
+
     def call_with_retry(self, do: Any, fail: Any, is_retryable: Any = None, with_failure_count: bool = False) -> Any:
+        refused = False
+
         def retryable(error: Exception) -> bool:
+            nonlocal refused
+            if isinstance(error, redis.ResponseError) and not isinstance(error, redis.ConnectionError):
+                if transient_refusal(error) is None:
+                    return False
+                refused = True
+                REFUSALS.refused(error)
+                return True
             return unrecoverable(error) is None and (is_retryable is None or is_retryable(error))
 
-        return super().call_with_retry(do, fail, retryable, with_failure_count)
+        result = super().call_with_retry(do, fail, retryable, with_failure_count)
+        if refused:  # this very command was refused and now ran: Redis accepts writes again
+            REFUSALS.accepted()
+        return result
 
 
 class Outage:
@@ -173,6 +260,19 @@ def retry_policy(retries: int = _RETRIES) -> Retry:
     ``retries=-1`` retries until Redis answers.
     """
     return _Retry(ExponentialBackoff(cap=_BACKOFF_CAP_SECONDS, base=0.05), retries)
+
+
+def wait_out_refusals(client: redis.Redis) -> None:
+    """Make ``client`` retry until Redis answers: outages, and commands Redis refuses for now (OOM, READONLY,
+    BUSY...), pipelines included (redis-py re-sends a failed pipeline only for errors in its connections'
+    ``retry_on_error``; :func:`transient_refusal` still decides which replies are retried). For a worker:
+    its loop must outlast a full or failing-over Redis."""
+    errors = [redis.ConnectionError, redis.TimeoutError, redis.ResponseError]
+    pool: Any = client.connection_pool
+    client.get_connection_kwargs()["retry_on_error"] = errors
+    for conn in [*getattr(pool, "_available_connections", []), *getattr(pool, "_in_use_connections", [])]:
+        conn.retry_on_error = errors
+    client.set_retry(retry_policy(retries=-1))
 
 
 def _check_scheme(scheme: str, url: str) -> None:

@@ -88,6 +88,11 @@ class Keys:
         return f"{self._tag}:stats"
 
     @property
+    def gateway_secret(self) -> str:
+        """String: the key serve-al gateways sign attempt tokens with (shared, so any gateway checks any token)."""
+        return f"{self._tag}:gateway-secret"
+
+    @property
     def worker_seq(self) -> str:
         """Counter handing out worker ids that are distinct across processes and machines."""
         return f"{self._tag}:worker-seq"

@@ -34,12 +34,13 @@ from typing import Any, cast
 
 import redis
 
-from rollq.models.errors import InvalidTaskError, WorkerUnresponsiveError
+from rollq.models.errors import InvalidTaskError, RetryNotQueuedError, WorkerUnresponsiveError
 from rollq.models.outcomes import failed_rollout
 from rollq.models.policy import RolloutStatus, TaskState
 
 from .jobs import read_rollq_jobs, rollout_id_of
 from .keys import Keys, TaskField, parse_inflight_member
+from .keys import job_id as next_job_id
 from .records import TaskRecord, read_records_or_errors
 from .replies import Clock, JobTaken, Published, Requeued
 from .summaries import summary_json
@@ -149,13 +150,17 @@ def _judge(
             log.warning(
                 "requeued %s: attempt %d on %s sent no heartbeat for %.0fs", rid, attempt, record.worker, silent_for
             )
-        elif isinstance(reply, JobTaken):
-            log.error("could not requeue %s: the RQ job id of its next attempt is taken by another job", rid)
-        return
-    error = WorkerUnresponsiveError(
+        if not isinstance(reply, JobTaken):
+            return
+    error: Exception = WorkerUnresponsiveError(
         f"worker {record.worker} sent no heartbeat for {silent_for:.0f}s "
         f"on attempt {attempt} of {record.policy.max_attempts}"
     )
+    if record.policy.retries("unresponsive", record.attempts_used):
+        # Its retry could not be queued: that is why the task ends here (left stale, it was tried again every
+        # pass and never ended).
+        error = RetryNotQueuedError(next_job_id(rid, after_attempt=attempt), rid, str(error))
+        log.error("%s; failing it", error)
     _fail(
         lifecycle,
         rid,

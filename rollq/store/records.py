@@ -22,8 +22,14 @@ _warned: set[tuple[str, frozenset[str]]] = set()
 
 
 def _validate(model: type[BaseModel], raw: bytes | str, what: str) -> Any:
-    """``model`` from JSON ``raw``; fields a newer rollq added are ignored, with one warning per set of them."""
-    data = json.loads(raw)
+    """``model`` from JSON ``raw``; fields a newer rollq added are ignored, with one warning per set of them.
+
+    ValueError for JSON nested deeper than the parser's recursion allows (a hostile record 100,000 deep once
+    raised RecursionError out of every reaper pass and ``Producer.wait`` of the namespace)."""
+    try:
+        data = json.loads(raw)
+    except RecursionError:
+        raise ValueError(f"{model.__name__} JSON of {len(raw)} bytes is nested too deep to parse") from None
     if isinstance(data, dict):
         unknown = frozenset(data) - frozenset(model.model_fields)
         if unknown and (model.__name__, unknown) not in _warned:

@@ -15,7 +15,7 @@ import redis
 from pydantic import TypeAdapter
 
 from rollq.models.contract import ResourcesUpdate
-from rollq.models.errors import UnknownResourcesError
+from rollq.models.errors import InvalidResourcesError, UnknownResourcesError
 from rollq.models.llm_options import check_resources
 from rollq.models.resource_kinds import ResourcesVersion, StoredResource
 
@@ -61,7 +61,12 @@ class ResourceStore:
         raw = self.connection.get(self.keys.resources(resources_id))
         if raw is None:
             raise UnknownResourcesError(resources_id, self.keys.namespace)
-        return ResourcesVersion.model_validate_json(raw)
+        try:
+            return ResourcesVersion.model_validate_json(raw)
+        except ValueError as exc:  # pydantic's ValidationError, a JSON error
+            raise InvalidResourcesError(
+                f"resources version {resources_id} of namespace {self.keys.namespace!r} is not valid: {str(exc)[:500]}"
+            ) from None
 
     def versions(self) -> list[str]:
         """Ids of the kept versions, oldest first."""

@@ -19,6 +19,7 @@ from redis.exceptions import NoScriptError
 
 from rollq.models.policy import TaskState
 
+from .connection import transient_refusal
 from .keys import (
     GROUP_IDLE_SECONDS,
     HISTORY_LIMIT,
@@ -143,11 +144,14 @@ class ScriptCall:
 def rerun_unloaded(calls: Sequence[ScriptCall], replies: Sequence[Any]) -> tuple[list[Any], bool]:
     """The replies of ``calls`` sent in a pipeline (``execute(raise_on_error=False)``), each a reply or the
     exception its call got, with every call Redis answered ``NOSCRIPT`` run again on its own (which loads the
-    script); and whether any was."""
+    script), and every call Redis refused for now (OOM, READONLY, BUSY...: it did not run) sent again on its own
+    (the connection's retry backs off until Redis accepts it); and whether any was."""
     settled: list[Any] = []
     rerun = False
     for call, reply in zip(calls, replies, strict=True):
-        if isinstance(reply, NoScriptError):
+        if isinstance(reply, NoScriptError) or (
+            isinstance(reply, redis.ResponseError) and transient_refusal(reply) is not None
+        ):
             rerun = True
             try:
                 reply = call.run()

@@ -45,6 +45,9 @@ class Settings(BaseSettings):
     """``json`` for one JSON object per log line."""
     dashboard_token: str = ""
     """Token ``rollq dashboard`` and ``rollq metrics`` require (basic auth password or bearer)."""
+    al_key: str = ""
+    """Bearer key ``rollq serve-al`` requires (``Authorization: Bearer`` or ``x-api-key``); without one it serves
+    loopback only."""
     redis_wait_seconds: float = Field(default=60.0, ge=0)
     """How long a worker starting up waits for Redis to answer before it gives up (0: not at all)."""
     metrics_versions: int = Field(default=5, ge=1)

@@ -23,6 +23,10 @@ class StatsField(StrEnum):
     GROUPS_STALE_DROPPED = "groups:stale-dropped"  # groups older than the staleness bound, dropped
     GROUPS_STALE_REQUEUED = "groups:stale-requeued"  # groups older than the staleness bound, queued again
     GROUPS_FAILED_DROPPED = "groups:failed-dropped"  # groups with a failed, cancelled or lost member, dropped
+    GATEWAY_REFUSED = "gateway:refused"  # rollouts posted to serve-al without their attempt's token, refused
+    GATEWAY_RELEASED = "gateway:released"  # serve-al attempts whose lease ended unposted, handed back
+    REDIS_REFUSALS = "redis:refusals"  # times a worker found Redis refusing commands (OOM, READONLY...) and waited
+    REDIS_REFUSED_SECONDS = "redis:refused-seconds"  # how long those waits took, summed over workers
 
 
 REQUEUED_PREFIX = "requeued:"

@@ -22,6 +22,7 @@ from rollq.models.contract import Task
 from rollq.models.errors import JobIdTakenError
 from rollq.models.policy import RolloutPolicy, RolloutStatus
 
+from .connection import transient_refusal
 from .jobs import JobTemplate
 from .keys import Keys, job_id
 from .replication import ReplicaWait
@@ -135,33 +136,58 @@ class Lifecycle:
         degraded). Pass the pipeline's last reply to :meth:`settle_all` as ``acknowledged``."""
         return self.replication.queue(pipe)
 
-    def run_pipelined(self, calls: Sequence[ScriptCall]) -> list[Any]:
+    def run_pipelined(self, calls: Sequence[ScriptCall], *, atomic: bool = False) -> list[Any]:
         """Send ``calls`` in one pipeline (ended by ``PUBLISH`` + ``WAIT`` when waiting, see
         :mod:`rollq.store.replication`); each item of the result is a reply or the exception its call got (see
-        :meth:`settle_all`)."""
+        :meth:`settle_all`).
+
+        ``atomic``: the calls in one ``MULTI``/``EXEC``, all or none. Redis decides "out of memory" once for a
+        whole ``EXEC``, so a full Redis refuses every call or none (a plain pipeline ran the calls sent before
+        memory ran out); a refusal is raised, never re-sent call by call."""
         if not calls:
             return []
-        replies, acknowledged = self._send(calls)
+        replies, acknowledged = self._send(calls, atomic=atomic)
+        if atomic:
+            refused = next((r for r in replies if isinstance(r, redis.ResponseError) and transient_refusal(r)), None)
+            if refused is not None:
+                raise refused
         return self.settle_all(calls, replies, acknowledged=acknowledged)
 
-    def _send(self, calls: Sequence[ScriptCall]) -> tuple[list[Any], Any]:
+    def _send(self, calls: Sequence[ScriptCall], *, atomic: bool = False) -> tuple[list[Any], Any]:
         """``calls`` and the wait behind them in one pipeline: (their replies, the ``WAIT`` reply or None)."""
         pipe = self.connection.pipeline(transaction=False)
+        if atomic:
+            pipe.execute_command("MULTI")
         for call in calls:
             call.queue(pipe)
+        if atomic:
+            pipe.execute_command("EXEC")
         waits = self.queue_wait(pipe)
         replies = pipe.execute(raise_on_error=False)
-        return replies[: len(calls)], replies[-1] if waits else None
+        if not atomic:
+            return replies[: len(calls)], replies[-1] if waits else None
+        executed = replies[len(calls) + 1]  # after MULTI's OK and each call's QUEUED
+        if isinstance(executed, Exception):
+            # EXECABORT: a call was refused while queued (out of memory, say) and none ran; that refusal says why.
+            executed = next((r for r in replies[1 : len(calls) + 1] if isinstance(r, Exception)), executed)
+        answered = list(executed) if isinstance(executed, list) else [executed] * len(calls)
+        return answered, replies[-1] if waits else None
 
     def settle_all(self, calls: Sequence[ScriptCall], replies: Sequence[Any], *, acknowledged: Any = None) -> list[Any]:
         """The replies of ``calls`` sent in a pipeline (``execute(raise_on_error=False)``), each a reply or the
-        exception its call got. Calls Redis answered ``NOSCRIPT`` (a restarted or promoted server) are sent
-        again, once their scripts are loaded, in a pipeline of their own with its own ``WAIT``: a ``WAIT`` only
-        confirms what its own pipeline wrote. ``acknowledged``: the reply of the pipeline's ``WAIT`` (see
-        :meth:`queue_wait`)."""
+        exception its call got. Calls Redis answered ``NOSCRIPT`` (a restarted or promoted server), or refused for
+        now (OOM, READONLY, BUSY: they did not run), are sent again, once their scripts are loaded, in a pipeline of
+        their own with its own ``WAIT`` (a ``WAIT`` only confirms what its own pipeline wrote); one still refused
+        then runs alone, its connection's retry waiting until Redis accepts it. ``acknowledged``: the reply of the
+        pipeline's ``WAIT`` (see :meth:`queue_wait`)."""
         if acknowledged is not None:
             self.replication.count(acknowledged)
-        unloaded = [i for i, reply in enumerate(replies) if isinstance(reply, NoScriptError)]
+        unloaded = [
+            i
+            for i, reply in enumerate(replies)
+            if isinstance(reply, NoScriptError)
+            or (isinstance(reply, redis.ResponseError) and transient_refusal(reply) is not None)
+        ]
         settled = list(replies)
         if not unloaded:
             return settled
@@ -188,7 +214,7 @@ class Lifecycle:
         return f"rollout {task.rollout_id} ({task.mode or 'no mode'})"
 
     def enqueue_many(self, tasks: Sequence[tuple[Task, str]], policy: RolloutPolicy) -> list[Enqueued]:
-        """Queue each ``(task, task_json)`` unless its rollout id is known, in one pipelined round trip.
+        """Queue each ``(task, task_json)`` unless its rollout id is known, in one transaction (all or none).
 
         Tasks that share a mode and a resources pin go in Lua calls of up to
         100, the job template sent once per call. Returns what happened to each task.
@@ -211,7 +237,7 @@ class Lifecycle:
                     args += [task_json, jid, template.payload(task.rollout_id), self._description(task)]
                 calls.append(ScriptCall(self._enqueue, keys, args))
                 sizes.append(len(batch))
-        replies = [replied(reply) for reply in self.run_pipelined(calls)]
+        replies = [replied(reply) for reply in self.run_pipelined(calls, atomic=True)]
         return [outcome for size, reply in zip(sizes, replies, strict=True) for outcome in read_enqueue(reply, size)]
 
     def claim(self, rollout_id: str, job_id: str, worker_name: str) -> Claim | ClaimRefused:

@@ -22,8 +22,8 @@ from rollq.store.transitions import DEFAULT_RESULTS_MAX_BYTES
 
 log = logging.getLogger(__name__)
 
-# Read by the dashboard's tests and docs, not a setting of any model.
-_OTHER_KNOWN: tuple[str, ...] = ()
+# Read by `rollq serve-agl` (its --key), not a setting of any model.
+_OTHER_KNOWN: tuple[str, ...] = ("AGL_KEY",)
 # Tests pass their own knobs to agents under this prefix.
 _RESERVED_PREFIX = "ROLLQ_TEST_"
 _warned: set[str] = set()
@@ -52,6 +52,9 @@ class WorkerSettings(Settings):
     """``package.module:AgentClass`` (a LitAgent subclass), instantiated once per process."""
     hooks: Annotated[tuple[str, ...], NoDecode] = ()
     """``package.module:HookClass`` entries, run in order around each rollout."""
+    hook_budget_seconds: float = Field(1.0, gt=0)
+    """A hook call longer than this is logged and listed in the rollout's ``hook_overruns`` metadata (the attempt
+    is heartbeated from its claim whatever hooks do, but a slow start hook delays the agents claimed after it)."""
     concurrency: int = Field(1, ge=1)
     """Rollouts in flight at once in this process; 1 behaves like plain RQ."""
     grace_seconds: float = Field(30.0, ge=0)

@@ -106,6 +106,11 @@ def _contained(exc: BaseException, name: str) -> BaseException:
     return error
 
 
+class BlockedByNeighbour(Exception):
+    """Set on an async attempt whose time limit passed while another rollout blocked the event loop: the runner
+    hands it back to the queue instead of failing it."""
+
+
 @dataclass
 class _Running:
     name: str
@@ -274,11 +279,17 @@ class AgentExecutor:
         now = time.monotonic()
         with self._lock:
             running = list(self._running.items())
+        stalled = self.stalled_for()
+        blocker = self._blocker() if stalled else None
         for future, r in running:
             if now >= r.deadline and not future.done():
-                _settle(future, error=AgentTimeoutError(f"ran past its {r.timeout:g}s limit"))
+                if stalled and r.is_async and r.name != blocker and r.deadline >= self._tick:
+                    # Its time ran out while another rollout blocked the loop it runs on: not its fault. It is
+                    # handed back (to run again, its attempt not charged), not failed as timed out.
+                    _settle(future, error=BlockedByNeighbour(f"rollout {blocker} blocked the event loop"))
+                else:
+                    _settle(future, error=AgentTimeoutError(f"ran past its {r.timeout:g}s limit"))
                 self.cancel(future)
-        stalled = self.stalled_for()
         if not stalled:
             self._warned_stall = None
             return

@@ -122,7 +122,11 @@ class Heartbeat(threading.Thread):
         return bool(replies[0])
 
     def run(self) -> None:
-        while not self._stop_event.wait(self.interval):
+        # The first beat at once, not an interval later: it starts the namespace clock's promise (``due``), so a
+        # Redis stall right after this worker's first claims is seen as a stall and not as dead workers.
+        first = True
+        while first or not self._stop_event.wait(self.interval):
+            first = False
             try:
                 self.beat()
             except redis.RedisError as exc:

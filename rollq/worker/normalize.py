@@ -33,7 +33,7 @@ from opentelemetry.trace import DEFAULT_TRACE_STATE, SpanContext, SpanKind
 
 from rollq.models.coerce import coerce, is_model_like
 from rollq.models.contract import Rollout, Triplet
-from rollq.models.errors import UnsupportedResultError
+from rollq.models.errors import InvalidRewardError, UnsupportedResultError
 
 from .rewards import check_finite
 from .triplets import derive
@@ -169,7 +169,14 @@ def to_rollout(
     elif isinstance(raw, bool):
         raise UnsupportedResultError("agent returned a bool; return float(value) if it is meant as the reward")
     elif isinstance(raw, (int, float)):
-        rollout = Rollout(rollout_id=rollout_id, final_reward=float(raw))
+        try:
+            reward = float(raw)
+        except OverflowError:
+            raise InvalidRewardError(
+                f"the agent returned an integer of {int(raw).bit_length()} bits as its reward, too large for a float "
+                "(rewards must be finite numbers JSON can carry)"
+            ) from None
+        rollout = Rollout(rollout_id=rollout_id, final_reward=reward)
     elif isinstance(raw, Rollout) or is_model_like(raw):
         raw = coerce(Rollout, raw, "the returned rollout")
         if raw.rollout_id != rollout_id:

@@ -33,7 +33,7 @@ from rq.queue import Queue
 from rq.utils import now
 from rq.worker import BaseWorker, WorkerStatus
 
-from rollq.store.replies import FinishReply
+from rollq.store.replies import Claim, FinishReply
 from rollq.store.scripts import replied
 
 from .attempt import Publication
@@ -131,9 +131,21 @@ class RqLifecycle:
             return
         crash_point("rq-started")
         ended: list[Ended] = []
+        # Every claim is heartbeated from here (runner.claimed), before any start hook runs: the hooks of a
+        # batch run one after another, and a slow one must not make the claims behind it look unresponsive.
+        answers: list[Claim | AttemptResult | str] = []
         for start, reply in zip(starts, claimed, strict=True):
             try:
-                claim = runner.claimed(start.rollout_id, start.job.id, runner.lifecycle.read_claim(replied(reply)))
+                answers.append(
+                    runner.claimed(start.rollout_id, start.job.id, runner.lifecycle.read_claim(replied(reply)))
+                )
+            except BaseException:
+                answers.append(traceback.format_exc())
+        for start, claim in zip(starts, answers, strict=True):
+            try:
+                if isinstance(claim, str):
+                    ended.append(Ended(start.job, start.queue, start.execution, error=claim))
+                    continue
                 outcome = claim if isinstance(claim, AttemptResult) else runner.launch(start.rollout_id, claim)
             except BaseException:
                 ended.append(Ended(start.job, start.queue, start.execution, error=traceback.format_exc()))

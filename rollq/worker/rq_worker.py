@@ -51,13 +51,15 @@ from rq.worker import SimpleWorker, WorkerStatus
 
 from rollq.models.contract import Hook
 from rollq.models.errors import InvalidTaskError
-from rollq.store.connection import describe_client, retry_policy
+from rollq.store.connection import REFUSALS, describe_client, wait_out_refusals
+from rollq.store.eviction import warn_if_evicting
 from rollq.store.jobs import RollqJob, read_rollq_jobs, rollout_id_of
 from rollq.store.keys import DEFAULT_NAMESPACE, Keys
 from rollq.store.llm_gate import GateReporter
 from rollq.store.namespaces import namespace_hint
 from rollq.store.resources import ResourceStore
 from rollq.store.sizing import project_memory, warn_if_oversized
+from rollq.store.stats import StatsField
 from rollq.store.transitions import Lifecycle
 
 from . import rq_url
@@ -167,6 +169,9 @@ class RolloutWorker(SimpleWorker):
                 listed: list[Any] = [queues] if isinstance(queues, str | Queue) else list(queues)
                 queues = [q.name if isinstance(q, Queue) else str(q) for q in listed]
         super().__init__(queues, *args, **kwargs)
+        # Before RQ's start-up writes (register_birth): a worker started into a full Redis waits for memory, as a
+        # running one does, instead of dying on the first refused HSET.
+        wait_out_refusals(self.connection)
         if len(self.queues) != 1:
             raise ValueError("a RolloutWorker serves one rollq namespace: name exactly one queue")
         # `rq worker` builds its Queue objects (and their registries' job class) before the worker.
@@ -189,7 +194,10 @@ class RolloutWorker(SimpleWorker):
                 raise ValueError("no agent configured: set ROLLQ_AGENT=package.module:AgentClass or pass --agent")
             agent = load_object(self.settings.agent)
         self.agent = as_lit_agent(agent)
-        self.hook_set = HookSet(hooks if hooks is not None else [load_object(h) for h in self.settings.hooks])
+        self.hook_set = HookSet(
+            hooks if hooks is not None else [load_object(h) for h in self.settings.hooks],
+            budget_seconds=self.settings.hook_budget_seconds,
+        )
         self.tracer = tracer
         self.worker_id: int | None = None
         self.runner: AgentRunner | None = None
@@ -204,6 +212,7 @@ class RolloutWorker(SimpleWorker):
         self._force_stop = False
         self._loop_wedged = False
         self._next_suspension_check = 0.0
+        self._refusals_reported = (REFUSALS.episodes, REFUSALS.refused_seconds)
 
     @property
     def dequeue_timeout(self) -> int:
@@ -217,12 +226,13 @@ class RolloutWorker(SimpleWorker):
             self.log.warning("%s (this worker waits for tasks in %r)", hint, self.keys.namespace)
         # The client RQ builds from --url gives up at once when Redis is away, and RQ's
         # loop quits on most such errors; a worker should wait for Redis to come back.
-        self.connection.set_retry(retry_policy(retries=-1))
+        wait_out_refusals(self.connection)
         level = args[0] if args else kwargs.get("logging_level", "INFO")
         for name in ("rollq",):
             setup_loghandlers(level, name=name)
         reformat(self.settings.log_format, "rq.worker", "rollq")
         self.worker_id = int(self.connection.incr(self.keys.worker_seq))
+        warn_if_evicting(self.connection, f"worker {self.name}")
         # The rollouts a worker holds outlive Python's default young collections (see .collector).
         widen_young_generation()
         lifecycle = Lifecycle(
@@ -310,6 +320,18 @@ class RolloutWorker(SimpleWorker):
         # waits for a free slot this keeps the worker visible.
         if self.slots.busy:
             self.heartbeat()
+        self._report_refusals()
+
+    def _report_refusals(self) -> None:
+        """Count the times this process waited out Redis refusing commands (OOM, READONLY...) in the stats hash,
+        once Redis accepts writes again, for ``rollq status`` and ``/metrics``."""
+        episodes, seconds = REFUSALS.episodes, REFUSALS.refused_seconds
+        if episodes > self._refusals_reported[0]:
+            pipe = self.connection.pipeline(transaction=False)
+            pipe.hincrby(self.keys.stats, StatsField.REDIS_REFUSALS, episodes - self._refusals_reported[0])
+            pipe.hincrbyfloat(self.keys.stats, StatsField.REDIS_REFUSED_SECONDS, seconds - self._refusals_reported[1])
+            pipe.execute()
+            self._refusals_reported = (episodes, seconds)
 
     def heartbeat(self, timeout: int | None = None, pipeline: Any = None) -> None:
         # RQ refreshes the worker key up to four times per job, two round trips

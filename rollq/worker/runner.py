@@ -30,21 +30,24 @@ from opentelemetry import trace
 from rollq.models.contract import NamedResources, Rollout, Task, Triplet
 from rollq.models.errors import (
     AgentTimeoutError,
+    InvalidResourcesError,
     InvalidTaskError,
     LLMBackendError,
+    RetryNotQueuedError,
     UnknownResourcesError,
 )
 from rollq.models.llm_options import InvalidLLMOptionsError, agent_view
 from rollq.models.policy import FailureKind, RolloutPolicy
+from rollq.store.keys import inflight_member, job_id
 from rollq.store.records import parse_task
-from rollq.store.replies import Claim, ClaimRefused, FinishReply
+from rollq.store.replies import Claim, ClaimRefused, FinishReply, JobTaken
 from rollq.store.transitions import Lifecycle
 
 from .agent import LitAgent
 from .attempt import Attempt, Attempts, Publication, PublishLimits, Settled
 from .capture.ambient import CURRENT_ATTEMPT
 from .config import WorkerSettings
-from .executor import AgentExecutor
+from .executor import AgentExecutor, BlockedByNeighbour
 from .hooks import HookSet
 from .normalize import to_rollout
 from .resource_cache import ResourceCache
@@ -110,6 +113,7 @@ class Pending:
     attempt: Attempt
     started: float = field(default_factory=time.monotonic)
     capture: AttemptCapture | None = None
+    hook_overruns: dict[str, float] = field(default_factory=dict)
 
     @property
     def member(self) -> str:
@@ -144,6 +148,8 @@ class AgentRunner:
         self.attempts = Attempts(lifecycle, PublishLimits.of(settings))
         self.worker_id: int | None = None  # set by the worker once Redis gave it one (Agent Lightning's runner has it)
         self._running: dict[str, Pending] = {}
+        # Claimed attempts not launched yet (``member`` -> unresponsive_seconds): heartbeated from the claim.
+        self._claimed: dict[str, float] = {}
         self._lock = threading.Lock()
 
     def heartbeat_members(self) -> dict[str, float]:
@@ -156,9 +162,12 @@ class AgentRunner:
         loop_stalled = self.executor.stalled_for() > 0
         with self._lock:
             return {
-                member: p.policy.unresponsive_seconds
-                for member, p in self._running.items()
-                if not (loop_stalled and self.agent.is_async)
+                **self._claimed,
+                **{
+                    member: p.policy.unresponsive_seconds
+                    for member, p in self._running.items()
+                    if not (loop_stalled and self.agent.is_async)
+                },
             }
 
     def release_all(self) -> int:
@@ -188,6 +197,8 @@ class AgentRunner:
     def claimed(self, rollout_id: str, job_id: str, claim: Claim | ClaimRefused) -> Claim | AttemptResult:
         """What a claim's reply means for the job: the claim to launch, or the job's result when refused."""
         if not isinstance(claim, ClaimRefused):
+            with self._lock:
+                self._claimed[inflight_member(rollout_id, claim.attempt)] = _unresponsive_of(claim.policy_json)
             return claim
         error = self.attempts.refused(rollout_id, job_id, claim, self.worker_name)
         if error is not None:
@@ -196,6 +207,13 @@ class AgentRunner:
 
     def launch(self, rollout_id: str, claim: Claim) -> Pending | AttemptResult:
         """Start the agent of a claimed attempt; the result at once when the task cannot run."""
+        try:
+            return self._launch(rollout_id, claim)
+        finally:
+            with self._lock:
+                self._claimed.pop(inflight_member(rollout_id, claim.attempt), None)
+
+    def _launch(self, rollout_id: str, claim: Claim) -> Pending | AttemptResult:
         try:
             task, policy = parse_task(
                 rollout_id, claim.task_json, claim.policy_json, claims=claim.attempt, last_claim=claim.claimed_at
@@ -206,7 +224,7 @@ class AgentRunner:
             return self._publish(self.attempts.publication(attempt, attempt.failed(error), failed=True, duration=None))
         try:
             resources = self._resources(task, claim)
-        except UnknownResourcesError as exc:
+        except (UnknownResourcesError, InvalidResourcesError) as exc:
             log.error("task %s: %s", rollout_id, exc)
             attempt = Attempt.claimed(rollout_id, claim, self.worker_name)
             rollout = attempt.stamp(Rollout(rollout_id=rollout_id), exc)
@@ -244,7 +262,7 @@ class AgentRunner:
                 return self._publish(self.attempts.publication(attempt, rollout, failed=True, duration=None, task=task))
         else:
             resources = agent_view(resources)  # rollq's own LLM options are not the agent's to see
-        self.hooks.rollout_start(task, self, self.tracer, rollout_trace.context)
+        overruns = self.hooks.rollout_start(task, self, self.tracer, rollout_trace.context)
         with self._lock:
             future = self.executor.submit(
                 self.agent.rollout_call(task.mode),
@@ -258,7 +276,7 @@ class AgentRunner:
             )
             attempt = Attempt.claimed(rollout_id, claim, self.worker_name)
             pending = self._running[attempt.member] = Pending(
-                task, policy, claim, rollout_trace, future, attempt, capture=capture
+                task, policy, claim, rollout_trace, future, attempt, capture=capture, hook_overruns=overruns
             )
         return pending
 
@@ -278,10 +296,11 @@ class AgentRunner:
             raw: Any = None
             try:
                 raw = pending.future.result(timeout=0)
-            except AttemptReleased:
+            except (AttemptReleased, BlockedByNeighbour) as exc:
                 pending.trace.finish()
                 self.lifecycle.requeue(task, attempt, policy, "released")
-                log.info("handed %s back to the queue (attempt %d)", rid, attempt)
+                why = f" ({exc})" if isinstance(exc, BlockedByNeighbour) else ""
+                log.info("handed %s back to the queue (attempt %d)%s", rid, attempt, why)
                 return AttemptResult(rid, AttemptStatus.RELEASED, attempt)
             except AttemptLost:
                 pending.trace.finish()
@@ -311,18 +330,28 @@ class AgentRunner:
             rollout = pending.attempt.stamp(rollout, error)
             if error is None:
                 rollout = flag_missing_reward(rollout)
-            self.hooks.rollout_end(task, rollout, self, self.tracer, pending.trace.context)
+            overruns = {
+                **pending.hook_overruns,
+                **self.hooks.rollout_end(task, rollout, self, self.tracer, pending.trace.context),
+            }
+            if overruns:
+                rollout = rollout.model_copy(update={"metadata": {**rollout.metadata, "hook_overruns": overruns}})
             if error is not None and kind is not None and policy.retries(kind, claim.attempts_used):
-                self.lifecycle.requeue(task, attempt, policy, "retry")
-                log.warning(
-                    "attempt %d/%d of %s failed (%s: %s); retrying",
-                    claim.attempts_used,
-                    policy.max_attempts,
-                    rid,
-                    type(error).__name__,
-                    error,
-                )
-                return AttemptResult(rid, AttemptStatus.RETRYING, attempt)
+                reply = self.lifecycle.requeue(task, attempt, policy, "retry")
+                if not isinstance(reply, JobTaken):
+                    log.warning(
+                        "attempt %d/%d of %s failed (%s: %s); retrying",
+                        claim.attempts_used,
+                        policy.max_attempts,
+                        rid,
+                        type(error).__name__,
+                        error,
+                    )
+                    return AttemptResult(rid, AttemptStatus.RETRYING, attempt)
+                # The retry's job id holds another job: fail for good, saying so and why the attempt failed.
+                error = RetryNotQueuedError(job_id(rid, after_attempt=attempt), rid, f"{type(error).__name__}: {error}")
+                log.error("task %s: %s", rid, error)
+                rollout = pending.attempt.stamp(rollout, error)
             publication = self.attempts.publication(
                 pending.attempt,
                 rollout,
@@ -388,6 +417,15 @@ def _published(rollout: Rollout, status: AttemptStatus, attempt: int, task: Task
     )
 
 
+def _unresponsive_of(policy_json: bytes) -> float:
+    """The unresponsive_seconds of a claimed task's policy, to heartbeat it before it is parsed in full."""
+    try:
+        value = json.loads(policy_json).get("unresponsive_seconds")
+        return float(value) if isinstance(value, int | float) and value > 0 else RolloutPolicy().unresponsive_seconds
+    except (ValueError, AttributeError, RecursionError):
+        return RolloutPolicy().unresponsive_seconds
+
+
 def _finite(value: float | None) -> bool:
     return value is not None and math.isfinite(value)
 
@@ -395,7 +433,10 @@ def _finite(value: float | None) -> bool:
 def _early_reward(raw: Any) -> float | None:
     """The reward of an agent's result when it is plain to see before the trace is read (for the root span)."""
     if isinstance(raw, int | float) and not isinstance(raw, bool):
-        return float(raw)
+        try:
+            return float(raw)
+        except OverflowError:  # to_rollout says why it cannot be a reward
+            return None
     if isinstance(raw, Rollout):
         return raw.final_reward
     if isinstance(raw, list) and raw and isinstance(raw[-1], Triplet):

@@ -217,6 +217,7 @@ def derive(trace: list[dict[str, Any]], *, only_agent: str | None = None, strict
     agents = _Agents(trace)
     ordered = sorted(trace, key=lambda s: str(s.get("start_time") or ""))
     by_response: dict[str, Triplet] = {}
+    seen_captured: dict[int, bool] = {}  # id(triplet) -> made from a span the proxy recorded
     missing = 0
     for span in ordered:
         reading = _reading(span, strict, result.warnings)
@@ -240,7 +241,11 @@ def derive(trace: list[dict[str, Any]], *, only_agent: str | None = None, strict
             continue
         triplet = _triplet(span, agent)
         response_id = triplet.metadata.get("response_id")
+        captured = bool(_attributes(span).get(names.CAPTURED))
         seen = by_response.get(response_id) if response_id else None
+        if seen is not None and captured and seen_captured.get(id(seen)):
+            # Two calls the proxy recorded with one response id (a backend that reuses ids): two calls, kept apart.
+            seen = None
         if seen is not None:
             # The same call seen twice: keep the record with token ids, and the agent either one knew.
             if "token_ids" in triplet.prompt and "token_ids" not in seen.prompt:
@@ -249,6 +254,7 @@ def derive(trace: list[dict[str, Any]], *, only_agent: str | None = None, strict
             continue
         if response_id:
             by_response[response_id] = triplet
+        seen_captured[id(triplet)] = captured
         result.triplets.append(triplet)
     mismatched = 0
     for triplet in result.triplets:

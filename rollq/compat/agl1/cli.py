@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ipaddress
 import logging
-import socket
 
 import click
 from pydantic import ValidationError
@@ -14,18 +12,7 @@ from pydantic import ValidationError
 from rollq.models.policy import RolloutPolicy
 from rollq.store.connection import connect
 
-
-def is_loopback(host: str) -> bool:
-    """Whether ``host`` only ever means this machine (a name counts when every address it has is loopback)."""
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        pass
-    try:
-        infos = socket.getaddrinfo(host, None)
-    except OSError:
-        return False
-    return bool(infos) and all(ipaddress.ip_address(info[4][0]).is_loopback for info in infos)
+from ..binding import is_loopback
 
 
 @click.command("serve-agl")

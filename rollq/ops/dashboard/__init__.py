@@ -5,7 +5,9 @@ them as JSON. Two pages of rq-dashboard 0.9.0 fail with RQ 2.x; :func:`create_ap
 patches both at startup (see :func:`_patch_rq_dashboard`). rollq's pages
 (rollouts, one rollout, workers, charts) live under ``/rollq/`` (:mod:`.views`).
 It runs under waitress, a production WSGI server. With a token (:mod:`rollq.ops.access`) every page, the
-JSON and ``/metrics`` need it; without one it serves loopback only.
+JSON and ``/metrics`` need it; without one it serves loopback only. Every value rq-dashboard's pages show is
+escaped, and state changes need a POST with the dashboard's CSRF token (:mod:`.guard`); ``?namespace=`` reads
+only the namespace the dashboard was started for.
 """
 
 from __future__ import annotations
@@ -134,9 +136,11 @@ def create_app(redis_url: str, namespace: str = DEFAULT_NAMESPACE) -> Flask:
     app.config["RQ_DASHBOARD_DISABLE_DELETE"] = True
     setup_rq_connection(app)
     _requeue_through_rollq(app)
+    from .guard import install_guard
     from .views import install
 
     install(app, connect(redis_url, retries=1), namespace)
+    install_guard(app)
     return app
 
 

@@ -19,7 +19,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from rollq.store.keys import Keys
 
 from ..metrics import registry
-from ..status import Snapshot, snapshot
+from ..status import Snapshot, group_outcomes, snapshot
 from . import data
 from .svg import line_chart
 
@@ -31,7 +31,12 @@ def _conn() -> redis.Redis:
 
 
 def _keys() -> Keys:
-    return Keys(request.args.get("namespace") or current_app.config["ROLLQ_NAMESPACE"])
+    # Only the namespace the dashboard serves: ?namespace= must not read any other one on the server.
+    configured = current_app.config["ROLLQ_NAMESPACE"]
+    asked = request.args.get("namespace") or configured
+    if asked != configured:
+        abort(404, "this dashboard serves one namespace; start it with -n for another")
+    return Keys(configured)
 
 
 def _common() -> dict[str, Any]:
@@ -145,11 +150,14 @@ def _charts() -> dict[str, Any]:
     # Bucket width in seconds (?bucket=N), 1 s to an hour; a minute by default.
     bucket = min(3600, max(1, request.args.get("bucket", 60, type=int) or 60))
     through = data.throughput(_conn(), _keys(), bucket_seconds=bucket)
-    rewards = data.reward_by_version(data.read_stats(_conn(), _keys()))
+    stats = data.read_stats(_conn(), _keys())
+    rewards = data.reward_by_version(stats)
     return {
         "throughput": line_chart([through]),
         "reward": line_chart(rewards.series, x_labels=rewards.versions),
         "versions": rewards.versions,
+        # What Producer.batches did with the groups it read (docs/training.md): delivered, stale, failed.
+        "training_groups": group_outcomes(stats),
     }
 
 
@@ -161,6 +169,7 @@ def charts() -> str:
         throughput=Markup(c["throughput"]),
         rewards=Markup(c["reward"]),
         versions=c["versions"],
+        training_groups=c["training_groups"],
         **_common(),
     )
 

@@ -62,6 +62,10 @@ from .tokens import StreamAssembler, iter_sse_data, read_response
 log = logging.getLogger(__name__)
 
 TOKEN_IDS_FIELD = "return_token_ids"
+DEFAULT_READ_TIMEOUT_SECONDS = 600.0
+"""Longest silence from a backend within one call (a long generation streams or answers well within it)."""
+DEFAULT_MAX_BODY_BYTES = 32 * 1024 * 1024
+"""Largest request body an agent may send through the proxy (was 256 MiB: a worker peaked at 3 GB)."""
 # Hop-by-hop headers, and the ones that no longer hold once the body is re-encoded or decompressed.
 _DROP_REQUEST = frozenset(
     {
@@ -141,8 +145,19 @@ def _proxy_suffix(endpoint: str) -> str:
 class CaptureProxy:
     """Forwards and records LLM calls for every attempt of this worker process."""
 
-    def __init__(self, host: str = "127.0.0.1", gate: CallGate | None = None) -> None:
+    def __init__(
+        self,
+        host: str = "127.0.0.1",
+        gate: CallGate | None = None,
+        *,
+        read_timeout: float = DEFAULT_READ_TIMEOUT_SECONDS,
+        max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    ) -> None:
+        """``read_timeout``: longest wait for the next byte from a backend before the call fails (504);
+        ``max_body_bytes``: the largest request body an agent may send (413 past it)."""
         self.host = host
+        self.read_timeout = read_timeout
+        self.max_body_bytes = max_body_bytes
         self.port = 0
         self.gate = gate or CallGate()
         self.health = UpstreamHealth()
@@ -191,13 +206,16 @@ class CaptureProxy:
         self.gate.bind(asyncio.get_running_loop())
         self._session = aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=300),
-            timeout=aiohttp.ClientTimeout(total=None, sock_connect=30),
+            # A hung backend must not hold a call (and its socket) forever: no byte for read_timeout fails it.
+            timeout=aiohttp.ClientTimeout(total=None, sock_connect=30, sock_read=self.read_timeout),
             cookie_jar=aiohttp.DummyCookieJar(),  # a proxy keeps no cookies between attempts
         )
-        app = web.Application(client_max_size=256 * 1024 * 1024)
+        app = web.Application(client_max_size=self.max_body_bytes)
         app.router.add_route("*", "/{token}/{rest:.*}", self._handle)
         app.router.add_route("*", "/{token}", self._handle)
-        self._runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        # handler_cancellation: an agent that gives up on a call (its client timed out, its attempt was stopped)
+        # cancels the handler, which closes the backend request instead of leaving it and its socket open.
+        self._runner = web.AppRunner(app, access_log=None, handle_signals=False, handler_cancellation=True)
         await self._runner.setup()
         await web.SockSite(self._runner, sock).start()
 
@@ -357,7 +375,7 @@ class CaptureProxy:
         if kind is not None and request.method == "POST":
             try:
                 body = json.loads(raw)
-            except ValueError:
+            except (ValueError, RecursionError):  # not JSON, or nested deeper than the parser goes
                 body = None
         if not isinstance(body, dict) or kind is None:
             return await self._pass_through(request, self.health.pick(route.upstreams) + rest + query, raw)
@@ -374,11 +392,16 @@ class CaptureProxy:
             ) as upstream:
                 response = web.StreamResponse(status=upstream.status, headers=_response_headers(upstream.headers))
                 await response.prepare(request)
-                async for data in upstream.content.iter_any():
-                    await response.write(data)
+                try:
+                    async for data in upstream.content.iter_any():
+                        await response.write(data)
+                except (TimeoutError, aiohttp.ClientError, ConnectionResetError):
+                    upstream.close()
+                    _cut(request)  # the client sees a broken response, not a complete one
+                    return response
                 await response.write_eof()
                 return response
-        except aiohttp.ClientError as exc:
+        except (TimeoutError, aiohttp.ClientError) as exc:
             return _bad_gateway(exc)
 
     async def _capture(
@@ -455,9 +478,10 @@ class CaptureProxy:
                 self.health.eject(upstream_url, route.options.eject_seconds)
                 avoid = upstream_url
                 if attempt == tries:
-                    call.error = f"{type(exc).__name__}: {exc}"
-                    self._record(call, route, parent, status=502)
-                    return _bad_gateway(exc)
+                    timed_out = isinstance(exc, asyncio.TimeoutError)  # no byte for read_timeout
+                    call.error = f"no answer in {self.read_timeout:g}s" if timed_out else f"{type(exc).__name__}: {exc}"
+                    self._record(call, route, parent, status=504 if timed_out else 502)
+                    return _bad_gateway(exc, 504 if timed_out else 502)
             finally:
                 self.gate.release()
             # The request is out of the gate while it waits: a pause can drain meanwhile, and the retry is admitted
@@ -509,6 +533,9 @@ class CaptureProxy:
             if streamed:
                 return await self._stream(request, call, route, parent, upstream)
             return self._finish_plain(call, route, parent, upstream, await upstream.read())
+        except BaseException:
+            upstream.close()  # cancelled or failed part way: the backend request ends with the call
+            raise
         finally:
             upstream.release()
 
@@ -538,10 +565,19 @@ class CaptureProxy:
         else:
             try:
                 parsed = json.loads(data)
-                if isinstance(parsed, dict):
-                    read_response(call, parsed)
-            except ValueError:
+            except (ValueError, RecursionError):
                 call.error = f"the backend answered HTTP {upstream.status} with a body that is not JSON"
+            else:
+                if isinstance(parsed, dict):
+                    try:
+                        read_response(call, parsed)
+                    except Exception as exc:  # an odd but valid answer: passed on as it came, recorded as far as read
+                        log.warning(
+                            "could not read all of an LLM answer from %s (%s: %s)",
+                            route.upstream,
+                            type(exc).__name__,
+                            exc,
+                        )
         self._record(call, route, parent, status=upstream.status)
         return web.Response(body=data, status=upstream.status, headers=_response_headers(upstream.headers))
 
@@ -569,16 +605,23 @@ class CaptureProxy:
                     if payload and payload != b"[DONE]":
                         try:
                             assembler.feed(json.loads(payload))
-                        except ValueError:
+                        except (ValueError, RecursionError):
                             pass  # a keep-alive or non-JSON event: forwarded, not recorded
+                        except Exception as exc:  # an odd but valid chunk: forwarded as it came, not read
+                            log.warning("could not read a streamed LLM chunk (%s: %s)", type(exc).__name__, exc)
                 if last:
                     self._record(assembler.finish(), route, parent, status=upstream.status)
                     recorded = True
                     await response.write(data)
             await response.write_eof()
-        except (ConnectionResetError, aiohttp.ClientError) as exc:
+        except (TimeoutError, ConnectionResetError, aiohttp.ClientError) as exc:
             call.error = f"stream cut: {type(exc).__name__}: {exc}"
-        if not recorded:  # a stream without [DONE], or one cut short
+            upstream.close()
+            if not recorded:
+                self._record(assembler.finish(), route, parent, status=upstream.status)
+            _cut(request)  # the agent sees a broken stream, not one that looks complete
+            return response
+        if not recorded:  # a stream without [DONE]
             self._record(assembler.finish(), route, parent, status=upstream.status)
         return response
 
@@ -630,8 +673,16 @@ def _response_headers(headers: Mapping[str, str]) -> dict[str, str]:
     return {k: v for k, v in headers.items() if k.lower() not in _DROP_RESPONSE}
 
 
-def _bad_gateway(exc: BaseException) -> web.Response:
+def _bad_gateway(exc: BaseException, status: int = 502) -> web.Response:
+    what = "got no answer in time from" if status == 504 else "could not reach"
     return web.json_response(
-        {"error": {"message": f"rollq capture proxy could not reach the LLM backend: {exc}", "type": "bad_gateway"}},
-        status=502,
+        {"error": {"message": f"rollq capture proxy {what} the LLM backend: {exc!r}", "type": "bad_gateway"}},
+        status=status,
     )
+
+
+def _cut(request: web.Request) -> None:
+    """Drop the client's connection mid-response, so that a backend's cut is a cut the client sees too (a
+    response ended cleanly would look complete)."""
+    if request.transport is not None:
+        request.transport.abort()

@@ -1,0 +1,130 @@
+"""What finished rollouts leave in Redis, and what that comes to at 100 rollouts/s.
+
+Run: python bench/retained.py [--rollouts 2000] [--concurrency 64] [--rate 100]
+
+Runs ``--rollouts`` mock-LLM rollouts (bench/agents.py: MockLLMAgent, 3 traced LLM calls and rewards each)
+through one stock ``rq worker -w rollq.worker.RolloutWorker`` at the default settings, then reads
+``MEMORY USAGE`` of every key Redis holds for them, by kind:
+
+- RQ's finished job: its hash (``rq:job:<id>``), its results stream (``rq:results:<id>``), its execution
+  records and its share of the finished registry; kept ``result_ttl`` (``ROLLQ_RESULT_TTL``, an hour);
+- rollq's task record (``{ns}:task:<id>``), kept ``keep_seconds`` (``ROLLQ_KEEP_SECONDS``, 7 days);
+- the results stream, per entry (kept until ``results_maxlen`` / ``results_max_bytes`` push it out).
+
+It also reports ``used_memory`` before and after, per rollout. The steady state at ``--rate`` rollouts/s is
+``rate x retention x bytes`` for each kind. Writes bench/results/retained.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.common import outcomes, private_redis, rollq_workers, write_result  # noqa: E402
+from rollq.producer import Producer  # noqa: E402
+from rollq.store.keys import Keys  # noqa: E402
+from rollq.worker import WorkerSettings  # noqa: E402
+
+NAMESPACE = "retained"
+KB = 1000
+
+
+def kind_of(key: str, keys: Keys) -> str:
+    if key.startswith(keys.task("")):
+        return "task_record"
+    if key == keys.results:
+        return "results_stream"
+    if key.startswith("rq:job:"):
+        return "rq_job_hash"
+    if key.startswith("rq:results:"):
+        return "rq_job_results"
+    if key.startswith("rq:execution"):
+        return "rq_job_executions"
+    if key.startswith("rq:finished:") or key.startswith("rq:registry:finished:"):
+        return "rq_finished_registry"
+    return "other"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rollouts", type=int, default=2000)
+    parser.add_argument("--concurrency", type=int, default=64)
+    parser.add_argument("--rate", type=float, default=100.0, help="rollouts/s to extrapolate to")
+    args = parser.parse_args()
+    settings = WorkerSettings()
+    keys = Keys(NAMESPACE)
+
+    with private_redis() as server, tempfile.TemporaryDirectory(prefix="rollq-bench-logs-") as logs:
+        connection = server.client()
+        before = int(connection.info("memory")["used_memory"])
+        producer = Producer(connection, NAMESPACE)
+        ids = [t.rollout_id for t in producer.enqueue_many([{"question": i} for i in range(args.rollouts)])]
+        fleet = rollq_workers(
+            server.url,
+            NAMESPACE,
+            1,
+            agent="bench.agents:MockLLMAgent",
+            concurrency=args.concurrency,
+            log_dir=Path(logs),
+        )
+        try:
+            deadline = time.monotonic() + 600
+            while sum(outcomes(connection, NAMESPACE)) < args.rollouts and time.monotonic() < deadline:
+                time.sleep(0.5)
+            time.sleep(2)  # the last RQ end-of-job bookkeeping
+        finally:
+            fleet.stop()
+        done = sum(outcomes(connection, NAMESPACE))
+        after = int(connection.info("memory")["used_memory"])
+        totals: dict[str, int] = defaultdict(int)
+        counts: dict[str, int] = defaultdict(int)
+        for raw in connection.scan_iter(count=1000):
+            key = raw.decode()
+            kind = kind_of(key, keys)
+            totals[kind] += int(connection.memory_usage(key, samples=0) or 0)
+            counts[kind] += 1
+        ttl_sample = connection.ttl(f"rq:job:{next(iter(connection.scan_iter(match='rq:job:*'))).decode()[7:]}")
+
+    rq_parts = ("rq_job_hash", "rq_job_results", "rq_job_executions", "rq_finished_registry")
+    per_rollout = {kind: round(totals[kind] / done) for kind in totals}
+    rq_job = sum(per_rollout.get(kind, 0) for kind in rq_parts)
+    record = per_rollout.get("task_record", 0)
+    stream_entry = per_rollout.get("results_stream", 0)
+    rq_retained = args.rate * settings.result_ttl * rq_job
+    records_retained = args.rate * settings.keep_seconds * record
+    result = {
+        "rollouts": done,
+        "of": len(ids),
+        "used_memory_per_rollout_bytes": round((after - before) / done),
+        "bytes_per_rollout": per_rollout,
+        "keys": dict(counts),
+        "rq_finished_job_bytes": rq_job,
+        "rq_job_ttl_seconds_sampled": ttl_sample,
+        "task_record_bytes": record,
+        "results_stream_entry_bytes": stream_entry,
+        "at_rate": {
+            "rollouts_per_second": args.rate,
+            "rq_finished_jobs_gb": round(rq_retained / 1e9, 2),
+            "rq_result_ttl_seconds": settings.result_ttl,
+            "task_records_gb": round(records_retained / 1e9, 1),
+            "keep_seconds": settings.keep_seconds,
+        },
+    }
+    print(
+        f"{done} rollouts: RQ finished job {rq_job / KB:.1f} kB (kept {settings.result_ttl} s), "
+        f"task record {record / KB:.2f} kB (kept {settings.keep_seconds} s), results entry {stream_entry / KB:.1f} kB"
+    )
+    print(
+        f"at {args.rate:g}/s: RQ finished jobs {rq_retained / 1e9:.2f} GB, task records {records_retained / 1e9:.1f} GB"
+    )
+    print(write_result("retained", result, sys.argv[1:]))
+
+
+if __name__ == "__main__":
+    main()
