@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 from rq.queue import Queue
@@ -27,6 +28,13 @@ def _failed_job(producer: Producer) -> str:
     return job_id
 
 
+def _browser(redis_url: str, namespace: str) -> tuple[Any, dict[str, str]]:
+    """A test client of the dashboard and the CSRF header its own scripts send (the cookie's token)."""
+    client = create_app(redis_url, namespace).test_client()
+    cookie = client.get("/").headers.get("Set-Cookie", "")
+    return client, {"X-CSRFToken": cookie.split(";")[0].split("=", 1)[1]}
+
+
 @pytest.mark.redis
 def test_requeue_of_a_dead_lettered_rollq_job_runs_the_task_again(
     redis_server: RedisServer, namespace: str, workers: Callable[..., WorkerProcess]
@@ -37,8 +45,8 @@ def test_requeue_of_a_dead_lettered_rollq_job_runs_the_task_again(
     assert producer.wait([rid], timeout=60)[0].metadata["status"] == "failed"
     job_id = _failed_job(producer)
 
-    client = create_app(redis_server.url, namespace).test_client()
-    reply = client.post(f"/job/{job_id}/requeue").get_json()
+    client, csrf = _browser(redis_server.url, namespace)
+    reply = client.post(f"/job/{job_id}/requeue", headers=csrf).get_json()
 
     assert reply["status"] == "OK" and "queued again" in reply["message"]
     deadline = time.monotonic() + 60
@@ -61,9 +69,9 @@ def test_requeue_of_a_rollq_job_whose_task_is_not_dead_lettered_is_refused_sayin
     # Taken out of the dead-letter set (handled some other way): there is nothing for the button to re-run.
     producer.connection.zrem(producer.keys.dead_letter, rid)
 
-    client = create_app(redis_server.url, namespace).test_client()
-    reply = client.post(f"/job/{job_id}/requeue").get_json()
+    client, csrf = _browser(redis_server.url, namespace)
+    reply = client.post(f"/job/{job_id}/requeue", headers=csrf).get_json()
     assert reply["status"] == "ERROR" and f"task {rid} is failed, not in the dead-letter set" in reply["message"]
-    bulk = client.post(f"/requeue/{namespace}").get_json()
+    bulk = client.post(f"/requeue/{namespace}", headers=csrf).get_json()
     assert bulk["status"] == "ERROR" and bulk["count"] == 0 and len(bulk["refused"]) == 1
     assert producer.get_task(rid).num_claims == 1  # nothing ran
