@@ -15,29 +15,15 @@ import base64
 import binascii
 import errno
 import hmac
-import ipaddress
-import socket
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from rollq.compat.binding import is_loopback  # one definition, shared with serve-al/serve-agl
 from rollq.models.errors import RollqError
 
 TOKEN_ENV = "ROLLQ_DASHBOARD_TOKEN"
 
 WSGIApp = Callable[[dict[str, Any], Callable[..., Any]], Iterable[bytes]]
-
-
-def is_loopback(host: str) -> bool:
-    """Whether ``host`` only ever means this machine (a name counts when every address it has is loopback)."""
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        pass
-    try:
-        infos = socket.getaddrinfo(host, None)
-    except OSError:
-        return False
-    return bool(infos) and all(ipaddress.ip_address(info[4][0]).is_loopback for info in infos)
 
 
 def check_bind(host: str, token: str, what: str) -> None:
