@@ -44,8 +44,8 @@ def main() -> None:
             sys.executable, "-m", "rq.cli", "worker", "--burst", "--url", embedded.url,
             "-S", "rq.serializers.JSONSerializer", "-w", "rq.worker.SimpleWorker", "--quiet", QUEUE,
         ]  # fmt: skip
-        # The job function lives in tests/embedded_jobs.py; tests/ is not a package.
-        path = [str(ROOT / "tests"), *filter(None, [os.environ.get("PYTHONPATH")])]
+        # The job function lives in tests/support/embedded_jobs.py; that folder goes on the worker's PYTHONPATH.
+        path = [str(ROOT / "tests" / "support"), *filter(None, [os.environ.get("PYTHONPATH")])]
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(path)}
         started = time.perf_counter()
         subprocess.run(command, env=env, check=True, timeout=600)

@@ -676,7 +676,7 @@ attempt waits for it (a few tenths of a second, once per process), and a proxy t
 attempt (the task is retried) instead of stopping the worker at start. The weight-sync gate still exists from
 the start, so a pause is followed before any proxy runs. fakeredis (and the numpy it imports) is imported only
 for `memory://` URLs. rollq's modules are byte-compiled as a wheel install leaves them.
-`tests/test_startup_imports.py` pins what a worker's import leaves out (aiohttp, fakeredis, numpy, the
+`tests/worker/test_startup_imports.py` pins what a worker's import leaves out (aiohttp, fakeredis, numpy, the
 metrics and dashboard side). What remains over plain RQ is pydantic and pydantic-settings (the contract and the
 settings model) and rollq's own modules.""",
 )

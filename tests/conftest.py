@@ -2,20 +2,22 @@
 
 from __future__ import annotations
 
-import json
 import signal
 import subprocess
-import sys
-import urllib.error
-import urllib.request
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
-from fault_agents import wait_until
-from servers import REPO, RedisServer, Replicated, WorkerProcess, free_port
+from click.testing import CliRunner, Result
+
+from rollq.ops.cli import main
+from rollq.producer import Producer
+from tests.support.dashboard import Dashboard
+from tests.support.fake_vllm import FakeVLLM
+from tests.support.serve_al import answers
+from tests.support.servers import REPO, ROLLQ, RedisServer, Replicated, WorkerProcess, free_port
+from tests.support.waiting import wait_until
 
 
 @pytest.fixture(scope="session")
@@ -83,7 +85,7 @@ def workers(tmp_path: Path) -> Iterator[Callable[..., WorkerProcess]]:
 @pytest.fixture(scope="session")
 def al_bin() -> Path:
     """``bin/`` of a venv with Agent Lightning 0.1.2 and rollq (see al_venv.py); built once, cached under /tmp."""
-    import al_venv
+    from tests.support import al_venv
 
     return al_venv.build("0.1.2")
 
@@ -91,7 +93,7 @@ def al_bin() -> Path:
 @pytest.fixture(scope="session")
 def al02_bin() -> Path:
     """``bin/`` of a venv with Agent Lightning 0.2.2 and rollq."""
-    import al_venv
+    from tests.support import al_venv
 
     return al_venv.build("0.2.2")
 
@@ -99,28 +101,9 @@ def al02_bin() -> Path:
 @pytest.fixture(scope="session")
 def al03_bin() -> Path:
     """``bin/`` of a venv with Agent Lightning 0.3.0 and rollq."""
-    import al_venv
+    from tests.support import al_venv
 
     return al_venv.build("0.3.0")
-
-
-ROLLQ = str(Path(sys.executable).parent / "rollq")
-
-
-def _get(url: str) -> dict[str, Any]:
-    with urllib.request.urlopen(url, timeout=10) as response:
-        return json.loads(response.read())  # type: ignore[no-any-return]
-
-
-def _answers(endpoint: str) -> bool:
-    # Not GET /task: that would claim a task. No resources are set, so the answer is a 404.
-    try:
-        _get(endpoint + "resources/latest")
-    except urllib.error.HTTPError:
-        return True
-    except OSError:
-        return False
-    return True
 
 
 @pytest.fixture
@@ -141,7 +124,7 @@ def serve_al(redis_server: RedisServer, namespace: str, tmp_path: Path) -> Itera
         )
         started.append((process, log))
         endpoint = f"http://127.0.0.1:{port}/"
-        wait_until(lambda: _answers(endpoint), 20, f"serve-al on port {port} to answer")
+        wait_until(lambda: answers(endpoint), f"serve-al on port {port} to answer", timeout=20)
         return endpoint
 
     yield start
@@ -153,3 +136,51 @@ def serve_al(redis_server: RedisServer, namespace: str, tmp_path: Path) -> Itera
             process.kill()
             process.wait()
         print(f"--- {log.name} ---\n{log.read_text(errors='replace')[-3000:]}")
+
+
+@pytest.fixture
+def dashboard(tmp_path: Path) -> Iterator[Callable[[str], Dashboard]]:
+    """Start ``rollq dashboard`` subprocesses on a Redis URL: ``dashboard(url)``; stopped and logged at the end."""
+    started: list[Dashboard] = []
+
+    def start(redis_url: str) -> Dashboard:
+        started.append(Dashboard(redis_url, tmp_path / f"dashboard-{len(started)}.log"))
+        return started[-1]
+
+    yield start
+    for d in started:
+        d.stop()
+        print(f"--- {d.log_path.name} ---\n{d.log()[-4000:]}")
+
+
+@pytest.fixture
+def url() -> str:
+    """An embedded Redis (``memory://``) of the test's own, shared by its producer and in-process workers."""
+    return f"memory://{uuid.uuid4().hex}"
+
+
+@pytest.fixture
+def producer(url: str, namespace: str) -> Producer:
+    """A Producer on the test's embedded Redis (tests on a real server build their own on ``redis_server.url``)."""
+    return Producer.from_url(url, namespace)
+
+
+@pytest.fixture
+def rollq(url: str, namespace: str, monkeypatch: pytest.MonkeyPatch) -> Callable[..., Result]:
+    """Run ``rollq --url URL -n NAMESPACE ARGS...`` in-process (``input=`` for stdin, ``url_=`` for another URL);
+    stdout and stderr are kept apart; the environment's URL and namespace are cleared first."""
+    for name in ("ROLLQ_REDIS_URL", "REDIS_URL", "ROLLQ_NAMESPACE"):
+        monkeypatch.delenv(name, raising=False)
+
+    def run(*args: str, input: str | None = None, url_: str | None = None) -> Result:
+        return CliRunner().invoke(main, ["--url", url_ or url, "-n", namespace, *args], input=input, prog_name="rollq")
+
+    return run
+
+
+@pytest.fixture
+def fake() -> Iterator[FakeVLLM]:
+    """The fake vLLM server (token ids and logprobs in vLLM's spelling) on a free port."""
+    server = FakeVLLM().start()
+    yield server
+    server.stop()

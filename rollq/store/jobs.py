@@ -1,6 +1,6 @@
 """How a rollq task looks as an RQ job, and how a worker checks one before running it.
 
-With ``worker/rq_worker.py`` this is one of the two modules that touch RQ (tests/test_rq_contract.py pins what
+With ``worker/rq_worker.py`` this is one of the two modules that touch RQ (tests/worker/test_rq_contract.py pins what
 they use): the job hash format, RQ's key names, and fetching jobs.
 
 Each queued attempt of a task is a real RQ job (JSON serializer) so rq-dashboard
@@ -171,7 +171,7 @@ class RollqJob(Job):
 def dependencies_key(job_id: str) -> str:
     """RQ's set of the jobs ``job_id`` depends on (``Job.dependencies_key``; rollq jobs have none).
 
-    RQ 2.12 spells it with a double colon, ``rq:job::<id>:dependencies`` (tests/test_rq_contract.py pins it)."""
+    RQ 2.12 spells it with a double colon, ``rq:job::<id>:dependencies`` (tests/worker/test_rq_contract.py pins it)."""
     return f"{Job.redis_job_namespace_prefix}:{job_id}:dependencies"
 
 

@@ -8,7 +8,7 @@ workers' CPU with Python's young-generation threshold of 700; with 5000, 3-4%
 (worker CPU 1.40 -> 1.27 ms per rollout, bench/profile.py with gc callbacks).
 Garbage in reference cycles is still collected, just after 5000 new objects
 instead of 700; rollq's own per-rollout objects form no cycles
-(tests/test_tracer.py, tests/test_executor.py).
+(tests/worker/test_tracer.py, tests/worker/test_executor.py).
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ that step. The steps of the start path, in order:
   intermediate list left) both ran;
 - ``agent-started``: the agent was handed the task.
 
-tests/test_none_lost.py kills a worker at each to prove no task is lost. The
+tests/worker/test_none_lost.py kills a worker at each to prove no task is lost. The
 variable is read once, at import; leave it unset in production.
 """
 

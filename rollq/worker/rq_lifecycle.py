@@ -7,8 +7,8 @@ run on the executor, and as their futures settle the publications go in one pipe
 of the batch in another. So two threads serve any number of rollouts, and round trips per rollout fall as the
 load rises.
 
-What RQ would write is written with RQ's own calls (pinned in ``tests/test_rq_contract.py``; that the Redis
-state matches a stock RQ worker's is ``tests/test_rq_state_diff.py``):
+What RQ would write is written with RQ's own calls (pinned in ``tests/worker/test_rq_contract.py``; that the Redis
+state matches a stock RQ worker's is ``tests/worker/test_rq_state_diff.py``):
 
 - start (:meth:`RqLifecycle._rq_start`): RQ 2.12's ``prepare_execution`` + ``prepare_job_execution``:
   ``Execution.create`` (started registry), ``Job.heartbeat``, ``Job.prepare_for_execution``, and the job leaves

@@ -104,7 +104,7 @@ def teach_rq_cli_rollq_urls() -> None:
     a scheme in :data:`ROLLQ_ONLY_SCHEMES`, from ``--url``, ``RQ_REDIS_URL``, a ``-c`` module's ``REDIS_URL`` or
     ``REDIS_URL``, is built by :func:`rollq.store.connection.connect`, for the plain ``redis.Redis`` class only;
     every other URL goes to RQ's code unchanged. It does nothing unless RQ's CLI is loaded (an ``rq`` process),
-    and the wrap is pinned by ``tests/test_sentinel_url.py`` against RQ's real CLI.
+    and the wrap is pinned by ``tests/store/test_sentinel_url.py`` against RQ's real CLI.
     """
     helpers = sys.modules.get("rq.cli.helpers")
     if helpers is None:

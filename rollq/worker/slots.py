@@ -1,6 +1,6 @@
 """A worker's capacity: ``concurrency`` slots, and the jobs that hold them.
 
-The invariant (pinned by ``tests/test_slots.py``): every job a worker dequeues holds exactly one slot from
+The invariant (pinned by ``tests/worker/test_slots.py``): every job a worker dequeues holds exactly one slot from
 the moment it is taken off RQ's queue until its end is recorded, and frees it exactly once, whatever path it
 ends on (published, failed, retried, timed out, cancelled, taken over, handed back, refused as not a rollq job
 or as an invalid task). A slot freed twice would let the worker run more rollouts than it was asked to; one never

@@ -1,0 +1,218 @@
+"""``rollq dashboard``: rq-dashboard on a Redis holding real rollq jobs, checked in headless Chromium."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from rq.job import Job
+from rq.queue import Queue
+from rq.registry import FinishedJobRegistry
+from rq.serializers import JSONSerializer
+from rq.worker import Worker
+
+from rollq.models.errors import RollqError
+from rollq.ops.dashboard import create_app
+from rollq.producer import Producer
+from rollq.store.keys import job_id
+from tests.support.browser import chromium, rendered_rows, require_chromium
+from tests.support.dashboard import SCREENSHOTS, Dashboard
+from tests.support.http import get_json
+from tests.support.servers import RedisServer, WorkerProcess
+from tests.support.waiting import wait_until
+
+# The workers view shows all three at once: the busy worker, its rollq job and the namespace's queue.
+SCREENSHOT_PAGES = {
+    "dashboard.png": "/0/view/workers",
+    "dashboard-queues.png": "/",
+    "dashboard-jobs.png": "/0/view/jobs/{namespace}/finished/8/asc/1",
+}
+PASSWORD = "dashboard-test-secret"
+
+
+@pytest.mark.redis
+@pytest.mark.browser
+@pytest.mark.slow
+def test_browser_shows_the_rollq_queue_a_finished_job_and_a_busy_worker(
+    own_redis: Callable[..., RedisServer],
+    workers: Callable[..., WorkerProcess],
+    dashboard: Callable[[str], Dashboard],
+    tmp_path: Path,
+) -> None:
+    browser = require_chromium()
+    server = own_redis(password=PASSWORD)
+    namespace = "rollq"  # the default namespace, on a server of the test's own
+    producer = Producer.from_url(server.url, namespace)
+    client = server.client()
+    worker = workers(
+        server.url,
+        namespace,
+        env={
+            "ROLLQ_AGENT": "tests.support.dashboard_agents:HoldingAgent",
+            "ROLLQ_CONCURRENCY": "2",
+            "ROLLQ_GRACE_SECONDS": "0",
+        },
+    )
+
+    finished = [task.rollout_id for task in producer.enqueue_many([{"n": 1}, {"n": 2}], mode="train")]
+    registry = FinishedJobRegistry(namespace, connection=client)
+    finished_jobs = {job_id(rid) for rid in finished}
+    wait_until(
+        lambda: finished_jobs <= set(registry.get_job_ids(cleanup=False)), "RQ to record the finished jobs", timeout=60
+    )
+    for rollout_id in finished:
+        # RQ drops a finished rollq job after 60 s; a slow machine must not lose it before the browser looks.
+        client.persist(Job.key_for(job_id(rollout_id)))
+    # Queued only after the others are done, so no finishing job clears the worker's current job.
+    held = producer.enqueue({"hold": True}, mode="train").rollout_id
+
+    def busy_with_held() -> bool:
+        assert worker.process.poll() is None, f"worker exited: {worker.log()}"
+        listed = Worker.all(connection=client, serializer=JSONSerializer)
+        return any(w.get_current_job_id() == job_id(held) for w in listed)
+
+    wait_until(busy_with_held, "the worker to run the held rollout", timeout=60)
+    (rq_worker,) = Worker.all(connection=client, serializer=JSONSerializer)
+
+    dash = dashboard(server.url)
+    base = dash.base
+
+    # The endpoint that was a 500 in rq-dashboard 0.9.0 while a worker was busy with a JSON job.
+    (listed,) = get_json(f"{base}/0/data/workers.json")["workers"]
+    assert listed["state"] == "busy" and listed["current_job"]["job_id"] == job_id(held)
+
+    queue_rows = rendered_rows(chromium(browser, tmp_path / "profile", base + "/"), "queue")
+    (row,) = [r for r in queue_rows if r[0] == namespace]
+    # Columns: name, queued, deferred, scheduled, started, finished, failed, canceled.
+    assert int(row[4]) == 1 and int(row[5]) == len(finished), row
+
+    jobs_dom = chromium(browser, tmp_path / "profile", f"{base}/0/view/jobs/{namespace}/finished/8/asc/1")
+    job_text = " ".join(" ".join(r) for r in rendered_rows(jobs_dom, "job"))
+    assert all(rollout_id in job_text for rollout_id in finished), job_text
+
+    worker_rows = rendered_rows(chromium(browser, tmp_path / "profile", f"{base}/0/view/workers"), "worker")
+    (cells,) = worker_rows
+    assert cells[0] == rq_worker.name and held in cells[1] and cells[2] == namespace, cells
+
+    # The screenshots land in the test's temporary directory; ROLLQ_UPDATE_SCREENSHOTS=1
+    # also refreshes the copies the docs show.
+    for name, path in SCREENSHOT_PAGES.items():
+        shot = tmp_path / name
+        chromium(browser, tmp_path / "profile", base + path.format(namespace=namespace), screenshot=shot)
+        assert shot.read_bytes().startswith(b"\x89PNG")
+        print(f"screenshot: {shot}")
+        if os.environ.get("ROLLQ_UPDATE_SCREENSHOTS"):
+            SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(shot, SCREENSHOTS / name)
+
+    dash.stop()
+    assert PASSWORD not in dash.log()
+
+
+@pytest.mark.redis
+def test_job_page_of_a_job_with_dependencies_loads(redis_server: RedisServer, namespace: str) -> None:
+    client = redis_server.client()
+    queue = Queue(namespace, connection=client, serializer=JSONSerializer)
+    parent = queue.enqueue("os.getcwd")
+    child = queue.enqueue("os.getcwd", depends_on=parent)
+    app = create_app(redis_server.url)
+
+    response = app.test_client().get(f"/0/data/job/{child.id}.json")
+
+    assert response.status_code == 200, response.text
+    assert response.json["depends_on"] == [parent.id]
+
+
+def test_dashboard_refuses_an_in_process_memory_url() -> None:
+    with pytest.raises(RollqError, match="needs a Redis server"):
+        create_app("memory://")
+
+
+def test_dashboard_without_rq_dashboard_says_how_to_install_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "rq_dashboard.cli", None)  # makes the import fail
+
+    with pytest.raises(RollqError, match=r"pip install 'rollq\[dashboard\]'"):
+        create_app("redis://127.0.0.1:1/0")
+
+
+class _Hits:
+    """A loopback HTTP listener that records every path requested: what a script injected into a page would call."""
+
+    def __init__(self) -> None:
+        import http.server
+        import threading
+
+        hits = self.paths = []
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # noqa: N802
+                hits.append(self.path)
+                self.send_response(204)
+                self.end_headers()
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.port = self.server.server_address[1]
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+
+@pytest.mark.redis
+@pytest.mark.browser
+def test_script_in_task_input_errors_and_metadata_runs_on_no_dashboard_page(
+    own_redis: Callable[..., RedisServer],
+    workers: Callable[..., WorkerProcess],
+    dashboard: Callable[[str], Dashboard],
+    tmp_path: Path,
+) -> None:
+    # On 48fc877 rq-dashboard's job page ran script taken from a task input quoted in an agent's error.
+    browser = require_chromium()
+    hits = _Hits()
+    payload = (
+        f"<img src=x onerror=\"fetch('http://127.0.0.1:{hits.port}/onerror')\">"
+        f"<script>fetch('http://127.0.0.1:{hits.port}/script')</script>"
+        f"<svg onload=\"fetch('http://127.0.0.1:{hits.port}/svg')\"></svg>"
+    )
+    server = own_redis()
+    namespace = "rollq"
+    producer = Producer.from_url(server.url, namespace)
+    workers(server.url, namespace, env={"ROLLQ_AGENT": "tests.support.hostile_agents:HostileAgent"})
+    (task,) = producer.enqueue_many([{"raise": payload}], metadata={"note": payload}, mode="train")
+    (rollout,) = producer.wait([task.rollout_id], timeout=30)
+    assert payload in rollout.metadata["error"]["message"]
+    client = server.client()
+    client.persist(Job.key_for(job_id(task.rollout_id)))
+
+    base = dashboard(server.url).base
+    # The pages that show the payload (as text), then the lists that link to it.
+    for page in [f"/0/view/job/{job_id(task.rollout_id)}", f"/rollq/rollout/{task.rollout_id}"]:
+        dom = chromium(browser, tmp_path / "profile", base + page)
+        assert "onerror" in dom, f"{page} did not show the payload at all"
+    for page in [f"/0/view/jobs/{namespace}/failed/8/asc/1", "/rollq/", "/rollq/?status=failed"]:
+        chromium(browser, tmp_path / "profile", base + page)
+    assert hits.paths == [], f"injected script ran: {hits.paths}"
+
+
+@pytest.mark.redis
+def test_dashboard_changes_state_only_by_post_with_its_csrf_token_and_reads_only_its_namespace(
+    redis_server: RedisServer, namespace: str
+) -> None:
+    app = create_app(redis_server.url, namespace)
+    web = app.test_client()
+    page = web.get("/")
+    cookie = page.headers.get("Set-Cookie", "")
+    assert cookie.startswith("_csrf_token=") and "SameSite=Strict" in cookie
+    token = cookie.split(";")[0].split("=", 1)[1]
+    assert web.get(f"/requeue/{namespace}").status_code == 405  # a link or an <img> must not requeue
+    assert web.post(f"/requeue/{namespace}").status_code == 403
+    assert web.post(f"/requeue/{namespace}", headers={"X-CSRFToken": "forged"}).status_code == 403
+    assert web.post(f"/requeue/{namespace}", headers={"X-CSRFToken": token}).status_code == 200
+    assert web.get("/rollq/").status_code == 200
+    assert web.get(f"/rollq/?namespace={namespace}").status_code == 200
+    assert web.get("/rollq/?namespace=someone-else").status_code == 404
+    assert web.get("/rollq/workers?namespace=someone-else").status_code == 404

@@ -1,0 +1,49 @@
+"""``rollq tasks list|cancel`` on a memory:// Redis shared with a Producer and an in-process worker."""
+
+from __future__ import annotations
+
+import json
+import signal
+from collections.abc import Callable
+
+from click.testing import Result
+
+from rollq.producer import Producer
+from rollq.store.connection import connect
+from rollq.worker import LitAgent, RolloutWorker, WorkerSettings
+
+
+class OneAgent(LitAgent):
+    def training_rollout(self, task_input, rollout_id, resources):  # type: ignore[no-untyped-def]
+        return 1.0
+
+
+def run_worker(url: str, namespace: str) -> None:
+    worker = RolloutWorker([namespace], connection=connect(url), agent=OneAgent(), settings=WorkerSettings())
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        worker.work(burst=True, logging_level="WARNING")
+    finally:
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
+
+
+def test_tasks_list_and_cancel(url: str, namespace: str, rollq: Callable[..., Result]) -> None:
+    producer = Producer.from_url(url, namespace)
+    ran, cancelled = [t.rollout_id for t in producer.enqueue_many([{}, {}], mode="train")]
+    result = rollq("tasks", "cancel", cancelled, "nope")
+    assert result.exit_code == 0 and result.output.splitlines() == [
+        f"{cancelled}: cancelled (was queued)",
+        "nope: unknown",
+    ]
+    run_worker(url, namespace)
+    listed = rollq("tasks", "list", "--state", "succeeded")
+    assert [json.loads(line)["rollout_id"] for line in listed.stdout.splitlines()] == [ran]
+    assert json.loads(rollq("rollouts", "get", cancelled).stdout)["metadata"]["status"] == "cancelled"
+    assert [
+        json.loads(line)["rollout_id"] for line in rollq("tasks", "list", "--state", "cancelled").stdout.splitlines()
+    ] == [cancelled]
+    first = rollq("tasks", "list", "--limit", "1")
+    assert len(first.stdout.splitlines()) == 1 and "--cursor" in first.stderr
+    bad = rollq("tasks", "list", "--cursor", "not-a-cursor")
+    assert bad.exit_code == 1 and bad.stderr.startswith("rollq: not a query_tasks cursor")

@@ -1,0 +1,83 @@
+"""AsyncProducer on real Redis with real workers: many concurrent waits, the consumer-group iterator, the verbs."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from rollq.models.errors import RolloutTimeoutError
+from rollq.models.policy import TaskState
+from rollq.producer.aio import AsyncProducer
+from rollq.producer.producer import Producer
+from rollq.store.connection import connect_async
+from rollq.store.control import CancelOutcome
+from rollq.store.queries import AttemptOutcome
+
+pytestmark = pytest.mark.redis
+
+AGENT = {"ROLLQ_AGENT": "tests.support.fault_agents:FaultAgent", "ROLLQ_GRACE_SECONDS": "0", "ROLLQ_CONCURRENCY": "64"}
+
+
+def test_hundreds_of_gathered_waits_share_one_stream_reader(redis_server, namespace, workers) -> None:
+    async def main() -> None:
+        connection = connect_async(redis_server.url, client_name=f"{namespace}-aio")
+        async with AsyncProducer(connection, Producer.from_url(redis_server.url, namespace)) as producer:
+            tasks = await producer.enqueue_many([{"sleep_between": [0.0, 0.5]}] * 300)
+            ids = [t.rollout_id for t in tasks]
+            done_before = ids[:10]
+            workers(redis_server.url, namespace, env=AGENT)
+            # Some waits start after their rollout finished (found via the record), most before.
+            await producer.wait(done_before, timeout=30)
+            results = await asyncio.gather(*(producer.wait([rid], timeout=60) for rid in ids))
+            assert [r[0].rollout_id for r in results] == ids
+            assert all(r[0].metadata["status"] == "succeeded" for r in results)
+            ours = [c for c in await producer.connection.client_list() if c["name"] == f"{namespace}-aio"]
+            assert len(ours) <= 16, f"{len(ours)} connections for 300 concurrent waits"
+            page = await producer.query_tasks(state=TaskState.SUCCEEDED, limit=1000)
+            assert len(page.tasks) == 300 and page.cursor is None
+
+    asyncio.run(main())
+
+
+def test_async_wait_partial_timeout_and_cancel(redis_server, namespace, workers) -> None:
+    async def main() -> None:
+        async with AsyncProducer.from_url(redis_server.url, namespace) as producer:
+            quick = (await producer.enqueue({"sleep": 0})).rollout_id
+            slow = (await producer.enqueue({"sleep": 30})).rollout_id
+            queued = (await producer.enqueue({"sleep": 0}, mode="val")).rollout_id
+            [cancelled] = await producer.cancel([queued])
+            assert cancelled.outcome == CancelOutcome.CANCELLED and cancelled.state == TaskState.QUEUED
+            assert await producer.get_rollout(quick) is None
+            workers(redis_server.url, namespace, env=AGENT)
+            result = await producer.wait([quick, slow, queued], timeout=3, partial=True)
+            assert [r.rollout_id for r in result.finished] == [quick, queued] and result.missing == [slow]
+            with pytest.raises(RolloutTimeoutError):
+                await producer.wait([slow], timeout=0.5)
+            assert (await producer.task_info(slow)).state == TaskState.RUNNING
+            [stopped] = await producer.cancel([slow])
+            assert stopped.was_running
+            [rollout] = await producer.wait([slow], timeout=5)
+            assert rollout.metadata["status"] == "cancelled"
+            assert [a.outcome for a in await producer.attempts(slow)] == [AttemptOutcome.CANCELLED]
+            assert (await producer.get_rollout(quick)).final_reward == 1.0
+
+    asyncio.run(main())
+
+
+def test_async_for_over_rollouts_reads_each_once_as_a_group_member(redis_server, namespace, workers) -> None:
+    async def main() -> None:
+        async with AsyncProducer.from_url(redis_server.url, namespace) as producer:
+            ids = {t.rollout_id for t in await producer.enqueue_many([{"sleep": 0}] * 40)}
+            workers(redis_server.url, namespace, env=AGENT)
+            await producer.wait(sorted(ids), timeout=60)  # readers stop after 2 s idle: let a slow start pass first
+
+            async def read(name: str) -> list[str]:
+                return [r.rollout_id async for r in producer.rollouts(group="g", consumer=name, idle_timeout=2)]
+
+            a, b = await asyncio.gather(read("a"), read("b"))
+            assert sorted(a + b) == sorted(ids)
+            pending = await producer.connection.xpending(producer.keys.results, "g")
+            assert pending["pending"] == 0
+
+    asyncio.run(main())

@@ -1,0 +1,241 @@
+"""Groups and training batches on a real Redis with stock ``rq worker`` processes: complete groups in completion
+order, GRPO advantages, failed and lost members, the staleness bound, several trainers, restarts, asyncio."""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+import time
+
+import pytest
+
+from rollq.models.contract import LLM
+from rollq.models.errors import BackpressureTimeoutError
+from rollq.models.groups import GROUP_ID, GROUP_INDEX, GROUP_SIZE, membership
+from rollq.ops.status import group_outcomes, snapshot
+from rollq.producer import BatchTimeoutError, GroupPolicy, Producer
+from rollq.producer.aio import AsyncProducer
+from rollq.store.keys import Keys
+from tests.support.waiting import wait_until
+
+pytestmark = pytest.mark.redis
+
+AGENT = {"ROLLQ_AGENT": "tests.support.train_agents:GroupAgent", "ROLLQ_HEARTBEAT_SECONDS": "0.5"}
+RESOURCES = {"llm": LLM(endpoint="http://127.0.0.1:9/v1", model="m")}
+
+
+@pytest.fixture
+def producer(redis_server, namespace) -> Producer:
+    return Producer.from_url(redis_server.url, namespace)
+
+
+@pytest.fixture
+def serve(redis_server, namespace, workers):
+    return lambda: workers(redis_server.url, namespace, env=AGENT)
+
+
+def test_group_members_share_a_group_id_in_task_and_rollout_metadata(producer, serve) -> None:
+    tasks = producer.enqueue_many([{"rewards": [0.0, 1.0, 0.5]}, {"rewards": [1.0]}], mode="train", group_size=3)
+    assert len(tasks) == 6
+    first = [t for t in tasks if t.metadata[GROUP_ID] == tasks[0].metadata[GROUP_ID]]
+    assert [t.metadata[GROUP_INDEX] for t in first] == [0, 1, 2] and {t.metadata[GROUP_SIZE] for t in first} == {3}
+    assert tasks[3].metadata[GROUP_ID] != tasks[0].metadata[GROUP_ID]
+    serve()
+    rollouts = producer.wait([t.rollout_id for t in tasks], timeout=60)
+    for task, rollout in zip(tasks, rollouts, strict=True):
+        assert {k: rollout.metadata[k] for k in (GROUP_ID, GROUP_INDEX, GROUP_SIZE)} == {
+            k: task.metadata[k] for k in (GROUP_ID, GROUP_INDEX, GROUP_SIZE)
+        }
+
+
+@pytest.mark.slow
+def test_batches_hand_over_complete_groups_with_grpo_advantages(producer, serve) -> None:
+    rewards = [0.0, 1.0, 1.0, 0.5]
+    producer.enqueue_many([{"rewards": rewards}] * 5, mode="train", group_size=4)
+    serve()
+    reader = producer.batches(batch_size=2, timeout=60)
+    batches = [reader.next_batch() for _ in range(2)]
+    last = reader.next_batch()  # the fifth group; a partial batch once the timeout passes
+    reader.close()
+    groups = [g for b in batches for g in b.groups]
+    assert [len(b.groups) for b in batches] == [2, 2] and not any(b.partial for b in batches)
+    assert len(last.groups) == 1 and last.partial
+    mean, std = statistics.fmean(rewards), statistics.stdev(rewards)
+    for group in [*groups, *last.groups]:
+        assert [membership(r.rollout_id, r.metadata).index for r in group.rollouts] == [0, 1, 2, 3]
+        assert group.rewards == rewards
+        assert group.advantages == pytest.approx([(r - mean) / (std + 1e-6) for r in rewards])
+    assert len({g.group_id for g in [*groups, *last.groups]}) == 5
+    assert group_outcomes(snapshot(producer.connection, producer.keys).counters)["delivered"] == 5
+
+
+def test_unscaled_advantages_subtract_the_mean_only(producer, serve) -> None:
+    producer.enqueue_many([{"rewards": [0.0, 2.0]}], mode="train", group_size=2)
+    serve()
+    (group,) = producer.batches(1, timeout=60, policy=GroupPolicy(scale_rewards=False)).next_batch().groups
+    assert group.advantages == [-1.0, 1.0]
+
+
+@pytest.mark.slow
+def test_a_group_with_a_failed_member_is_dropped_and_counted_by_default(producer, serve) -> None:
+    producer.enqueue_many([{"rewards": [1.0, 0.0], "fail": [1]}, {"rewards": [1.0, 0.0]}], mode="train", group_size=2)
+    serve()
+    batch = producer.batches(2, timeout=20).next_batch()
+    assert len(batch.groups) == 1 and batch.partial and batch.failed_dropped == 1
+    assert batch.groups[0].rewards == [1.0, 0.0]
+    counters = snapshot(producer.connection, producer.keys).counters
+    assert group_outcomes(counters) == {"delivered": 1, "stale-dropped": 0, "stale-requeued": 0, "failed-dropped": 1}
+
+
+def test_kept_failed_members_are_marked_and_left_out_of_the_advantages(producer, serve) -> None:
+    producer.enqueue_many([{"rewards": [1.0, 0.0, 0.5], "fail": [0], "no_reward": [2]}], mode="train", group_size=3)
+    serve()
+    (group,) = producer.batches(1, timeout=60, policy=GroupPolicy(on_failure="keep")).next_batch().groups
+    assert group.failed == [True, False, True]
+    assert "member 0 was told to fail" in (group.failures[0] or "") and group.failures[2] == "no reward"
+    assert group.rewards == [None, 0.0, None] and group.advantages == [0.0, 0.0, 0.0]
+
+
+def test_a_group_whose_member_is_lost_is_settled_not_waited_on_forever(producer, serve) -> None:
+    tasks = producer.enqueue_many([{"rewards": [1.0, 0.0, 1.0]}], mode="train", group_size=3)
+    # The last member vanishes before any worker sees it: its record and its job are gone.
+    lost = tasks[2].rollout_id
+    producer.connection.delete(producer.keys.task(lost))
+    serve()
+    policy = GroupPolicy(on_failure="keep", group_timeout=1.0)
+    started = time.monotonic()
+    (group,) = producer.batches(1, timeout=30, policy=policy).next_batch().groups
+    assert time.monotonic() - started < 20
+    assert group.failed == [False, False, True] and "no longer exists" in (group.failures[2] or "")
+    assert group.rewards[:2] == [1.0, 0.0]
+
+
+def test_groups_older_than_the_staleness_bound_are_dropped_and_counted(producer, serve) -> None:
+    producer.update_resources(RESOURCES)  # v1
+    old = producer.enqueue_many([{"rewards": [1.0, 0.0]}], mode="train", group_size=2)
+    serve()
+    producer.wait([t.rollout_id for t in old], timeout=60)
+    producer.update_resources(RESOURCES)  # v2
+    producer.update_resources(RESOURCES)  # v3: the v1 group is now 2 versions behind
+    fresh = producer.enqueue_many([{"rewards": [0.0, 1.0]}], mode="train", group_size=2)
+    batch = producer.batches(1, max_staleness=1, timeout=60).next_batch()
+    (group,) = batch.groups
+    assert group.group_id == fresh[0].metadata[GROUP_ID] and batch.stale_dropped == 1
+    assert group.staleness(batch.latest_version) == 0 and batch.latest_version == 3
+    assert group_outcomes(snapshot(producer.connection, producer.keys).counters)["stale-dropped"] == 1
+
+
+def test_stale_groups_can_be_queued_again_as_new_groups(producer, serve) -> None:
+    producer.update_resources(RESOURCES)
+    old = producer.enqueue_many([{"rewards": [0.25, 0.75], "tag": "again"}], mode="train", group_size=2)
+    serve()
+    producer.wait([t.rollout_id for t in old], timeout=60)
+    producer.update_resources(RESOURCES)
+    producer.update_resources(RESOURCES)
+    reader = producer.batches(1, max_staleness=0, timeout=60, policy=GroupPolicy(on_stale="requeue"))
+    batch = reader.next_batch()
+    (group,) = batch.groups
+    assert batch.stale_requeued == 1 and group.group_id != old[0].metadata[GROUP_ID]
+    assert group.rewards == [0.25, 0.75] and group.versions == [3, 3]
+    assert producer.get_task(group.rollouts[0].rollout_id).input == {"rewards": [0.25, 0.75], "tag": "again"}
+
+
+def test_two_trainer_ranks_split_the_groups_without_splitting_a_group(producer, serve) -> None:
+    tasks = producer.enqueue_many([{"rewards": [1.0, 0.0]}] * 12, mode="train", group_size=2)
+    serve()
+    producer.wait([t.rollout_id for t in tasks], timeout=60)
+    seen: list[set[str]] = []
+    for rank in (0, 1):
+        reader = producer.batches(20, timeout=3, rank=rank, world_size=2)
+        batch = reader.next_batch()
+        reader.close()
+        assert all(len(g.rollouts) == 2 for g in batch.groups)
+        seen.append({g.group_id for g in batch.groups})
+    assert not seen[0] & seen[1] and len(seen[0] | seen[1]) == 12 and seen[0] and seen[1]
+
+
+def test_a_trainer_that_restarts_gets_back_the_groups_it_had_not_finished(producer, serve) -> None:
+    tasks = producer.enqueue_many([{"rewards": [1.0, 0.0]}] * 3, mode="train", group_size=2)
+    serve()
+    producer.wait([t.rollout_id for t in tasks], timeout=60)
+    crashed = producer.batches(3, timeout=10, consumer="trainer-0")
+    before = {g.group_id for g in crashed.next_batch().groups}
+    del crashed  # dies mid-step: never asked for the next batch, never closed
+    again = producer.batches(3, timeout=1, consumer="trainer-0")
+    assert {g.group_id for g in again.next_batch().groups} == before
+    with pytest.raises(BatchTimeoutError):
+        again.next_batch()  # acknowledges the batch before: nothing is left
+    again.close()
+    assert producer.connection.xpending(Keys(producer.namespace).results, "batches")["pending"] == 0
+
+
+def test_duplicate_deliveries_of_a_member_do_not_complete_a_group_twice(producer, serve) -> None:
+    tasks = producer.enqueue_many([{"rewards": [1.0, 0.0]}], mode="train", group_size=2)
+    serve()
+    producer.wait([t.rollout_id for t in tasks], timeout=60)
+    stream = producer.keys.results
+    for _, fields in producer.connection.xrange(stream):
+        producer.connection.xadd(stream, fields)  # the same rollout published twice (a retried publish)
+    reader = producer.batches(1, timeout=2)
+    assert len(reader.next_batch().groups) == 1
+    with pytest.raises(BatchTimeoutError):
+        reader.next_batch()
+    assert reader.assembler.duplicates == 2
+
+
+def test_async_producer_batches(redis_server, namespace, serve) -> None:
+    async def main() -> list[list[float | None]]:
+        producer = AsyncProducer.from_url(redis_server.url, namespace)
+        await producer.enqueue_many([{"rewards": [0.0, 1.0]}] * 2, mode="train", group_size=2)
+        got = []
+        async for batch in producer.batches(2, timeout=60):
+            got = [g.rewards for g in batch.groups]
+            break
+        await producer.aclose()
+        return got
+
+    serve()
+    assert asyncio.run(main()) == [[0.0, 1.0], [0.0, 1.0]]
+
+
+def test_status_metrics_and_dashboard_show_what_became_of_training_groups(producer, serve, redis_server) -> None:
+    from rollq.ops.dashboard import create_app
+    from rollq.ops.metrics import render_prometheus
+    from rollq.ops.status import render_text
+
+    redis_url = redis_server.url
+
+    producer.enqueue_many([{"rewards": [1.0, 0.0], "fail": [0]}, {"rewards": [1.0, 0.0]}], mode="train", group_size=2)
+    serve()
+    wait_until(lambda: producer.connection.xlen(producer.keys.results) == 4, "4 rollouts", timeout=60)
+    producer.batches(2, timeout=2).next_batch()
+    text = render_text(snapshot(producer.connection, producer.keys))
+    assert "training groups   delivered 1, stale-dropped 0, stale-requeued 0, failed-dropped 1" in text
+    metrics = render_prometheus(snapshot(producer.connection, producer.keys))
+    assert f'rollq_training_groups_total{{namespace="{producer.namespace}",outcome="failed-dropped"}} 1.0' in metrics
+    app = create_app(redis_url, producer.namespace)
+    charts = app.test_client().get("/rollq/api/charts").json
+    assert charts["training_groups"] == {"delivered": 1, "stale-dropped": 0, "stale-requeued": 0, "failed-dropped": 1}
+    page = app.test_client().get("/rollq/charts").get_data(as_text=True)
+    assert "delivered 1 · stale-dropped 0 · stale-requeued 0 · failed-dropped 1" in page
+
+
+def test_max_pending_holds_enqueue_until_rollouts_finish(producer, serve) -> None:
+    first = producer.enqueue_many([{"rewards": [1.0], "sleep": 0.5}] * 4, mode="train", group_size=2)
+    assert producer.pending() == 8
+    with pytest.raises(BackpressureTimeoutError) as refused:
+        producer.enqueue_many([{"rewards": [1.0]}], mode="train", group_size=2, max_pending=8, pending_timeout=0.5)
+    assert refused.value.queued == 0 and producer.pending() == 8
+    serve()
+    after_each_chunk: list[int] = []
+    started = time.monotonic()
+    more = producer.enqueue_many(
+        [{"rewards": [1.0]}] * 6,
+        mode="train",
+        group_size=2,
+        max_pending=4,
+        on_progress=lambda _: after_each_chunk.append(producer.pending()),
+    )
+    assert time.monotonic() - started > 0.5  # it waited for the first tasks to drain
+    assert len(after_each_chunk) == 3 and max(after_each_chunk) <= 4
+    producer.wait([t.rollout_id for t in first + more], timeout=60)

@@ -1,0 +1,80 @@
+"""Memory sizing: a namespace's records projected from its own history, against Redis's maxmemory (issue 25)."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+
+import pytest
+
+from rollq.models.policy import RolloutStatus
+from rollq.producer.producer import Producer
+from rollq.store.keys import job_id
+from rollq.store.replies import Claim, Published
+from rollq.store.sizing import project_memory, warn_if_oversized
+from rollq.store.transitions import Finish
+from rollq.worker.config import WorkerSettings
+from tests.support.servers import RedisServer, WorkerProcess
+from tests.support.waiting import wait_until
+
+pytestmark = pytest.mark.redis
+
+
+def _finish_some(producer: Producer, n: int, duration: float) -> None:
+    for task in producer.enqueue_many([{"q": i} for i in range(n)]):
+        claim = producer.lifecycle.claim(task.rollout_id, job_id(task.rollout_id), "w1")
+        assert isinstance(claim, Claim)
+        finish = Finish(
+            rollout_id=task.rollout_id,
+            attempt=claim.attempt,
+            rollout_json=f'{{"rollout_id": "{task.rollout_id}", "final_reward": 1.0}}',
+            status=RolloutStatus.SUCCEEDED,
+            results_maxlen=1000,
+            dead_letter=False,
+            now=time.time(),
+            duration=duration,
+            keep_seconds=3600,
+        )
+        assert isinstance(producer.lifecycle.finish(finish), Published)
+
+
+def test_the_default_keeps_succeeded_records_an_hour_not_a_week() -> None:
+    # Issue 25: 7 days of records at 32,000 rollouts/s is about 21 TB.
+    assert WorkerSettings.from_env({}).keep_seconds == 3600
+
+
+def test_a_worker_warns_when_its_namespace_records_would_outgrow_maxmemory(
+    own_redis: Callable[..., RedisServer], namespace: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    server = own_redis()
+    client = server.client()
+    client.config_set("maxmemory", "64mb")
+    producer = Producer.from_url(server.url, namespace)
+    assert project_memory(client, producer.keys, keep_seconds=3600, results_max_bytes=1, concurrency=1) is None
+    _finish_some(producer, 10, duration=0.05)
+
+    fast = project_memory(client, producer.keys, keep_seconds=3600, results_max_bytes=10**6, concurrency=256)
+    assert fast is not None and fast.maxmemory == 64 * 2**20
+    assert fast.rollouts_per_second == pytest.approx(256 / 0.05, rel=0.3)
+    assert 200 < fast.record_bytes < 20_000
+    with caplog.at_level(logging.WARNING, logger="rollq.store.sizing"):
+        assert warn_if_oversized(fast)
+    assert "more than maxmemory 0.1 GB" in caplog.text and "ROLLQ_KEEP_SECONDS" in caplog.text
+
+    slow = project_memory(client, producer.keys, keep_seconds=60, results_max_bytes=10**6, concurrency=1)
+    assert slow is not None and slow.fits and not warn_if_oversized(slow)
+
+
+def test_a_worker_says_at_start_up_that_records_kept_for_ever_do_not_fit(
+    redis_server: RedisServer, namespace: str, workers: Callable[..., WorkerProcess]
+) -> None:
+    producer = Producer.from_url(redis_server.url, namespace)
+    env = {"ROLLQ_AGENT": "tests.support.fault_agents:FaultAgent"}
+    first = workers(redis_server.url, namespace, env=env)
+    producer.wait([t.rollout_id for t in producer.enqueue_many([{"sleep": 0}] * 5)], timeout=30)
+    assert "memory:" not in first.log()  # nothing had finished when it started: nothing to project from
+    second = workers(redis_server.url, namespace, env={**env, "ROLLQ_KEEP_SECONDS": "0"})
+    wait_until(lambda: "Listening on" in second.log() or "memory:" in second.log(), "the second worker started")
+    wait_until(lambda: "keeping succeeded task records" in second.log(), "the memory warning", timeout=10)
+    assert "for ever (ROLLQ_KEEP_SECONDS=0)" in second.log()

@@ -1,0 +1,43 @@
+"""An attempt opened on a CaptureProxy with its own in-memory tracer, as a worker opens one for a rollout."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from opentelemetry import trace
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+from rollq.models.contract import LLM, PromptTemplate
+from rollq.worker.capture import CaptureProxy
+from rollq.worker.capture.proxy import AttemptCapture
+
+MESSAGES: Any = [{"role": "user", "content": "hi"}]
+
+
+class Spans:
+    def __init__(self) -> None:
+        self.exporter = InMemorySpanExporter()
+        provider = TracerProvider()
+        provider.add_span_processor(SimpleSpanProcessor(self.exporter))
+        self.tracer = provider.get_tracer("tests.capture_proxy")
+        self.root = self.tracer.start_span("rollout")
+
+    def captured(self) -> list[ReadableSpan]:
+        return [s for s in self.exporter.get_finished_spans() if (s.attributes or {}).get("rollq.llm.captured")]
+
+
+def open_attempt(proxy: CaptureProxy, endpoint: str, **sampling: Any) -> tuple[LLM, AttemptCapture, Spans]:
+    spans = Spans()
+    resources, attempt = proxy.open_attempt(
+        {
+            "llm": LLM(endpoint=endpoint, model="m", sampling_parameters=sampling),
+            "prompt": PromptTemplate(template="{x}", engine="f-string"),
+        },
+        trace.set_span_in_context(spans.root),
+        spans.tracer,
+    )
+    llm = resources["llm"]
+    assert isinstance(llm, LLM)
+    return llm, attempt, spans
