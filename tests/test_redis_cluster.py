@@ -144,7 +144,7 @@ def test_a_namespace_per_shard_keeps_every_key_in_its_slot_and_survives_a_primar
     for url, name in zip(urls, names, strict=True):
         for _ in range(2):
             workers(url, name, env={**_AGENT, "ROLLQ_CONCURRENCY": "8"})
-    shards = Shards([Producer.from_url(url, name) for url, name in zip(urls, names, strict=True)])
+    shards = Shards.from_cluster(urls[0], names)
     assert all(p.lifecycle.wait_replicas == 1 for p in shards.producers), "acknowledged means replicated"
 
     # A first round with no failure: every key of a namespace, RQ's included, is in the namespace's slot.

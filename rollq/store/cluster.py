@@ -29,7 +29,9 @@ from typing import Any
 from urllib.parse import unquote, urlsplit
 
 import redis
+from redis.backoff import NoBackoff
 from redis.crc import key_slot
+from redis.retry import Retry
 
 log = logging.getLogger(__name__)
 
@@ -93,7 +95,7 @@ class SlotOwner:
                 password=self.password,
                 socket_timeout=_SEED_TIMEOUT_SECONDS,
                 socket_connect_timeout=_SEED_TIMEOUT_SECONDS,
-                retry=None,
+                retry=Retry(NoBackoff(), 0),  # the next seed is the retry
             )
             try:
                 ranges = client.execute_command("CLUSTER SLOTS")

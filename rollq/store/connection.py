@@ -122,6 +122,8 @@ def transient_refusal(error: BaseException) -> str | None:
         return "READONLY"
     if isinstance(error, redis.exceptions.TryAgainError):
         return "TRYAGAIN"
+    if isinstance(error, redis.exceptions.MasterDownError):
+        return "MASTERDOWN"
     if isinstance(error, redis.exceptions.ClusterDownError):
         return "CLUSTERDOWN"
     if isinstance(error, redis.ResponseError) and not isinstance(error, redis.exceptions.NoScriptError):

@@ -27,7 +27,7 @@ from rq.queue import Queue
 from rq.serializers import JSONSerializer
 from rq.suspension import WORKERS_SUSPENDED
 from rq.utils import now
-from rq.worker import Worker
+from rq.worker import BaseWorker, Worker
 
 from rollq.models.errors import InvalidTaskError
 
@@ -266,7 +266,7 @@ def cluster_worker_name(tag: str, name: str | None) -> str:
     return name if name.startswith(tag) else tag + name
 
 
-def fence_worker(worker: Worker, queues_key: str, workers_key: str) -> None:
+def fence_worker(worker: BaseWorker, queues_key: str, workers_key: str) -> None:
     """Point RQ's per-class global keys of ``worker`` and its queues at a cluster namespace's own:
     ``Worker.redis_workers_keys`` (RQ's ``register``/``unregister`` read it through the instance) and
     ``Queue.redis_queues_keys`` (read through the instance by ``Queue.enqueue_job``, ``delete``...)."""
@@ -293,7 +293,7 @@ def clean_worker_registry(queue: Queue, workers_key: str) -> None:
             pipe.execute()
 
 
-def suspended(worker: Worker, suspended_key: str) -> bool:
+def suspended(worker: BaseWorker, suspended_key: str) -> bool:
     """RQ's ``is_suspended(connection, worker)`` with a cluster namespace's own flag for ``rq:suspended``: the
     worker's heartbeat and the flag's ``EXISTS`` in one ``MULTI``, as RQ sends them (both keys in the slot)."""
     with worker.connection.pipeline() as pipe:

@@ -4,8 +4,8 @@ Stock ``rq worker -w rollq.worker.RolloutWorker`` knows only RQ's ways of naming
 ``RQ_REDIS_URL``, ``REDIS_URL``, else localhost:6379), while every ``rollq`` command reads ``ROLLQ_REDIS_URL``.
 This module reconciles the two: it lends ``ROLLQ_REDIS_URL`` to RQ's CLI before RQ builds its client, it teaches
 RQ's CLI the URL forms redis-py's ``Redis.from_url`` refuses (``redis+sentinel://``, ``redis+cluster://``), and it
-refuses to start a worker that was given one Redis by RQ's options and another by rollq's. URL forms themselves (schemes, Sentinel,
-TLS) are :mod:`rollq.store.connection`'s; this module only knows RQ's CLI conventions.
+refuses to start a worker that was given one Redis by RQ's options and another by rollq's. URL forms themselves
+(schemes, Sentinel, TLS) are :mod:`rollq.store.connection`'s; this module only knows RQ's CLI conventions.
 """
 
 from __future__ import annotations
@@ -107,8 +107,8 @@ def teach_rq_cli_rollq_urls() -> None:
     a scheme in :data:`ROLLQ_ONLY_SCHEMES`, from ``--url``, ``RQ_REDIS_URL``, a ``-c`` module's ``REDIS_URL`` or
     ``REDIS_URL``, is built by :func:`rollq.store.connection.connect`, for the plain ``redis.Redis`` class only;
     every other URL goes to RQ's code unchanged. For a ``redis+cluster://`` client the CLI's start-up check of
-    ``rq:suspended`` reads the namespace's own flag instead (see rollq.store.keys). It does nothing unless RQ's CLI is loaded (an ``rq`` process),
-    and the wrap is pinned by ``tests/test_sentinel_url.py`` against RQ's real CLI.
+    ``rq:suspended`` reads the namespace's own flag instead (see rollq.store.keys). It does nothing unless RQ's
+    CLI is loaded (an ``rq`` process), and the wrap is pinned by ``tests/test_sentinel_url.py`` against RQ's real CLI.
     """
     helpers = sys.modules.get("rq.cli.helpers")
     if helpers is None:
@@ -139,7 +139,7 @@ def teach_rq_cli_rollq_urls() -> None:
                 return connection.exists(rq_suspended_key("{" + pool.slot_owner.tag + "}"))
             return rq_is_suspended(connection, worker)
 
-        workers.is_suspended = is_suspended
+        workers.is_suspended = is_suspended  # type: ignore[attr-defined]
 
 
 def server_of(client: Any) -> tuple[Any, ...]:

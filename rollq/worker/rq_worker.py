@@ -489,7 +489,7 @@ class RolloutWorker(SimpleWorker):
                 clean_worker_registry(queue, self.keys.rq_workers)
                 queue.intermediate_queue.cleanup(self, queue)
                 queue.release_maintenance_lock()
-        self.last_cleaned_at = now()
+        self.last_cleaned_at = now()  # type: ignore[assignment]
 
     def _take_ahead(self, queue: Queue) -> None:
         """Take as many more jobs as there are free slots, in two round trips instead of one dequeue each.
