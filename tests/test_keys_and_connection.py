@@ -21,7 +21,11 @@ def rollq_keys(keys: Keys) -> list[str]:
     """
     names: list[str] = []
     for attr, member in inspect.getmembers(type(keys)):
-        if attr.startswith("_") or attr.startswith("rq_") or attr in ("namespace", "queue_name", "clustered", "job_prefix", "job_id"):
+        if (
+            attr.startswith("_")
+            or attr.startswith("rq_")
+            or attr in ("namespace", "queue_name", "clustered", "job_prefix", "job_id")
+        ):
             continue
         if isinstance(member, property):
             names.append(getattr(keys, attr))
