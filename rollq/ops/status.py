@@ -8,6 +8,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import redis
+from rq.queue import Queue
 from rq.worker import Worker
 
 from rollq.models.policy import RolloutStatus
@@ -166,7 +167,13 @@ def _workers(
     RQ keeps a SIGKILLed worker's key for its TTL (7 minutes by default); a
     worker whose last heartbeat is older than ``dead_after`` seconds is shown dead.
     """
-    found = [w for w in Worker.all(connection=connection) if keys.queue_name in w.queue_names()]
+    # A cluster namespace lists its workers in its own queue's set (RQ's rq:workers is another slot's key).
+    listed = (
+        Worker.all(queue=Queue(keys.queue_name, connection=connection))
+        if keys.clustered
+        else Worker.all(connection=connection)
+    )
+    found = [w for w in listed if keys.queue_name in w.queue_names()]
     pipe = connection.pipeline(transaction=False)
     for w in found:
         pipe.hget(w.key, WORKER_CONCURRENCY_FIELD)

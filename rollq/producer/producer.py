@@ -25,7 +25,7 @@ from rollq.models.policy import RolloutPolicy, TaskState
 from rollq.store.connection import connect
 from rollq.store.control import CancelResult, cancel_call, cancel_script_source, parse_cancel
 from rollq.store.eviction import warn_if_evicting
-from rollq.store.keys import DEFAULT_NAMESPACE, Keys, job_id
+from rollq.store.keys import DEFAULT_NAMESPACE, Keys
 from rollq.store.llm_gate import GateStatus, LLMGate, PauseReport
 from rollq.store.queries import AttemptInfo, TaskInfo, TaskPage, query_tasks, read_attempts
 from rollq.store.reaper import ReapReport, reap
@@ -209,7 +209,7 @@ class Producer:
         ]
         if taken:
             # The others of the batch are queued; these would have overwritten a job that is not theirs.
-            raise JobIdTakenError(job_id(taken[0]), taken[0])
+            raise JobIdTakenError(self.keys.job_id(taken[0]), taken[0])
         known = [task.rollout_id for task, outcome in zip(tasks, outcomes, strict=True) if outcome is Enqueued.KNOWN]
         if known:
             stored = read_records(self.connection, self.keys, known)

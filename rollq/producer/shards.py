@@ -7,7 +7,9 @@ in turn (a call's tasks, GRPO groups included, stay together), :meth:`wait` asks
 given, and :meth:`rollouts` reads every shard's consumer group on a thread of its own and hands the rollouts
 over as one stream, each (rollout id, generation) once. Workers each serve one shard's namespace.
 
-Why not Redis Cluster for this: docs/scaling.md, "Why not Redis Cluster".
+On a Redis Cluster the shards are the cluster's primaries: :meth:`Shards.from_cluster` gives each of several
+cluster namespaces (``{name}``, see :func:`rollq.store.cluster.spread_namespaces`) a producer that talks to the
+primary owning its slot (docs/scaling.md, "Redis Cluster").
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import threading
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
+from urllib.parse import urlsplit
 
 from rollq.models.contract import Rollout, Task, TaskInput
 from rollq.models.errors import UnknownTaskError
@@ -44,6 +47,13 @@ class Shards:
     def from_urls(cls, urls: Sequence[str], namespace: str = DEFAULT_NAMESPACE, **kwargs: Any) -> Shards:
         """A producer per URL, on ``namespace`` (the same name on every shard); ``kwargs`` go to each."""
         return cls([Producer.from_url(url, namespace, **kwargs) for url in urls])
+
+    @classmethod
+    def from_cluster(cls, url: str, namespaces: Sequence[str], **kwargs: Any) -> Shards:
+        """A producer per cluster namespace (``{name}``) over the seeds of ``url``
+        (``redis+cluster://host:port[,host:port...]``, any path ignored); ``kwargs`` go to each."""
+        seeds = urlsplit(url)._replace(path="", query="").geturl()
+        return cls([Producer.from_url(f"{seeds}/{name.strip('{}')}", name, **kwargs) for name in namespaces])
 
     def enqueue_many(self, inputs: Sequence[TaskInput], **kwargs: Any) -> list[Task]:
         """:meth:`Producer.enqueue_many` on the next shard in turn; remembers which shard holds each task."""

@@ -4,7 +4,9 @@ URLs: ``redis://[:password@]host:port/db``, ``rediss://`` for TLS (``?ssl_cert_r
 and friends pass through to redis-py), ``unix:///path/redis.sock?password=...``,
 ``redis+sentinel://[:password@]host:port[,host:port...]/service_name[/db]`` for a primary
 found through Redis Sentinel (the password is the primary's; Sentinels on port 26379 unless
-given; after a failover the client asks the Sentinels again), and ``memory://[name]`` for an
+given; after a failover the client asks the Sentinels again),
+``redis+cluster://[:password@]host:port[,host:port...]/name`` for the Redis Cluster primary that owns the slot of
+cluster namespace ``{name}`` (:mod:`rollq.store.cluster`), and ``memory://[name]`` for an
 in-process fake Redis (fakeredis) shared by every client of that name in the process. With no
 URL, ``ROLLQ_REDIS_URL`` is used, then ``REDIS_URL``, then ``redis://localhost:6379/0`` (what
 RQ, Celery and arq default to); ``memory://`` only when asked for, since its data vanishes with
@@ -29,6 +31,8 @@ from redis.backoff import ExponentialBackoff
 from redis.retry import Retry
 from redis.sentinel import Sentinel, SentinelConnectionPool, SentinelManagedConnection
 
+from .cluster import SCHEME as CLUSTER_SCHEME
+from .cluster import SlotConnectionPool, connect_cluster
 from .settings import environ
 
 if TYPE_CHECKING:
@@ -103,7 +107,8 @@ def unrecoverable(error: BaseException) -> str | None:
 # Replies by which Redis refuses a command it did not run, and would run later: out of memory under noeviction,
 # a replica (or a primary demoted by a failover), a script running past busy-reply-threshold, a replica cut from
 # its primary, a cluster slot moving. NOSCRIPT is not one: redis-py's Script loads the script and runs it again.
-_REFUSALS = ("OOM", "READONLY", "BUSY", "MASTERDOWN", "TRYAGAIN", "LOADING")
+# CLUSTERDOWN: a Redis Cluster with a slot unserved (a primary failing over) refuses every command until it is served.
+_REFUSALS = ("OOM", "READONLY", "BUSY", "MASTERDOWN", "TRYAGAIN", "LOADING", "CLUSTERDOWN")
 # A Redis at the edge of its memory refuses and accepts by turns: one warning per this many seconds at most.
 _REFUSAL_LOG_SECONDS = 60.0
 
@@ -117,6 +122,10 @@ def transient_refusal(error: BaseException) -> str | None:
         return "READONLY"
     if isinstance(error, redis.exceptions.TryAgainError):
         return "TRYAGAIN"
+    if isinstance(error, redis.exceptions.MasterDownError):
+        return "MASTERDOWN"
+    if isinstance(error, redis.exceptions.ClusterDownError):
+        return "CLUSTERDOWN"
     if isinstance(error, redis.ResponseError) and not isinstance(error, redis.exceptions.NoScriptError):
         word = str(error).split(" ", 1)[0]
         status = getattr(error, "status_code", None)
@@ -277,10 +286,10 @@ def wait_out_refusals(client: redis.Redis) -> None:
 
 def _check_scheme(scheme: str, url: str) -> None:
     """Refuse a URL scheme neither client speaks (``memory`` is handled before this)."""
-    if scheme not in ("redis", "rediss", "unix", "redis+sentinel"):
+    if scheme not in ("redis", "rediss", "unix", "redis+sentinel", CLUSTER_SCHEME):
         raise ValueError(
             f"unsupported Redis URL scheme {scheme!r} in {describe(url)!r}: "
-            "use redis://, rediss://, unix://, redis+sentinel:// or memory://"
+            "use redis://, rediss://, unix://, redis+sentinel://, redis+cluster:// or memory://"
         )
 
 
@@ -309,6 +318,8 @@ def connect(url: str | None = None, *, retries: int = _RETRIES) -> redis.Redis:
     }
     if scheme == "redis+sentinel":
         return _via_sentinel(url, options)
+    if scheme == CLUSTER_SCHEME:
+        return connect_cluster(url, options)
     return redis.Redis.from_url(url, **options)
 
 
@@ -388,6 +399,8 @@ def check_reachable(url: str | None = None, *, timeout: float = CONNECT_TIMEOUT_
     options: dict[str, Any] = {"socket_timeout": timeout, "socket_connect_timeout": timeout, "retry": None}
     if urlsplit(url).scheme == "redis+sentinel":
         client = _via_sentinel(url, options)
+    elif urlsplit(url).scheme == CLUSTER_SCHEME:
+        client = connect_cluster(url, options)
     else:
         client = redis.Redis.from_url(url, **options)
     try:
@@ -413,6 +426,9 @@ def describe_client(client: Any) -> str:
     pool = client.connection_pool
     kwargs = pool.connection_kwargs
     auth = ":***@" if kwargs.get("password") else ""
+    if isinstance(pool, SlotConnectionPool):
+        seeds = ",".join(f"{h}:{p}" for h, p in pool.slot_owner.seeds)
+        return f"{CLUSTER_SCHEME}://{auth}{seeds}/{pool.slot_owner.tag}"
     if isinstance(pool, SentinelConnectionPool):
         sentinels = ",".join(
             f"{s.connection_pool.connection_kwargs.get('host')}:{s.connection_pool.connection_kwargs.get('port')}"
@@ -441,6 +457,8 @@ def connect_async(url: str | None = None, *, retries: int = _RETRIES, max_connec
 
         return fakeredis.FakeAsyncRedis(server=memory_server(urlsplit(url).netloc))
     _check_scheme(scheme, url)
+    if scheme == CLUSTER_SCHEME:
+        raise ValueError(f"{CLUSTER_SCHEME}:// has no asyncio client yet: use Producer (sync) or Shards")
     tcp_only = {} if scheme == "unix" else {"socket_keepalive": True}
     options: dict[str, Any] = {
         # A bounded pool that makes callers wait for a connection: a trainer gathering thousands

@@ -1,7 +1,8 @@
 """How a rollq task looks as an RQ job, and how a worker checks one before running it.
 
 With ``worker/rq_worker.py`` this is one of the two modules that touch RQ (tests/worker/test_rq_contract.py pins what
-they use): the job hash format, RQ's key names, and fetching jobs.
+they use): the job hash format, RQ's key names, fetching jobs, and the fence that keeps a Redis Cluster
+namespace's RQ keys in its slot (:func:`fence_worker`, :func:`clean_worker_registry`, :func:`suspended`).
 
 Each queued attempt of a task is a real RQ job (JSON serializer) so rq-dashboard
 and RQ's registries see it. The job names rollq's job function and carries only
@@ -13,15 +14,20 @@ from __future__ import annotations
 
 import logging
 import math
+import re
+import uuid
 import zlib
 from typing import Any
 
 import redis
+from rq import worker_registration
 from rq.intermediate_queue import IntermediateQueue
 from rq.job import Job, JobStatus
 from rq.queue import Queue
 from rq.serializers import JSONSerializer
+from rq.suspension import WORKERS_SUSPENDED
 from rq.utils import now
+from rq.worker import BaseWorker, Worker
 
 from rollq.models.errors import InvalidTaskError
 
@@ -44,6 +50,31 @@ _RQ_TIMEOUT_MARGIN = 60
 
 RQ_QUEUES_KEY: str = Queue.redis_queues_keys
 """RQ's set of known queues (rq-dashboard lists queues from it)."""
+RQ_WORKERS_KEY: str = Worker.redis_workers_keys
+"""RQ's set of every worker's key."""
+RQ_SUSPENDED_KEY: str = WORKERS_SUSPENDED
+"""RQ's flag that suspends every worker (``rq suspend``)."""
+
+
+def _own(global_key: str, tag: str) -> str:
+    """A cluster namespace's own copy of RQ's global key: ``rq:queues`` -> ``rq:{name}:queues``."""
+    head, _, tail = global_key.partition(":")
+    return f"{head}:{tag}:{tail}"
+
+
+def rq_queues_key(tag: str) -> str:
+    """The set of known queues of cluster namespace ``tag`` (``{name}``), in its slot."""
+    return _own(RQ_QUEUES_KEY, tag)
+
+
+def rq_workers_key(tag: str) -> str:
+    """The set of worker keys of cluster namespace ``tag`` (``{name}``), in its slot."""
+    return _own(RQ_WORKERS_KEY, tag)
+
+
+def rq_suspended_key(tag: str) -> str:
+    """The suspension flag of cluster namespace ``tag`` (``{name}``), in its slot."""
+    return _own(RQ_SUSPENDED_KEY, tag)
 
 
 def rq_queue_key(queue_name: str) -> str:
@@ -107,6 +138,10 @@ class JobTemplate:
         return ["data", self.payload(rollout_id), "description", description, *self.shared]
 
 
+_TAGGED_JOB_ID = re.compile(r"\{[A-Za-z0-9_.-]{1,64}\}[A-Za-z0-9_-]+")
+"""A cluster namespace's job id: its hash tag, then an id RQ accepts."""
+
+
 def rollout_id_of(job: Job) -> str:
     """The rollout id a rollq job carries; :class:`InvalidTaskError` for anything else.
 
@@ -134,6 +169,14 @@ class RollqJob(Job):
     rollq worker reads none of them: the callbacks are always None, the webhooks
     always empty, and the function is never loaded (the worker runs its agent).
     """
+
+    def __init__(self, id: str | None = None, connection: Any = None, serializer: Any = None) -> None:
+        # RQ 2.12 refuses job ids other than [A-Za-z0-9_-]+; a cluster namespace's job ids start with its hash tag
+        # ({name}), so that every key RQ derives from the id lands in the namespace's slot (see store.keys).
+        tagged = id is not None and _TAGGED_JOB_ID.fullmatch(id) is not None
+        super().__init__(None if tagged else id, connection, serializer)
+        if tagged:
+            self._id = id
 
     @property
     def func(self) -> Any:
@@ -213,3 +256,47 @@ def read_rollq_jobs(connection: redis.Redis, job_ids: list[str]) -> dict[str, Jo
             continue
         found[job_id] = job
     return found
+
+
+def cluster_worker_name(tag: str, name: str | None) -> str:
+    """The RQ worker name of a worker of cluster namespace ``tag`` (``{name}``): RQ's own choice (a uuid4 hex) or
+    the given name, prefixed with the tag so that ``rq:worker:<name>`` (and its pub/sub channel, its executions)
+    is in the namespace's slot."""
+    name = name or uuid.uuid4().hex
+    return name if name.startswith(tag) else tag + name
+
+
+def fence_worker(worker: BaseWorker, queues_key: str, workers_key: str) -> None:
+    """Point RQ's per-class global keys of ``worker`` and its queues at a cluster namespace's own:
+    ``Worker.redis_workers_keys`` (RQ's ``register``/``unregister`` read it through the instance) and
+    ``Queue.redis_queues_keys`` (read through the instance by ``Queue.enqueue_job``, ``delete``...)."""
+    worker.redis_workers_keys = workers_key
+    for queue in worker.queues:
+        queue.redis_queues_keys = queues_key
+
+
+def clean_worker_registry(queue: Queue, workers_key: str) -> None:
+    """RQ's ``worker_registration.clean_worker_registry`` for a cluster namespace: the same clean-up of the queue's
+    worker set, with the namespace's own set of all workers instead of ``rq:workers`` (RQ 2.12 names that one
+    by constant, in the same ``MULTI``: a cross-slot error on a cluster)."""
+    by_queue = worker_registration.WORKERS_BY_QUEUE_KEY % queue.name
+    keys = sorted(worker_registration.get_keys(queue))
+    if not keys:
+        return
+    with queue.connection.pipeline(transaction=True) as pipe:
+        for key in keys:
+            pipe.exists(key)
+        gone = [key for key, exists in zip(keys, pipe.execute(), strict=True) if not exists]
+        if gone:
+            pipe.srem(by_queue, *gone)
+            pipe.srem(workers_key, *gone)
+            pipe.execute()
+
+
+def suspended(worker: BaseWorker, suspended_key: str) -> bool:
+    """RQ's ``is_suspended(connection, worker)`` with a cluster namespace's own flag for ``rq:suspended``: the
+    worker's heartbeat and the flag's ``EXISTS`` in one ``MULTI``, as RQ sends them (both keys in the slot)."""
+    with worker.connection.pipeline() as pipe:
+        worker.heartbeat(pipeline=pipe)
+        pipe.exists(suspended_key)
+        return bool(pipe.execute()[-1])

@@ -2,10 +2,16 @@
 hash's, which are :mod:`rollq.store.stats`'s).
 
 Every rollq key of a namespace starts with the hash tag ``{namespace}``, so rollq's own keys land in one slot.
-RQ's own keys (queue list, job hashes, registries, and the global ``rq:queues``) keep RQ's names, and the
-enqueue, requeue, revive, reissue and restore scripts touch them beside rollq's: on Redis Cluster those scripts
-would cross slots (docs/scaling.md, "Why not Redis Cluster", says why and what the fence would be). This module
-asks RQ for its names instead of spelling them again.
+RQ's own keys (queue list, job hashes, registries, and the global ``rq:queues``, ``rq:workers``,
+``rq:suspended``) keep RQ's names, and the enqueue, requeue, revive, reissue and restore scripts touch them
+beside rollq's. For a plain namespace (``rollq``) they are RQ's usual names, in many slots: fine on one server.
+
+A Redis Cluster namespace is written in braces, ``{name}``: its name is its own hash tag. Then RQ's queue is
+``{name}`` (``rq:queue:{name}``, ``rq:wip:{name}``...), its job ids and worker names start with ``{name}``
+(``rq:job:{name}rollq-...``), and RQ's three global keys become the namespace's own (``rq:{name}:queues``,
+``rq:{name}:workers``, ``rq:{name}:suspended``, set on RQ's objects by :mod:`rollq.store.jobs`), so every key the
+namespace touches lives in the slot of ``name`` (docs/scaling.md, "Redis Cluster"). This module asks RQ for its
+names instead of spelling them again.
 """
 
 from __future__ import annotations
@@ -15,11 +21,21 @@ import re
 from dataclasses import dataclass
 from enum import StrEnum
 
-from .jobs import RQ_QUEUES_KEY, rq_intermediate_key, rq_job_key, rq_queue_key
+from .jobs import (
+    RQ_QUEUES_KEY,
+    RQ_SUSPENDED_KEY,
+    RQ_WORKERS_KEY,
+    rq_intermediate_key,
+    rq_job_key,
+    rq_queue_key,
+    rq_queues_key,
+    rq_suspended_key,
+    rq_workers_key,
+)
 
 DEFAULT_NAMESPACE = "rollq"
 
-_NAMESPACE = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+_NAMESPACE = re.compile(r"[A-Za-z0-9_.-]{1,64}|\{[A-Za-z0-9_.-]{1,64}\}")
 
 
 @dataclass(frozen=True)
@@ -31,12 +47,29 @@ class Keys:
     def __post_init__(self) -> None:
         if not _NAMESPACE.fullmatch(self.namespace):
             raise ValueError(
-                f"namespace {self.namespace!r} must be 1-64 characters of letters, digits, '_', '-' or '.'"
+                f"namespace {self.namespace!r} must be 1-64 characters of letters, digits, '_', '-' or '.', "
+                "or such a name in braces (a Redis Cluster namespace)"
             )
 
     @property
+    def clustered(self) -> bool:
+        """Whether this is a Redis Cluster namespace, written in braces (``{name}``): then every key it touches,
+        RQ's included, carries its hash tag (see the module)."""
+        return self.namespace.startswith("{")
+
+    @property
     def _tag(self) -> str:
-        return "{" + self.namespace + "}"
+        return self.namespace if self.clustered else "{" + self.namespace + "}"
+
+    @property
+    def job_prefix(self) -> str:
+        """What every RQ job id of this namespace starts with: its tag for a cluster namespace, else nothing."""
+        return self.namespace if self.clustered else ""
+
+    def job_id(self, rollout_id: str, after_attempt: int = 0, *, reissue: bool = False) -> str:
+        """:func:`job_id` of this namespace: prefixed with the tag for a cluster namespace, so that RQ's keys of
+        the job (``rq:job:<id>``, ``rq:results:<id>``, ...) land in the namespace's slot."""
+        return self.job_prefix + job_id(rollout_id, after_attempt, reissue=reissue)
 
     @property
     def queue_name(self) -> str:
@@ -217,10 +250,20 @@ class Keys:
         """When a reaper first saw that the queued task's ``job_id`` was on none of RQ's lists."""
         return f"{self._tag}:orphaned:{job_id}"
 
-    @staticmethod
-    def rq_queues() -> str:
-        """RQ's set of known queues (rq-dashboard lists queues from it)."""
-        return RQ_QUEUES_KEY
+    def rq_queues(self) -> str:
+        """RQ's set of known queues (rq-dashboard lists queues from it); a cluster namespace has a set of its own,
+        ``rq:{name}:queues``, in its slot."""
+        return rq_queues_key(self.namespace) if self.clustered else RQ_QUEUES_KEY
+
+    @property
+    def rq_workers(self) -> str:
+        """RQ's set of all workers' keys (``rq:workers``); a cluster namespace's own, ``rq:{name}:workers``."""
+        return rq_workers_key(self.namespace) if self.clustered else RQ_WORKERS_KEY
+
+    @property
+    def rq_suspended(self) -> str:
+        """RQ's suspension flag (``rq:suspended``); a cluster namespace's own, ``rq:{name}:suspended``."""
+        return rq_suspended_key(self.namespace) if self.clustered else RQ_SUSPENDED_KEY
 
     @staticmethod
     def rq_job(job_id: str) -> str:

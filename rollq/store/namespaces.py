@@ -29,7 +29,7 @@ def is_empty(connection: redis.Redis, keys: Keys) -> bool:
 
 def namespace_hint(connection: redis.Redis, keys: Keys) -> str | None:
     """A one-line hint when ``keys``' namespace holds nothing while others do (None otherwise)."""
-    if not is_empty(connection, keys):
+    if keys.clustered or not is_empty(connection, keys):  # a cluster namespace's client reaches its own slot only
         return None
     others = [n for n in known_namespaces(connection) if n != keys.namespace]
     if not others:

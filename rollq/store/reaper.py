@@ -40,7 +40,6 @@ from rollq.models.policy import RolloutStatus, TaskState
 
 from .jobs import read_rollq_jobs, rollout_id_of
 from .keys import Keys, TaskField, parse_inflight_member
-from .keys import job_id as next_job_id
 from .records import TaskRecord, read_records_or_errors
 from .replies import Clock, JobTaken, Published, Requeued
 from .summaries import summary_json
@@ -159,7 +158,7 @@ def _judge(
     if record.policy.retries("unresponsive", record.attempts_used):
         # Its retry could not be queued: that is why the task ends here (left stale, it was tried again every
         # pass and never ended).
-        error = RetryNotQueuedError(next_job_id(rid, after_attempt=attempt), rid, str(error))
+        error = RetryNotQueuedError(lifecycle.keys.job_id(rid, after_attempt=attempt), rid, str(error))
         log.error("%s; failing it", error)
     _fail(
         lifecycle,

@@ -4,9 +4,10 @@ Redis replicates asynchronously: a failover undoes every write the promoted repl
 transition followed by ``WAIT n`` in the same pipeline returns only once ``n`` replicas hold it, so a failover
 cannot undo what a caller was told had happened. Rules kept here:
 
-- **On by default for Sentinel.** A client that reaches its primary through Sentinels (``redis+sentinel://``)
-  waits for one replica unless told otherwise (``wait_replicas=0``); a plain ``redis://`` client, whose server
-  does not fail over by itself, waits for none.
+- **On by default for Sentinel and Redis Cluster.** A client that reaches its primary through Sentinels
+  (``redis+sentinel://``) or a cluster's slot map (``redis+cluster://``) waits for one replica unless told
+  otherwise (``wait_replicas=0``); a plain ``redis://`` client, whose server does not fail over by itself, waits
+  for none.
 - **The WAIT runs on the connection that wrote, in the same pipeline.** ``WAIT`` covers the writes of the
   connection it is sent on, up to that connection's last write. A separate round trip could take another pooled
   connection (one that wrote nothing answers "held" at once), or, after a failover in between, reach the new
@@ -41,6 +42,8 @@ import redis
 from redis.client import Pipeline
 from redis.sentinel import SentinelConnectionPool
 
+from .cluster import SlotConnectionPool
+
 log = logging.getLogger(__name__)
 
 PROBE_SECONDS = 1.0
@@ -64,8 +67,13 @@ def sentinel_managed(connection: Any) -> bool:
 
 
 def default_replicas(connection: Any) -> int:
-    """How many replicas a transition waits for when the caller did not say: 1 behind Sentinel, else 0."""
-    return 1 if sentinel_managed(connection) else 0
+    """How many replicas a transition waits for when the caller did not say: 1 behind Sentinel or a Redis Cluster
+    (``redis+cluster://``: a cluster fails over by itself too), else 0."""
+    return (
+        1
+        if sentinel_managed(connection) or isinstance(getattr(connection, "connection_pool", None), SlotConnectionPool)
+        else 0
+    )
 
 
 def online_replicas(info: dict[str, Any]) -> int:

@@ -20,7 +20,7 @@ from typing import Any, cast
 
 import redis
 
-from .keys import Keys, StreamField, job_id
+from .keys import Keys, StreamField
 from .stats import DURATION_PREFIX, StatsField
 
 log = logging.getLogger(__name__)
@@ -87,7 +87,7 @@ def project_memory(
     for _, fields in latest:
         rid = fields.get(StreamField.ROLLOUT_ID.encode(), b"").decode(errors="replace")
         pipe.memory_usage(keys.task(rid))
-        pipe.memory_usage(keys.rq_job(job_id(rid)))
+        pipe.memory_usage(keys.rq_job(keys.job_id(rid)))
     try:
         sizes: list[Any] = pipe.execute()
         info: dict[str, Any] = cast(dict[str, Any], connection.info("memory"))

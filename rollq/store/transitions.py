@@ -24,7 +24,7 @@ from rollq.models.policy import RolloutPolicy, RolloutStatus
 
 from .connection import transient_refusal
 from .jobs import JobTemplate
-from .keys import Keys, job_id
+from .keys import Keys
 from .replication import ReplicaWait
 from .replies import (
     Claim,
@@ -232,7 +232,7 @@ class Lifecycle:
                 keys.append(k.queued_tasks)
                 args = [*shared, pinned, mode, len(template.shared), *template.shared]
                 for task, task_json in batch:
-                    jid = job_id(task.rollout_id)
+                    jid = k.job_id(task.rollout_id)
                     keys += [k.task(task.rollout_id), k.rq_job(jid)]
                     args += [task_json, jid, template.payload(task.rollout_id), self._description(task)]
                 calls.append(ScriptCall(self._enqueue, keys, args))
@@ -366,7 +366,7 @@ class Lifecycle:
         :class:`~rollq.store.replies.StillAlive` when it heartbeated after ``stale_before``.
         """
         k = self.keys
-        jid = job_id(task.rollout_id, after_attempt=attempt)
+        jid = k.job_id(task.rollout_id, after_attempt=attempt)
         call = ScriptCall(
             self._requeue,
             [k.task(task.rollout_id), k.inflight, k.rq_queue, k.rq_queues(), k.rq_job(jid), k.stats, k.queued_tasks],
@@ -387,7 +387,7 @@ class Lifecycle:
 
         :class:`JobIdTakenError` when the new job id holds another job's hash (nothing is written)."""
         k = self.keys
-        jid = job_id(task.rollout_id, after_attempt=claims)
+        jid = k.job_id(task.rollout_id, after_attempt=claims)
         reply = self._revive(
             keys=[
                 k.task(task.rollout_id),
@@ -445,7 +445,7 @@ class Lifecycle:
         1 queued again, 0 not (or not yet), -1 the new job id is taken by another job.
         """
         k = self.keys
-        jid = job_id(task.rollout_id, after_attempt=claims, reissue=True)
+        jid = k.job_id(task.rollout_id, after_attempt=claims, reissue=True)
         reply = self._reissue(
             keys=[
                 k.task(task.rollout_id),

@@ -3,9 +3,9 @@
 Stock ``rq worker -w rollq.worker.RolloutWorker`` knows only RQ's ways of naming a Redis (``--url``,
 ``RQ_REDIS_URL``, ``REDIS_URL``, else localhost:6379), while every ``rollq`` command reads ``ROLLQ_REDIS_URL``.
 This module reconciles the two: it lends ``ROLLQ_REDIS_URL`` to RQ's CLI before RQ builds its client, it teaches
-RQ's CLI the URL forms redis-py's ``Redis.from_url`` refuses (``redis+sentinel://``), and it refuses to start a
-worker that was given one Redis by RQ's options and another by rollq's. URL forms themselves (schemes, Sentinel,
-TLS) are :mod:`rollq.store.connection`'s; this module only knows RQ's CLI conventions.
+RQ's CLI the URL forms redis-py's ``Redis.from_url`` refuses (``redis+sentinel://``, ``redis+cluster://``), and it
+refuses to start a worker that was given one Redis by RQ's options and another by rollq's. URL forms themselves
+(schemes, Sentinel, TLS) are :mod:`rollq.store.connection`'s; this module only knows RQ's CLI conventions.
 """
 
 from __future__ import annotations
@@ -18,7 +18,10 @@ from urllib.parse import urlsplit
 
 from redis.sentinel import SentinelConnectionPool
 
+from rollq.store.cluster import SCHEME as CLUSTER_SCHEME
+from rollq.store.cluster import SlotConnectionPool
 from rollq.store.connection import connect, describe, describe_client, wait_until_reachable
+from rollq.store.jobs import rq_suspended_key
 from rollq.store.settings import environ
 
 log = logging.getLogger(__name__)
@@ -77,7 +80,7 @@ def wait_for_redis_in_rq_cli() -> None:
         return
 
 
-ROLLQ_ONLY_SCHEMES = frozenset({"redis+sentinel"})
+ROLLQ_ONLY_SCHEMES = frozenset({"redis+sentinel", CLUSTER_SCHEME})
 """URL schemes rollq's :func:`~rollq.store.connection.connect` speaks and redis-py's ``Redis.from_url`` refuses."""
 
 
@@ -103,8 +106,10 @@ def teach_rq_cli_rollq_urls() -> None:
     (called when :mod:`rollq.worker.rq_worker` is imported) wraps RQ's ``CliConfig.connection`` property: a URL of
     a scheme in :data:`ROLLQ_ONLY_SCHEMES`, from ``--url``, ``RQ_REDIS_URL``, a ``-c`` module's ``REDIS_URL`` or
     ``REDIS_URL``, is built by :func:`rollq.store.connection.connect`, for the plain ``redis.Redis`` class only;
-    every other URL goes to RQ's code unchanged. It does nothing unless RQ's CLI is loaded (an ``rq`` process),
-    and the wrap is pinned by ``tests/store/test_sentinel_url.py`` against RQ's real CLI.
+    every other URL goes to RQ's code unchanged. For a ``redis+cluster://`` client the CLI's start-up check of
+    ``rq:suspended`` reads the namespace's own flag instead (see rollq.store.keys). It does nothing unless RQ's
+    CLI is loaded (an ``rq`` process), and the wrap is pinned by ``tests/store/test_sentinel_url.py`` against RQ's
+    real CLI.
     """
     helpers = sys.modules.get("rq.cli.helpers")
     if helpers is None:
@@ -124,6 +129,18 @@ def teach_rq_cli_rollq_urls() -> None:
 
     connection.rollq_urls = True  # type: ignore[attr-defined]
     helpers.CliConfig.connection = property(connection, doc=original.__doc__)
+    workers = sys.modules.get("rq.cli.workers")
+    if workers is not None:
+        rq_is_suspended = workers.is_suspended
+
+        def is_suspended(connection: Any, worker: Any = None) -> Any:
+            # RQ's CLI checks the global rq:suspended before it starts a worker: on a cluster, another slot's key.
+            pool = getattr(connection, "connection_pool", None)
+            if worker is None and isinstance(pool, SlotConnectionPool):
+                return connection.exists(rq_suspended_key("{" + pool.slot_owner.tag + "}"))
+            return rq_is_suspended(connection, worker)
+
+        workers.is_suspended = is_suspended  # type: ignore[attr-defined]
 
 
 def server_of(client: Any) -> tuple[Any, ...]:
@@ -142,6 +159,9 @@ def server_of(client: Any) -> tuple[Any, ...]:
             )
         )
         return ((sentinels, pool.service_name), None, int(kwargs.get("db") or 0), kwargs.get("password"))
+    if isinstance(pool, SlotConnectionPool):  # the primary changes on a failover; the seeds and the tag do not
+        owner = pool.slot_owner
+        return ((tuple(sorted(owner.seeds)), owner.tag), None, 0, kwargs.get("password"))
     return (
         kwargs.get("path") or kwargs.get("host"),
         kwargs.get("port"),

@@ -44,6 +44,7 @@ from rq.exceptions import StopRequested
 from rq.job import Job
 from rq.logutils import setup_loghandlers
 from rq.queue import Queue
+from rq.registry import clean_registries
 from rq.serializers import JSONSerializer
 from rq.timeouts import BaseDeathPenalty
 from rq.utils import get_version, now
@@ -53,7 +54,15 @@ from rollq.models.contract import Hook
 from rollq.models.errors import InvalidTaskError
 from rollq.store.connection import REFUSALS, describe_client, wait_out_refusals
 from rollq.store.eviction import warn_if_evicting
-from rollq.store.jobs import RollqJob, read_rollq_jobs, rollout_id_of
+from rollq.store.jobs import (
+    RollqJob,
+    clean_worker_registry,
+    cluster_worker_name,
+    fence_worker,
+    read_rollq_jobs,
+    rollout_id_of,
+    suspended,
+)
 from rollq.store.keys import DEFAULT_NAMESPACE, Keys
 from rollq.store.llm_gate import GateReporter
 from rollq.store.namespaces import namespace_hint
@@ -168,6 +177,11 @@ class RolloutWorker(SimpleWorker):
             if kwargs["connection"] is not given:  # the queues RQ's CLI built are bound to the other client
                 listed: list[Any] = [queues] if isinstance(queues, str | Queue) else list(queues)
                 queues = [q.name if isinstance(q, Queue) else str(q) for q in listed]
+        named: list[Any] = [queues] if isinstance(queues, str | Queue) else list(queues)
+        first = named[0].name if named and isinstance(named[0], Queue) else str(named[0]) if named else ""
+        if first.startswith("{"):  # a cluster namespace: its worker's keys carry its tag (see store.keys)
+            kwargs["name"] = cluster_worker_name(first, kwargs.get("name") or (args[0] if args else None))
+            args = args[1:]
         super().__init__(queues, *args, **kwargs)
         # Before RQ's start-up writes (register_birth): a worker started into a full Redis waits for memory, as a
         # running one does, instead of dying on the first refused HSET.
@@ -178,6 +192,8 @@ class RolloutWorker(SimpleWorker):
         for queue in self.queues:
             queue.job_class = RollqJob
         self.keys = Keys(self.queues[0].name)
+        if self.keys.clustered:
+            fence_worker(self, self.keys.rq_queues(), self.keys.rq_workers)
         if rq_url.in_rq_cli() and self.keys.queue_name == "default" and "default" not in sys.argv[1:]:
             logging.getLogger("rq.worker").warning(
                 "rollq: no queue name given, so RQ serves its queue 'default' (rollq namespace 'default'); the "
@@ -344,9 +360,24 @@ class RolloutWorker(SimpleWorker):
 
     def check_for_suspension(self, burst: bool) -> None:
         # One EXISTS per dequeue otherwise; `rq suspend` still takes effect within a second.
-        if time.monotonic() >= self._next_suspension_check:
-            self._next_suspension_check = time.monotonic() + 1.0
+        if time.monotonic() < self._next_suspension_check:
+            return
+        self._next_suspension_check = time.monotonic() + 1.0
+        if not self.keys.clustered:
             super().check_for_suspension(burst)
+            return
+        # RQ's own reads rq:suspended in a MULTI with this worker's key: a cluster namespace has a flag of its own.
+        before = None
+        while not self._stop_requested and suspended(self, self.keys.rq_suspended):
+            if burst:
+                raise StopRequested
+            if before is None:
+                self.log.info("Worker %s: suspended (%s is set)", self.name, self.keys.rq_suspended)
+                before = self.get_state()
+                self.set_state(WorkerStatus.SUSPENDED)
+            time.sleep(1)
+        if before is not None:
+            self.set_state(before)
 
     def set_current_job_id(self, job_id: str | None = None, pipeline: Any = None) -> None:
         # RQ shows one current job per worker and clears it when a job ends; with
@@ -433,9 +464,32 @@ class RolloutWorker(SimpleWorker):
             if isinstance(job, InvalidTaskError):
                 self._quarantine(job_id, str(job))
         try:
-            super().clean_registries()
+            if self.keys.clustered:
+                self._clean_cluster_registries()
+            else:
+                super().clean_registries()
         except Exception:
             self.log.exception("RQ's registry clean-up failed; carrying on")
+
+    def run_maintenance_tasks(self) -> None:
+        if not self.keys.clustered:
+            super().run_maintenance_tasks()
+            return
+        # RQ 2.12's also cleans job groups, listed in the global rq:groups (another slot's key); rollq makes none.
+        if self.last_cleaned_at and self.scheduler:
+            if not self.scheduler._process or not self.scheduler._process.is_alive():
+                self.scheduler.acquire_locks(auto_start=True)
+        self.clean_registries()
+
+    def _clean_cluster_registries(self) -> None:
+        """RQ's ``clean_registries`` with the namespace's own set of workers (see store.jobs.clean_worker_registry)."""
+        for queue in self.queues:
+            if queue.acquire_maintenance_lock():
+                clean_registries(queue, self._exc_handlers)
+                clean_worker_registry(queue, self.keys.rq_workers)
+                queue.intermediate_queue.cleanup(self, queue)
+                queue.release_maintenance_lock()
+        self.last_cleaned_at = now()  # type: ignore[assignment]
 
     def _take_ahead(self, queue: Queue) -> None:
         """Take as many more jobs as there are free slots, in two round trips instead of one dequeue each.

@@ -38,7 +38,7 @@ from rollq.models.errors import (
 )
 from rollq.models.llm_options import InvalidLLMOptionsError, agent_view
 from rollq.models.policy import FailureKind, RolloutPolicy
-from rollq.store.keys import inflight_member, job_id
+from rollq.store.keys import inflight_member
 from rollq.store.records import parse_task
 from rollq.store.replies import Claim, ClaimRefused, FinishReply, JobTaken
 from rollq.store.transitions import Lifecycle
@@ -349,7 +349,9 @@ class AgentRunner:
                     )
                     return AttemptResult(rid, AttemptStatus.RETRYING, attempt)
                 # The retry's job id holds another job: fail for good, saying so and why the attempt failed.
-                error = RetryNotQueuedError(job_id(rid, after_attempt=attempt), rid, f"{type(error).__name__}: {error}")
+                error = RetryNotQueuedError(
+                    self.lifecycle.keys.job_id(rid, after_attempt=attempt), rid, f"{type(error).__name__}: {error}"
+                )
                 log.error("task %s: %s", rid, error)
                 rollout = pending.attempt.stamp(rollout, error)
             publication = self.attempts.publication(

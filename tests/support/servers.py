@@ -13,6 +13,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -46,9 +47,16 @@ class RedisServer:
     """A redis-server of the test's own: free port, private directory, optional password and AOF."""
 
     def __init__(
-        self, directory: Path, *, password: str | None = None, appendonly: bool = False, replica_of: int | None = None
+        self,
+        directory: Path,
+        *,
+        password: str | None = None,
+        appendonly: bool = False,
+        replica_of: int | None = None,
+        extra: Sequence[str] = (),
     ) -> None:
         self.binary = require_redis_server()
+        self.extra = list(extra)
         self.directory = directory
         self.password = password
         self.appendonly = appendonly
@@ -86,6 +94,7 @@ class RedisServer:
             args += ["--requirepass", self.password]
         if self.replica_of is not None:
             args += ["--replicaof", "127.0.0.1", str(self.replica_of)]
+        args += self.extra
         self.process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:
