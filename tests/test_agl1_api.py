@@ -71,6 +71,21 @@ def _create(api: Running, *items: dict[str, Any]) -> list[dict[str, Any]]:
     return list(response.json())
 
 
+def _listed(api: Running, rollout_id: str) -> str:
+    """The id ``rollout_id`` is listed with (carrying its attempt's token), as AL's controller reads it."""
+    found = api.client.get("/api/rollouts", params=[("state_in", "queuing"), ("state_in", "running")]).json()
+    (listed,) = [r["rollout_id"] for r in found if r["rollout_id"].rpartition(".")[0] == rollout_id]
+    return str(listed)
+
+
+def _claim(api: Running, rollout_id: str) -> str:
+    """Claim ``rollout_id`` as AL's controller does (PATCH running with its listed id); the id to use from then."""
+    listed = _listed(api, rollout_id)
+    running = api.client.patch(f"/api/rollouts/{listed}", json={"status": {"state": "running", "last_attempt_id": "0"}})
+    assert running.status_code == 200, running.text
+    return listed
+
+
 def test_every_route_but_healthz_needs_the_bearer_key(api: Running) -> None:
     bare = httpx.Client(base_url=api.client.base_url)
     assert bare.get("/healthz").json() == {"status": "ok"}
@@ -94,20 +109,23 @@ def test_creation_is_idempotent_by_rollout_id_and_reads_back_as_al_rollouts(api:
     assert detail["rollout"]["rollout_id"] == "r1" and detail["attempts"] == []
     assert store.producer.get_task("r1").mode == "val"
     queued = api.client.get("/api/rollouts", params=[("state_in", "queuing"), ("state_in", "running")]).json()
-    assert {r["rollout_id"] for r in queued} == {"r1", first[1]["rollout_id"]}
+    # Listed with the token of the attempt a claim makes (see rollq/compat/agl1/runners.py).
+    assert {r["rollout_id"].rpartition(".")[0] for r in queued} == {"r1", first[1]["rollout_id"]}
     assert api.client.get("/api/rollouts").status_code == 422  # state_in is required, as in FastAPI
     assert api.client.get("/api/rollouts/nope").json() == {"detail": "Rollout not found: nope"}
 
 
 def test_patch_moves_are_al_s_and_failing_a_queued_rollout_cancels_it(api: Running, store: Agl1Store) -> None:
     _create(api, {"input": {"data_id": "a"}, "rollout_id": "p1"})
-    assert api.client.patch("/api/rollouts/p1", json={"status": {"state": "succeeded"}}).status_code == 409
-    patched = api.client.patch("/api/rollouts/p1", json={"status": {"state": "failed", "error_message": "no pods"}})
+    p1 = _listed(api, "p1")
+    assert api.client.patch(f"/api/rollouts/{p1}", json={"status": {"state": "succeeded"}}).status_code == 409
+    failed = {"status": {"state": "failed", "error_message": "no pods"}}
+    patched = api.client.patch(f"/api/rollouts/{p1}", json=failed)
     assert patched.status_code == 200
     status = patched.json()["status"]
     assert (status["state"], status["error_message"]) == ("failed", "no pods")
-    assert api.client.patch("/api/rollouts/p1", json={"status": {"state": "running"}}).status_code == 409
-    assert api.client.patch("/api/rollouts/p1", json={"status": {"bogus": 1}}).status_code == 422
+    assert api.client.patch(f"/api/rollouts/{p1}", json={"status": {"state": "running"}}).status_code == 403
+    assert api.client.patch(f"/api/rollouts/{p1}", json={"status": {"bogus": 1}}).status_code == 422
     assert store.producer.task_info("p1").state == "cancelled"
     page = api.client.get("/api/rollouts/terminal").json()
     assert page == {
@@ -122,16 +140,16 @@ def test_a_runner_claims_with_patch_running_and_publishes_triplets_from_its_even
     api: Running, store: Agl1Store
 ) -> None:
     _create(api, {"input": 1, "rollout_id": "c1"})
-    running = api.client.patch("/api/rollouts/c1", json={"status": {"state": "running", "last_attempt_id": "0"}})
-    assert running.json()["status"]["state"] == "running"
+    c1 = _claim(api, "c1")
+    assert api.client.get(f"/api/rollouts/{c1}").json()["rollout"]["status"]["state"] == "running"
     assert int(store.connection.llen(store.keys.rq_queue)) == 0  # no rollq worker can take it now
     request = {
         "response": {"prompt_token_ids": [1, 2], "choices": [{"token_ids": [3], "logprobs": {"content": []}}]},
         "status": "ok",
         "request": {"messages": []},
     }
-    api.client.post("/api/rollouts/c1/attempt/0/events", json={"event_type": "model_request", "data": request})
-    api.client.post("/api/rollouts/c1/attempt/0/events", json={"event_type": "reward", "data": {"value": 0.5}})
+    api.client.post(f"/api/rollouts/{c1}/attempt/0/events", json={"event_type": "model_request", "data": request})
+    api.client.post(f"/api/rollouts/{c1}/attempt/0/events", json={"event_type": "reward", "data": {"value": 0.5}})
     trimmed = api.client.get("/api/rollouts/c1/events", params={"format": "triplet"}).json()
     assert [e["data"] for e in trimmed] == [
         {
@@ -144,7 +162,7 @@ def test_a_runner_claims_with_patch_running_and_publishes_triplets_from_its_even
         {"value": 0.5},
     ]
     assert len(api.client.get("/api/rollouts/c1/events", params={"event_type": "reward"}).json()) == 1
-    done = api.client.patch("/api/rollouts/c1", json={"status": {"state": "succeeded", "last_attempt_id": "0"}})
+    done = api.client.patch(f"/api/rollouts/{c1}", json={"status": {"state": "succeeded", "last_attempt_id": "0"}})
     assert done.json()["status"]["state"] == "succeeded"
     rollout = store.producer.get_rollout("c1")
     assert rollout is not None and rollout.final_reward == 0.5
@@ -189,7 +207,7 @@ def test_the_proxy_applies_al_s_rules_records_the_call_and_answers_429_while_pau
     fake = FakeVLLM().start()
     try:
         _create(api, {"input": 1, "rollout_id": "x1"})
-        url = "/proxy/rollout/x1/attempt/0/mode/train/openai/v1/chat/completions"
+        url = f"/proxy/rollout/{_claim(api, 'x1')}/attempt/0/mode/train/openai/v1/chat/completions"
         chat = {"model": "auto", "messages": [{"role": "user", "content": "hi"}], "temperature": 0.1}
         assert api.client.post(url, json=chat).status_code == 503  # no model registered yet
         api.client.post("/api/models", json=[{"model": MODEL, "endpoint": fake.url}])
@@ -213,7 +231,7 @@ def test_the_proxy_applies_al_s_rules_records_the_call_and_answers_429_while_pau
         assert events[0]["data"]["server"]["endpoint"] == fake.url
         assert api.client.post(url, json={**chat, "stream": True}).status_code == 400
         assert api.client.post(url.replace("/train/", "/test/"), json=chat).status_code == 404
-        assert api.client.post(url.replace("x1", "nope"), json=chat).status_code == 404
+        assert api.client.post(url.replace("x1.", "nope."), json=chat).status_code == 404
         assert api.client.get("/proxy/state").json()["inflight"] == 0
     finally:
         fake.stop()
