@@ -30,9 +30,9 @@ MODEL = "served/model"
 class Running:
     """A serve-agl app on a thread of the test process."""
 
-    def __init__(self, store: Agl1Store, key: str = KEY) -> None:
+    def __init__(self, store: Agl1Store, key: str = KEY, **options: Any) -> None:
         self.port = free_port()
-        self.server = Server(store, "127.0.0.1", self.port, key)
+        self.server = Server(store, "127.0.0.1", self.port, key, **options)
         self.loop = asyncio.new_event_loop()
         ready = threading.Event()
 
