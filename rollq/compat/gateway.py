@@ -6,7 +6,7 @@ transition a worker uses) and keeps attempts exact:
 
 - the task handed out carries the id ``<rollout_id>#<attempt>#<token>``, so a posted rollout
   names the attempt it belongs to, whichever client posts it and however late. The token is an
-  HMAC of the attempt under a secret every gateway of the namespace shares (in Redis): a post
+  HMAC of the attempt under a secret every gateway of the namespace shares (:mod:`rollq.compat.tokens`): a post
   without the token of the attempt it names (forged, for another attempt, or for an attempt a
   worker runs, which no gateway handed out) is refused with :class:`AttemptTokenError`, counted
   in the stats hash (``gateway:refused``) and never stored;
@@ -29,10 +29,7 @@ What a claim refusal, a published rollout and the finish transition's reply mean
 
 from __future__ import annotations
 
-import hashlib
-import hmac
 import logging
-import secrets
 import socket
 import threading
 import time
@@ -56,6 +53,8 @@ from rollq.store.transitions import Lifecycle
 from rollq.worker.attempt import Attempt, Attempts, PublishLimits, Settled
 from rollq.worker.config import WorkerSettings
 from rollq.worker.heartbeat import Heartbeat
+
+from .tokens import AttemptTokens
 
 log = logging.getLogger(__name__)
 
@@ -130,9 +129,9 @@ class Gateway:
         self.max_held_per_client = max_held_per_client
         self._releases: OrderedDict[str, int] = OrderedDict()
         self._posted: OrderedDict[str, None] = OrderedDict()  # attempts posted here (refused if posted again)
-        self._secret: bytes | None = None
         self.connection = connection
         self.keys = Keys(namespace)
+        self.tokens = AttemptTokens(connection, self.keys)
         self.lifecycle = Lifecycle(connection, self.keys)
         self.resources = ResourceStore(connection, self.keys)
         self.lease_seconds = lease_seconds
@@ -208,34 +207,19 @@ class Gateway:
                 )
         return released
 
-    # -- attempt tokens ------------------------------------------------------------------
-
-    def _key(self) -> bytes:
-        if self._secret is None:
-            name = self.keys.gateway_secret
-            self.connection.set(name, secrets.token_hex(32), nx=True)
-            raw = self.connection.get(name)
-            if not raw:
-                raise redis.RedisError(f"the gateway secret {name} vanished")
-            self._secret = raw if isinstance(raw, bytes) else str(raw).encode()
-        return self._secret
+    # -- attempt tokens (rollq.compat.tokens, shared with serve-agl) ------------------------
 
     def token(self, rollout_id: str, attempt: int) -> str:
         """The token of one attempt, as handed out with it and required with its post."""
-        mac = hmac.new(self._key(), f"{rollout_id}|{attempt}".encode(), hashlib.sha256)
-        return mac.hexdigest()[:32]
+        return self.tokens.token(rollout_id, attempt)
 
     def check_token(self, rollout_id: str, attempt: int, token: str) -> None:
         """AttemptTokenError (counted) unless ``token`` is the one handed out with this attempt."""
-        if not hmac.compare_digest(self.token(rollout_id, attempt).encode(), token.encode()):
-            self.refused()
-            raise AttemptTokenError(
-                f"attempt {attempt} of {rollout_id} was not handed out with this token; the post is refused"
-            )
+        self.tokens.check(rollout_id, attempt, token)
 
     def refused(self) -> None:
         """Count a refused post (``gateway:refused`` in the stats hash)."""
-        self.connection.hincrby(self.keys.stats, StatsField.GATEWAY_REFUSED, 1)
+        self.tokens.refused()
 
     # -- GET /task -----------------------------------------------------------------------
 

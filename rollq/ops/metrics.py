@@ -203,6 +203,15 @@ def families(s: Snapshot, keep_versions: int = 5) -> Iterator[Metric]:
     )
     superseded.add_metric([ns], s.superseded)
     yield superseded
+    gateway = CounterMetricFamily(
+        "rollq_gateway_refusals",
+        "serve-al/serve-agl: posts refused for want of their attempt's token (refused), unfinished leases handed "
+        "back (released).",
+        labels=["namespace", "what"],
+    )
+    gateway.add_metric([ns, "refused"], s.counters.get(StatsField.GATEWAY_REFUSED, 0.0))
+    gateway.add_metric([ns, "released"], s.counters.get(StatsField.GATEWAY_RELEASED, 0.0))
+    yield gateway
     rewardless = CounterMetricFamily(
         "rollq_rollouts_without_reward",
         "Succeeded rollouts published with no reward at all (the agent's reward never reached rollq).",

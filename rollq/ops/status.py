@@ -267,6 +267,12 @@ def render_text(s: Snapshot) -> str:
             else "ok"
         )
         lines.append(f"  redis memory      {limit}, policy {m.policy}: {state}")
+    refused, released = (int(s.counters.get(f, 0)) for f in (StatsField.GATEWAY_REFUSED, StatsField.GATEWAY_RELEASED))
+    if refused or released:
+        lines.append(
+            f"  gateway           {refused} post(s) refused (no token of their attempt), "
+            f"{released} unfinished lease(s) handed back (serve-al, serve-agl)"
+        )
     refusals = int(s.counters.get(StatsField.REDIS_REFUSALS, 0))
     if refusals:
         waited = s.counters.get(StatsField.REDIS_REFUSED_SECONDS, 0.0)

@@ -4,7 +4,6 @@ the bearer key, idempotent creation, PATCH moves, the terminal cursor, events, m
 from __future__ import annotations
 
 import asyncio
-import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -13,44 +12,19 @@ import pytest
 from click.testing import CliRunner
 
 from rollq.compat.agl1.adapter import Agl1Agent, Agl1AgentError, env_from_map
-from rollq.compat.agl1.app import Server
 from rollq.compat.agl1.store import Agl1Store
 from rollq.compat.agl1.upstream import ProxySettings
 from rollq.ops.cli import main
 from rollq.producer.producer import Producer
 from rollq.store.connection import connect
 from tests.support.fake_vllm import FakeVLLM
-from tests.support.servers import RedisServer, free_port
+from tests.support.serve_agl import KEY, MODEL, Running
+from tests.support.serve_agl import claim as _claim
+from tests.support.serve_agl import create as _create
+from tests.support.serve_agl import listed as _listed
+from tests.support.servers import RedisServer
 
 pytestmark = pytest.mark.redis
-KEY = "sekret"
-MODEL = "served/model"
-
-
-class Running:
-    """A serve-agl app on a thread of the test process."""
-
-    def __init__(self, store: Agl1Store, key: str = KEY) -> None:
-        self.port = free_port()
-        self.server = Server(store, "127.0.0.1", self.port, key)
-        self.loop = asyncio.new_event_loop()
-        ready = threading.Event()
-
-        def serve() -> None:
-            self.loop.run_until_complete(self.server.start())
-            ready.set()
-            self.loop.run_forever()
-
-        self.thread = threading.Thread(target=serve, daemon=True)
-        self.thread.start()
-        ready.wait(10)
-        self.client = httpx.Client(base_url=f"http://127.0.0.1:{self.port}", headers={"Authorization": f"Bearer {key}"})
-
-    def stop(self) -> None:
-        asyncio.run_coroutine_threadsafe(self.server.stop(), self.loop).result(10)
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(5)
-        self.client.close()
 
 
 @pytest.fixture
@@ -63,12 +37,6 @@ def api(store: Agl1Store) -> Iterator[Running]:
     running = Running(store)
     yield running
     running.stop()
-
-
-def _create(api: Running, *items: dict[str, Any]) -> list[dict[str, Any]]:
-    response = api.client.post("/api/rollouts", json=list(items))
-    assert response.status_code == 201, response.text
-    return list(response.json())
 
 
 def test_every_route_but_healthz_needs_the_bearer_key(api: Running) -> None:
@@ -94,20 +62,23 @@ def test_creation_is_idempotent_by_rollout_id_and_reads_back_as_al_rollouts(api:
     assert detail["rollout"]["rollout_id"] == "r1" and detail["attempts"] == []
     assert store.producer.get_task("r1").mode == "val"
     queued = api.client.get("/api/rollouts", params=[("state_in", "queuing"), ("state_in", "running")]).json()
-    assert {r["rollout_id"] for r in queued} == {"r1", first[1]["rollout_id"]}
+    # Listed with the token of the attempt a claim makes (see rollq/compat/agl1/runners.py).
+    assert {r["rollout_id"].rpartition(".")[0] for r in queued} == {"r1", first[1]["rollout_id"]}
     assert api.client.get("/api/rollouts").status_code == 422  # state_in is required, as in FastAPI
     assert api.client.get("/api/rollouts/nope").json() == {"detail": "Rollout not found: nope"}
 
 
 def test_patch_moves_are_al_s_and_failing_a_queued_rollout_cancels_it(api: Running, store: Agl1Store) -> None:
     _create(api, {"input": {"data_id": "a"}, "rollout_id": "p1"})
-    assert api.client.patch("/api/rollouts/p1", json={"status": {"state": "succeeded"}}).status_code == 409
-    patched = api.client.patch("/api/rollouts/p1", json={"status": {"state": "failed", "error_message": "no pods"}})
+    p1 = _listed(api, "p1")
+    assert api.client.patch(f"/api/rollouts/{p1}", json={"status": {"state": "succeeded"}}).status_code == 409
+    failed = {"status": {"state": "failed", "error_message": "no pods"}}
+    patched = api.client.patch(f"/api/rollouts/{p1}", json=failed)
     assert patched.status_code == 200
     status = patched.json()["status"]
     assert (status["state"], status["error_message"]) == ("failed", "no pods")
-    assert api.client.patch("/api/rollouts/p1", json={"status": {"state": "running"}}).status_code == 409
-    assert api.client.patch("/api/rollouts/p1", json={"status": {"bogus": 1}}).status_code == 422
+    assert api.client.patch(f"/api/rollouts/{p1}", json={"status": {"state": "running"}}).status_code == 403
+    assert api.client.patch(f"/api/rollouts/{p1}", json={"status": {"bogus": 1}}).status_code == 422
     assert store.producer.task_info("p1").state == "cancelled"
     page = api.client.get("/api/rollouts/terminal").json()
     assert page == {
@@ -122,16 +93,16 @@ def test_a_runner_claims_with_patch_running_and_publishes_triplets_from_its_even
     api: Running, store: Agl1Store
 ) -> None:
     _create(api, {"input": 1, "rollout_id": "c1"})
-    running = api.client.patch("/api/rollouts/c1", json={"status": {"state": "running", "last_attempt_id": "0"}})
-    assert running.json()["status"]["state"] == "running"
+    c1 = _claim(api, "c1")
+    assert api.client.get(f"/api/rollouts/{c1}").json()["rollout"]["status"]["state"] == "running"
     assert int(store.connection.llen(store.keys.rq_queue)) == 0  # no rollq worker can take it now
     request = {
         "response": {"prompt_token_ids": [1, 2], "choices": [{"token_ids": [3], "logprobs": {"content": []}}]},
         "status": "ok",
         "request": {"messages": []},
     }
-    api.client.post("/api/rollouts/c1/attempt/0/events", json={"event_type": "model_request", "data": request})
-    api.client.post("/api/rollouts/c1/attempt/0/events", json={"event_type": "reward", "data": {"value": 0.5}})
+    api.client.post(f"/api/rollouts/{c1}/attempt/0/events", json={"event_type": "model_request", "data": request})
+    api.client.post(f"/api/rollouts/{c1}/attempt/0/events", json={"event_type": "reward", "data": {"value": 0.5}})
     trimmed = api.client.get("/api/rollouts/c1/events", params={"format": "triplet"}).json()
     assert [e["data"] for e in trimmed] == [
         {
@@ -144,7 +115,7 @@ def test_a_runner_claims_with_patch_running_and_publishes_triplets_from_its_even
         {"value": 0.5},
     ]
     assert len(api.client.get("/api/rollouts/c1/events", params={"event_type": "reward"}).json()) == 1
-    done = api.client.patch("/api/rollouts/c1", json={"status": {"state": "succeeded", "last_attempt_id": "0"}})
+    done = api.client.patch(f"/api/rollouts/{c1}", json={"status": {"state": "succeeded", "last_attempt_id": "0"}})
     assert done.json()["status"]["state"] == "succeeded"
     rollout = store.producer.get_rollout("c1")
     assert rollout is not None and rollout.final_reward == 0.5
@@ -189,7 +160,7 @@ def test_the_proxy_applies_al_s_rules_records_the_call_and_answers_429_while_pau
     fake = FakeVLLM().start()
     try:
         _create(api, {"input": 1, "rollout_id": "x1"})
-        url = "/proxy/rollout/x1/attempt/0/mode/train/openai/v1/chat/completions"
+        url = f"/proxy/rollout/{_claim(api, 'x1')}/attempt/0/mode/train/openai/v1/chat/completions"
         chat = {"model": "auto", "messages": [{"role": "user", "content": "hi"}], "temperature": 0.1}
         assert api.client.post(url, json=chat).status_code == 503  # no model registered yet
         api.client.post("/api/models", json=[{"model": MODEL, "endpoint": fake.url}])
@@ -213,7 +184,7 @@ def test_the_proxy_applies_al_s_rules_records_the_call_and_answers_429_while_pau
         assert events[0]["data"]["server"]["endpoint"] == fake.url
         assert api.client.post(url, json={**chat, "stream": True}).status_code == 400
         assert api.client.post(url.replace("/train/", "/test/"), json=chat).status_code == 404
-        assert api.client.post(url.replace("x1", "nope"), json=chat).status_code == 404
+        assert api.client.post(url.replace("x1.", "nope."), json=chat).status_code == 404
         assert api.client.get("/proxy/state").json()["inflight"] == 0
     finally:
         fake.stop()

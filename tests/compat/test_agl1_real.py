@@ -20,6 +20,7 @@ import redis
 
 from rollq.models.contract import Rollout
 from rollq.store.keys import Keys, StreamField
+from rollq.store.stats import StatsField
 from tests.support.agl1_forwarder import Forwarder
 from tests.support.agl1_llm import HintedVLLM
 from tests.support.servers import REPO, RedisServer, free_port
@@ -269,6 +270,9 @@ def test_agl_controller_runs_rollouts_of_serve_agl_unchanged(
     _check_completed(json.loads((tmp_path / "completed.json").read_text()), fake)
     results = _results(redis_server.client(), namespace)
     assert len(results) == 2 * len(INPUTS)
+    # The controller took each rollout under the id serve-agl listed it with (its attempt's token inside) and
+    # sent every write with it: none was refused.
+    assert int(redis_server.client().hget(Keys(namespace).stats, StatsField.GATEWAY_REFUSED) or 0) == 0
     sent = {tuple(s.token_ids) for s in fake.sent.values()}
     for rollout in results:
         assert rollout.metadata["worker"] == "agl-controller" and rollout.triplets is not None

@@ -12,7 +12,7 @@ from pydantic import ValidationError
 from rollq.models.policy import RolloutPolicy
 from rollq.store.connection import connect
 
-from ..binding import is_loopback
+from ..binding import refusal
 
 
 @click.command("serve-agl")
@@ -45,6 +45,36 @@ from ..binding import is_loopback
     type=float,
     help="A worker silent this long loses its attempt to a retry.",
 )
+@click.option(
+    "--lease",
+    "lease_seconds",
+    default=300.0,
+    show_default=True,
+    type=click.FloatRange(min=1.0),
+    help="Seconds an attempt a runner claimed (PATCH running) is held without a sign of life (an accepted write, "
+    "or a listing by its claimant); then it is handed back. Never past the rollout's timeout + 60 s.",
+)
+@click.option(
+    "--max-held",
+    "max_held_per_client",
+    default=256,
+    show_default=True,
+    type=click.IntRange(min=1),
+    help="Unfinished attempts one client address may hold; past that its claims get 429.",
+)
+@click.option(
+    "--max-releases",
+    default=3,
+    show_default=True,
+    type=click.IntRange(min=0),
+    help="Times a rollout whose lease ended is handed back without charging its attempt.",
+)
+@click.option(
+    "--max-body-bytes",
+    default=None,
+    type=click.IntRange(min=1024),
+    help="Largest request body accepted (413 past it) [default: ROLLQ_MAX_RESULT_BYTES + 64 KiB].",
+)
 @click.pass_context
 def serve_agl(
     ctx: click.Context,
@@ -59,21 +89,30 @@ def serve_agl(
     max_attempts: int,
     retry_on: str,
     unresponsive_seconds: float,
+    lease_seconds: float,
+    max_held_per_client: int,
+    max_releases: int,
+    max_body_bytes: int | None,
 ) -> None:
     """Serve Agent Lightning 1.0's server API (agl-server's routes) from this namespace.
 
     AL 1.0's AglRolloutManager and clients point at http://HOST:PORT/ unchanged; rollouts are rollq
     tasks, run by `rollq worker --agent rollq.compat.agl1:Agl1Agent` with AGL1_AGENT_CLASS=module:Class,
     so they survive restarts, are retried with attempts and bounded by config.timeout_seconds.
+
+    Without --key it serves loopback only. A runner (AL's agl-controller) gets each queued rollout listed as
+    <rollout_id>.<token>; its PATCHes, events and LLM calls need that token (403 otherwise).
     """
     from rollq.producer.producer import Producer
 
     from .app import Server
+    from .runners import LeaseSettings
     from .store import Agl1Store
     from .upstream import ProxySettings
 
-    if not key and not is_loopback(host):
-        raise click.UsageError(f"refusing to serve on {host} without a key: pass --key (or set ROLLQ_AGL_KEY)")
+    refused = refusal(host, key, "pass --key (or set ROLLQ_AGL_KEY)")
+    if refused:
+        raise click.UsageError(refused)
     kinds = frozenset(k.strip() for k in retry_on.split(",") if k.strip())
     root = ctx.find_root().params
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
@@ -90,7 +129,8 @@ def serve_agl(
         train_temperature=train_temperature,
         val_temperature=val_temperature,
     )
-    server = Server(Agl1Store(producer, settings), host, port, key)
+    leases = LeaseSettings(lease_seconds, max_held_per_client, max_releases)
+    server = Server(Agl1Store(producer, settings, leases), host, port, key, max_body_bytes=max_body_bytes)
 
     async def run() -> None:
         await server.start()

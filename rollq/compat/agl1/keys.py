@@ -2,8 +2,8 @@
 
 Rollouts themselves are rollq task records and results; only these are the API's own:
 events posted to the server, the model registry, the log of rollouts in the order they ended
-(AL's terminal cursor), the proxy's pause switch and its in-flight calls, and what a client
-PATCHed onto a status (``error_message``, ``k8s_job_name``).
+(AL's terminal cursor), the proxy's pause switch and its in-flight calls, what a client
+PATCHed onto a status (``error_message``, ``k8s_job_name``), and the leases of runners' attempts.
 """
 
 from __future__ import annotations
@@ -54,3 +54,22 @@ class Agl1Keys:
     def inflight(self) -> str:
         """Sorted set of proxied calls in progress, scored by the time after which one counts as lost."""
         return f"{self._prefix}:inflight"
+
+    @property
+    def leases(self) -> str:
+        """Sorted set of attempts runners hold (``rollout_id|attempt``), scored by when their lease ends."""
+        return f"{self._prefix}:leases"
+
+    @property
+    def lease_limits(self) -> str:
+        """Hash: ``rollout_id|attempt`` -> the time no renewal of its lease may pass (timeout + grace)."""
+        return f"{self._prefix}:lease-limits"
+
+    @property
+    def claimants(self) -> str:
+        """Hash: ``rollout_id|attempt`` -> the client address that claimed it."""
+        return f"{self._prefix}:claimants"
+
+    def held(self, client: str) -> str:
+        """Sorted set of the attempts one client address holds, scored by when their lease ends."""
+        return f"{self._prefix}:held:{client}"

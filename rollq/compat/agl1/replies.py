@@ -35,11 +35,58 @@ def error(status: int, detail: Any) -> web.Response:
     return web.json_response({"detail": detail}, status=status)
 
 
-async def body(request: web.Request, shape: Any) -> Any:
-    """The JSON body validated as ``shape`` (a model or a type such as ``list[Model]``); 422 like FastAPI."""
-    raw = await request.read()
+MAX_JSON_DEPTH = 64
+"""Deepest nesting of arrays and objects accepted in a request body (AL's shapes need a handful)."""
+
+
+def _depth(value: Any) -> int:
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        item, level = stack.pop()
+        if isinstance(item, (dict, list)):
+            deepest = max(deepest, level)
+            if deepest > MAX_JSON_DEPTH:
+                return deepest
+            stack.extend((child, level + 1) for child in (item.values() if isinstance(item, dict) else item))
+    return deepest
+
+
+def parse_json(raw: bytes, default: Any = None) -> Any:
+    """A request body's JSON (``default`` when empty): 400 if it nests deeper than :data:`MAX_JSON_DEPTH`,
+    ``ValueError`` if it is not JSON. (Bodies over the server's byte limit never get here: aiohttp answers 413.)"""
+    if not raw:
+        return default
     try:
-        return TypeAdapter(shape).validate_json(raw or b"null")
+        value = json.loads(raw)
+    except RecursionError:
+        value = None
+        too_deep = True
+    else:
+        too_deep = _depth(value) > MAX_JSON_DEPTH
+    if too_deep:
+        raise BadRequest(400, f"the body nests arrays or objects deeper than {MAX_JSON_DEPTH} levels")
+    return value
+
+
+async def json_body(request: web.Request, default: Any = None) -> Any:
+    """The body as JSON (see :func:`parse_json`); 400 if it is not JSON."""
+    try:
+        return parse_json(await request.read(), default)
+    except ValueError:
+        raise BadRequest(400, "Invalid JSON in request body") from None
+
+
+async def body(request: web.Request, shape: Any) -> Any:
+    """The JSON body validated as ``shape`` (a model or a type such as ``list[Model]``); 422 like FastAPI (400 for
+    one nested too deep)."""
+    raw = await request.read()
+    adapter = TypeAdapter(shape)
+    try:
+        try:
+            value = parse_json(raw)
+        except ValueError:  # not JSON: pydantic says so in FastAPI's words
+            return adapter.validate_json(raw)
+        return adapter.validate_python(value)
     except ValidationError as exc:
         raise BadRequest(422, json.loads(exc.json(include_url=False))) from None
 

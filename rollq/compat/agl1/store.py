@@ -25,7 +25,7 @@ from rollq.models.outcomes import stamp
 from rollq.models.policy import RolloutStatus, TaskState
 from rollq.producer.producer import Producer
 from rollq.producer.results import fetch_rollouts
-from rollq.store.keys import StreamField, TaskField, inflight_member
+from rollq.store.keys import StreamField, TaskField
 from rollq.store.queries import read_attempts
 from rollq.store.records import TaskRecord, read_record, read_records
 from rollq.store.replies import ClaimRefused, Published
@@ -35,6 +35,7 @@ from rollq.store.transitions import Finish
 from . import events as event_views
 from .keys import Agl1Keys
 from .mapping import EVENTS_METADATA_KEY, ROLLQ_STATES, data_id_of, envelope, mode_of, policy_for, view
+from .runners import RUNNER_NAME, LeaseSettings, RunnerAttempts, bare, split
 from .schemas import (
     DEFAULT_ATTEMPT_ID,
     TERMINAL_STATES,
@@ -59,9 +60,6 @@ RESOURCE_PREFIX = "agl1-"
 """Resources ``agl1-0``, ``agl1-1``...: the served model's endpoints, sorted, as rollq ``LLM`` resources."""
 PROXY_SETTINGS_KEY = "agl1_proxy"
 """``LLM.sampling_parameters`` key carrying the server's :class:`ProxySettings` to worker adapters."""
-RUNNER_NAME = "agl-controller"
-"""The worker name of attempts claimed by an external runner through ``PATCH ... running``."""
-RUNNER_GRACE_SECONDS = 60.0
 _PATCHABLE = ("error_message", "k8s_job_name", "last_attempt_id")
 INFLIGHT_LEASE_SECONDS = 330.0
 """A proxied call not ended after this long (its process died) stops counting as in flight."""
@@ -109,12 +107,15 @@ class InvalidTransition(Exception):
 class Agl1Store:
     """One namespace seen through AL 1.0's server API."""
 
-    def __init__(self, producer: Producer, proxy: ProxySettings | None = None) -> None:
+    def __init__(
+        self, producer: Producer, proxy: ProxySettings | None = None, leases: LeaseSettings | None = None
+    ) -> None:
         self.producer = producer
         self.connection: redis.Redis = producer.connection
         self.keys = producer.keys
         self.agl = Agl1Keys(producer.keys)
         self.proxy = proxy or ProxySettings()
+        self.runners = RunnerAttempts(self.connection, self.agl, producer.lifecycle, leases)
 
     # -- rollouts ----------------------------------------------------------------------------------
 
@@ -139,6 +140,30 @@ class Agl1Store:
     def _record(self, rollout_id: str) -> TaskRecord:
         return read_record(self.connection, self.keys, rollout_id)
 
+    def _record_or_none(self, rollout_id: str) -> TaskRecord | None:
+        try:
+            return self._record(rollout_id)
+        except UnknownTaskError:
+            return None
+
+    def _named(self, rollout_id: str) -> str:
+        """The rollout an id read by a client names: itself if it is a rollout's, else without its token."""
+        return bare(rollout_id) if self._record_or_none(rollout_id) is None else rollout_id
+
+    def runner_attempt(self, listed_id: str, what: str) -> TaskRecord:
+        """The record of the running attempt ``listed_id`` names with its token (its lease renewed);
+        :class:`UnknownTaskError` if there is no such rollout, ``AttemptTokenError`` (counted) if the id does
+        not carry the token of a current attempt handed out to a runner."""
+        tokened = split(listed_id)
+        record = self._record(tokened.rollout_id if tokened else listed_id)
+        self.runners.check_current(record, tokened.token if tokened else None, what)
+        self.runners.extend(record)
+        return record
+
+    def release_expired(self) -> int:
+        """Hand back runners' attempts whose lease ended (see :mod:`.runners`)."""
+        return self.runners.release_expired(self._record_or_none)
+
     def _result(self, record: TaskRecord) -> RollqRollout | None:
         if record.state not in (TaskState.SUCCEEDED, TaskState.FAILED, TaskState.CANCELLED):
             return None
@@ -152,14 +177,17 @@ class Agl1Store:
         return {k.decode(): v.decode() for k, v in raw.items()}
 
     def get(self, rollout_id: str) -> tuple[Rollout, list[str]]:
-        """The rollout and its attempt ids; :class:`UnknownTaskError` if there is none."""
+        """The rollout and its attempt ids (``rollout_id`` bare or as listed); :class:`UnknownTaskError` if there
+        is none."""
+        rollout_id = self._named(rollout_id)
         record = self._record(rollout_id)
         rollout = view(record, self._result(record), self._overrides(rollout_id))
         attempts = [str(a.attempt) for a in read_attempts(self.connection, self.keys, rollout_id)]
         return rollout, attempts
 
-    def in_states(self, states: Iterable[RolloutState], limit: int) -> list[Rollout]:
-        """Up to ``limit`` rollouts in ``states`` (a SCAN over the namespace's tasks: for controllers and tools)."""
+    def in_states(self, states: Iterable[RolloutState], limit: int, client: str = "") -> list[Rollout]:
+        """Up to ``limit`` rollouts in ``states`` (a SCAN over the namespace's tasks: for controllers and tools),
+        each under the id ``client`` may take or report it with (see :mod:`.runners`)."""
         found: list[Rollout] = []
         for state in dict.fromkeys(states):
             for rollq_state in ROLLQ_STATES[state]:
@@ -167,13 +195,20 @@ class Agl1Store:
                 while len(found) < limit:
                     page = self.producer.query_tasks(rollq_state, limit=limit - len(found), cursor=cursor)
                     records = read_records(self.connection, self.keys, [t.rollout_id for t in page.tasks])
-                    found += [view(records[t.rollout_id]) for t in page.tasks if t.rollout_id in records]
+                    found += [
+                        self._listed(records[t.rollout_id], client) for t in page.tasks if t.rollout_id in records
+                    ]
                     cursor = page.cursor
                     if cursor is None:
                         break
         return found[:limit]
 
-    def patch(self, rollout_id: str, patch: RolloutPatch) -> Rollout:
+    def _listed(self, record: TaskRecord, client: str) -> Rollout:
+        shown = view(record)
+        listed = self.runners.listed_id(record, client)
+        return shown if listed == shown.rollout_id else shown.model_copy(update={"rollout_id": listed})
+
+    def patch(self, listed_id: str, patch: RolloutPatch, client: str = "") -> Rollout:
         """Apply a client's PATCH, as an external runner (AL's ``agl-controller``) sends them.
 
         ``queuing -> running`` claims the task for that runner (a rollq attempt, taken off the queue so no
@@ -181,26 +216,39 @@ class Agl1Store:
         triplets read from its events; ``running -> failed`` fails the attempt for good (a runner that
         reports a failure has already given up; AL's controller never runs a rollout twice);
         ``queuing -> failed`` cancels. Anything AL forbids is 409.
+
+        ``listed_id`` must be the id the rollout was listed with (its token): for a queued rollout the token of
+        the attempt the claim makes, else that of the runner attempt that is current; otherwise
+        ``AttemptTokenError`` (counted) and nothing changes. ``client`` claims (its share of leases bounded).
         """
-        record = self._record(rollout_id)
+        tokened = split(listed_id)
+        record = self._record(tokened.rollout_id if tokened else listed_id)
+        rollout_id = record.task.rollout_id
         current = view(record)
+        attempt: int | None = None
+        if tokened is not None and record.state == "queued":
+            attempt = self.runners.check_next(record, tokened.token)
+        else:
+            self.runners.check_current(record, tokened.token if tokened else None, "a PATCH")
+            self.runners.extend(record)
         updates = patch.status.model_dump(exclude_unset=True) if patch.status is not None else {}
         state = updates.pop("state", None)
+        if state is not None and state != current.status.state and state not in VALID_TRANSITIONS[current.status.state]:
+            raise InvalidTransition(f"Rollout {rollout_id}: cannot transition {current.status.state} -> {state}")
         kept = [k for k, v in updates.items() if k in _PATCHABLE and v is not None]
         if kept:
             self.connection.hset(self.agl.status(rollout_id), mapping={k: str(updates[k]) for k in kept})
         if state is not None and state != current.status.state:
-            if state not in VALID_TRANSITIONS[current.status.state]:
-                raise InvalidTransition(f"Rollout {rollout_id}: cannot transition {current.status.state} -> {state}")
-            if state == RolloutState.RUNNING:
-                self._claim_for_runner(record)
+            if state == RolloutState.RUNNING and attempt is not None:
+                self.runners.hold(record, client)
+                self._claim_for_runner(record, attempt, client)
             elif current.status.state == RolloutState.QUEUING:
                 self.producer.cancel([rollout_id])
             else:
                 self._finish_for_runner(self._record(rollout_id), state, updates.get("error_message"))
         return self.get(rollout_id)[0]
 
-    def _claim_for_runner(self, record: TaskRecord) -> None:
+    def _claim_for_runner(self, record: TaskRecord, expected: int, client: str) -> None:
         rid = record.task.rollout_id
         job = cast(bytes | None, self.connection.hget(self.keys.task(rid), TaskField.JOB))
         if job is None:
@@ -214,9 +262,12 @@ class Agl1Store:
         claim = self.producer.lifecycle.claim(rid, job_id, RUNNER_NAME)
         if isinstance(claim, ClaimRefused):
             raise InvalidTransition(f"Rollout {rid}: cannot transition queuing -> running: it is {claim.state}")
-        # The runner keeps its own time limit; if it dies, the attempt is requeued once the limit has passed.
-        lease = record.policy.timeout_seconds + RUNNER_GRACE_SECONDS
-        self.producer.lifecycle.beat({inflight_member(rid, claim.attempt): lease})
+        if claim.attempt != expected:  # claimed and handed back by others since it was listed: not this token's
+            self.producer.lifecycle.requeue(record.task, claim.attempt, record.policy, "released")
+            raise InvalidTransition(f"Rollout {rid}: attempt {expected} was taken meanwhile; list it again")
+        # Posted events of earlier attempts (AL's runners all say attempt "0") are not this attempt's.
+        self.connection.delete(self.agl.events(rid))
+        self.runners.leased(rid, claim.attempt, record.policy.timeout_seconds, client)
 
     def _finish_for_runner(self, record: TaskRecord, state: RolloutState, message: str | None) -> None:
         rid, attempt = record.task.rollout_id, record.attempt
@@ -253,6 +304,7 @@ class Agl1Store:
                 summary=summary_json(rollout, status=RolloutStatus.SUCCEEDED if succeeded else RolloutStatus.FAILED),
             )
         )
+        self.runners.ended(rid, attempt)
         if not isinstance(reply, Published):
             raise InvalidTransition(f"Rollout {rid}: attempt {attempt} is no longer current ({type(reply).__name__})")
 
@@ -352,8 +404,11 @@ class Agl1Store:
         pipe.execute()
         return event
 
-    def post_event(self, rollout_id: str, attempt_id: str, body: EventCreate) -> Event:
-        return self.record_event(rollout_id, attempt_id, body.event_type, body.data)
+    def post_event(self, listed_id: str, attempt_id: str, body: EventCreate) -> Event:
+        """Append a runner's event to its attempt; ``listed_id`` must carry the attempt's token (see
+        :meth:`runner_attempt`)."""
+        record = self.runner_attempt(listed_id, "an event")
+        return self.record_event(record.task.rollout_id, attempt_id, body.event_type, body.data)
 
     def events(self, rollout_id: str) -> list[Event]:
         """The events of the rollout's last attempt: those its worker published and those posted here, by time.
@@ -361,6 +416,7 @@ class Agl1Store:
         The last attempt is the one a runner reported (``last_attempt_id``: AL's controller always says "0"),
         else rollq's current attempt.
         """
+        rollout_id = self._named(rollout_id)
         record = self._record(rollout_id)
         reported = self.connection.hget(self.agl.status(rollout_id), "last_attempt_id")
         attempt = (
@@ -370,7 +426,8 @@ class Agl1Store:
             if record.attempt > 0
             else DEFAULT_ATTEMPT_ID
         )
-        found = [e for e in self._posted(rollout_id) if e.attempt_id == attempt]
+        # Posted events count only for an attempt a runner took through serve-agl (a worker's come with its result).
+        found = [e for e in self._posted(rollout_id) if e.attempt_id == attempt] if record.worker == RUNNER_NAME else []
         result = self._result(record)
         if result is not None:
             published_attempt = str(result.metadata.get("attempt", attempt))

@@ -2,9 +2,10 @@
 
 ``POST /proxy/rollout/{id}/attempt/{a}/mode/{train|val}/openai/v1/{chat/completions|completions}``
 forwards to the served model (AL's rules, :mod:`..upstream`) and records a ``model_request`` event
-on that attempt. ``POST /proxy/pause`` makes new calls answer 429 with ``Retry-After`` (here and in
-every worker adapter of the namespace: the switch is in Redis) while calls in flight finish;
-``GET /proxy/state`` counts them, so a trainer can wait for the drain before syncing weights.
+on that attempt; the id must carry the token of a runner's current attempt (:mod:`..runners`), else 403.
+``POST /proxy/pause`` makes new calls answer 429 with ``Retry-After`` (here and in every worker adapter of
+the namespace: the switch is in Redis) while calls in flight finish; ``GET /proxy/state`` counts them,
+so a trainer can wait for the drain before syncing weights.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from aiohttp import web
 from rollq.models.errors import UnknownTaskError
 
 from .. import upstream
-from ..replies import body, error, reply
+from ..replies import body, error, json_body, reply
 from ..schemas import PauseRequest, PauseStateResponse
 from .common import SESSION, STORE
 
@@ -43,14 +44,11 @@ async def forward(request: web.Request) -> web.Response:
         return error(404, f"Unsupported upstream path: {path}")
     store = request.app[STORE]
     try:
-        await asyncio.to_thread(store.get, rollout_id)
+        record = await asyncio.to_thread(store.runner_attempt, rollout_id, "an LLM call")
     except UnknownTaskError:
         return error(404, f"Rollout not found: {rollout_id}")
-    raw = await request.read()
-    try:
-        payload: Any = json.loads(raw) if raw else {}
-    except ValueError:
-        return error(400, "Invalid JSON in request body")
+    rollout_id = record.task.rollout_id
+    payload: Any = await json_body(request, {})
     if not isinstance(payload, dict):
         return error(400, "Request body must be a JSON object")
     served = await asyncio.to_thread(store.served)

@@ -12,7 +12,7 @@ from rollq.models.errors import UnknownTaskError
 from ..replies import BadRequest, body, error, query_int, reply
 from ..schemas import RolloutCreate, RolloutDetail, RolloutPatch, RolloutState
 from ..store import InvalidTransition
-from .common import STORE
+from .common import STORE, client_of
 
 _STATES = TypeAdapter(list[RolloutState])
 
@@ -35,7 +35,7 @@ async def list_by_state(request: web.Request) -> web.Response:
     except ValidationError as exc:
         raise BadRequest(422, exc.errors(include_url=False)) from None
     limit = query_int(request, "limit", 500)
-    return reply(await asyncio.to_thread(request.app[STORE].in_states, states, limit))
+    return reply(await asyncio.to_thread(request.app[STORE].in_states, states, limit, client_of(request)))
 
 
 async def terminal(request: web.Request) -> web.Response:
@@ -56,7 +56,7 @@ async def patch(request: web.Request) -> web.Response:
     rollout_id = request.match_info["rollout_id"]
     change = await body(request, RolloutPatch)
     try:
-        return reply(await asyncio.to_thread(request.app[STORE].patch, rollout_id, change))
+        return reply(await asyncio.to_thread(request.app[STORE].patch, rollout_id, change, client_of(request)))
     except UnknownTaskError:
         return _not_found(rollout_id)
     except InvalidTransition as exc:
