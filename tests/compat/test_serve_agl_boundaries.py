@@ -27,11 +27,10 @@ from tests.support.serve_agl import KEY, MODEL, Running
 from tests.support.serve_agl import claim as _claim
 from tests.support.serve_agl import create as _create
 from tests.support.serve_agl import listed as _listed
-from tests.support.servers import REPO, RedisServer
+from tests.support.servers import REPO, ROLLQ, RedisServer
 from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.redis
-ROLLQ = str(REPO / ".venv" / "bin" / "rollq")
 
 
 def _store(url: str, namespace: str, policy: RolloutPolicy | None = None, **leases: Any) -> Agl1Store:
