@@ -76,12 +76,17 @@ def default_replicas(connection: Any) -> int:
     )
 
 
-def online_replicas(info: dict[str, Any]) -> int:
-    """Replicas in ``state=online`` in a primary's ``INFO replication`` (redis-py's parsed dict)."""
+def online_replicas(info: dict[str, Any], caught_up_to: int = 0) -> int:
+    """Replicas in ``state=online`` in a primary's ``INFO replication`` (redis-py's parsed dict) whose acknowledged
+    offset is at least ``caught_up_to``. A stalled replica (a frozen process, a cut link) stays ``online`` until
+    ``repl-timeout`` (60 s) but its offset stops: only the offset says it would answer a WAIT."""
     return sum(
         1
         for key, value in info.items()
-        if key.startswith("slave") and isinstance(value, dict) and value.get("state") == "online"
+        if key.startswith("slave")
+        and isinstance(value, dict)
+        and value.get("state") == "online"
+        and int(value.get("offset", 0)) >= caught_up_to
     )
 
 
@@ -119,6 +124,9 @@ class ReplicaWait:
         self._lock = threading.Lock()
         self._next_probe = 0.0
         self._refreshed = 0.0
+        # The primary's offset when this process degraded (or at its first probe): past every write that went
+        # unacknowledged, so a replica is back only once it has acknowledged that far.
+        self._probe_offset: int | None = None
 
     @property
     def degraded(self) -> bool:
@@ -145,14 +153,18 @@ class ReplicaWait:
                 return False
             self._next_probe = now + PROBE_SECONDS
         try:
-            online = online_replicas(self.connection.info("replication"))
+            info = self.connection.info("replication")
         except redis.RedisError:
             return False
+        if self._probe_offset is None:
+            self._probe_offset = int(info.get("master_repl_offset", 0))
+        online = online_replicas(info, self._probe_offset)
         if online < self.replicas:
             self._mark_degraded(refresh_only=True)
             return False
         with self._lock:
             since, self.degraded_since = self.degraded_since, None
+            self._probe_offset = None
         if since is not None:
             log.warning(
                 "%d replica(s) online again after %.1fs: transitions wait for %d replica(s) again",
@@ -189,6 +201,10 @@ class ReplicaWait:
                 PROBE_SECONDS,
             )
             self._mark_degraded(refresh_only=False)
+            try:
+                self._probe_offset = int(self.connection.info("replication").get("master_repl_offset", 0))
+            except redis.RedisError:
+                self._probe_offset = None
         return False
 
     def _mark_degraded(self, *, refresh_only: bool) -> None:

@@ -8,7 +8,7 @@ import pytest
 
 from rollq.models.policy import RolloutPolicy, TaskState
 from rollq.producer.producer import Producer
-from tests.support.http import post_json as _post
+from tests.support.http_json import post_json as _post
 from tests.support.serve_al import take_task as _take
 from tests.support.waiting import wait_until
 

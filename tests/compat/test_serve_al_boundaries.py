@@ -16,8 +16,8 @@ import pytest
 from rollq.models.policy import RolloutPolicy, TaskState
 from rollq.producer.producer import Producer
 from rollq.store.stats import StatsField
-from tests.support.http import get_json as _get
-from tests.support.http import post_json as _post
+from tests.support.http_json import get_json as _get
+from tests.support.http_json import post_json as _post
 from tests.support.serve_al import take_task as _take
 from tests.support.servers import REPO, ROLLQ
 from tests.support.waiting import wait_until

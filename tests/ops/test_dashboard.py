@@ -21,7 +21,7 @@ from rollq.producer import Producer
 from rollq.store.keys import job_id
 from tests.support.browser import chromium, rendered_rows, require_chromium
 from tests.support.dashboard import SCREENSHOTS, Dashboard
-from tests.support.http import get_json
+from tests.support.http_json import get_json
 from tests.support.servers import RedisServer, WorkerProcess
 from tests.support.waiting import wait_until
 

@@ -1,7 +1,7 @@
 """Agents written against the real Agent Lightning 0.2.2 / 0.3.0 API (the same code runs on both releases).
 
 Only worker processes started from the test's AL 0.2.2 or 0.3.0 venv load this module
-(``ROLLQ_AGENT=tests.al_new_real:Name``). Each asks the ``main_llm`` resource one calc question with the
+(``ROLLQ_AGENT=tests.support.al_new_real:Name``). Each asks the ``main_llm`` resource one calc question with the
 ``openai`` SDK, scores the answer and records the score with AL's own ``emit_reward``; none returns a
 reward, so the rollout's reward is the one ``emit_reward`` wrote. Each also checks it was called the way
 AL's own runner calls it: AL's own ``AttemptedRollout``, AL's own ``LLM`` class.

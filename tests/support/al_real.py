@@ -1,7 +1,7 @@
 """Code that imports the real ``agentlightning`` 0.1.2; only processes in the test's AL venv load it.
 
 - ``CalcAgent`` / ``AsyncCalcAgent``: AL LitAgent subclasses as an AL user writes them, run
-  unchanged by ``rq worker -w rollq.worker.RolloutWorker`` (``ROLLQ_AGENT=tests.al_real:CalcAgent``);
+  unchanged by ``rq worker -w rollq.worker.RolloutWorker`` (``ROLLQ_AGENT=tests.support.al_real:CalcAgent``);
 - ``python tests/support/al_real.py ENDPOINT MARKER_DIR``: an AL 0.1 client process, AL's own
   ``Trainer(...).fit(agent, client)`` pulling from ``rollq serve-al``;
 - ``CalcXAgent``: AL's calc_x example as 0.1.2 ships it, minus autogen and the MCP calculator (one chat call

@@ -1,6 +1,6 @@
 """Agents that call an OpenAI-compatible endpoint the ways real agents do, for the LLM-capture tests.
 
-Workers load them as ``tests.capture_agents:Name``. Each reads ``resources["llm"]``
+Workers load them as ``tests.support.capture_agents:Name``. Each reads ``resources["llm"]``
 (whose endpoint the worker has pointed at its capturing proxy) and does what
 ``task_input["steps"]`` lists, in order; a step is one of
 
@@ -35,7 +35,7 @@ from rollq.models.contract import LLM, NamedResources
 from rollq.worker.agent import LitAgent
 from rollq.worker.tracer import emit_reward
 
-_tracer = trace.get_tracer("tests.capture_agents")
+_tracer = trace.get_tracer("tests.support.capture_agents")
 
 
 def _messages(rollout_id: str, i: int) -> list[dict[str, str]]:

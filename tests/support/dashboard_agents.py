@@ -1,4 +1,5 @@
-"""Agents for the rq-dashboard browser test, imported by worker subprocesses as ``tests.dashboard_agents:<Class>``."""
+"""Agents for the rq-dashboard browser test, imported by worker subprocesses as
+``tests.support.dashboard_agents:<Class>``."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Agents and hooks for fault-injection tests, and the counting those tests share.
 
-Worker subprocesses import the agents as ``tests.fault_agents:<Class>``; the
+Worker subprocesses import the agents as ``tests.support.fault_agents:<Class>``; the
 tests import the helpers as ``fault_agents``. The task input picks the
 misbehaviour, so one worker can be fed a bad task and then a good one, which
 shows that it kept serving.

@@ -1,6 +1,6 @@
 """Agents and hooks that misbehave the way a hostile tester's do, for tests/worker/test_none_lost.py.
 
-Worker subprocesses import them as ``tests.hostile_agents:<Class>``. The task
+Worker subprocesses import them as ``tests.support.hostile_agents:<Class>``. The task
 input picks the misbehaviour, so one worker can be fed a bad task and then good
 ones, which shows that it kept serving.
 """

@@ -1,6 +1,6 @@
 """Plain RQ job functions for the stock ``rq worker`` side of tests/worker/test_rq_state_diff.py.
 
-They do what tests.fault_agents:FaultAgent does with the same input (sleep, then fail with the given message or
+They do what tests.support.fault_agents:FaultAgent does with the same input (sleep, then fail with the given message or
 return a reward), so that the same jobs can run through a stock RQ worker and through RolloutWorker.
 """
 

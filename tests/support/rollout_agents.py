@@ -1,6 +1,6 @@
 """Agents and hooks for rollout-path tests, run in-process or by ``rq worker`` subprocesses.
 
-Workers load them as ``tests.rollout_agents:Name`` (the repo root is on their
+Workers load them as ``tests.support.rollout_agents:Name`` (the repo root is on their
 PYTHONPATH). The task input picks what the agent returns, so one worker fleet
 can exercise every RolloutRawResult case. Hooks report what they see to Redis
 (``ROLLQ_TEST_REDIS_URL``, list ``ROLLQ_TEST_EVENTS_KEY``) so that the test, in
@@ -42,7 +42,7 @@ def _result(task_input: dict[str, Any], rollout_id: str, resources: NamedResourc
     if kind == "dicts":
         return [{"name": "custom-span", "attributes": {"rollout": rollout_id}}]
     if kind == "spans":
-        tracer = trace.get_tracer("tests.rollout_agents")
+        tracer = trace.get_tracer("tests.support.rollout_agents")
         spans = []
         for name in ("step-a", "step-b"):
             with tracer.start_as_current_span(name) as span:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import urllib.error
 
-from tests.support.http import get_json
+from tests.support.http_json import get_json
 
 
 def take_task(endpoint: str) -> str:

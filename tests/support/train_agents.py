@@ -1,6 +1,6 @@
 """Agents for the training-loop tests: the reward of a group member is chosen by its input and its index.
 
-Worker subprocesses import them as ``tests.train_agents:<Class>``.
+Worker subprocesses import them as ``tests.support.train_agents:<Class>``.
 """
 
 from __future__ import annotations

@@ -25,7 +25,7 @@ from tests.support.servers import RedisServer, WorkerProcess
 pytestmark = pytest.mark.redis
 
 WAIT = 60.0
-AGENTS = "tests.capture_agents"
+AGENTS = "tests.support.capture_agents"
 
 
 @dataclass

@@ -25,7 +25,7 @@ from tests.support.servers import RedisServer, WorkerProcess
 pytestmark = pytest.mark.redis
 
 WAIT = 60.0
-AGENTS = "tests.rollout_agents"
+AGENTS = "tests.support.rollout_agents"
 RESULT_KINDS = ("none_spans", "float", "int", "triplets", "dicts", "spans", "rollout")
 
 

@@ -3,7 +3,7 @@ Redis state RQ users and rq-dashboard read the same.
 
 Each side runs as a real subprocess against a private redis-server: plain function jobs
 (``tests/support/plain_rq_jobs.py``) on a plain RQ queue with the JSON serializer for the stock worker, rollq tasks
-(``tests.fault_agents:FaultAgent``, the same inputs) for ``rq worker -w rollq.worker.RolloutWorker``; three
+(``tests.support.fault_agents:FaultAgent``, the same inputs) for ``rq worker -w rollq.worker.RolloutWorker``; three
 succeed, one fails. Read with RQ's own API afterwards: the registries' membership, each job's status, result
 (``Job.latest_result()``) and hash fields, the worker (``Worker.all()``, its fields and state while it idles,
 and after it stops), and every ``rq:`` key left in Redis. What legitimately differs is normalised before the
