@@ -28,7 +28,7 @@ without a token, with a made-up one). A trainer reads every rollout through roll
    stream must hold exactly one rollout of each.
 
 Prints and writes bench/results/hostile_soak.json; exits 1 if an acknowledged task was lost, one was delivered
-twice, a refused batch left a task behind, or a forged post was accepted.
+twice, a refused batch left a task behind, a forged post was accepted, or a worker exited by itself.
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ import argparse
 import json
 import os
 import random
+import re
 import subprocess
 import sys
 import tempfile
@@ -157,7 +158,8 @@ def main() -> None:
     )
     with tempfile.TemporaryDirectory(prefix="rollq-hostile-soak-") as tmp:
         directory = Path(tmp)
-        exits: dict[str, str] = {}
+        tracebacks: dict[str, int] = {}
+        exited: list[str] = []
         rtt_file = directory / "replica-rtt"
         rtt_file.write_text("0 0")
         servers = Servers(directory)
@@ -277,6 +279,7 @@ def main() -> None:
                 time.sleep(0.5)
             time.sleep(2)
             alive = [name for name, p in soak.workers.items() if p.poll() is None]
+            exited = [name for name, p in soak.workers.items() if p.poll() is not None]  # by themselves: not killed
             final = connect(url)
             keys = Keys(NAMESPACE)
             pipe = final.pipeline(transaction=False)
@@ -299,9 +302,10 @@ def main() -> None:
                     process.kill()
             servers.stop()
             for log in directory.glob("soak-*.log"):
-                text = log.read_text(errors="replace")
-                if "unhandled exception" in text or "Traceback" in text:
-                    exits[log.stem] = text[-1500:]
+                # The exceptions a worker's log shows a traceback of (handled or not), each with how often.
+                for line in log.read_text(errors="replace").splitlines():
+                    if re.match(r"[\w.]+(Error|Exception|Exit): ", line) or "unhandled exception" in line:
+                        tracebacks[line[:160]] = tracebacks.get(line[:160], 0) + 1
 
     delivered = Counter(rid for _, rid in trainer.received)
     lost = sorted(set(soak.ids) - set(delivered))
@@ -324,7 +328,8 @@ def main() -> None:
         "oom_refusals": refusals,
         "lagging_replica_failover": failover,
         "trainer_reconnects": trainer.errors,
-        "worker_exits": exits,
+        "workers_exited_by_themselves": exited,
+        "worker_log_exceptions": tracebacks,
         "serve_al": {
             "posted_by_good_client": clients.posted,
             "taken_by_hostile_client": clients.held,
@@ -339,7 +344,7 @@ def main() -> None:
     }
     print(json.dumps(result, indent=1))
     print(write_result("hostile_soak", result, sys.argv[1:], settings=vars(args)))
-    bad = lost or doubled or stream_lost or stream_twice or left_behind or clients.forged_accepted
+    bad = lost or doubled or stream_lost or stream_twice or left_behind or clients.forged_accepted or exited
     sys.exit(1 if bad else 0)
 
 
