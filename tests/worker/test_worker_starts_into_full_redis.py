@@ -47,3 +47,29 @@ def test_a_worker_started_into_a_full_redis_waits_for_memory_then_claims(own_red
     assert worker.process.poll() is None
     assert "found an unhandled exception" not in log and "Traceback" not in log, log[-3000:]
     assert "Redis accepts commands again" in log, log[-3000:]
+
+
+def test_a_running_worker_says_once_that_redis_refuses_writes_without_a_line_per_heartbeat(
+    own_redis, namespace, workers
+):
+    # Before: each heartbeat while Redis was full logged "heartbeat failed (command not allowed when used memory >
+    # 'maxmemory')", and the LLM gate's piggybacked report a traceback: a line per beat instead of one.
+    server = own_redis()
+    client = server.client()
+    worker = workers(server.url, namespace, env={**AGENT, "ROLLQ_CONCURRENCY": "4"})
+    wait_until(lambda: "concurrency 4" in worker.log(), 30, "the worker to start")
+    before = int(client.info("memory")["used_memory"])
+    client.set("rollq-test-padding", b"x" * 2_000_000)
+    client.config_set("maxmemory-policy", "noeviction")
+    client.config_set("maxmemory", before + 1_000_000)
+    wait_until(lambda: "Redis refuses commands" in worker.log(), 30, "the worker noticing")
+    time.sleep(4)  # eight heartbeats
+    client.config_set("maxmemory", 0)
+    wait_until(lambda: "Redis accepts commands again" in worker.log(), 30, "the worker noticing memory is back")
+    producer = Producer.from_url(server.url, namespace)
+    [rollout] = producer.wait([producer.enqueue({"sleep": 0}).rollout_id], timeout=60)
+    assert rollout.metadata["status"] == "succeeded"
+    log = worker.log()
+    assert worker.process.poll() is None
+    assert log.count("Redis refuses commands") == 1, log[-3000:]
+    assert "heartbeat failed" not in log and "Traceback" not in log, log[-3000:]
