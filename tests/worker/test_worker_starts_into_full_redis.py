@@ -57,15 +57,15 @@ def test_a_running_worker_says_once_that_redis_refuses_writes_without_a_line_per
     server = own_redis()
     client = server.client()
     worker = workers(server.url, namespace, env={**AGENT, "ROLLQ_CONCURRENCY": "4"})
-    wait_until(lambda: "concurrency 4" in worker.log(), 30, "the worker to start")
+    wait_until(lambda: "concurrency 4" in worker.log(), "the worker to start", timeout=30)
     before = int(client.info("memory")["used_memory"])
     client.set("rollq-test-padding", b"x" * 2_000_000)
     client.config_set("maxmemory-policy", "noeviction")
     client.config_set("maxmemory", before + 1_000_000)
-    wait_until(lambda: "Redis refuses commands" in worker.log(), 30, "the worker noticing")
+    wait_until(lambda: "Redis refuses commands" in worker.log(), "the worker noticing", timeout=30)
     time.sleep(4)  # eight heartbeats
     client.config_set("maxmemory", 0)
-    wait_until(lambda: "Redis accepts commands again" in worker.log(), 30, "the worker noticing memory is back")
+    wait_until(lambda: "Redis accepts commands again" in worker.log(), "the worker noticing memory is back", timeout=30)
     producer = Producer.from_url(server.url, namespace)
     [rollout] = producer.wait([producer.enqueue({"sleep": 0}).rollout_id], timeout=60)
     assert rollout.metadata["status"] == "succeeded"
