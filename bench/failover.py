@@ -48,6 +48,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -85,17 +86,27 @@ class Servers:
                 [self.binary, *args, "--dir", str(directory)], stdout=log, stderr=subprocess.STDOUT
             )
 
-    def start(self, replica_rtt_ms: float = 0.0, sentinels: bool = True, down_after_ms: int = 1000) -> None:
-        """The servers; with ``replica_rtt_ms`` > 0 the replica reaches the primary through a delaying proxy
+    def start(
+        self,
+        replica_rtt_ms: float = 0.0,
+        sentinels: bool = True,
+        down_after_ms: int = 1000,
+        *,
+        rtt_file: Path | None = None,
+        failover_timeout_ms: int = 60000,
+    ) -> None:
+        """The servers; with ``replica_rtt_ms`` > 0 (or an ``rtt_file``, which the proxy reads again four times a
+        second: a lag set during the run) the replica reaches the primary through a delaying proxy
         (bench/delay_proxy.py), the replication link of a replica in another zone."""
         common = ["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
         self._start("primary", ["--port", str(self.primary_port), *common])
         upstream = self.primary_port
-        if replica_rtt_ms > 0:
+        if replica_rtt_ms > 0 or rtt_file is not None:
             upstream = free_port()
+            delay = ["--rtt-ms", str(replica_rtt_ms)] + (["--rtt-file", str(rtt_file)] if rtt_file else [])
             self.proxy = subprocess.Popen(
                 [sys.executable, str(Path(__file__).parent / "delay_proxy.py"), "--listen", f"127.0.0.1:{upstream}"]
-                + ["--upstream", f"127.0.0.1:{self.primary_port}", "--rtt-ms", str(replica_rtt_ms)],
+                + ["--upstream", f"127.0.0.1:{self.primary_port}", *delay],
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.STDOUT,
             )
@@ -103,13 +114,13 @@ class Servers:
         self._start("replica", ["--port", str(self.replica_port), *common, "--replicaof", "127.0.0.1", str(upstream)])
         for i, port in enumerate(self.sentinel_ports if sentinels else []):
             config = self.tmp / f"sentinel-{i}.conf"
-            # failover-timeout 60 s: Sentinels "fix" a replica that follows another address than the primary's
+            # failover-timeout (60 s): Sentinels "fix" a replica that follows another address than the primary's
             # (here: the proxy) once failover-timeout has passed; the run is over by then.
             config.write_text(
                 f"port {port}\nbind 127.0.0.1\n"
                 f"sentinel monitor {SERVICE} 127.0.0.1 {self.primary_port} 2\n"
                 f"sentinel down-after-milliseconds {SERVICE} {down_after_ms}\n"
-                f"sentinel failover-timeout {SERVICE} 60000\n"
+                f"sentinel failover-timeout {SERVICE} {failover_timeout_ms}\n"
                 f"sentinel parallel-syncs {SERVICE} 1\n"
             )
             self._start(f"sentinel-{i}", [str(config), "--sentinel"])
@@ -179,15 +190,17 @@ class Servers:
 class Trainer(threading.Thread):
     """Reads every rollout through a consumer group, reconnecting through the Sentinels after errors."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, namespace: str = NAMESPACE) -> None:
         super().__init__(daemon=True, name="trainer")
         self.url = url
+        self.namespace = namespace
         self.received: list[tuple[float, str]] = []
+        self.statuses: Counter[str] = Counter()
         self.errors = 0
         self.stop_event = threading.Event()
 
     def run(self) -> None:
-        producer = Producer(connect(self.url), NAMESPACE)
+        producer = Producer(connect(self.url), self.namespace)
         # One reader for the whole run, iterated again after an error: it remembers what it handed over and
         # skips a second copy of a run (see producer/results.py, Delivered).
         reader = producer.rollouts(consumer="trainer", idle_timeout=0.5)
@@ -195,6 +208,7 @@ class Trainer(threading.Thread):
             try:
                 for rollout in reader:
                     self.received.append((time.time(), rollout.rollout_id))
+                    self.statuses[str(rollout.metadata.get("status", "?"))] += 1
                     if self.stop_event.is_set():
                         return
             except redis.RedisError:

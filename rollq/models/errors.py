@@ -185,3 +185,15 @@ class BackpressureTimeoutError(RollqError, TimeoutError):
             f"{queued} of this batch were queued before that"
         )
         self.pending, self.max_pending, self.timeout, self.queued = pending, max_pending, timeout, queued
+
+
+class EnqueueUndoneError(RollqError):
+    """An enqueue whose tasks the primary applied but which a failover undid before a replica held them: the
+    batch is not queued (enqueue it again; known rollout ids are not queued twice)."""
+
+    def __init__(self, missing: int, total: int) -> None:
+        self.missing, self.total = missing, total
+        super().__init__(
+            f"{missing} of {total} task(s) of this enqueue were undone by a failover before a replica held them: "
+            "enqueue the batch again (rollout ids already queued are not queued twice)"
+        )

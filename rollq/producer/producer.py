@@ -15,6 +15,7 @@ from rollq.models.coerce import coerce_resources
 from rollq.models.contract import ResourcesUpdate, Rollout, Task, TaskInput
 from rollq.models.errors import (
     BackpressureTimeoutError,
+    EnqueueUndoneError,
     InvalidTaskError,
     JobIdTakenError,
     PayloadTooLargeError,
@@ -197,7 +198,7 @@ class Producer:
                 # The enqueue script checks the pinned version atomically and queues none of a batch without it.
                 if Enqueued.UNKNOWN_RESOURCES in chunk_outcomes:
                     raise UnknownResourcesError(resources_id, self.namespace)
-            except (redis.RedisError, UnknownResourcesError):
+            except (redis.RedisError, UnknownResourcesError, EnqueueUndoneError):
                 done = serialized[: len(outcomes)]
                 self._withdraw([task for (task, _), got in zip(done, outcomes, strict=True) if got is Enqueued.QUEUED])
                 raise

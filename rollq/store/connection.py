@@ -185,24 +185,32 @@ class _Retry(Retry):
     Waiting will not fix a wrong password or a certificate that does not
     verify, so the caller hears at once instead of after ~20 s. A refused command did not run, so sending
     it again is safe; a worker (unbounded retries) waits out a full Redis instead of dying.
+
+    ``outage_retries`` (with ``retries`` -1): refusals are waited out for ever, but a connection error or timeout
+    only this many times in a row.
     """
 
-    def __init__(self, backoff: Any, retries: int) -> None:
+    def __init__(self, backoff: Any, retries: int, *, outage_retries: int | None = None) -> None:
         super().__init__(backoff, retries)
         self.update_supported_errors([redis.ResponseError])
+        self.outage_retries = outage_retries
 
     def call_with_retry(self, do: Any, fail: Any, is_retryable: Any = None, with_failure_count: bool = False) -> Any:
         refused = False
+        outages = 0
 
         def retryable(error: Exception) -> bool:
-            nonlocal refused
+            nonlocal refused, outages
             if isinstance(error, redis.ResponseError) and not isinstance(error, redis.ConnectionError):
                 if transient_refusal(error) is None:
                     return False
                 refused = True
                 REFUSALS.refused(error)
                 return True
-            return unrecoverable(error) is None and (is_retryable is None or is_retryable(error))
+            if unrecoverable(error) is not None or (is_retryable is not None and not is_retryable(error)):
+                return False
+            outages += 1
+            return self.outage_retries is None or outages <= self.outage_retries
 
         result = super().call_with_retry(do, fail, retryable, with_failure_count)
         if refused:  # this very command was refused and now ran: Redis accepts writes again
@@ -271,17 +279,19 @@ def retry_policy(retries: int = _RETRIES) -> Retry:
     return _Retry(ExponentialBackoff(cap=_BACKOFF_CAP_SECONDS, base=0.05), retries)
 
 
-def wait_out_refusals(client: redis.Redis) -> None:
+def wait_out_refusals(client: redis.Redis, *, outage_retries: int | None = None) -> None:
     """Make ``client`` retry until Redis answers: outages, and commands Redis refuses for now (OOM, READONLY,
     BUSY...), pipelines included (redis-py re-sends a failed pipeline only for errors in its connections'
     ``retry_on_error``; :func:`transient_refusal` still decides which replies are retried). For a worker:
-    its loop must outlast a full or failing-over Redis."""
+    its loop must outlast a full or failing-over Redis. ``outage_retries``: retry an outage (connection error,
+    timeout) only this many times in a row, refusals still for ever (None: outages for ever too)."""
     errors = [redis.ConnectionError, redis.TimeoutError, redis.ResponseError]
     pool: Any = client.connection_pool
     client.get_connection_kwargs()["retry_on_error"] = errors
     for conn in [*getattr(pool, "_available_connections", []), *getattr(pool, "_in_use_connections", [])]:
         conn.retry_on_error = errors
-    client.set_retry(retry_policy(retries=-1))
+    backoff = ExponentialBackoff(cap=_BACKOFF_CAP_SECONDS, base=0.05)
+    client.set_retry(_Retry(backoff, -1, outage_retries=outage_retries))
 
 
 def _check_scheme(scheme: str, url: str) -> None:

@@ -144,14 +144,21 @@ class Lifecycle:
         ``atomic``: the calls in one ``MULTI``/``EXEC``, all or none. Redis decides "out of memory" once for a
         whole ``EXEC``, so a full Redis refuses every call or none (a plain pipeline ran the calls sent before
         memory ran out); a refusal is raised, never re-sent call by call."""
+        return self._run(calls, atomic=atomic)[0]
+
+    def _run(self, calls: Sequence[ScriptCall], *, atomic: bool = False) -> tuple[list[Any], bool]:
+        """:meth:`run_pipelined`, and whether the pipeline's own ``WAIT`` confirmed every call (False when nothing
+        waited, the wait fell short, or a call had to be sent again)."""
         if not calls:
-            return []
+            return [], True
         replies, acknowledged = self._send(calls, atomic=atomic)
         if atomic:
             refused = next((r for r in replies if isinstance(r, redis.ResponseError) and transient_refusal(r)), None)
             if refused is not None:
                 raise refused
-        return self.settle_all(calls, replies, acknowledged=acknowledged)
+        confirmed = acknowledged is not None and self.replication.count(acknowledged)
+        confirmed = confirmed and not any(isinstance(r, Exception) for r in replies)
+        return self.settle_all(calls, replies), confirmed
 
     def _send(self, calls: Sequence[ScriptCall], *, atomic: bool = False) -> tuple[list[Any], Any]:
         """``calls`` and the wait behind them in one pipeline: (their replies, the ``WAIT`` reply or None)."""
@@ -237,8 +244,14 @@ class Lifecycle:
                     args += [task_json, jid, template.payload(task.rollout_id), self._description(task)]
                 calls.append(ScriptCall(self._enqueue, keys, args))
                 sizes.append(len(batch))
-        replies = [replied(reply) for reply in self.run_pipelined(calls, atomic=True)]
-        return [outcome for size, reply in zip(sizes, replies, strict=True) for outcome in read_enqueue(reply, size)]
+        settled, confirmed = self._run(calls, atomic=True)
+        replies = [replied(reply) for reply in settled]
+        outcomes = [got for size, reply in zip(sizes, replies, strict=True) for got in read_enqueue(reply, size)]
+        # The caller is told these are queued: a replica must hold them first, even one that lags (see
+        # rollq.store.replication).
+        queued = [k.task(t.rollout_id) for (t, _), got in zip(tasks, outcomes, strict=True) if got is Enqueued.QUEUED]
+        self.replication.hold(queued, confirmed=confirmed)
+        return outcomes
 
     def claim(self, rollout_id: str, job_id: str, worker_name: str) -> Claim | ClaimRefused:
         """Start an attempt: count the claim and stamp its time (Redis's), atomically."""

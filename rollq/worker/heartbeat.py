@@ -23,6 +23,7 @@ from typing import Any
 
 import redis
 
+from rollq.store.connection import REFUSALS, transient_refusal
 from rollq.store.reaper import queue_take_turn, reap, take_turn
 from rollq.store.replies import Clock
 from rollq.store.transitions import Lifecycle
@@ -63,6 +64,7 @@ class Heartbeat(threading.Thread):
         """Queues a command of its own on the beat's first round trip (the LLM gate's report); what it returns
         reads that command's reply."""
         self._stop_event = threading.Event()
+        self._refused_in_beat = False  # this beat met Redis refusing writes (see _refusal)
 
     def beat(self) -> None:
         members = self.members()
@@ -115,8 +117,11 @@ class Heartbeat(threading.Thread):
         if read is not None:
             try:
                 read(replies[1])
-            except Exception:
-                log.exception("the heartbeat's piggyback failed; trying again at the next heartbeat")
+            except Exception as exc:
+                if _refusal(exc):
+                    self._refused_in_beat = True
+                else:
+                    log.exception("the heartbeat's piggyback failed; trying again at the next heartbeat")
         if isinstance(replies[0], Exception):
             raise replies[0]
         return bool(replies[0])
@@ -127,13 +132,27 @@ class Heartbeat(threading.Thread):
         first = True
         while first or not self._stop_event.wait(self.interval):
             first = False
+            self._refused_in_beat = False
             try:
                 self.beat()
             except redis.RedisError as exc:
-                log.warning("heartbeat failed (%s); trying again in %.0fs", exc, self.interval)
+                if not _refusal(exc):
+                    log.warning("heartbeat failed (%s); trying again in %.0fs", exc, self.interval)
             except Exception:
                 log.exception("heartbeat failed; trying again in %.0fs", self.interval)
+            else:
+                if not self._refused_in_beat:  # a whole beat written: if Redis was refusing writes, no longer
+                    REFUSALS.accepted()
 
     def stop(self) -> None:
         self._stop_event.set()
         self.join(timeout=self.interval + 5)
+
+
+def _refusal(error: BaseException) -> bool:
+    """Whether ``error`` is Redis refusing commands for now (OOM, READONLY...: :func:`transient_refusal`); noted in
+    the process-wide :data:`REFUSALS` (one line when a refusal starts, one when it ends), not once per beat."""
+    if isinstance(error, redis.ResponseError) and transient_refusal(error) is not None:
+        REFUSALS.refused(error)
+        return True
+    return False

@@ -20,7 +20,7 @@ from redis.sentinel import SentinelConnectionPool
 
 from rollq.store.cluster import SCHEME as CLUSTER_SCHEME
 from rollq.store.cluster import SlotConnectionPool
-from rollq.store.connection import connect, describe, describe_client, wait_until_reachable
+from rollq.store.connection import connect, describe, describe_client, wait_out_refusals, wait_until_reachable
 from rollq.store.jobs import rq_suspended_key
 from rollq.store.settings import environ
 
@@ -80,6 +80,10 @@ def wait_for_redis_in_rq_cli() -> None:
         return
 
 
+CLI_OUTAGE_RETRIES = 3
+"""Times RQ's CLI client retries a connection error in a row (redis-py's default client's count) before RQ's own
+error handling has it; refusals it waits out for ever."""
+
 ROLLQ_ONLY_SCHEMES = frozenset({"redis+sentinel", CLUSTER_SCHEME})
 """URL schemes rollq's :func:`~rollq.store.connection.connect` speaks and redis-py's ``Redis.from_url`` refuses."""
 
@@ -110,6 +114,12 @@ def teach_rq_cli_rollq_urls() -> None:
     ``rq:suspended`` reads the namespace's own flag instead (see rollq.store.keys). It does nothing unless RQ's
     CLI is loaded (an ``rq`` process), and the wrap is pinned by ``tests/store/test_sentinel_url.py`` against RQ's
     real CLI.
+
+    In an ``rq worker`` process the client it hands out waits out commands Redis refuses for now (OOM, READONLY:
+    :func:`~rollq.store.connection.wait_out_refusals`, one log line), for ever: RQ's CLI sends its first command
+    (``is_suspended``, a ``MULTI``) before the worker class exists, and a full Redis refuses it, so a worker
+    started into a full Redis exited at once (rc 1). Outages keep RQ's own bound (:data:`CLI_OUTAGE_RETRIES`, after
+    :func:`wait_for_redis_in_rq_cli`'s wait); the worker makes its client wait those out too once it is built.
     """
     helpers = sys.modules.get("rq.cli.helpers")
     if helpers is None:
@@ -121,11 +131,16 @@ def teach_rq_cli_rollq_urls() -> None:
         return
 
     def connection(self: Any) -> Any:
-        if getattr(self, "_connection", None) is None and self.connection_class is redis.Redis:
+        if getattr(self, "_connection", None) is not None:
+            return original.fget(self)
+        if self.connection_class is redis.Redis:
             url = _url_rq_cli_would_use(self)
             if url and urlsplit(url).scheme in ROLLQ_ONLY_SCHEMES:
                 self._connection = connect(url)
-        return original.fget(self)
+        client = original.fget(self)
+        if in_rq_cli() and isinstance(client, redis.Redis):
+            wait_out_refusals(client, outage_retries=CLI_OUTAGE_RETRIES)
+        return client
 
     connection.rollq_urls = True  # type: ignore[attr-defined]
     helpers.CliConfig.connection = property(connection, doc=original.__doc__)
