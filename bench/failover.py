@@ -481,7 +481,7 @@ def effective_settings(profile: str, args: argparse.Namespace) -> dict[str, Any]
         "policy_unresponsive_seconds": chosen["unresponsive_seconds"] or RolloutPolicy().unresponsive_seconds,
         "unresponsive_from": "profile" if chosen["unresponsive_seconds"] else "default",
         "wait_replicas": 1 if chosen["wait_replicas"] is None else chosen["wait_replicas"],
-        "wait_replicas_from": "default (Sentinel URL)" if chosen["wait_replicas"] is None else "profile",
+        "wait_replicas_from": "default behind Sentinel" if chosen["wait_replicas"] is None else "profile",
         "wait_timeout_ms": args.wait_timeout_ms,
         "client_socket_timeout_seconds": connection._SOCKET_TIMEOUT_SECONDS,
         "client_connect_timeout_seconds": connection.CONNECT_TIMEOUT_SECONDS,

@@ -15,7 +15,9 @@ in this process. Measured:
    rollouts finished, Redis CPU (``used_cpu_sys`` + ``used_cpu_user`` deltas of ``INFO cpu``) and commands
    (``INFO commandstats``) per rollout, with the heartbeats, dequeue polls and reaper passes of the
    processes included (what the plan's rate spreads over fewer rollouts than a busy benchmark's);
-   connections per worker process (``CLIENT LIST`` by name);
+   connections per worker process (``CLIENT LIST`` by name); Redis CPU by command (``usec`` of
+   ``INFO commandstats``); then, feeding stopped and every rollout finished, the idle floor: Redis CPU per
+   second with the same processes and nothing to do over ``--idle-window`` seconds;
 3. one trainer process's read rate: the stream is filled to ``--read`` entries (copies of the run's real
    entries under new rollout ids), then one ``Producer.rollouts(group=...)`` reader, a fresh group, reads
    them all: rollouts/s and MB/s.
@@ -56,6 +58,12 @@ def key_memory(connection: redis.Redis) -> int:
     for used in pipe.execute():
         total += int(used or 0)
     return total
+
+
+def command_usec(connection: redis.Redis) -> dict[str, int]:
+    """Microseconds of Redis CPU per command since the server started (``INFO commandstats``)."""
+    info: Any = connection.info("commandstats")
+    return {name.removeprefix("cmdstat_"): int(stats["usec"]) for name, stats in info.items()}
 
 
 def redis_cpu(connection: redis.Redis) -> float:
@@ -103,6 +111,7 @@ def main() -> None:
     parser.add_argument("--processes", type=int, default=4)
     parser.add_argument("--concurrency", type=int, default=64)
     parser.add_argument("--window", type=float, default=120.0, help="seconds of steady state measured")
+    parser.add_argument("--idle-window", type=float, default=30.0, help="seconds of the idle floor measured")
     parser.add_argument("--read", type=int, default=20000, help="stream entries the trainer read rate reads")
     args = parser.parse_args()
     slots = args.processes * args.concurrency
@@ -149,6 +158,7 @@ def main() -> None:
             while outcomes(probe, NAMESPACE)[0] < 2 * slots:
                 workers.check_alive()
                 time.sleep(0.5)
+            usec0 = command_usec(probe)
             cpu0, cmd0, done0, t0 = redis_cpu(probe), commandstats(probe), outcomes(probe, NAMESPACE)[0], time.time()
             connections: Counter[str] = Counter()
             samples = 0
@@ -162,8 +172,18 @@ def main() -> None:
                 samples += 1
                 time.sleep(1.0)
             cpu1, cmd1, done1, t1 = redis_cpu(probe), commandstats(probe), outcomes(probe, NAMESPACE)[0], time.time()
+            usec1 = command_usec(probe)
             in_flight_mean = in_flight(probe, keys)
             used: Any = probe.info("memory")
+            # The floor: the same processes with nothing to do (feeding stopped, every rollout finished).
+            stop.set()
+            while in_flight(probe, keys) or int(probe.llen(keys.rq_queue)):  # type: ignore[arg-type]
+                workers.check_alive()
+                time.sleep(0.5)
+            time.sleep(2.0)
+            idle_cpu0, idle_t0 = redis_cpu(probe), time.time()
+            time.sleep(args.idle_window)
+            idle_cpu = (redis_cpu(probe) - idle_cpu0) / (time.time() - idle_t0)
         finally:
             stop.set()
             workers.stop()
@@ -180,6 +200,21 @@ def main() -> None:
             "redis_cpu_ms_per_rollout": round(1000 * (cpu1 - cpu0) / finished, 3) if finished else None,
             "redis_cpu_share_of_a_core": round((cpu1 - cpu0) / seconds, 4),
             "redis_commands_per_rollout": round(commands / finished, 1) if finished else None,
+            "redis_command_cpu_ms_per_rollout_top": {
+                name: round(delta / 1000 / finished, 4)
+                for name, delta in sorted(
+                    ((n, usec1.get(n, 0) - usec0.get(n, 0)) for n in usec1), key=lambda kv: -kv[1]
+                )[:12]
+            }
+            if finished
+            else {},
+            "redis_cpu_share_of_a_core_idle_floor": round(idle_cpu, 4),
+            "redis_cpu_ms_per_s_per_idle_process": round(1000 * idle_cpu / args.processes, 3),
+            "redis_cpu_ms_per_rollout_above_idle_floor": round(
+                1000 * ((cpu1 - cpu0) - idle_cpu * seconds) / finished, 3
+            )
+            if finished
+            else None,
             "worker_connections_max_per_process": max(connections.values(), default=0),
             "used_memory_at_end_mb": round(int(used["used_memory"]) / 1e6, 1),
             "key_memory_at_end_mb": round(key_memory(probe) / 1e6, 1),
