@@ -1,6 +1,7 @@
 """Redis's cost per rollout at the 10,000-worker plan's per-process rate, and one trainer process's read rate.
 
 Run: nice -n 10 python bench/plan_rate.py [--processes 4] [--concurrency 64] [--window 120] [--read 20000]
+     [--output plan_rate]
 
 The plan of docs/scaling.md: worker processes each holding 64 rollouts in flight, rollouts of 3 LLM calls of
 3-10 s (about 20 s), so about 3.2 rollouts/s per process. Here ``--processes`` stock ``rq worker -w
@@ -112,6 +113,7 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=64)
     parser.add_argument("--window", type=float, default=120.0, help="seconds of steady state measured")
     parser.add_argument("--idle-window", type=float, default=30.0, help="seconds of the idle floor measured")
+    parser.add_argument("--output", default="plan_rate", help="results file name under bench/results/")
     parser.add_argument("--read", type=int, default=20000, help="stream entries the trainer read rate reads")
     args = parser.parse_args()
     slots = args.processes * args.concurrency
@@ -224,7 +226,7 @@ def main() -> None:
         reading = trainer_read_rate(probe, server.url, keys, args.read)
         print(reading, flush=True)
     write_result(
-        "plan_rate",
+        args.output,
         {
             "processes": args.processes,
             "concurrency": args.concurrency,
@@ -239,6 +241,7 @@ def main() -> None:
             "trainer_read": reading,
         },
         sys.argv[1:],
+        script="plan_rate",
         settings=vars(args),
     )
 
