@@ -1,9 +1,11 @@
 """Redis failover under load, at default and tuned settings: a primary, a replica, 3 Sentinels; SIGKILL the primary.
 
 Run: nice -n 10 python bench/failover.py [--profiles defaults,tuned,tuned-no-wait] [--tasks 2400] [--rate 80]
-     [--kill-after 10] [--workers 2] [--concurrency 32] [--replica-rtt-ms 10] [--wait-timeout-ms 1000] [--no-cost]
+     [--runs 1] [--kill-after 10] [--workers 2] [--concurrency 32] [--replica-rtt-ms 10] [--wait-timeout-ms 1000]
+     [--no-cost]
 
-Profiles (each one run; their settings are written next to their figures):
+Profiles (``--runs`` failovers each, e.g. ``--runs 20`` or ``--runs defaults=20,tuned=5``; each profile's
+settings, defaults resolved to their values, are written next to its figures):
 
 - ``defaults``: what a deployment gets without tuning anything: Sentinel ``down-after-milliseconds`` 30000
   (Redis's default), the workers' default heartbeat and the policy's default ``unresponsive_seconds``, and
@@ -25,21 +27,22 @@ tasks per second in batches of 10 until ``--tasks``; ``--kill-after`` seconds in
 end of the replication link (the proxy) get SIGKILL; ``--rejoin-after`` seconds later the old primary
 restarts empty and the Sentinels make it a replica of the new one. Sentinels: quorum 2.
 
-Reported for each profile: when the Sentinels named the new primary, how long until work resumed, tasks
+Reported for each run: when the Sentinels named the new primary, how long until work resumed, tasks
 whose enqueue Redis acknowledged but which the new primary does not hold (lost tasks), rollouts never received,
 rollouts received twice (after the trainer's own de-duplication by rollout id and generation: what a training
 loop sees), tasks run more than once, transitions that fell short of wait_replicas, workers that went degraded
 (no replica: transitions stop waiting until one is back), the stats the new primary holds. Then each
 transition's cost: one enqueue's latency and the no-op rollouts/s of one worker, with and without
-wait_replicas=1, with the replica on loopback and ``--replica-rtt-ms`` away.
-Writes bench/results/failover.json.
+wait_replicas=1, with the replica on loopback and ``--replica-rtt-ms`` away. For each profile, over its runs:
+tasks lost (total, worst run), rollouts received twice and tasks run twice (total, runs with any), and the
+median and worst of each time. Writes bench/results/failover.json after every run (``"complete": false``
+until the last).
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
-import os
 import re
 import shutil
 import signal
@@ -403,8 +406,11 @@ def failover_run(args: argparse.Namespace, profile: str, tmp: Path) -> dict[str,
                     key = line.split(" ", 2)[-1] if line[:4].isdigit() else line
                     errors[key[:200]] = errors.get(key[:200], 0) + 1
         result["worker_error_lines"] = errors
-        if args.keep_logs:
-            shutil.copytree(tmp, Path(args.keep_logs) / profile, dirs_exist_ok=True)
+        anomalous = any(result.get(k) for k in ("tasks_lost", "rollouts_received_twice", "tasks_run_more_than_once"))
+        keep = args.keep_logs or (args.anomaly_logs if anomalous or "tasks_lost" not in result else None)
+        if keep:  # a run that lost or duplicated something keeps its logs to find out why
+            result["logs"] = str(Path(keep) / f"{profile}-{time.strftime('%H%M%S')}")
+            shutil.copytree(tmp, result["logs"], dirs_exist_ok=True)
     return result
 
 
@@ -460,6 +466,94 @@ def worker_rate(url: str, wait_replicas: int, tasks: int, log_dir: Path) -> floa
         worker.wait(timeout=60)
 
 
+def parse_runs(text: str, profiles: list[str]) -> dict[str, int]:
+    """``--runs``: one count for every profile (``20``) or per profile (``defaults=20,tuned=5``; others 1)."""
+    if text.isdigit():
+        return {p: int(text) for p in profiles}
+    counts = {p: 1 for p in profiles}
+    for part in text.split(","):
+        name, _, count = part.partition("=")
+        if name not in counts or not count.isdigit():
+            raise SystemExit(f"--runs: expected N or profile=N,... over {profiles}, got {part!r}")
+        counts[name] = int(count)
+    return counts
+
+
+def effective_settings(profile: str, args: argparse.Namespace) -> dict[str, Any]:
+    """The settings a profile's runs had, defaults resolved to their values: what its figures depend on."""
+    from rollq.store import connection
+    from rollq.worker.config import WorkerSettings
+
+    chosen = PROFILES[profile]
+    worker_defaults = WorkerSettings.model_fields
+    return {
+        "sentinel_down_after_milliseconds": chosen["sentinel_down_after_ms"],
+        "sentinel_quorum": 2,
+        "sentinel_failover_timeout_ms": 60000,
+        "worker_heartbeat_seconds": chosen["heartbeat_seconds"] or worker_defaults["heartbeat_seconds"].default,
+        "heartbeat_from": "profile" if chosen["heartbeat_seconds"] else "default",
+        "policy_unresponsive_seconds": chosen["unresponsive_seconds"] or RolloutPolicy().unresponsive_seconds,
+        "unresponsive_from": "profile" if chosen["unresponsive_seconds"] else "default",
+        "wait_replicas": 1 if chosen["wait_replicas"] is None else chosen["wait_replicas"],
+        "wait_replicas_from": "default behind Sentinel" if chosen["wait_replicas"] is None else "profile",
+        "wait_timeout_ms": args.wait_timeout_ms,
+        "client_socket_timeout_seconds": connection._SOCKET_TIMEOUT_SECONDS,
+        "client_connect_timeout_seconds": connection.CONNECT_TIMEOUT_SECONDS,
+        "client_retries": connection._RETRIES,
+        "sentinel_client_timeout_seconds": 1.0,
+        "old_primary_restarted_after_seconds": chosen["rejoin_after_seconds"],
+        "replica_rtt_ms": args.replica_rtt_ms,
+    }
+
+
+def _percentile(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
+
+
+def aggregate(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """One profile's runs summed up: losses and duplicates over all of them, resume times' median and worst."""
+    done = [r for r in runs if "tasks_lost" in r]
+
+    def values(key: str) -> list[float]:
+        return [r[key] for r in done if r.get(key) is not None]
+
+    def total(key: str) -> int:
+        return int(sum(values(key)))
+
+    def runs_with(key: str) -> int:
+        return sum(1 for v in values(key) if v > 0)
+
+    out: dict[str, Any] = {
+        "runs": len(runs),
+        "runs_completed": len(done),
+        "runs_failed": [r.get("error") for r in runs if "tasks_lost" not in r],
+        "tasks_enqueued_acknowledged_total": total("tasks_enqueued_acknowledged"),
+        "tasks_lost_total": total("tasks_lost"),
+        "tasks_lost_max_in_a_run": int(max(values("tasks_lost"), default=0)),
+        "rollouts_never_received_total": total("rollouts_never_received"),
+        "rollouts_received_twice_total": total("rollouts_received_twice"),
+        "runs_with_a_rollout_received_twice": runs_with("rollouts_received_twice"),
+        "tasks_run_more_than_once_total": total("tasks_run_more_than_once"),
+        "runs_with_a_task_run_twice": runs_with("tasks_run_more_than_once"),
+        "enqueue_errors_during_failover_total": total("enqueue_errors_during_failover"),
+        "runs_with_workers_degraded": runs_with("workers_that_went_degraded"),
+        "workers_alive_at_end_min": int(min(values("workers_alive"), default=0)),
+    }
+    for key in (
+        "sentinel_named_new_primary_after_seconds",
+        "workers_published_again_after_seconds",
+        "trainer_received_again_after_seconds",
+        "old_primary_replicating_again_after_seconds",
+        "enqueue_batch_of_10_ms_median_before_kill",
+    ):
+        measured = values(key)
+        out[key] = {"p50": _percentile(measured, 0.5), "max": max(measured, default=None), "runs": len(measured)}
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tasks", type=int, default=2400)
@@ -469,46 +563,69 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=32)
     parser.add_argument("--replica-rtt-ms", type=float, default=10.0, help="round trip of the replication link")
     parser.add_argument("--profiles", default="defaults,tuned", help="comma-separated: " + ", ".join(PROFILES))
+    parser.add_argument("--runs", default="1", help="failovers per profile: N, or profile=N,... (others 1)")
     parser.add_argument("--no-cost", action="store_true", help="skip the per-transition cost measures")
     parser.add_argument("--wait-timeout-ms", type=int, default=1000)
     parser.add_argument("--cost-tasks", type=int, default=1000, help="no-op rollouts per worker rollouts/s run")
     parser.add_argument("--cost-rounds", type=int, default=300, help="single enqueues per latency measure")
     parser.add_argument("--deadline", type=float, default=120.0, help="seconds to wait for every rollout")
     parser.add_argument("--keep-logs", help="copy the servers' and workers' logs to this directory")
+    parser.add_argument(
+        "--anomaly-logs",
+        default=str(Path(tempfile.gettempdir()) / "rollq-failover-anomalies"),
+        help="where the logs of a run that lost, duplicated or broke are copied",
+    )
+    parser.add_argument("--output", default="failover", help="results file name under bench/results/")
     args = parser.parse_args()
-    runs = {}
-    load_before = [round(x, 2) for x in os.getloadavg()]
-    for profile in args.profiles.split(","):
-        with tempfile.TemporaryDirectory(prefix="rollq-failover-") as tmp:
-            runs[profile] = failover_run(args, profile, Path(tmp))
-    cost = (
-        []
-        if args.no_cost
-        else [transition_cost(rtt, args.cost_tasks, args.cost_rounds) for rtt in sorted({0.0, args.replica_rtt_ms})]
-    )
-    print(cost, flush=True)
-    write_result(
-        "failover",
-        {
-            "settings": {
-                "tasks": args.tasks,
-                "rate_per_s": args.rate,
-                "kill_after_seconds": args.kill_after,
-                "workers": args.workers,
-                "concurrency": args.concurrency,
-                "profiles": {name: PROFILES[name] for name in runs},
-                "quorum": 2,
-                "replica_rtt_ms": args.replica_rtt_ms,
-                "wait_timeout_ms": args.wait_timeout_ms,
-                "load_average_at_start": load_before,
-                "load_average_at_end": [round(x, 2) for x in os.getloadavg()],
+    profiles = args.profiles.split(",")
+    unknown = [p for p in profiles if p not in PROFILES]
+    if unknown:
+        raise SystemExit(f"unknown profiles {unknown}; known: {', '.join(PROFILES)}")
+    counts = parse_runs(args.runs, profiles)
+    results: dict[str, dict[str, Any]] = {
+        p: {"settings": effective_settings(p, args), "aggregate": {}, "runs": []} for p in profiles
+    }
+    cost: list[dict[str, Any]] = []
+
+    def write(complete: bool) -> None:
+        for entry in results.values():
+            entry["aggregate"] = aggregate(entry["runs"])
+        write_result(
+            args.output,
+            {
+                "complete": complete,
+                "run_settings": {
+                    "tasks_per_run": args.tasks,
+                    "rate_per_s": args.rate,
+                    "kill_after_seconds": args.kill_after,
+                    "workers": args.workers,
+                    "concurrency": args.concurrency,
+                    "runs_per_profile": counts,
+                },
+                "profiles": results,
+                "transition_cost": cost,
             },
-            "runs": runs,
-            "transition_cost": cost,
-        },
-        sys.argv[1:],
-        settings=vars(args),
-    )
+            sys.argv[1:],
+            script="failover",
+            settings=vars(args),
+        )
+
+    for profile in profiles:
+        for i in range(counts[profile]):
+            with tempfile.TemporaryDirectory(prefix="rollq-failover-") as tmp:
+                try:
+                    run = failover_run(args, profile, Path(tmp))
+                except Exception as exc:  # one broken run is a figure too; the others still run
+                    run = {"profile": profile, "error": f"{type(exc).__name__}: {exc}"[:500]}
+            run["run"] = i + 1
+            run.pop("settings", None)  # the profile's settings are written once, next to its aggregate
+            results[profile]["runs"].append(run)
+            write(complete=False)
+            print(profile, i + 1, aggregate(results[profile]["runs"]), flush=True)
+    if not args.no_cost:
+        cost = [transition_cost(rtt, args.cost_tasks, args.cost_rounds) for rtt in sorted({0.0, args.replica_rtt_ms})]
+        print(cost, flush=True)
+    write(complete=True)
 
 
 if __name__ == "__main__":

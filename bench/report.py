@@ -543,20 +543,57 @@ start to its first claim (median). The % of the ideal rate of every round is sho
 )
 
 
+FAILOVER_PROFILES = ("defaults", "tuned", "tuned-no-wait")
+
+
 def _failover_rows(doc: Doc) -> list[list[Any]]:
-    keys = [
-        ("Sentinels named the replica primary after, s", "sentinel_named_new_primary_after_seconds"),
-        ("workers published again after, s", "workers_published_again_after_seconds"),
-        ("trainer received again after, s", "trainer_received_again_after_seconds"),
-        ("enqueue of 10, median before the kill, ms", "enqueue_batch_of_10_ms_median_before_kill"),
-        ("tasks enqueued (acknowledged)", "tasks_enqueued_acknowledged"),
-        ("tasks lost", "tasks_lost"),
-        ("rollouts never received", "rollouts_never_received"),
-        ("rollouts received twice", "rollouts_received_twice"),
-        ("tasks run more than once", "tasks_run_more_than_once"),
-        ("worker processes alive at the end", "workers_alive"),
+    """One row per measure, one column per profile: its resolved settings, then its aggregate over its runs."""
+    found = doc.get("profiles") or {}
+    profiles = {name: found.get(name, {"settings": {}, "aggregate": {}}) for name in FAILOVER_PROFILES}
+
+    def spread(key: str) -> Callable[[Doc], str]:
+        return lambda a: f"{cell(a[key]['p50'])} / {cell(a[key]['max'])}" if a.get(key) else "-"
+
+    def of(key: str) -> Callable[[Doc], Any]:
+        return lambda a: a.get(key)
+
+    settings = [
+        ("Sentinel `down-after-milliseconds`", "sentinel_down_after_milliseconds"),
+        ("worker heartbeat, s", "worker_heartbeat_seconds"),
+        ("`unresponsive_seconds`", "policy_unresponsive_seconds"),
+        ("`wait_replicas` (from)", lambda s: f"{s['wait_replicas']} ({s['wait_replicas_from']})"),
+        ("`wait_timeout_ms`", "wait_timeout_ms"),
+        ("client socket / connect timeout, s; retries",
+         lambda s: f"{s['client_socket_timeout_seconds']:g} / {s['client_connect_timeout_seconds']:g}; "
+                   f"{s['client_retries']}"),
+        ("old primary restarted after, s", "old_primary_restarted_after_seconds"),
     ]
-    return [[label, *(doc["runs"][f"wait_replicas_{n}"].get(key) for n in (0, 1))] for label, key in keys]
+    figures: list[tuple[str, Callable[[Doc], Any]]] = [
+        ("runs (completed)", lambda a: f"{a['runs']} ({a['runs_completed']})"),
+        ("tasks enqueued and acknowledged, all runs", of("tasks_enqueued_acknowledged_total")),
+        ("**tasks lost**, all runs (worst run)",
+         lambda a: f"**{a['tasks_lost_total']}** ({a['tasks_lost_max_in_a_run']})"),
+        ("rollouts never received", of("rollouts_never_received_total")),
+        ("**rollouts the trainer received twice** (runs with any)",
+         lambda a: f"**{a['rollouts_received_twice_total']}** ({a['runs_with_a_rollout_received_twice']})"),
+        ("tasks run twice (runs with any)",
+         lambda a: f"{a['tasks_run_more_than_once_total']} ({a['runs_with_a_task_run_twice']})"),
+        ("Sentinels named the new primary after, s, p50 / max", spread("sentinel_named_new_primary_after_seconds")),
+        ("workers published again after, s, p50 / max", spread("workers_published_again_after_seconds")),
+        ("trainer received again after, s, p50 / max", spread("trainer_received_again_after_seconds")),
+        ("old primary replicating again after, s, p50 / max",
+         spread("old_primary_replicating_again_after_seconds")),
+        ("enqueue of 10 before the kill, ms, p50 / max", spread("enqueue_batch_of_10_ms_median_before_kill")),
+        ("runs with workers degraded (no replica)", of("runs_with_workers_degraded")),
+        ("enqueue errors during the failovers", of("enqueue_errors_during_failover_total")),
+    ]
+    rows: list[list[Any]] = []
+    for label, key in settings:
+        get = key if callable(key) else (lambda k: lambda s: s.get(k))(key)
+        rows.append([label, *(get(p["settings"]) if p["settings"] else None for p in profiles.values())])
+    for label, get in figures:
+        rows.append([label, *(get(p["aggregate"]) if p["aggregate"].get("runs") else None for p in profiles.values())])
+    return rows
 
 
 def _arrow(key: str) -> Callable[[Any, Doc], str]:
@@ -564,20 +601,27 @@ def _arrow(key: str) -> Callable[[Any, Doc], str]:
 
 
 FAILOVER = Spec(
-    title="Redis failover under load (Sentinel), with and without `wait_replicas`",
-    about="""A primary, one replica {settings[replica_rtt_ms]:g} ms away through a delaying proxy, 3 Sentinels
-(down-after {settings[sentinel_down_after_ms]} ms); {settings[workers]} `rollq worker` processes (concurrency
-{settings[concurrency]}) and a producer enqueuing {settings[rate_per_s]:g} tasks/s connect with
-`redis+sentinel://...`; the primary is SIGKILLed {settings[kill_after_seconds]:g} s in and restarts
-{settings[rejoin_after_seconds]:g} s later. Two runs, the same but for `wait_replicas` on every producer and
-worker.""",
+    title="Redis failover under load (Sentinel), repeated, at default and tuned settings",
+    about="""A primary, one replica {settings[replica_rtt_ms]:g} ms (round trip) away through a delaying proxy, 3
+Sentinels (quorum 2); {settings[workers]} `rollq worker` processes (concurrency {settings[concurrency]}, mock-LLM
+rollouts) and a producer enqueuing {settings[rate]:g} tasks/s, {settings[tasks]} tasks per run, connect with
+`redis+sentinel://...`; the primary and its end of the replication link are SIGKILLed {settings[kill_after]:g} s
+in, the old primary restarts empty later. A trainer reads every rollout through a consumer group. Each profile ran
+{runs_text}; its settings (defaults resolved to their values) head its column, then its figures over all its
+runs.{incomplete}""",
+    derive=lambda d: {
+        "runs_text": ", ".join(f"`{n}` {c} times" for n, c in (d.get("run_settings") or {})
+                               .get("runs_per_profile", {}).items()),
+        "incomplete": "" if d.get("complete", True) else " **Incomplete: written while runs were still going.**",
+    },
     tables=[
-        Table(_failover_rows, [Col("measure", nth(0)), Col("wait_replicas=0", nth(1)),
-                               Col("wait_replicas=1", nth(2))]),
+        Table(_failover_rows, [Col("measure", nth(0)), Col("`defaults`", nth(1)), Col("`tuned`", nth(2)),
+                               Col("`tuned-no-wait`", nth(3))]),
         Table("transition_cost", [
             ("replica_rtt_ms", "replica round trip, ms", "g"), Col("enqueue median ms, 0 -> 1",
             _arrow("enqueue_ms_median")), Col("worker rollouts/s, 0 -> 1", _arrow("worker_rollouts_per_s")),
-        ], caption="What `wait_replicas=1` costs each transition (interleaved rounds):"),
+        ], caption="What `wait_replicas=1` costs each transition (interleaved rounds; one worker, concurrency 16, "
+                   "no-op rollouts):"),
     ],
 )
 
@@ -690,7 +734,7 @@ SPECS: dict[str, Spec] = {
 # The page's order; results files not named here follow in name order.
 ORDER = ["al_own_path", "al", "noop", "mock_llm", "startup", "before_after", "profile", "rollout_cpu", "big",
          "results_stream", "inflight10k", "scaling", "cluster", "cluster_256", "failover", "soak", "capture",
-         "enqueue", "memory", "idle", "trainer_api", "embedded_drain"]
+         "enqueue", "memory", "idle", "connections", "plan_rate", "plan_rate_16", "trainer_api", "embedded_drain"]
 
 
 def spec_for(doc: Doc) -> Spec | None:

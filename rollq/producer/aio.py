@@ -20,7 +20,7 @@ from typing import Any, Literal, overload
 from rollq.models.contract import ResourcesUpdate, Rollout, Task
 from rollq.models.errors import RolloutTimeoutError, RolloutTrimmedError, UnknownTaskError
 from rollq.models.policy import TaskState
-from rollq.store.connection import connect_async
+from rollq.store.connection import connect, connect_async, process_client_name
 from rollq.store.control import CancelResult, cancel_call, cancel_script_source, parse_cancel
 from rollq.store.keys import DEFAULT_NAMESPACE, StreamField, TaskField
 from rollq.store.llm_gate import AsyncLLMGate, GateStatus, PauseReport
@@ -141,7 +141,8 @@ class AsyncProducer:
     def from_url(cls, url: str | None = None, namespace: str = DEFAULT_NAMESPACE, **kwargs: Any) -> AsyncProducer:
         """An async producer on ``url`` (same forms as :func:`rollq.store.connection.connect`, ``redis+sentinel://``
         included); ``kwargs`` go to :class:`Producer` (``policy``, ``wait_replicas``, ``wait_timeout_ms``, ...)."""
-        return cls(connect_async(url), Producer.from_url(url, namespace, **kwargs))
+        name = process_client_name("async-producer")
+        return cls(connect_async(url, client_name=name), Producer(connect(url, client_name=name), namespace, **kwargs))
 
     @property
     def namespace(self) -> str:

@@ -23,7 +23,7 @@ from rollq.models.errors import (
 )
 from rollq.models.groups import Membership, member_rollout_id, new_group_id
 from rollq.models.policy import RolloutPolicy, TaskState
-from rollq.store.connection import connect
+from rollq.store.connection import connect, process_client_name
 from rollq.store.control import CancelResult, cancel_call, cancel_script_source, parse_cancel
 from rollq.store.eviction import warn_if_evicting
 from rollq.store.keys import DEFAULT_NAMESPACE, Keys
@@ -92,7 +92,7 @@ class Producer:
     @classmethod
     def from_url(cls, url: str | None = None, namespace: str = DEFAULT_NAMESPACE, **kwargs: Any) -> Producer:
         """A producer on ``url``; see :func:`models.connection.connect` (None: ``ROLLQ_REDIS_URL``, ``REDIS_URL``)."""
-        return cls(connect(url), namespace, **kwargs)
+        return cls(connect(url, client_name=process_client_name("producer")), namespace, **kwargs)
 
     @property
     def namespace(self) -> str:

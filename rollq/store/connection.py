@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import re
+import socket
 import ssl
 import sys
 import threading
@@ -303,11 +305,32 @@ def _check_scheme(scheme: str, url: str) -> None:
         )
 
 
-def connect(url: str | None = None, *, retries: int = _RETRIES) -> redis.Redis:
+def process_client_name(role: str = "client") -> str:
+    """``rollq-<role>:<host>:<pid>``, the name every connection of this process gives Redis (``CLIENT SETNAME``), so
+    that ``CLIENT LIST`` attributes each connection to the process holding it (docs/scaling.md, connections)."""
+    host = re.sub(r"[^A-Za-z0-9_.-]", "_", socket.gethostname())[:64] or "host"
+    return f"rollq-{role}:{host}:{os.getpid()}"
+
+
+def name_connections(client: Any, name: str) -> None:
+    """Every connection of ``client``'s pool gives Redis ``name`` from now on: those it opens later
+    (``client_name`` of the pool's connection arguments) and the idle ones open now (dropped, to reconnect
+    named on their next command). Call it before other threads use the client. A fake client is left as is."""
+    pool = getattr(client, "connection_pool", None)
+    if pool is None or type(client).__module__.startswith("fakeredis"):
+        return
+    pool.connection_kwargs["client_name"] = name
+    for connection in list(getattr(pool, "_available_connections", [])):
+        connection.client_name = name
+        connection.disconnect()
+
+
+def connect(url: str | None = None, *, retries: int = _RETRIES, client_name: str | None = None) -> redis.Redis:
     """A client for ``url`` (see the module docstring), retrying with backoff on connection errors.
 
     ``retries`` defaults to riding out a restart (about 20 s); a command-line
     tool that should answer at once passes fewer. Replies are bytes, as RQ requires.
+    Its connections name themselves ``client_name`` (default :func:`process_client_name`) in ``CLIENT LIST``.
     """
     url = resolve_url(url)
     scheme = urlsplit(url).scheme
@@ -324,6 +347,7 @@ def connect(url: str | None = None, *, retries: int = _RETRIES) -> redis.Redis:
         "socket_timeout": _SOCKET_TIMEOUT_SECONDS,
         "socket_connect_timeout": CONNECT_TIMEOUT_SECONDS,
         "health_check_interval": 30,
+        "client_name": client_name or process_client_name(),
         **tcp_only,
     }
     if scheme == "redis+sentinel":
@@ -455,7 +479,7 @@ def connect_async(url: str | None = None, *, retries: int = _RETRIES, max_connec
     """A ``redis.asyncio`` client for ``url``, with the same URL forms, retries and timeouts as :func:`connect`.
 
     At most ``max_connections`` connections; more concurrent commands wait for one. ``kwargs``
-    go to redis-py's connection pool (e.g. ``client_name``).
+    go to redis-py's connection pool (e.g. ``client_name``, default :func:`process_client_name`).
     """
     import redis.asyncio
     import redis.asyncio.retry
@@ -480,6 +504,7 @@ def connect_async(url: str | None = None, *, retries: int = _RETRIES, max_connec
         "socket_timeout": _SOCKET_TIMEOUT_SECONDS,
         "socket_connect_timeout": CONNECT_TIMEOUT_SECONDS,
         "health_check_interval": 30,
+        "client_name": process_client_name(),
         **tcp_only,
         **kwargs,
     }

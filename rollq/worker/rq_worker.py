@@ -52,7 +52,7 @@ from rq.worker import SimpleWorker, WorkerStatus
 
 from rollq.models.contract import Hook
 from rollq.models.errors import InvalidTaskError
-from rollq.store.connection import REFUSALS, describe_client, wait_out_refusals
+from rollq.store.connection import REFUSALS, describe_client, name_connections, wait_out_refusals
 from rollq.store.eviction import warn_if_evicting
 from rollq.store.jobs import (
     RollqJob,
@@ -183,6 +183,10 @@ class RolloutWorker(SimpleWorker):
             kwargs["name"] = cluster_worker_name(first, kwargs.get("name") or (args[0] if args else None))
             args = args[1:]
         super().__init__(queues, *args, **kwargs)
+        # RQ names one connection after the worker (CLIENT SETNAME, to find its address); every other one the
+        # worker's threads open gets the same name, so CLIENT LIST counts a worker's connections under the name
+        # `rq info` shows (the bound: docs/scaling.md, tests/test_connection_bound.py).
+        name_connections(self.connection, self.name)
         # Before RQ's start-up writes (register_birth): a worker started into a full Redis waits for memory, as a
         # running one does, instead of dying on the first refused HSET.
         wait_out_refusals(self.connection)
