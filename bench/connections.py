@@ -12,7 +12,7 @@ grouped by client name (rollq names every connection: the worker's after the wor
 ``rollq-producer:<host>:<pid>``; store/connection.py), and, for the worker, the TCP connections its
 process holds to the Redis port (psutil), which counts them without trusting the names. Reported:
 the maximum and median per process and kind, with the worker's threads, against the documented bound
-(docs/scaling.md; tests/test_connection_bound.py holds the worker to it).
+(docs/scaling.md; tests/store/test_connection_bound.py holds the worker to it).
 Writes bench/results/connections.json.
 """
 

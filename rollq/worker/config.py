@@ -36,7 +36,7 @@ MAX_REDIS_CONNECTIONS = 8
 Redis (RQ's loop with its blocking dequeue, RQ's command channel, the batched starts, the batched finishes, the
 heartbeat with its reaper turn, the LLM-gate listener and its reports: 7 at most, 5-6 measured) and one to spare;
 rollout coroutines and agent threads never hold one. Each is named after the worker in ``CLIENT LIST``. Measured
-by ``bench/connections.py`` (``bench/results/connections.json``), held by ``tests/test_connection_bound.py``;
+by ``bench/connections.py`` (``bench/results/connections.json``), held by ``tests/store/test_connection_bound.py``;
 docs/scaling.md sizes ``maxclients`` with it."""
 
 

@@ -185,7 +185,7 @@ class RolloutWorker(SimpleWorker):
         super().__init__(queues, *args, **kwargs)
         # RQ names one connection after the worker (CLIENT SETNAME, to find its address); every other one the
         # worker's threads open gets the same name, so CLIENT LIST counts a worker's connections under the name
-        # `rq info` shows (the bound: docs/scaling.md, tests/test_connection_bound.py).
+        # `rq info` shows (the bound: docs/scaling.md, tests/store/test_connection_bound.py).
         name_connections(self.connection, self.name)
         # Before RQ's start-up writes (register_birth): a worker started into a full Redis waits for memory, as a
         # running one does, instead of dying on the first refused HSET.

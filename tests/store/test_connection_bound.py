@@ -15,12 +15,13 @@ import time
 from collections.abc import Callable
 
 import psutil
-from servers import RedisServer, WorkerProcess, wait_until
 
 from rollq.producer import Producer
 from rollq.producer.aio import AsyncProducer
 from rollq.store.keys import Keys
 from rollq.worker.config import MAX_REDIS_CONNECTIONS
+from tests.support.servers import RedisServer, WorkerProcess
+from tests.support.waiting import wait_until
 
 
 def _worker_ports(pid: int, redis_port: int) -> set[int]:
@@ -42,7 +43,7 @@ def test_busy_worker_holds_at_most_the_bound_all_named(
     worker = workers(
         redis_server.url,
         namespace,
-        env={"ROLLQ_AGENT": "tests.fault_agents:FaultAgent", "ROLLQ_CONCURRENCY": "64"},
+        env={"ROLLQ_AGENT": "tests.support.fault_agents:FaultAgent", "ROLLQ_CONCURRENCY": "64"},
         args=["--name", name],
     )
     stats = Keys(namespace).stats
