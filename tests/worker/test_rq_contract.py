@@ -17,8 +17,11 @@ from typing import Any
 import fakeredis
 import pytest
 import rq
+import rq.worker_registration
 from rq.queue import Queue
 from rq.worker import SimpleWorker
+
+from rollq.store.jobs import RollqJob
 
 # name -> parameters as "name=default", "*args", "**kwargs", "*" before keyword-only ones.
 PINNED: dict[str, str] = {
@@ -93,6 +96,15 @@ PINNED: dict[str, str] = {
         " connection_class='redis.Redis', path=None, *args, **kwargs"
     ),
     "rq.cli.helpers.read_config_file": "module",
+    # The Redis Cluster fence (store/jobs.py, worker/rq_worker.py, worker/rq_url.py; docs/scaling.md): RQ's
+    # maintenance and registry clean-up redone with a namespace's own set of workers, the CLI's suspension check.
+    "rq.worker.Worker.run_maintenance_tasks": "self",
+    "rq.registry.clean_registries": "queue, exception_handlers=None",
+    "rq.worker_registration.clean_worker_registry": "queue",
+    "rq.cli.workers.is_suspended": "connection, worker=None",
+    "rq.queue.Queue.acquire_maintenance_lock": "self",
+    "rq.queue.Queue.release_maintenance_lock": "self",
+    "rq.intermediate_queue.IntermediateQueue.cleanup": "self, worker, queue",
     "rq.logutils.setup_loghandlers": (
         "level=None, date_format='%H:%M:%S', log_format='%(asctime)s %(message)s', name='rq.worker'"
     ),
@@ -106,6 +118,8 @@ CLASS_ATTRIBUTES = [
     (rq.job.Job, "redis_job_namespace_prefix"),
     (SimpleWorker, "dequeue_timeout"),
     (rq.job.Job, "dependency_ids"),
+    (rq.worker.Worker, "redis_workers_keys"),
+    (rq.worker_registration, "WORKERS_BY_QUEUE_KEY"),
 ]
 # RollqJob replaces these properties (RQ imports the names they read); they must still be what RQ calls.
 JOB_PROPERTIES = ["func", "success_callback", "failure_callback", "stopped_callback"]
@@ -208,3 +222,12 @@ def test_rq_dependencies_key_is_what_store_jobs_spells() -> None:
     from rollq.store.jobs import RollqJob, dependencies_key
 
     assert dependencies_key("abc") == RollqJob("abc", connection=fakeredis.FakeRedis()).dependencies_key
+
+
+def test_rq_refuses_a_cluster_namespaces_job_id_that_rollq_job_keeps() -> None:
+    # RollqJob sets RQ's private _id itself for ids that start with a hash tag: if RQ starts accepting them, or
+    # stops storing the id in _id, the fence is no longer needed or no longer works.
+    with pytest.raises(ValueError):
+        rq.job.Job(id="{ns}abc", connection=fakeredis.FakeRedis())
+    job = RollqJob(id="{ns}abc", connection=fakeredis.FakeRedis())
+    assert (job.id, job._id, job.key) == ("{ns}abc", "{ns}abc", "rq:job:{ns}abc")
