@@ -53,9 +53,12 @@ _MEMORY_LOCK = threading.Lock()
 # redis-py's default read timeout (5 s) would cut blocking reads short; rollq
 # blocks for at most a few seconds at a time, so 30 s only catches dead peers.
 _SOCKET_TIMEOUT_SECONDS = 30.0
-# Enough attempts to ride out a Redis restart or failover (about 20 s in all);
-# the worker's own loop keeps retrying beyond that.
+# Enough attempts to ride out a Redis restart (about 20 s in all); the worker's own loop keeps retrying beyond that.
 _RETRIES = 12
+# Behind Sentinel (or a cluster) the outage is a failover: Sentinel's default down-after-milliseconds (30 s), then
+# the election. About 65 s of backoff, so that a trainer's enqueue rides out a failover at default settings instead
+# of raising ConnectionError in the middle of it (bench/failover.py's defaults profile: resumed after 32-35 s).
+FAILOVER_RETRIES = 36
 _BACKOFF_CAP_SECONDS = 2.0
 CONNECT_TIMEOUT_SECONDS = 5.0
 """How long a TCP connect, or the first reply of a fresh connection, may take before the peer counts as unreachable."""
@@ -325,11 +328,18 @@ def name_connections(client: Any, name: str) -> None:
         connection.disconnect()
 
 
-def connect(url: str | None = None, *, retries: int = _RETRIES, client_name: str | None = None) -> redis.Redis:
+def default_retries(scheme: str) -> int:
+    """Retries of a client for a URL of ``scheme``: a failover's worth behind Sentinel or a cluster, else a
+    restart's."""
+    return FAILOVER_RETRIES if scheme in ("redis+sentinel", CLUSTER_SCHEME) else _RETRIES
+
+
+def connect(url: str | None = None, *, retries: int | None = None, client_name: str | None = None) -> redis.Redis:
     """A client for ``url`` (see the module docstring), retrying with backoff on connection errors.
 
-    ``retries`` defaults to riding out a restart (about 20 s); a command-line
-    tool that should answer at once passes fewer. Replies are bytes, as RQ requires.
+    ``retries`` defaults to riding out a restart (about 20 s), or a failover behind Sentinel or a cluster (about
+    65 s: :data:`FAILOVER_RETRIES`); a command-line tool that should answer at once passes fewer. Replies are
+    bytes, as RQ requires.
     Its connections name themselves ``client_name`` (default :func:`process_client_name`) in ``CLIENT LIST``.
     """
     url = resolve_url(url)
@@ -342,7 +352,7 @@ def connect(url: str | None = None, *, retries: int = _RETRIES, client_name: str
     # TCP keepalive is a TCP socket option; redis-py's unix socket connection refuses it.
     tcp_only = {} if scheme == "unix" else {"socket_keepalive": True}
     options: dict[str, Any] = {
-        "retry": retry_policy(retries),
+        "retry": retry_policy(default_retries(scheme) if retries is None else retries),
         "retry_on_error": [redis.ConnectionError, redis.TimeoutError],
         "socket_timeout": _SOCKET_TIMEOUT_SECONDS,
         "socket_connect_timeout": CONNECT_TIMEOUT_SECONDS,
@@ -475,7 +485,9 @@ def describe_client(client: Any) -> str:
     return f"{scheme}://{auth}{kwargs.get('host', 'localhost')}:{kwargs.get('port', 6379)}/{kwargs.get('db', 0)}"
 
 
-def connect_async(url: str | None = None, *, retries: int = _RETRIES, max_connections: int = 16, **kwargs: Any) -> Any:
+def connect_async(
+    url: str | None = None, *, retries: int | None = None, max_connections: int = 16, **kwargs: Any
+) -> Any:
     """A ``redis.asyncio`` client for ``url``, with the same URL forms, retries and timeouts as :func:`connect`.
 
     At most ``max_connections`` connections; more concurrent commands wait for one. ``kwargs``
@@ -499,7 +511,10 @@ def connect_async(url: str | None = None, *, retries: int = _RETRIES, max_connec
         # of coroutines must not open a connection per coroutine.
         "max_connections": max_connections,
         "timeout": None,
-        "retry": redis.asyncio.retry.Retry(ExponentialBackoff(cap=_BACKOFF_CAP_SECONDS, base=0.05), retries),
+        "retry": redis.asyncio.retry.Retry(
+            ExponentialBackoff(cap=_BACKOFF_CAP_SECONDS, base=0.05),
+            default_retries(scheme) if retries is None else retries,
+        ),
         "retry_on_error": [redis.ConnectionError, redis.TimeoutError],
         "socket_timeout": _SOCKET_TIMEOUT_SECONDS,
         "socket_connect_timeout": CONNECT_TIMEOUT_SECONDS,
