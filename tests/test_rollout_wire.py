@@ -1,4 +1,5 @@
-"""The results stream's wire format (rollq/models/wire.py): orjson writes what pydantic wrote, byte for byte.
+"""The results stream's wire format (rollq/models/wire.py): orjson writes what pydantic wrote, byte for byte;
+and how it is sent (rollq/store/packing.py): the same bytes as hiredis packs, the big value uncopied.
 
 The fast writer must change nothing a trainer reads: for every case the bytes equal ``model_dump_json``'s, and a
 value orjson would write differently (or refuse) goes through pydantic. Ints beyond 64 bits and NaN each have a
@@ -14,14 +15,19 @@ import math
 import uuid
 from typing import Any
 
+import orjson
 import pytest
+import redis
 from pydantic import ValidationError
 from pydantic_core import PydanticSerializationError
+from redis.connection import HiredisRespSerializer
 
 from rollq.models.contract import Rollout, Triplet
 from rollq.models.policy import RolloutStatus
 from rollq.models.wire import parse_rollout, rollout_json
 from rollq.producer import Producer
+from rollq.store.connection import connect
+from rollq.store.packing import BIG_ARGUMENT_BYTES, PACKER, pack_big_values_uncopied
 from rollq.store.replies import Claim
 from rollq.store.transitions import Finish, Lifecycle
 
@@ -165,3 +171,39 @@ def test_big_ints_and_token_ids_cross_a_real_results_stream_exactly(redis_server
     )
     (got,) = producer.wait([task.rollout_id], timeout=10)
     assert got == sent
+
+
+# -- sending: a rollout's JSON is not copied into one buffer (rollq/store/packing.py) ---------------------------
+
+
+def _finish_like(value: bytes) -> tuple[Any, ...]:
+    return ("EVALSHA", "a" * 40, 2, "rollq:task:r", "rollq:results", "r", 1, value, 1.5, "", 0)
+
+
+@pytest.mark.parametrize("size", [10, BIG_ARGUMENT_BYTES, BIG_ARGUMENT_BYTES + 1, 231_000])
+def test_the_packer_sends_the_bytes_hiredis_sends(size: int) -> None:
+    command = _finish_like(b"1" * size)
+    assert b"".join(PACKER.pack(*command)) == b"".join(HiredisRespSerializer().pack(*command))
+
+
+def test_a_big_value_is_sent_as_the_object_it_is() -> None:
+    value = b"1" * 231_000
+    assert any(chunk is value for chunk in PACKER.pack(*_finish_like(value)))
+
+
+def test_rollq_clients_and_rqs_client_of_a_worker_pack_with_it(redis_server: Any) -> None:
+    assert connect(redis_server.url).get_connection_kwargs()["command_packer"] is PACKER
+    client = redis.Redis.from_url(redis_server.url)  # as RQ's CLI builds it from --url
+    client.ping()  # one connection open before
+    pack_big_values_uncopied(client)
+    held = client.connection_pool.get_connection()
+    try:
+        with client.pipeline(transaction=False) as pipe:  # a second connection, opened after
+            value = orjson.dumps(list(range(50_000)))
+            pipe.set("rollq-packing-test", value).get("rollq-packing-test").delete("rollq-packing-test")
+            assert pipe.execute()[1] == value
+        connections = [held, *client.connection_pool._available_connections]  # type: ignore[attr-defined]
+        assert len(connections) >= 2
+        assert all(c._command_packer is PACKER for c in connections)
+    finally:
+        client.connection_pool.release(held)

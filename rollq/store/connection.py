@@ -29,6 +29,7 @@ from redis.backoff import ExponentialBackoff
 from redis.retry import Retry
 from redis.sentinel import Sentinel, SentinelConnectionPool, SentinelManagedConnection
 
+from .packing import PACKER
 from .settings import environ
 
 if TYPE_CHECKING:
@@ -305,6 +306,7 @@ def connect(url: str | None = None, *, retries: int = _RETRIES) -> redis.Redis:
         "socket_timeout": _SOCKET_TIMEOUT_SECONDS,
         "socket_connect_timeout": CONNECT_TIMEOUT_SECONDS,
         "health_check_interval": 30,
+        "command_packer": PACKER,  # a rollout's JSON is sent as it is, not copied (rollq/store/packing.py)
         **tcp_only,
     }
     if scheme == "redis+sentinel":
