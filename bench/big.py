@@ -19,7 +19,8 @@ what an RL trainer needs back from an agent (bench/agents.py: BigTokenAgent).
    functions with the most own time. The claim and the RQ bookkeeping are not in the replay: they do
    not grow with the rollout's size (bench/noop.py measures them).
 4. The serialisers on their own: CPU ms to write and to read one rollout with pydantic, orjson and ``json``
-   (rollq/models/wire.py writes with orjson and reads with pydantic; docs/benchmarks.md says why).
+   (rollq/models/wire.py writes with orjson and reads with pydantic; docs/benchmarks.md says why), and to pack
+   its finish call for the socket with hiredis (redis-py's default) and with rollq/store/packing.py.
 
 Writes bench/results/big.json.
 """
@@ -47,6 +48,7 @@ from typing import Any  # noqa: E402
 
 import orjson  # noqa: E402
 import psutil  # noqa: E402
+from redis.connection import HiredisRespSerializer  # noqa: E402
 
 from bench import agents  # noqa: E402
 from bench.al import PER_WORKER_FAST, WORKER_PROCESSES, run_rollq  # noqa: E402
@@ -56,6 +58,7 @@ from rollq.models.outcomes import stamp  # noqa: E402
 from rollq.models.policy import RolloutStatus  # noqa: E402
 from rollq.models.wire import parse_rollout, rollout_json  # noqa: E402
 from rollq.producer import Producer  # noqa: E402
+from rollq.store.packing import PACKER  # noqa: E402
 from rollq.store.replies import Claim  # noqa: E402
 from rollq.store.transitions import Finish  # noqa: E402
 from rollq.worker.normalize import to_rollout  # noqa: E402
@@ -128,6 +131,8 @@ def serialisers(turns: int, repeat: int = 20) -> dict[str, float]:
     rollout = to_rollout("r", asyncio.run(agents.BigTokenAgent().training_rollout_async({}, "r", {})), [])
     plain = rollout_dict(turns, "r")
     data = rollout_json(rollout)
+    # A finish call's arguments (EVALSHA, its 9 keys and 17 values): what the worker packs and sends per rollout.
+    finish = ("EVALSHA", "0" * 40, 9, *(f"rollq:k{i}" for i in range(9)), "r", 1, data, *(str(i) for i in range(14)))
 
     def best(fn: Callable[[], object]) -> float:
         times = []
@@ -143,6 +148,8 @@ def serialisers(turns: int, repeat: int = 20) -> dict[str, float]:
         "write rollq rollout_json (orjson)": best(lambda: rollout_json(rollout)),
         "write orjson.dumps(dict)": best(lambda: orjson.dumps(plain)),
         "write json.dumps(dict)": best(lambda: _json_dumps(plain)),
+        "send: hiredis pack_command (redis-py's default)": best(lambda: HiredisRespSerializer().pack(*finish)),
+        "send: rollq CommandPacker": best(lambda: PACKER.pack(*finish)),
         "read rollq parse_rollout (pydantic)": best(lambda: parse_rollout(data)),
         "read orjson.loads + model_validate": best(lambda: Rollout.model_validate(orjson.loads(data))),
         "read orjson.loads": best(lambda: orjson.loads(data)),

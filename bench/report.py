@@ -465,6 +465,32 @@ def _big_rows(doc: Doc) -> list[Doc]:
     ]
 
 
+BIG_AFTER = """
+What the change cost in simplicity: two modules and one dependency. `rollq/models/wire.py` (every writer and reader
+of a results entry goes through it) writes with orjson; `rollq/store/packing.py` sends a command that carries an
+argument past 6,000 bytes with redis-py's own Python packer instead of `hiredis.pack_command`, which copies every
+argument into one buffer ({pack_hiredis:.2f} ms of CPU for the finish call of a 0.23 MB rollout against
+{pack_python:.2f} ms; the bytes sent are the same, and hiredis still packs every other command and parses every
+reply). The raw pipes keep redis-py's defaults, hiredis packing included. orjson is well kept (wheels for every
+common platform, the most used fast JSON library for Python). At 0.23 MB orjson writes a rollout in
+{write_orjson:.2f} ms of CPU against pydantic's {write_pydantic:.2f} ms ({write_gain:.1f}x) and writes the same
+bytes: anything it would write differently or refuse (an int beyond 64 bits, a datetime, bytes, a set, a key that is
+not a string, a subclass of a JSON type, a dataclass) sends the whole rollout through pydantic as before;
+`tests/test_rollout_wire.py` compares the bytes case by case. Reading stays pydantic's `model_validate_json`
+({read_pydantic:.2f} ms): orjson reads ints beyond 64 bits as floats without an error, and is only {read_gain:.2f}x
+faster with the `Rollout` built ({read_orjson:.2f} ms): building the 36,864 Python ints of a 0.23 MB rollout is most
+of any parser's time.
+
+Why rollq stays below the orjson pipe: at 0.23 MB rollq spends {rollq_cpu:.2f} ms of CPU per rollout (worker
+{worker_cpu:.2f} + Redis {redis_cpu:.2f} + trainer {trainer_cpu:.2f}) on 2 cores, the orjson pipe {pipe_cpu:.2f} ms
+(its process and Redis, one after the other). The trainer's parsing and Redis moving the bytes are the pipe's costs
+too; the rest is rollq's work per rollout that does not grow with its size (claim, RQ's job bookkeeping, the finish
+script, the consumer group: bench/noop.py). 1.0x needs that fixed cost cut (the worker CPU target above) or the
+token ids not parsed into Python ints at all: a binary column (int32 bytes that a trainer turns into a tensor with
+`torch.frombuffer`) instead of JSON lists, a change to the wire format and to what a `Triplet` holds, not made here.
+"""
+
+
 BIG = Spec(
     title="Big token-id rollouts beside raw redis-py pipes (json and orjson)",
     about="""A rollout carries 8 (or 35) triplets of 4096 prompt + 512 response token ids. The anchors are one process
@@ -497,24 +523,7 @@ says why).""",
                  for i, label in ((1, "0.23 MB"), (2, "1.01 MB")))],
               caption="The serialisers on their own (CPU ms per rollout, the best of 5 runs):"),
     ],
-    after="""What the change cost in simplicity: one module, `rollq/models/wire.py` (every writer and reader of a
-results entry goes through it), and one dependency, orjson (well kept, wheels for every common platform, the most used
-fast JSON library for Python). At 0.23 MB orjson writes a rollout in {write_orjson:.2f} ms of CPU against
-pydantic's {write_pydantic:.2f} ms ({write_gain:.1f}x) and writes the same bytes: anything it would write
-differently or refuse (an int beyond 64 bits, a datetime, bytes, a set, a key that is not a string, a subclass of
-a JSON type, a dataclass) sends the whole rollout through pydantic as before; `tests/test_rollout_wire.py` compares
-the bytes case by case. Reading stays pydantic's `model_validate_json` ({read_pydantic:.2f} ms): orjson reads
-ints beyond 64 bits as floats without an error, and is only {read_gain:.2f}x faster with the `Rollout` built
-({read_orjson:.2f} ms): building the 36,864 Python ints of a 0.23 MB rollout is most of any parser's time.
-
-Why rollq stays below the orjson pipe: at 0.23 MB rollq spends {rollq_cpu:.2f} ms of CPU per rollout (worker
-{worker_cpu:.2f} + Redis {redis_cpu:.2f} + trainer {trainer_cpu:.2f}) on 2 cores, the orjson pipe
-{pipe_cpu:.2f} ms (its process and Redis, one after the other). The trainer's parsing and Redis moving the bytes
-are the pipe's costs too; the rest is rollq's work per rollout that does not grow with its size (claim, RQ's job
-bookkeeping, the finish script, the consumer group: bench/noop.py). 1.0x needs that fixed cost cut (the worker
-CPU target above) or the token ids not parsed into Python ints at all: a binary column (int32 bytes that a
-trainer turns into a tensor with `torch.frombuffer`) instead of JSON lists, a change to the wire format and to
-what a `Triplet` holds, not made here.""",
+    after=BIG_AFTER.strip(),
     derive=lambda doc: _big_derived(doc),
 )
 
@@ -524,6 +533,8 @@ def _big_derived(doc: Doc) -> dict[str, Any]:
     codecs = first["serialisers_cpu_ms"]
     out = {
         "write_orjson": codecs["write rollq rollout_json (orjson)"],
+        "pack_hiredis": codecs["send: hiredis pack_command (redis-py's default)"],
+        "pack_python": codecs["send: rollq CommandPacker"],
         "write_pydantic": codecs["write pydantic model_dump_json"],
         "read_pydantic": codecs["read rollq parse_rollout (pydantic)"],
         "read_orjson": codecs["read orjson.loads + model_validate"],
