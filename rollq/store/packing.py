@@ -1,11 +1,12 @@
 """How rollq's Redis clients turn a command into bytes: big values are sent as they are, not copied.
 
-With hiredis installed, redis-py packs every command with ``hiredis.pack_command``, which copies every argument
-into one buffer: 0.5 ms of CPU for the finish call of a 0.23 MB rollout, twice what orjson takes to write that
-rollout (bench/big.py). redis-py's own Python packer sends an argument longer than 6,000 bytes as a separate
-buffer, uncopied (0.05 ms), but packs small commands 3-4x slower than hiredis. :class:`CommandPacker` uses the
-Python packer for a command holding such an argument and hiredis for every other; the bytes sent are the same
-(``tests/test_rollout_wire.py``). Replies are still parsed by hiredis.
+With hiredis installed, redis-py packs every command with ``hiredis.pack_command``, which copies every argument into
+a buffer it allocates anew. For the finish call of a 0.23 MB rollout that is 0.05 ms of CPU where malloc reuses a
+block, 0.5 ms where it maps fresh pages (139 page faults a call, measured); in workers returning such rollouts,
+packing fell from 11.4% to 8.7% of the samples (py-spy) with this module. redis-py's own Python packer sends an
+argument longer than 6,000 bytes as a buffer of its own, uncopied (0.03 ms), but packs small commands 3-4x slower
+than hiredis. :class:`CommandPacker` uses the Python packer for a command holding such an argument and hiredis for
+every other; the bytes sent are the same (``tests/test_rollout_wire.py``). Replies are still parsed by hiredis.
 """
 
 from __future__ import annotations
