@@ -467,27 +467,30 @@ def _big_rows(doc: Doc) -> list[Doc]:
 
 BIG_AFTER = """
 What the change cost in simplicity: two modules and one dependency. `rollq/models/wire.py` (every writer and reader
-of a results entry goes through it) writes with orjson; `rollq/store/packing.py` sends a command that carries an
-argument past 6,000 bytes with redis-py's own Python packer instead of `hiredis.pack_command`, which copies every
-argument into one buffer ({pack_hiredis:.2f} ms of CPU for the finish call of a 0.23 MB rollout against
-{pack_python:.2f} ms; the bytes sent are the same, and hiredis still packs every other command and parses every
-reply). The raw pipes keep redis-py's defaults, hiredis packing included. orjson is well kept (wheels for every
-common platform, the most used fast JSON library for Python). At 0.23 MB orjson writes a rollout in
-{write_orjson:.2f} ms of CPU against pydantic's {write_pydantic:.2f} ms ({write_gain:.1f}x) and writes the same
-bytes: anything it would write differently or refuse (an int beyond 64 bits, a datetime, bytes, a set, a key that is
-not a string, a subclass of a JSON type, a dataclass) sends the whole rollout through pydantic as before;
-`tests/test_rollout_wire.py` compares the bytes case by case. Reading stays pydantic's `model_validate_json`
-({read_pydantic:.2f} ms): orjson reads ints beyond 64 bits as floats without an error, and is only {read_gain:.2f}x
-faster with the `Rollout` built ({read_orjson:.2f} ms): building the 36,864 Python ints of a 0.23 MB rollout is most
-of any parser's time.
+of a results entry goes through it) writes with orjson: {write_orjson:.2f} ms of CPU against pydantic's
+{write_pydantic:.2f} ms at 0.23 MB ({write_gain:.1f}x), and the same bytes: anything orjson would write differently
+or refuses (an int beyond 64 bits, a datetime, bytes, a set, a key that is not a string, a subclass of a JSON type,
+a dataclass) sends the whole rollout through pydantic as before; `tests/test_rollout_wire.py` compares the bytes
+case by case. orjson is well kept (wheels for every common platform, the most used fast JSON library for Python).
+`rollq/store/packing.py` packs a command that carries an argument past 6,000 bytes with redis-py's own Python
+packer, which sends that argument uncopied, instead of `hiredis.pack_command`, which copies it into a buffer it
+allocates anew: {pack_hiredis:.2f} against {pack_python:.2f} ms here, where malloc reuses the block, ten times that
+where it maps fresh pages (the module's docstring has the figures). The bytes sent are the same, and hiredis still
+packs every other command and parses every reply; the raw pipes keep redis-py's defaults.
 
-Why rollq stays below the orjson pipe: at 0.23 MB rollq spends {rollq_cpu:.2f} ms of CPU per rollout (worker
-{worker_cpu:.2f} + Redis {redis_cpu:.2f} + trainer {trainer_cpu:.2f}) on 2 cores, the orjson pipe {pipe_cpu:.2f} ms
-(its process and Redis, one after the other). The trainer's parsing and Redis moving the bytes are the pipe's costs
-too; the rest is rollq's work per rollout that does not grow with its size (claim, RQ's job bookkeeping, the finish
-script, the consumer group: bench/noop.py). 1.0x needs that fixed cost cut (the worker CPU target above) or the
-token ids not parsed into Python ints at all: a binary column (int32 bytes that a trainer turns into a tensor with
-`torch.frombuffer`) instead of JSON lists, a change to the wire format and to what a `Triplet` holds, not made here.
+Reading stays pydantic's `model_validate_json` ({read_pydantic:.2f} ms): orjson reads ints beyond 64 bits as floats
+without an error, and is only {read_gain:.2f}x faster with the `Rollout` built ({read_orjson:.2f} ms): building the
+36,864 Python ints of a 0.23 MB rollout is most of any parser's time, so the trainer reads about as fast as before.
+
+Why rollq stays below the orjson pipe: at 0.23 MB rollq spent {rollq_cpu:.2f} ms of CPU per rollout (worker
+{worker_cpu:.2f} + Redis {redis_cpu:.2f} + trainer side {trainer_cpu:.2f}), the orjson pipe {pipe_cpu:.2f} ms (its
+process and Redis, one after the other). Parsing in the trainer and Redis moving the bytes are the pipe's costs too;
+the rest is rollq's work per rollout that does not grow with its size (claim, RQ's job bookkeeping, the finish
+script, the consumer group, the producer keeping tasks queued: bench/noop.py), and it is spread over more processes
+and threads, each handing the rollout on, which a loaded machine slows more than one process (see the load per
+round). 1.0x needs that fixed cost cut (the worker CPU target above) or the token ids not parsed into Python ints at
+all: a binary column (int32 bytes that a trainer turns into a tensor with `torch.frombuffer`) instead of JSON lists,
+a change to the wire format and to what a `Triplet` holds, not made here.
 """
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import enum
+import json
 import math
 import uuid
 from typing import Any
@@ -24,7 +25,7 @@ from redis.connection import HiredisRespSerializer
 
 from rollq.models.contract import Rollout, Triplet
 from rollq.models.policy import RolloutStatus
-from rollq.models.wire import parse_rollout, rollout_json
+from rollq.models.wire import ORJSON_WRITTEN, parse_rollout, rollout_json
 from rollq.producer import Producer
 from rollq.store.connection import connect
 from rollq.store.packing import BIG_ARGUMENT_BYTES, PACKER, pack_big_values_uncopied
@@ -87,13 +88,26 @@ def _rollout(value: Any) -> Rollout:
 @pytest.mark.parametrize("value", PLAIN.values(), ids=PLAIN.keys())
 def test_plain_values_are_written_byte_for_byte_as_pydantic_writes_them(value: Any) -> None:
     rollout = _rollout(value)
-    assert rollout_json(rollout) == rollout.model_dump_json().encode()
+    assert rollout_json(rollout) == rollout.model_dump_json().encode() + ORJSON_WRITTEN
+
+
+@pytest.mark.parametrize("value", PLAIN.values(), ids=PLAIN.keys())
+def test_what_orjson_wrote_is_read_back_as_pydantics_parser_reads_it(value: Any) -> None:
+    data = rollout_json(_rollout(value))
+    fast, reference = parse_rollout(data), Rollout.model_validate_json(data)
+    assert repr(fast.model_dump()) == repr(reference.model_dump())  # repr: 1 is not 1.0, -0.0 is not 0.0
 
 
 @pytest.mark.parametrize("value", NOT_PLAIN.values(), ids=NOT_PLAIN.keys())
 def test_values_orjson_would_change_or_refuse_are_written_by_pydantic(value: Any) -> None:
     rollout = _rollout(value)
-    assert rollout_json(rollout) == rollout.model_dump_json().encode()
+    assert rollout_json(rollout) == rollout.model_dump_json().encode()  # no marker: read back by pydantic
+
+
+def test_an_older_reader_reads_the_marked_bytes() -> None:
+    rollout = _rollout([1, 2**63 - 1])
+    assert Rollout.model_validate_json(rollout_json(rollout)) == rollout
+    assert json.loads(rollout_json(rollout)) == rollout.model_dump()
 
 
 def test_a_rollout_subclass_is_written_by_pydantic() -> None:
@@ -117,15 +131,25 @@ def test_nan_and_infinity_are_written_as_null_as_pydantic_writes_them(value: flo
         rollout_id="r", triplets=[Triplet(prompt=None, response=None, reward=value)], metadata={"v": value}
     )
     data = rollout_json(rollout)
-    assert data == rollout.model_dump_json().encode()
+    assert data == rollout.model_dump_json().encode() + ORJSON_WRITTEN
     got = parse_rollout(data)
     assert got.metadata["v"] is None and got.triplets is not None and got.triplets[0].reward is None
 
 
-def test_nan_and_infinity_a_foreign_writer_put_on_the_stream_are_read_as_floats_as_before() -> None:
-    got = parse_rollout(b'{"rollout_id":"r","final_reward":NaN,"metadata":{"a":Infinity,"b":-Infinity,"c":1e400}}')
+@pytest.mark.parametrize("ending", [b"", b"\n", ORJSON_WRITTEN], ids=["bare", "newline", "orjson's marker"])
+def test_nan_and_infinity_a_foreign_writer_put_on_the_stream_are_read_as_floats_as_before(ending: bytes) -> None:
+    data = b'{"rollout_id":"r","final_reward":NaN,"metadata":{"a":Infinity,"b":-Infinity,"c":1e400}}' + ending
+    got = parse_rollout(data)  # orjson refuses them: pydantic reads them, marker or not
     assert got.final_reward is not None and math.isnan(got.final_reward)
     assert got.metadata == {"a": math.inf, "b": -math.inf, "c": math.inf}
+
+
+@pytest.mark.parametrize(
+    "ending", [b"", b"\n", b" \n", b"\n\t"], ids=["bare", "JSON Lines", "space newline", "newline tab"]
+)
+def test_an_entry_without_orjsons_marker_is_read_by_pydantic_big_ints_exactly(ending: bytes) -> None:
+    data = json.dumps({"rollout_id": "r", "metadata": {"id": 2**64, "neg": -(2**63) - 1}}).encode() + ending
+    assert parse_rollout(data).metadata == {"id": 2**64, "neg": -(2**63) - 1}
 
 
 def test_a_value_no_json_can_carry_raises_pydantics_serialisation_error_as_before() -> None:

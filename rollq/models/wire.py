@@ -13,10 +13,13 @@ surrogate): then the whole rollout goes through ``Rollout.model_dump_json`` as b
 written as pydantic writes it (an int of any size exactly). Both write NaN and +-Infinity as ``null``; a reward
 is checked finite before it gets here (:class:`~rollq.models.errors.InvalidRewardError`).
 
-Reading: pydantic's own ``model_validate_json`` on the bytes. It reads ints of any size exactly and reads
-``NaN``/``Infinity`` (which only a foreign writer puts on the stream) as floats; orjson's parser reads ints
-beyond 64 bits as floats without an error, and was measured no faster here than pydantic's once the Python
-objects are built (building 36,000 ints is most of the time; docs/benchmarks.md).
+What orjson wrote ends with :data:`ORJSON_WRITTEN`, two bytes of JSON whitespace (every JSON reader skips them,
+Redis's cjson included): such an entry holds no int beyond 64 bits and no NaN, so orjson reads it back exactly
+(1.2-1.7x faster than pydantic's parser with the ``Rollout`` built, more on bigger rollouts: bench/big.py). Every
+other entry (written by pydantic's fallback, by an older rollq, or by anything else) is read by pydantic's
+``model_validate_json`` as before: ints of any size exactly, ``NaN``/``Infinity`` as floats. orjson's parser on
+its own would read an int beyond 64 bits as a float without an error; the marker is what keeps it away from
+such entries. An entry that carries the marker but that orjson refuses goes to pydantic too.
 """
 
 from __future__ import annotations
@@ -27,7 +30,11 @@ import orjson
 
 from .contract import Rollout, Triplet
 
-__all__ = ["rollout_json", "parse_rollout"]
+__all__ = ["ORJSON_WRITTEN", "rollout_json", "parse_rollout"]
+
+ORJSON_WRITTEN = b"\t\n"
+"""The last two bytes of what orjson wrote: JSON whitespace that no common writer ends a document with (JSON Lines
+end in a bare newline)."""
 
 # orjson would otherwise write these its own way (a datetime as orjson formats it, a dataclass as a dict, a
 # str subclass as a str): passed through, they reach _model_fields, which refuses them.
@@ -43,12 +50,13 @@ def _model_fields(value: Any) -> dict[str, Any]:
 
 
 def rollout_json(rollout: Rollout) -> bytes:
-    """``rollout`` as the JSON written to the results stream (UTF-8 bytes, the values pydantic would write).
+    """``rollout`` as the JSON written to the results stream: UTF-8 bytes, those pydantic would write (followed by
+    :data:`ORJSON_WRITTEN` when orjson wrote them).
 
     Raises pydantic's ``PydanticSerializationError`` for a value nothing can write as JSON, as before.
     """
     try:
-        return orjson.dumps(rollout, default=_model_fields, option=_STRICT)
+        return orjson.dumps(rollout, default=_model_fields, option=_STRICT) + ORJSON_WRITTEN
     except TypeError:  # orjson.JSONEncodeError: a value orjson does not write exactly as pydantic does
         return rollout.model_dump_json().encode()
 
@@ -56,4 +64,12 @@ def rollout_json(rollout: Rollout) -> bytes:
 def parse_rollout(data: bytes | str) -> Rollout:
     """The Rollout in a results entry's JSON; pydantic's ``ValidationError`` (a ``ValueError``) naming what is
     wrong otherwise."""
+    marked = data.endswith(ORJSON_WRITTEN) if isinstance(data, bytes) else data.endswith(ORJSON_WRITTEN.decode())
+    if marked:
+        try:
+            parsed = orjson.loads(data)
+        except (orjson.JSONDecodeError, RecursionError):
+            pass  # not what rollq's orjson path writes: read as any other entry
+        else:
+            return Rollout.model_validate(parsed)
     return Rollout.model_validate_json(data)
