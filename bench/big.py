@@ -19,7 +19,7 @@ what an RL trainer needs back from an agent (bench/agents.py: BigTokenAgent).
    functions with the most own time. The claim and the RQ bookkeeping are not in the replay: they do
    not grow with the rollout's size (bench/noop.py measures them).
 4. The serialisers on their own: CPU ms to write and to read one rollout with pydantic, orjson and ``json``
-   (rollq/models/wire.py writes with orjson and reads with pydantic; docs/benchmarks.md says why), and to pack
+   (rollq/models/wire.py writes with orjson and reads what orjson wrote with orjson), and to pack
    its finish call for the socket with hiredis (redis-py's default) and with rollq/store/packing.py.
 
 Writes bench/results/big.json.
@@ -150,8 +150,8 @@ def serialisers(turns: int, repeat: int = 20) -> dict[str, float]:
         "write json.dumps(dict)": best(lambda: _json_dumps(plain)),
         "send: hiredis pack_command (redis-py's default)": best(lambda: HiredisRespSerializer().pack(*finish)),
         "send: rollq CommandPacker": best(lambda: PACKER.pack(*finish)),
-        "read rollq parse_rollout (pydantic)": best(lambda: parse_rollout(data)),
-        "read orjson.loads + model_validate": best(lambda: Rollout.model_validate(orjson.loads(data))),
+        "read pydantic model_validate_json": best(lambda: Rollout.model_validate_json(data)),
+        "read rollq parse_rollout (orjson: marked)": best(lambda: parse_rollout(data)),
         "read orjson.loads": best(lambda: orjson.loads(data)),
         "read json.loads": best(lambda: json.loads(data)),
     }
