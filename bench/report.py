@@ -478,7 +478,7 @@ allocates anew: {pack_hiredis:.2f} against {pack_python:.2f} ms here, where mall
 where it maps fresh pages (the module's docstring has the figures). The bytes sent are the same, and hiredis still
 packs every other command and parses every reply; the raw pipes keep redis-py's defaults.
 
-Reading: what orjson wrote ends with two bytes of JSON whitespace, a tab and a newline (every JSON reader skips
+Reading: what orjson wrote ends with two bytes of JSON whitespace, two tabs (every JSON reader skips
 them), and only such an entry is read with orjson: it holds no int beyond 64 bits (orjson refuses to write one) and
 no NaN (written as `null`), the two cases where orjson's parser differs from pydantic's (it reads an int beyond 64
 bits as a float without an error, and refuses `NaN`). Every other entry (pydantic's fallback, an older rollq, any

@@ -104,8 +104,9 @@ def test_values_orjson_would_change_or_refuse_are_written_by_pydantic(value: Any
     assert rollout_json(rollout) == rollout.model_dump_json().encode()  # no marker: read back by pydantic
 
 
-def test_an_older_reader_reads_the_marked_bytes() -> None:
-    rollout = _rollout([1, 2**63 - 1])
+def test_an_older_reader_reads_the_marked_bytes_and_they_stay_one_line() -> None:
+    rollout = _rollout([1, 2**63 - 1, "a\nb"])
+    assert b"\n" not in rollout_json(rollout)
     assert Rollout.model_validate_json(rollout_json(rollout)) == rollout
     assert json.loads(rollout_json(rollout)) == rollout.model_dump()
 
@@ -145,7 +146,7 @@ def test_nan_and_infinity_a_foreign_writer_put_on_the_stream_are_read_as_floats_
 
 
 @pytest.mark.parametrize(
-    "ending", [b"", b"\n", b" \n", b"\n\t"], ids=["bare", "JSON Lines", "space newline", "newline tab"]
+    "ending", [b"", b"\n", b"\t", b" \t", b"\t\n"], ids=["bare", "JSON Lines", "one tab", "space tab", "tab newline"]
 )
 def test_an_entry_without_orjsons_marker_is_read_by_pydantic_big_ints_exactly(ending: bytes) -> None:
     data = json.dumps({"rollout_id": "r", "metadata": {"id": 2**64, "neg": -(2**63) - 1}}).encode() + ending
