@@ -474,30 +474,30 @@ a dataclass) sends the whole rollout through pydantic as before; `tests/test_rol
 case by case. orjson is well kept (wheels for every common platform, the most used fast JSON library for Python).
 `rollq/store/packing.py` packs a command that carries an argument past 6,000 bytes with redis-py's own Python
 packer, which sends that argument uncopied, instead of `hiredis.pack_command`, which copies it into a buffer it
-allocates anew: {pack_hiredis:.2f} against {pack_python:.2f} ms here, where malloc reuses the block, ten times that
-where it maps fresh pages (the module's docstring has the figures). The bytes sent are the same, and hiredis still
-packs every other command and parses every reply; the raw pipes keep redis-py's defaults.
+allocates anew: {pack_hiredis:.2f} against {pack_python:.2f} ms here, where malloc reuses the block; hiredis's takes
+ten times as long where malloc maps fresh pages (the module's docstring has the figures). The bytes sent are the
+same, and hiredis still packs every other command and parses every reply; the raw pipes keep redis-py's defaults.
 
-Reading: what orjson wrote ends with two bytes of JSON whitespace, two tabs (every JSON reader skips
-them), and only such an entry is read with orjson: it holds no int beyond 64 bits (orjson refuses to write one) and
-no NaN (written as `null`), the two cases where orjson's parser differs from pydantic's (it reads an int beyond 64
-bits as a float without an error, and refuses `NaN`). Every other entry (pydantic's fallback, an older rollq, any
-other writer) is read by pydantic's `model_validate_json` as before. At 0.23 MB the trainer parses a rollout in
-{read_orjson:.2f} ms against {read_pydantic:.2f} ms ({read_gain:.2f}x), at 1 MB {read_orjson_1mb:.2f} against
-{read_pydantic_1mb:.2f} ms: building the Python ints (36,864 per 0.23 MB rollout) is most of any parser's time. The
-cost in simplicity: a rule readers rely on (the marker means "no big ints, no NaN"), which an entry forged with the
-marker could break; `tests/test_rollout_wire.py` checks, case by case, that orjson reads back what it wrote as
-pydantic's parser does, and that unmarked entries keep big ints exact.
+Reading: what orjson wrote ends with two bytes of JSON whitespace, two tabs (every JSON reader skips them), and only
+such an entry is read with orjson: it holds no int beyond 64 bits (orjson refuses to write one) and no NaN (written
+as `null`), the two cases where orjson's parser differs from pydantic's (it reads an int beyond 64 bits as a float
+without an error, and refuses `NaN`). Every other entry (pydantic's fallback, an older rollq, any other writer) is
+read by pydantic's `model_validate_json` as before. At 0.23 MB the trainer parses a rollout in {read_orjson:.2f} ms
+against {read_pydantic:.2f} ms ({read_gain:.2f}x), at 1 MB {read_orjson_1mb:.2f} against {read_pydantic_1mb:.2f} ms:
+building the Python ints (36,864 per 0.23 MB rollout) is most of any parser's time. The cost in simplicity: a rule
+readers rely on (the marker means "no big ints, no NaN"), which an entry forged with the marker could break;
+`tests/test_rollout_wire.py` checks, case by case, that orjson reads back what it wrote as pydantic's parser does,
+and that unmarked entries keep big ints exact.
 
-Why rollq stays below the orjson pipe: at 0.23 MB rollq spent {rollq_cpu:.2f} ms of CPU per rollout (worker
+What is left between rollq and the orjson pipe: at 0.23 MB rollq spent {rollq_cpu:.2f} ms of CPU per rollout (worker
 {worker_cpu:.2f} + Redis {redis_cpu:.2f} + trainer side {trainer_cpu:.2f}), the orjson pipe {pipe_cpu:.2f} ms (its
 process and Redis, one after the other). Parsing in the trainer and Redis moving the bytes are the pipe's costs too;
 the rest is rollq's work per rollout that does not grow with its size (claim, RQ's job bookkeeping, the finish
-script, the consumer group, the producer keeping tasks queued: bench/noop.py), and it is spread over more processes
-and threads, each handing the rollout on, which a loaded machine slows more than one process (see the load per
-round). 1.0x needs that fixed cost cut (the worker CPU target above) or the token ids not parsed into Python ints at
-all: a binary column (int32 bytes that a trainer turns into a tensor with `torch.frombuffer`) instead of JSON lists,
-a change to the wire format and to what a `Triplet` holds, not made here.
+script, the consumer group, the producer keeping tasks queued: bench/noop.py), spread over more processes and
+threads, each handing the rollout on, which a loaded machine slows more than one process (see the load per round).
+Beyond the changes here, a steady 1.0x needs that fixed cost cut (the worker CPU target above) or the token ids not
+parsed into Python ints at all: a binary column (int32 bytes that a trainer turns into a tensor with
+`torch.frombuffer`) instead of JSON lists, a change to the wire format and to what a `Triplet` holds, not made here.
 """
 
 
