@@ -1,22 +1,26 @@
-"""Big token-id rollouts (0.23 MB and ~1 MB of JSON): rollq beside a raw redis-py XADD/XREAD pipe, and where time goes.
+"""Big token-id rollouts (0.23 MB and ~1 MB of JSON): rollq beside raw redis-py XADD/XREAD pipes, and where time goes.
 
-Run: python bench/big.py [--window 10] [--sizes 8,35] [--replay 200]
+Run: python bench/big.py [--window 10] [--sizes 8,35] [--rounds 2] [--replay 200]
 
 A rollout is N triplets of 4096 prompt + 512 response token ids (N = 8: ~0.23 MB of JSON; N = 35: ~1 MB),
 what an RL trainer needs back from an agent (bench/agents.py: BigTokenAgent).
 
-1. The anchor: one process, one redis-py client, the standard ``json`` module: build the same rollout
-   dict, ``json.dumps`` it, ``XADD`` it to a stream (MAXLEN ~ 1000), ``XREAD`` it back, ``json.loads``
-   it. Rollouts/s over ``--window`` seconds.
+1. The anchors: one process, one redis-py client: build the same rollout dict, serialise it, ``XADD`` it to
+   a stream (MAXLEN ~ 1000), ``XREAD`` it back, parse it. Two of them: (a) the standard ``json`` module,
+   (b) orjson, the fastest serialiser at hand. Rollouts/s over ``--window`` seconds.
 2. rollq end to end, as in bench/al.py: 2 worker processes at concurrency 16 returning the triplets,
    a producer keeping tasks queued, a trainer thread reading every rollout through a consumer group.
-   The anchor and rollq alternate, per size, in the same run.
+   Per size and round the three run one after the other (the order rotates every round); the ratios
+   rollq / json pipe and rollq / orjson pipe are reported for every round.
 3. Where the time goes: the exact functions a rollout passes through, replayed one after the other in
    this process under cProfile for ``--replay`` rollouts on a private redis-server (the agent's triplets
-   -> ``to_rollout`` -> ``stamp`` -> ``model_dump_json`` -> ``Lifecycle.finish`` (finish.lua) -> the
-   trainer's ``XREADGROUP`` and ``Rollout.model_validate_json``), each step timed on its own, plus the
+   -> ``to_rollout`` -> ``stamp`` -> ``rollout_json`` -> ``Lifecycle.finish`` (finish.lua) -> the
+   trainer's ``XREADGROUP`` and ``parse_rollout``), each step timed on its own, plus the
    functions with the most own time. The claim and the RQ bookkeeping are not in the replay: they do
    not grow with the rollout's size (bench/noop.py measures them).
+4. The serialisers on their own: CPU ms to write and to read one rollout with pydantic, orjson and ``json``
+   (rollq/models/wire.py writes with orjson and reads what orjson wrote with orjson), and to pack
+   its finish call for the socket with hiredis (redis-py's default) and with rollq/store/packing.py.
 
 Writes bench/results/big.json.
 """
@@ -35,10 +39,16 @@ import asyncio  # noqa: E402
 import cProfile  # noqa: E402
 import io  # noqa: E402
 import json  # noqa: E402
+import os  # noqa: E402
 import pstats  # noqa: E402
 import tempfile  # noqa: E402
 import time  # noqa: E402
+from collections.abc import Callable  # noqa: E402
 from typing import Any  # noqa: E402
+
+import orjson  # noqa: E402
+import psutil  # noqa: E402
+from redis.connection import HiredisRespSerializer  # noqa: E402
 
 from bench import agents  # noqa: E402
 from bench.al import PER_WORKER_FAST, WORKER_PROCESSES, run_rollq  # noqa: E402
@@ -46,7 +56,9 @@ from bench.common import private_redis, rate, write_result  # noqa: E402
 from rollq.models.contract import Rollout  # noqa: E402
 from rollq.models.outcomes import stamp  # noqa: E402
 from rollq.models.policy import RolloutStatus  # noqa: E402
+from rollq.models.wire import parse_rollout, rollout_json  # noqa: E402
 from rollq.producer import Producer  # noqa: E402
+from rollq.store.packing import PACKER  # noqa: E402
 from rollq.store.replies import Claim  # noqa: E402
 from rollq.store.transitions import Finish  # noqa: E402
 from rollq.worker.normalize import to_rollout  # noqa: E402
@@ -67,32 +79,81 @@ def rollout_dict(turns: int, rollout_id: str) -> dict[str, Any]:
     }
 
 
-def raw_pipe(turns: int, window: float) -> dict[str, Any]:
-    """One process writing and reading the rollouts through a stream with redis-py and ``json``."""
+def _json_dumps(value: Any) -> bytes:
+    return json.dumps(value, separators=(",", ":")).encode()
+
+
+SERIALISERS: dict[str, tuple[Callable[[Any], bytes], Callable[[bytes], Any]]] = {
+    "json": (_json_dumps, json.loads),
+    "orjson": (orjson.dumps, orjson.loads),
+}
+
+
+def raw_pipe(turns: int, window: float, serialiser: str) -> dict[str, Any]:
+    """One process writing and reading the rollouts through a stream with redis-py and ``serialiser``."""
+    dumps, loads = SERIALISERS[serialiser]
     with private_redis() as server:
         client = server.client()
+        redis_process = psutil.Process(server.process.pid)  # type: ignore[union-attr]
         stream, last, n, size = "raw", "0", 0, 0
         started = time.monotonic()
         cpu0 = time.process_time()
+        redis0 = sum(redis_process.cpu_times()[:2])
         while time.monotonic() - started < window:
-            payload = json.dumps(rollout_dict(turns, f"r{n}"), separators=(",", ":"))
+            payload = dumps(rollout_dict(turns, f"r{n}"))
             size = len(payload)
             client.xadd(stream, {"rollout": payload}, maxlen=MAXLEN, approximate=True)
             reply: Any = client.xread({stream: last}, count=10)
             for entry_id, fields in reply[0][1]:
                 last = entry_id
-                got = json.loads(fields[b"rollout"])
+                got = loads(fields[b"rollout"])
                 assert got["rollout_id"] == f"r{n}"
                 n += 1
         elapsed = time.monotonic() - started
         cpu = time.process_time() - cpu0
+        redis_cpu = sum(redis_process.cpu_times()[:2]) - redis0
     return {
+        "serialiser": serialiser,
         "rollouts": n,
         "seconds": round(elapsed, 2),
         "rollouts_per_s": rate(n, elapsed),
         "bytes_per_rollout": size,
         "mb_per_s": round(n * size / elapsed / 1e6, 1),
         "process_cpu_ms_per_rollout": round(1000 * cpu / max(n, 1), 2),
+        "redis_cpu_ms_per_rollout": round(1000 * redis_cpu / max(n, 1), 2),
+        "load_1min_after": round(os.getloadavg()[0], 2),
+    }
+
+
+def serialisers(turns: int, repeat: int = 20) -> dict[str, float]:
+    """CPU ms to write and to read one rollout, per serialiser (the best of 5 runs of ``repeat``)."""
+    agents.BIG_TURNS = turns
+    rollout = to_rollout("r", asyncio.run(agents.BigTokenAgent().training_rollout_async({}, "r", {})), [])
+    plain = rollout_dict(turns, "r")
+    data = rollout_json(rollout)
+    # A finish call's arguments (EVALSHA, its 9 keys and 17 values): what the worker packs and sends per rollout.
+    finish = ("EVALSHA", "0" * 40, 9, *(f"rollq:k{i}" for i in range(9)), "r", 1, data, *(str(i) for i in range(14)))
+
+    def best(fn: Callable[[], object]) -> float:
+        times = []
+        for _ in range(5):
+            t0 = time.process_time()
+            for _ in range(repeat):
+                fn()
+            times.append((time.process_time() - t0) / repeat)
+        return round(1000 * min(times), 3)
+
+    return {
+        "write pydantic model_dump_json": best(rollout.model_dump_json),
+        "write rollq rollout_json (orjson)": best(lambda: rollout_json(rollout)),
+        "write orjson.dumps(dict)": best(lambda: orjson.dumps(plain)),
+        "write json.dumps(dict)": best(lambda: _json_dumps(plain)),
+        "send: hiredis pack_command (redis-py's default)": best(lambda: HiredisRespSerializer().pack(*finish)),
+        "send: rollq CommandPacker": best(lambda: PACKER.pack(*finish)),
+        "read pydantic model_validate_json": best(lambda: Rollout.model_validate_json(data)),
+        "read rollq parse_rollout (orjson: marked)": best(lambda: parse_rollout(data)),
+        "read orjson.loads": best(lambda: orjson.loads(data)),
+        "read json.loads": best(lambda: json.loads(data)),
     }
 
 
@@ -100,7 +161,7 @@ def replay(turns: int, count: int) -> dict[str, Any]:
     """The functions a big rollout passes through, one after the other under cProfile, each step timed."""
     agents.BIG_TURNS = turns
     agent = agents.BigTokenAgent()
-    steps = {k: 0.0 for k in ("agent", "to_rollout", "stamp", "model_dump_json", "finish.lua", "read + parse")}
+    steps = {k: 0.0 for k in ("agent", "to_rollout", "stamp", "rollout_json", "finish.lua", "read + parse")}
     with private_redis() as server:
         producer = Producer.from_url(server.url, "replay")
         lifecycle = producer.lifecycle
@@ -124,7 +185,7 @@ def replay(turns: int, count: int) -> dict[str, Any]:
             t2 = time.perf_counter()
             rollout = stamp(rollout, status=RolloutStatus.SUCCEEDED, attempt=claim.attempt, worker="w", error=None)
             t3 = time.perf_counter()
-            data = rollout.model_dump_json()
+            data = rollout_json(rollout)
             t4 = time.perf_counter()
             lifecycle.finish(
                 Finish(
@@ -170,33 +231,69 @@ def replay(turns: int, count: int) -> dict[str, Any]:
     }
 
 
+def _ratios(rounds: list[dict[str, Any]], anchor: str) -> list[float]:
+    return [round(r["rollq"]["rollouts_per_s"] / r[anchor]["rollouts_per_s"], 2) for r in rounds]
+
+
+def _mean(values: list[float]) -> float:
+    return round(sum(values) / len(values), 2)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--window", type=float, default=10.0)
     parser.add_argument("--sizes", default="8,35", help="triplets per rollout, comma-separated (8: ~0.23 MB)")
+    parser.add_argument("--rounds", type=int, default=2, help="rounds per size; the order rotates every round")
     parser.add_argument("--replay", type=int, default=200, help="rollouts in the cProfile replay")
     args = parser.parse_args()
     rows = []
     in_flight = PER_WORKER_FAST * WORKER_PROCESSES
     with tempfile.TemporaryDirectory(prefix="rollq-bench-big-") as logs:
         for turns in (int(t) for t in args.sizes.split(",")):
-            raw = raw_pipe(turns, args.window)
             env = {"ROLLQ_BENCH_BIG_TURNS": str(turns), "ROLLQ_RESULTS_MAXLEN": str(MAXLEN)}
-            rollq = run_rollq("big", in_flight, args.window, Path(logs), extra_env=env)
-            rollq["mb_per_s"] = round(rollq["rollouts_per_s"] * raw["bytes_per_rollout"] / 1e6, 1)
+            order = ["json", "orjson", "rollq"]
+            rounds: list[dict[str, Any]] = []
+            for number in range(args.rounds):
+                got: dict[str, Any] = {"load_1min_before": round(os.getloadavg()[0], 2)}
+                for name in order[number % 3 :] + order[: number % 3]:
+                    if name == "rollq":
+                        got[name] = run_rollq("big", in_flight, args.window, Path(logs), extra_env=env)
+                    else:
+                        got[name] = raw_pipe(turns, args.window, name)
+                got["load_1min_after"] = round(os.getloadavg()[0], 2)
+                got["rollq_over_json"] = round(got["rollq"]["rollouts_per_s"] / got["json"]["rollouts_per_s"], 2)
+                got["rollq_over_orjson"] = round(got["rollq"]["rollouts_per_s"] / got["orjson"]["rollouts_per_s"], 2)
+                print(
+                    f"  {turns} turns, round {number + 1}: json pipe {got['json']['rollouts_per_s']:.1f}/s, "
+                    f"orjson pipe {got['orjson']['rollouts_per_s']:.1f}/s, rollq {got['rollq']['rollouts_per_s']:.1f}/s"
+                    f" = {got['rollq_over_json']:.2f}x json, {got['rollq_over_orjson']:.2f}x orjson "
+                    f"(load {got['load_1min_before']} -> {got['load_1min_after']})",
+                    flush=True,
+                )
+                rounds.append(got)
+            size = rounds[0]["orjson"]["bytes_per_rollout"]
+            for got in rounds:
+                got["rollq"]["mb_per_s"] = round(got["rollq"]["rollouts_per_s"] * size / 1e6, 1)
             profile = replay(turns, args.replay if turns <= 8 else max(20, args.replay // 4))
+            codecs = serialisers(turns)
             row = {
                 "turns": turns,
-                "mb_per_rollout": round(raw["bytes_per_rollout"] / 1e6, 3),
-                "raw": raw,
-                "rollq": rollq,
-                "rollq_over_raw": round(rollq["rollouts_per_s"] / raw["rollouts_per_s"], 2),
+                "mb_per_rollout": round(size / 1e6, 3),
+                "rounds": rounds,
+                "mean_rollouts_per_s": {
+                    name: _mean([r[name]["rollouts_per_s"] for r in rounds]) for name in ("json", "orjson", "rollq")
+                },
+                "rollq_over_json": _mean(_ratios(rounds, "json")),
+                "rollq_over_orjson": _mean(_ratios(rounds, "orjson")),
+                "rollq_over_json_per_round": _ratios(rounds, "json"),
+                "rollq_over_orjson_per_round": _ratios(rounds, "orjson"),
                 "replay": profile,
+                "serialisers_cpu_ms": codecs,
             }
             print(
-                f"  {row['mb_per_rollout']:.2f} MB: raw pipe {raw['rollouts_per_s']:.1f}/s ({raw['mb_per_s']} MB/s), "
-                f"rollq {rollq['rollouts_per_s']:.1f}/s ({rollq['mb_per_s']} MB/s) = {row['rollq_over_raw']:.2f}x; "
-                f"replay {profile['total_ms_per_rollout']:.2f} ms/rollout {profile['steps_ms_per_rollout']}",
+                f"  {row['mb_per_rollout']:.2f} MB: rollq / json pipe {row['rollq_over_json']:.2f}x, "
+                f"rollq / orjson pipe {row['rollq_over_orjson']:.2f}x; replay {profile['total_ms_per_rollout']:.2f} "
+                f"ms/rollout {profile['steps_ms_per_rollout']}; serialisers (CPU ms) {codecs}",
                 flush=True,
             )
             rows.append(row)
@@ -210,9 +307,8 @@ def main() -> None:
             "results_maxlen": MAXLEN,
             "rows": rows,
             # The target is set at ~0.23 MB (8 turns): these keys are the report's.
-            "rollq": first["rollq"],
-            "raw": first["raw"],
-            "rollq_over_raw": first["rollq_over_raw"],
+            "rollq_over_json": first["rollq_over_json"],
+            "rollq_over_orjson": first["rollq_over_orjson"],
         },
         sys.argv[1:],
         settings=vars(args),

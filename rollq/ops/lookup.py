@@ -9,6 +9,7 @@ from typing import Any, cast
 
 from rollq.models.contract import Rollout
 from rollq.models.errors import RolloutTrimmedError, RollqError
+from rollq.models.wire import parse_rollout
 from rollq.producer import Producer
 from rollq.store.keys import StreamField, TaskField
 from rollq.store.records import TaskRecord, read_record, read_records
@@ -22,7 +23,7 @@ def _fetch_rollouts(producer: Producer, entry_ids: list[str]) -> dict[str, Rollo
     found = {}
     for entry_id, reply in zip(entry_ids, pipe.execute(), strict=True):
         if reply:
-            found[entry_id] = Rollout.model_validate_json(reply[0][1][StreamField.ROLLOUT.encode()])
+            found[entry_id] = parse_rollout(reply[0][1][StreamField.ROLLOUT.encode()])
     return found
 
 

@@ -21,6 +21,7 @@ import redis
 from rollq.models.contract import Rollout
 from rollq.models.errors import InvalidTaskError, RolloutsTrimmedError, RolloutTimeoutError, RolloutTrimmedError
 from rollq.models.outcomes import failed_rollout
+from rollq.models.wire import parse_rollout
 from rollq.store.connection import Outage, unrecoverable
 from rollq.store.keys import TRIMMED_TO, Keys, StreamField, TaskField
 from rollq.store.reaper import reap
@@ -38,7 +39,7 @@ def parse_entry(fields: dict[bytes, bytes]) -> Rollout:
     # the problem, rather than an error that stops the caller reading every other rollout.
     rid = fields.get(StreamField.ROLLOUT_ID.encode(), b"").decode(errors="replace")
     try:
-        return Rollout.model_validate_json(fields[StreamField.ROLLOUT.encode()])
+        return parse_rollout(fields[StreamField.ROLLOUT.encode()])
     except (KeyError, ValueError) as exc:
         error = InvalidTaskError(f"the results entry of {rid} is not a valid Rollout: {exc}")
         return failed_rollout(rid, attempt=0, worker="", error=error)

@@ -35,6 +35,7 @@ from redis.sentinel import Sentinel, SentinelConnectionPool, SentinelManagedConn
 
 from .cluster import SCHEME as CLUSTER_SCHEME
 from .cluster import SlotConnectionPool, connect_cluster
+from .packing import PACKER
 from .settings import environ
 
 if TYPE_CHECKING:
@@ -358,6 +359,7 @@ def connect(url: str | None = None, *, retries: int | None = None, client_name: 
         "socket_connect_timeout": CONNECT_TIMEOUT_SECONDS,
         "health_check_interval": 30,
         "client_name": client_name or process_client_name(),
+        "command_packer": PACKER,  # a rollout's JSON is sent as it is, not copied (rollq/store/packing.py)
         **tcp_only,
     }
     if scheme == "redis+sentinel":

@@ -12,6 +12,7 @@ from typing import Any
 
 from rollq.models.contract import Rollout
 from rollq.models.policy import RolloutStatus, TaskState
+from rollq.models.wire import rollout_json
 
 from .keys import Keys
 from .replies import Word
@@ -65,7 +66,7 @@ def cancel_call(
             keys.summaries,
             keys.queued_tasks,
         ],
-        [rollout_id, rollout.model_dump_json(), results_maxlen, now, results_max_bytes],
+        [rollout_id, rollout_json(rollout), results_maxlen, now, results_max_bytes],
     )
 
 

@@ -37,6 +37,7 @@ import redis
 from rollq.models.errors import InvalidTaskError, RetryNotQueuedError, WorkerUnresponsiveError
 from rollq.models.outcomes import failed_rollout
 from rollq.models.policy import RolloutStatus, TaskState
+from rollq.models.wire import rollout_json
 
 from .jobs import read_rollq_jobs, rollout_id_of
 from .keys import Keys, TaskField, parse_inflight_member
@@ -190,7 +191,7 @@ def _fail(
         Finish(
             rollout_id=rid,
             attempt=attempt,
-            rollout_json=rollout.model_dump_json(),
+            rollout_json=rollout_json(rollout),
             status=RolloutStatus.FAILED,
             results_maxlen=results_maxlen,
             dead_letter=True,

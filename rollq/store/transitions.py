@@ -68,7 +68,8 @@ class Finish:
 
     rollout_id: str
     attempt: int
-    rollout_json: str
+    rollout_json: bytes | str
+    """The rollout as :func:`rollq.models.wire.rollout_json` writes it."""
     status: RolloutStatus
     results_maxlen: int
     dead_letter: bool
@@ -270,7 +271,14 @@ class Lifecycle:
     """:func:`rollq.store.replies.read_claim`: the reply of a :meth:`claim_call`."""
 
     def reject(
-        self, rollout_id: str, job_id: str, rollout_json: str, *, results_maxlen: int, now: float, summary: str = ""
+        self,
+        rollout_id: str,
+        job_id: str,
+        rollout_json: bytes | str,
+        *,
+        results_maxlen: int,
+        now: float,
+        summary: str = "",
     ) -> FinishReply:
         """Fail a queued task whose record cannot be run, publishing ``rollout_json``; only ``job_id`` (the job
         that stands for the task) may. :class:`~rollq.store.replies.Superseded` when the task no longer waits for

@@ -32,6 +32,7 @@ from rollq.models.errors import InvalidTaskError, PayloadTooLargeError, Unserial
 from rollq.models.groups import GROUP_FIELDS
 from rollq.models.outcomes import failed_rollout, stamp
 from rollq.models.policy import RolloutStatus
+from rollq.models.wire import rollout_json
 from rollq.store.keys import TaskField, inflight_member
 from rollq.store.replies import Cancelled, Claim, ClaimRefused, FinishReply, Published, Superseded
 from rollq.store.scripts import ScriptCall, replied
@@ -169,7 +170,7 @@ class Attempts:
         self.lifecycle.reject(
             rollout_id,
             job_id,
-            rollout.model_dump_json(),
+            rollout_json(rollout),
             results_maxlen=self.limits.results_maxlen,
             now=time.time(),
             summary=summary_json(rollout, status=RolloutStatus.FAILED),
@@ -197,18 +198,18 @@ class Attempts:
         if stamped:
             rollout = rollout.model_copy(update={"metadata": {**rollout.metadata, **stamped}})
         try:
-            data = rollout.model_dump_json()
+            data = rollout_json(rollout)
         except Exception as exc:  # pydantic's error names the type it could not serialise
             error: Exception = UnserializableResultError(f"rollout {rollout_id} cannot be serialised: {exc}")
             log.error("%s; publishing a failed rollout instead", error)
             rollout = attempt.failed(error)
-            data = rollout.model_dump_json()
+            data = rollout_json(rollout)
             failed = True
         if len(data) > self.limits.max_result_bytes:
             error = PayloadTooLargeError(f"rollout {rollout_id}", len(data), self.limits.max_result_bytes)
             log.error("%s; publishing a failed rollout instead", error)
             rollout = attempt.failed(error)
-            data = rollout.model_dump_json()
+            data = rollout_json(rollout)
             failed = True
         status = RolloutStatus.FAILED if failed else RolloutStatus.SUCCEEDED
         reward = (

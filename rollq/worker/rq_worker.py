@@ -66,6 +66,7 @@ from rollq.store.jobs import (
 from rollq.store.keys import DEFAULT_NAMESPACE, Keys
 from rollq.store.llm_gate import GateReporter
 from rollq.store.namespaces import namespace_hint
+from rollq.store.packing import pack_big_values_uncopied
 from rollq.store.resources import ResourceStore
 from rollq.store.sizing import project_memory, warn_if_oversized
 from rollq.store.stats import StatsField
@@ -190,6 +191,7 @@ class RolloutWorker(SimpleWorker):
         # Before RQ's start-up writes (register_birth): a worker started into a full Redis waits for memory, as a
         # running one does, instead of dying on the first refused HSET.
         wait_out_refusals(self.connection)
+        pack_big_values_uncopied(self.connection)  # the finish call carries the rollout's JSON
         if len(self.queues) != 1:
             raise ValueError("a RolloutWorker serves one rollq namespace: name exactly one queue")
         # `rq worker` builds its Queue objects (and their registries' job class) before the worker.

@@ -23,6 +23,7 @@ from rollq.models.contract import Rollout as RollqRollout
 from rollq.models.errors import RolloutTrimmedError, UnknownTaskError
 from rollq.models.outcomes import stamp
 from rollq.models.policy import RolloutStatus, TaskState
+from rollq.models.wire import rollout_json
 from rollq.producer.producer import Producer
 from rollq.producer.results import fetch_rollouts
 from rollq.store.keys import StreamField, TaskField
@@ -295,7 +296,7 @@ class Agl1Store:
             Finish(
                 rollout_id=rid,
                 attempt=attempt,
-                rollout_json=rollout.model_dump_json(),
+                rollout_json=rollout_json(rollout),
                 status=RolloutStatus.SUCCEEDED if succeeded else RolloutStatus.FAILED,
                 results_maxlen=self.producer.results_maxlen,
                 dead_letter=not succeeded,

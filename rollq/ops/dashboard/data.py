@@ -18,6 +18,7 @@ from typing import Any, cast
 import redis
 
 from rollq.models.contract import Rollout
+from rollq.models.wire import parse_rollout
 from rollq.store.keys import Keys, StreamField
 from rollq.store.queries import AttemptInfo, read_attempts
 from rollq.store.records import TaskRecord, read_records
@@ -207,7 +208,7 @@ def rollout_page(connection: redis.Redis, keys: Keys, rollout_id: str) -> Rollou
     if record is not None and record.result_id:
         reply = cast(list[Any], connection.xrange(keys.results, min=record.result_id, max=record.result_id))
         if reply:
-            rollout = Rollout.model_validate_json(reply[0][1][StreamField.ROLLOUT.encode()])
+            rollout = parse_rollout(reply[0][1][StreamField.ROLLOUT.encode()])
     trimmed = rollout is None and record is not None and record.result_id is not None
     if rollout is None:
         if record is None:
