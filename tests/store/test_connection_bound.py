@@ -83,8 +83,11 @@ def test_producer_connections_are_named_by_process(redis_server: RedisServer, na
     assert any(n.startswith("rollq-producer:") and n.endswith(f":{os.getpid()}") for n in names), names
 
 
-def test_async_producer_pool_is_bounded_and_named(redis_server: RedisServer, namespace: str) -> None:
+def test_async_producer_pool_is_bounded_and_named(own_redis: Callable[..., RedisServer], namespace: str) -> None:
     import asyncio
+
+    # A server of the test's own: async producers of earlier tests in this process (same pid) keep theirs open.
+    redis_server = own_redis()
 
     async def gathered() -> int:
         aio = AsyncProducer.from_url(redis_server.url, namespace)
