@@ -11,6 +11,8 @@ import click
 
 from rollq.store.connection import connect
 
+from .gateway_options import client_limits
+
 
 @click.command("serve-al")
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to bind (not loopback: needs --key).")
@@ -31,27 +33,7 @@ from rollq.store.connection import connect
     help="Bearer key every route requires (Authorization: Bearer or x-api-key) [env: ROLLQ_AL_KEY]; "
     "empty: none, allowed on loopback only.",
 )
-@click.option(
-    "--max-releases",
-    default=3,
-    show_default=True,
-    type=click.IntRange(min=0),
-    help="Times a task whose lease ended unposted is handed back without charging its attempt.",
-)
-@click.option(
-    "--max-held",
-    "max_held_per_client",
-    default=256,
-    show_default=True,
-    type=click.IntRange(min=1),
-    help="Unposted attempts one client address may hold; past that its polls get no task.",
-)
-@click.option(
-    "--max-body-bytes",
-    default=None,
-    type=click.IntRange(min=1024),
-    help="Largest request body accepted (413 past it) [default: ROLLQ_MAX_RESULT_BYTES + 64 KiB].",
-)
+@client_limits(unfinished="Unposted", past_the_limit="its polls get no task", what="task")
 @click.option("--heartbeat", "heartbeat_seconds", default=5.0, show_default=True, type=float, hidden=True)
 @click.pass_context
 def serve_al(

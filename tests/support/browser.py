@@ -2,24 +2,16 @@
 
 from __future__ import annotations
 
-import os
-import shutil
 import subprocess
 from html.parser import HTMLParser
 from pathlib import Path
 
-import pytest
+from tests.support.binaries import require
 
 
 def require_chromium() -> str:
-    """Debian's chromium; under CI a missing one fails the test instead of skipping it."""
-    binary = shutil.which("chromium")
-    if binary is None:
-        message = "chromium is not installed (apt-get install chromium)"
-        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
-            pytest.fail(message + "; CI must not skip the browser test")
-        pytest.skip(message)
-    return binary
+    """Debian's chromium (see :func:`tests.support.binaries.require`)."""
+    return require("chromium", "apt-get install chromium")
 
 
 def chromium(binary: str, profile: Path, url: str, *, screenshot: Path | None = None, virtual_ms: int = 5000) -> str:

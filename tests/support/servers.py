@@ -7,7 +7,6 @@ tests never touch a Redis they did not start.
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import socket
 import subprocess
@@ -16,9 +15,9 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-import pytest
 import redis
 
+from tests.support.binaries import require
 from tests.support.waiting import wait_until
 
 REPO = Path(__file__).resolve().parents[2]
@@ -33,14 +32,8 @@ def free_port() -> int:
 
 
 def require_redis_server() -> str:
-    """The redis-server binary; under CI a missing one fails the test instead of skipping it."""
-    binary = shutil.which("redis-server")
-    if binary is None:
-        message = "redis-server is not installed (apt-get install redis-server)"
-        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
-            pytest.fail(message + "; CI must not skip Redis tests")
-        pytest.skip(message)
-    return binary
+    """The redis-server binary (see :func:`tests.support.binaries.require`)."""
+    return require("redis-server", "apt-get install redis-server")
 
 
 class RedisServer:

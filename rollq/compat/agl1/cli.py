@@ -13,6 +13,7 @@ from rollq.models.policy import RolloutPolicy
 from rollq.store.connection import connect
 
 from ..binding import refusal
+from ..gateway_options import client_limits
 
 
 @click.command("serve-agl")
@@ -54,27 +55,7 @@ from ..binding import refusal
     help="Seconds an attempt a runner claimed (PATCH running) is held without a sign of life (an accepted write, "
     "or a listing by its claimant); then it is handed back. Never past the rollout's timeout + 60 s.",
 )
-@click.option(
-    "--max-held",
-    "max_held_per_client",
-    default=256,
-    show_default=True,
-    type=click.IntRange(min=1),
-    help="Unfinished attempts one client address may hold; past that its claims get 429.",
-)
-@click.option(
-    "--max-releases",
-    default=3,
-    show_default=True,
-    type=click.IntRange(min=0),
-    help="Times a rollout whose lease ended is handed back without charging its attempt.",
-)
-@click.option(
-    "--max-body-bytes",
-    default=None,
-    type=click.IntRange(min=1024),
-    help="Largest request body accepted (413 past it) [default: ROLLQ_MAX_RESULT_BYTES + 64 KiB].",
-)
+@client_limits(unfinished="Unfinished", past_the_limit="its claims get 429", what="rollout")
 @click.pass_context
 def serve_agl(
     ctx: click.Context,
