@@ -15,6 +15,9 @@ Sentinel-managed client finds its primary:
   sends it again over a new connection, to the new owner. A ``MOVED`` for another slot is a key outside the
   namespace, a bug, and stays the ``ResponseError`` it is.
 
+The asyncio client (:mod:`rollq.store.cluster_aio`, for ``AsyncProducer``) is the same client with asyncio I/O: it
+runs the same search (:meth:`SlotOwner.search`) and the same ``MOVED`` check (:meth:`SlotOwner.moved_away`).
+
 One URL serves one namespace (or several whose tags hash to the same primary); :func:`spread_namespaces` picks
 names whose slots live on different primaries, one per shard.
 """
@@ -24,7 +27,7 @@ from __future__ import annotations
 import logging
 import random
 import threading
-from collections.abc import Sequence
+from collections.abc import Generator, Sequence
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
@@ -84,28 +87,36 @@ class SlotOwner:
 
     def primary(self) -> tuple[str, int]:
         """(host, port) of the slot's primary as the first answering node reports it."""
+        search = self.search()
+        try:
+            node = next(search)
+            while True:
+                try:
+                    ranges = _cluster_slots(*node, self.password)
+                except redis.RedisError as exc:
+                    node = search.throw(exc)
+                else:
+                    node = search.send(ranges)
+        except StopIteration as done:
+            return done.value  # type: ignore[no-any-return]
+
+    def search(self) -> Generator[tuple[str, int], Any, tuple[str, int]]:
+        """The search :meth:`primary` runs, without its I/O, for a blocking and an asyncio client alike: yields
+        each node to ask; send it the node's ``CLUSTER SLOTS`` reply, or throw the ``RedisError`` asking raised.
+        Returns the primary (``StopIteration.value``); raises :class:`NoSlotOwnerError` when no node names one,
+        and a refused password at once."""
         with self._lock:
             nodes = list(dict.fromkeys([*self.seeds, *self._known]))
         random.shuffle(nodes)  # a dead seed first for every connection would cost a timeout each time
         errors: list[str] = []
         for host, port in nodes:
-            client = redis.Redis(
-                host=host,
-                port=port,
-                password=self.password,
-                socket_timeout=_SEED_TIMEOUT_SECONDS,
-                socket_connect_timeout=_SEED_TIMEOUT_SECONDS,
-                retry=Retry(NoBackoff(), 0),  # the next seed is the retry
-            )
             try:
-                ranges = client.execute_command("CLUSTER SLOTS")
+                ranges = yield host, port
             except redis.AuthenticationError:
                 raise
             except redis.RedisError as exc:
                 errors.append(f"{host}:{port}: {exc}")
                 continue
-            finally:
-                client.close()
             owner, seen = _owner_in(ranges, self.slot, host)
             with self._lock:
                 self._known = list(dict.fromkeys([*self._known, *seen]))
@@ -113,6 +124,30 @@ class SlotOwner:
                 return owner
             errors.append(f"{host}:{port}: no primary serves slot {self.slot}")
         raise NoSlotOwnerError(f"no primary found for slot {self.slot} of {{{self.tag}}}: {'; '.join(errors)}")
+
+    def moved_away(self, error: BaseException) -> SlotMovedError | None:
+        """The :class:`SlotMovedError` to raise when ``error`` is a ``MOVED`` for this slot, else None (a ``MOVED``
+        for another slot is a key outside the namespace: a bug, left the ``ResponseError`` it is)."""
+        # redis-py parses "MOVED <slot> <host:port>" into a MovedError whose text is "<slot> <host:port>".
+        words = str(error).split()
+        if isinstance(error, redis.exceptions.MovedError) and words and words[0] == str(self.slot):
+            return SlotMovedError(f"slot {words[0]} of {{{self.tag}}} moved to {' '.join(words[1:])}")
+        return None
+
+
+# Seeds answer at once or not at all: one try each (the next seed is the retry), a short timeout.
+SEED_OPTIONS: dict[str, Any] = {
+    "socket_timeout": _SEED_TIMEOUT_SECONDS,
+    "socket_connect_timeout": _SEED_TIMEOUT_SECONDS,
+}
+
+
+def _cluster_slots(host: str, port: int, password: str | None) -> Any:
+    client = redis.Redis(host=host, port=port, password=password, retry=Retry(NoBackoff(), 0), **SEED_OPTIONS)
+    try:
+        return client.execute_command("CLUSTER SLOTS")
+    finally:
+        client.close()
 
 
 def _owner_in(ranges: Any, slot: int, asked: str) -> tuple[tuple[str, int] | None, list[tuple[str, int]]]:
@@ -152,11 +187,10 @@ class SlotConnection(redis.Connection):
         return response
 
     def _raise_if_moved(self, error: redis.ResponseError) -> None:
-        # redis-py parses "MOVED <slot> <host:port>" into a MovedError whose text is "<slot> <host:port>".
-        words = str(error).split()
-        if isinstance(error, redis.exceptions.MovedError) and words and words[0] == str(self.slot_owner.slot):
+        moved = self.slot_owner.moved_away(error)
+        if moved is not None:
             self.disconnect()
-            raise SlotMovedError(f"slot {words[0]} of {{{self.slot_owner.tag}}} moved to {' '.join(words[1:])}")
+            raise moved
 
 
 class SlotConnectionPool(redis.ConnectionPool):

@@ -202,26 +202,39 @@ class _Retry(Retry):
         self.outage_retries = outage_retries
 
     def call_with_retry(self, do: Any, fail: Any, is_retryable: Any = None, with_failure_count: bool = False) -> Any:
-        refused = False
-        outages = 0
-
-        def retryable(error: Exception) -> bool:
-            nonlocal refused, outages
-            if isinstance(error, redis.ResponseError) and not isinstance(error, redis.ConnectionError):
-                if transient_refusal(error) is None:
-                    return False
-                refused = True
-                REFUSALS.refused(error)
-                return True
-            if unrecoverable(error) is not None or (is_retryable is not None and not is_retryable(error)):
-                return False
-            outages += 1
-            return self.outage_retries is None or outages <= self.outage_retries
-
-        result = super().call_with_retry(do, fail, retryable, with_failure_count)
-        if refused:  # this very command was refused and now ran: Redis accepts writes again
-            REFUSALS.accepted()
+        verdict = RetryVerdict(is_retryable, self.outage_retries)
+        result = super().call_with_retry(do, fail, verdict, with_failure_count)
+        verdict.ran()
         return result
+
+
+class RetryVerdict:
+    """Which errors of one command :class:`_Retry` (and the asyncio client's, :mod:`rollq.store.cluster_aio`)
+    retries: a refusal Redis may lift (:func:`transient_refusal`, recorded in :data:`REFUSALS`), an outage
+    (``outage_retries`` in a row at most, None: any number), not what retrying cannot fix (:func:`unrecoverable`)
+    nor what ``is_retryable`` (redis-py's own) rules out. Call :meth:`ran` once the command ran."""
+
+    def __init__(self, is_retryable: Any = None, outage_retries: int | None = None) -> None:
+        self.is_retryable = is_retryable
+        self.outage_retries = outage_retries
+        self.refused = False
+        self.outages = 0
+
+    def __call__(self, error: Exception) -> bool:
+        if isinstance(error, redis.ResponseError) and not isinstance(error, redis.ConnectionError):
+            if transient_refusal(error) is None:
+                return False
+            self.refused = True
+            REFUSALS.refused(error)
+            return True
+        if unrecoverable(error) is not None or (self.is_retryable is not None and not self.is_retryable(error)):
+            return False
+        self.outages += 1
+        return self.outage_retries is None or self.outages <= self.outage_retries
+
+    def ran(self) -> None:
+        if self.refused:  # this very command was refused and now ran: Redis accepts writes again
+            REFUSALS.accepted()
 
 
 class Outage:
