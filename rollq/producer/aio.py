@@ -140,7 +140,8 @@ class AsyncProducer:
     @classmethod
     def from_url(cls, url: str | None = None, namespace: str = DEFAULT_NAMESPACE, **kwargs: Any) -> AsyncProducer:
         """An async producer on ``url`` (same forms as :func:`rollq.store.connection.connect`, ``redis+sentinel://``
-        included); ``kwargs`` go to :class:`Producer` (``policy``, ``wait_replicas``, ``wait_timeout_ms``, ...)."""
+        and ``redis+cluster://`` included); ``kwargs`` go to :class:`Producer` (``policy``, ``wait_replicas``,
+        ``wait_timeout_ms``, ...)."""
         name = process_client_name("async-producer")
         return cls(connect_async(url, client_name=name), Producer(connect(url, client_name=name), namespace, **kwargs))
 

@@ -503,7 +503,8 @@ def describe_client(client: Any) -> str:
 def connect_async(
     url: str | None = None, *, retries: int | None = None, max_connections: int = 16, **kwargs: Any
 ) -> Any:
-    """A ``redis.asyncio`` client for ``url``, with the same URL forms, retries and timeouts as :func:`connect`.
+    """A ``redis.asyncio`` client for ``url``, with the same URL forms, retries and timeouts as :func:`connect`
+    (``redis+cluster://``: :mod:`rollq.store.cluster_aio`).
 
     At most ``max_connections`` connections; more concurrent commands wait for one. ``kwargs``
     go to redis-py's connection pool (e.g. ``client_name``, default :func:`process_client_name`).
@@ -518,15 +519,17 @@ def connect_async(
 
         return fakeredis.FakeAsyncRedis(server=memory_server(urlsplit(url).netloc))
     _check_scheme(scheme, url)
-    if scheme == CLUSTER_SCHEME:
-        raise ValueError(f"{CLUSTER_SCHEME}:// has no asyncio client yet: use Producer (sync) or Shards")
     tcp_only = {} if scheme == "unix" else {"socket_keepalive": True}
+    retry_class: Any = redis.asyncio.retry.Retry
+    if scheme == CLUSTER_SCHEME:
+        # As connect()'s clients do, a cluster's waits out CLUSTERDOWN while a failover leaves its slot unserved.
+        from .cluster_aio import RefusalRetry as retry_class
     options: dict[str, Any] = {
         # A bounded pool that makes callers wait for a connection: a trainer gathering thousands
         # of coroutines must not open a connection per coroutine.
         "max_connections": max_connections,
         "timeout": None,
-        "retry": redis.asyncio.retry.Retry(
+        "retry": retry_class(
             ExponentialBackoff(cap=_BACKOFF_CAP_SECONDS, base=0.05),
             default_retries(scheme) if retries is None else retries,
         ),
@@ -540,6 +543,10 @@ def connect_async(
     }
     if scheme == "redis+sentinel":
         return _via_sentinel_async(url, options)
+    if scheme == CLUSTER_SCHEME:
+        from .cluster_aio import connect_cluster_async
+
+        return connect_cluster_async(url, options)
     pool = redis.asyncio.BlockingConnectionPool.from_url(url, **options)
     return redis.asyncio.Redis(connection_pool=pool)
 

@@ -11,7 +11,8 @@ import redis
 from redis.crc import key_slot
 from rq.job import validate_job_id
 
-from rollq.store.connection import connect, describe, resolve_url
+from rollq.store.cluster_aio import AsyncSlotConnectionPool, RefusalRetry
+from rollq.store.connection import RetryVerdict, connect, connect_async, describe, resolve_url
 from rollq.store.keys import Keys, job_id
 
 
@@ -107,6 +108,24 @@ def test_a_sentinel_client_rides_out_a_failover_at_sentinels_default_down_after(
     sentinel = connect("redis+sentinel://127.0.0.1:26379/mymaster/0").connection_pool.connection_kwargs["retry"]
     plain = connect("redis://127.0.0.1:6379/0").connection_pool.connection_kwargs["retry"]
     assert _backoff_seconds(sentinel) >= 45 > _backoff_seconds(plain) >= 12
+
+
+def test_a_cluster_url_gives_an_asyncio_client_with_connect_asyncs_options() -> None:
+    # connect_async refused redis+cluster:// (ValueError), so an AsyncProducer could not use a cluster namespace.
+    client = connect_async("redis+cluster://:pw@10.0.0.1:7000,10.0.0.2:7001/{run-1}", max_connections=4)
+    pool = client.connection_pool
+    assert isinstance(pool, AsyncSlotConnectionPool) and pool.max_connections == 4
+    assert pool.slot_owner.seeds == [("10.0.0.1", 7000), ("10.0.0.2", 7001)] and pool.slot_owner.tag == "run-1"
+    kwargs = pool.connection_kwargs
+    assert kwargs["client_name"].startswith("rollq-client:") and kwargs["password"] == "pw"
+    assert (kwargs["socket_timeout"], kwargs["socket_connect_timeout"], kwargs["socket_keepalive"]) == (30, 5, True)
+    # A failover's worth of retries, as the blocking cluster client has, and CLUSTERDOWN among what they retry.
+    retry = kwargs["retry"]
+    assert isinstance(retry, RefusalRetry) and _backoff_seconds(retry) >= 45
+    assert RetryVerdict()(redis.exceptions.ClusterDownError("CLUSTERDOWN The cluster is down"))
+    assert not RetryVerdict()(redis.ResponseError("WRONGTYPE Operation against a key"))
+    assert "redis+cluster://10.0.0.1:7000,10.0.0.2:7001/run-1" in repr(pool)
+    pool.make_connection()  # the pool can build its connections
 
 
 def test_rediss_url_gives_a_tls_pool_and_passes_ssl_options_through() -> None:
