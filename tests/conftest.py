@@ -13,6 +13,7 @@ from click.testing import CliRunner, Result
 
 from rollq.ops.cli import main
 from rollq.producer import Producer
+from tests.support.cluster import Cluster
 from tests.support.dashboard import Dashboard
 from tests.support.fake_vllm import FakeVLLM
 from tests.support.serve_al import answers
@@ -48,6 +49,16 @@ def own_redis(tmp_path: Path) -> Iterator[Callable[..., RedisServer]]:
 def replicated(tmp_path: Path) -> Iterator[Replicated]:
     """A private primary, a replica in sync and a Sentinel: see :class:`servers.Replicated`."""
     servers = Replicated(tmp_path / "replicated")
+    try:
+        yield servers
+    finally:
+        servers.stop()
+
+
+@pytest.fixture
+def cluster(tmp_path: Path) -> Iterator[Cluster]:
+    """A Redis Cluster of the test's own: 3 primaries with a replica each (tests/support/cluster.py)."""
+    servers = Cluster(tmp_path / "cluster")
     try:
         yield servers
     finally:
