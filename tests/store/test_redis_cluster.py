@@ -4,6 +4,7 @@ acknowledged and delivering nothing twice (issue 25, point 4)."""
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 import uuid
@@ -14,6 +15,7 @@ import redis
 
 from rollq.producer import Producer, Shards
 from rollq.store.cluster import cluster_url, spread_namespaces, tag_slot
+from rollq.store.connection import connect, connect_async
 from rollq.store.keys import Keys
 from tests.support.cluster import Cluster
 from tests.support.servers import RedisServer, WorkerProcess
@@ -108,3 +110,38 @@ def test_a_key_outside_the_namespace_is_refused_not_retried(cluster: Cluster) ->
     with pytest.raises(redis.exceptions.MovedError):
         producer.connection.get("{" + other + "}:x")
     assert time.monotonic() - started < 5
+
+
+def test_both_clients_follow_a_moved_for_their_slot_to_the_new_primary(cluster: Cluster) -> None:
+    # A coordinated failover (CLUSTER FAILOVER on the replica) leaves the old primary up, as a replica: the clients'
+    # open connections to it get MOVED for their own slot, and must reconnect to the new owner, not fail.
+    (name,) = spread_namespaces(cluster.seeds, f"t-{uuid.uuid4().hex[:8]}", 1)
+    url = cluster_url(cluster.seeds, name)
+    old = cluster.owner(name)
+    blocking = connect(url)
+    key = "{" + name.strip("{}") + "}:moved"
+
+    async def main() -> None:
+        client = connect_async(url)
+        try:
+            await client.set(key, "before")  # a connection open to the old primary
+            blocking.set(key, "before")
+            replica = next(n for n in cluster.nodes if n.client().info("replication").get("master_port") == old.port)
+            replica.client().execute_command("CLUSTER FAILOVER")
+            await asyncio.to_thread(
+                wait_until, lambda: cluster.owner(name).port == replica.port, "the replica promoted", 30
+            )
+            moved = old.client()
+            with pytest.raises(redis.exceptions.MovedError):  # what the clients' connections now hear
+                moved.set(key, "x")
+            started = time.monotonic()
+            await client.set(key, "async")
+            assert await client.get(key) == b"async"
+            assert blocking.set(key, "sync") and blocking.get(key) == b"sync"
+            assert time.monotonic() - started < 10
+            assert replica.client().get(key) == b"sync"
+        finally:
+            await client.aclose()
+            blocking.close()
+
+    asyncio.run(main())
