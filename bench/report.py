@@ -512,6 +512,19 @@ def _cluster_rows(doc: Doc) -> list[Doc]:
     return rows
 
 
+def _dead_host_rows(doc: Doc) -> list[Doc]:
+    """The dead-host runs: a list, one per profile and outage (a single dict before profiles existed)."""
+    dead = doc.get("dead_host") or []
+    return [dead] if isinstance(dead, dict) else dead
+
+
+def _dead_host_setting(row: Doc, doc: Doc) -> str:
+    settings = row.get("settings")
+    if not settings:
+        return "-"
+    return f"{settings['worker_heartbeat_seconds']:g} / {settings['policy_unresponsive_seconds']:g}"
+
+
 CLUSTER = Spec(
     title="A simulated cluster: {hosts} hosts x {workers_per_host} worker processes, latency to Redis",
     about="""{hosts} hosts (network namespaces) x {workers_per_host} worker processes x {concurrency} in flight, one
@@ -532,13 +545,18 @@ start to its first claim (median). The % of the ideal rate of every round is sho
             ("worker_cpu_ms_per_rollout", "worker CPU ms/rollout", ".2f"),
             ("proxy_cpu_ms_per_rollout", "proxy CPU ms/rollout", ".2f"), ("first_claim", "first claim, s"),
         ]),
-        Table(lambda d: [d["dead_host"]] if d.get("dead_host") else [], [
+        Table(_dead_host_rows, [
+            ("profile", "profile"), Col("heartbeat / `unresponsive_seconds`, s", _dead_host_setting),
             ("down_for_seconds", "link down, s"), ("rtt_setting", "RTT, ms"), ("tasks", "tasks"),
             ("received", "received"), ("lost", "lost"), ("duplicates", "duplicated"),
             ("tasks_claimed_more_than_once", "ran more than once"),
             ("requeued_or_superseded", "requeued / superseded"),
-        ], caption="Dead host (`--outage`): host 0's link down, then back (tasks' `unresponsive_seconds` 6, "
-                   "heartbeats 1 s):"),
+            ("received_while_down", "received while down"),
+            ("seconds_from_restore_to_last_received", "last received, s after restore"),
+            ("tasks_last_claimed_by_host0_after_restore", "host 0 claims after restore"),
+        ], caption="Dead host (`--outage`, `--profiles`): host 0's link down, then back, at each profile's settings "
+                   "(`defaults`: every rollq default; `tuned`: 1 s heartbeats, `unresponsive_seconds` 6; the rest "
+                   "of each profile's resolved settings are in the results file, `dead_host_profiles`):"),
     ],
 )
 

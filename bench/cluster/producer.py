@@ -152,7 +152,7 @@ def producer_role(args: argparse.Namespace) -> None:
         subprocess.run(["ip", "-n", ns, "link", "set", dev, "down"], check=True)
         down_at = time.time()
         at_cut = len(trainer.seen & wanted)
-        time.sleep(args.outage)
+        time.sleep(float(args.outage))
         subprocess.run(["ip", "-n", ns, "link", "set", dev, "up"], check=True)
         up_at = time.time()
         at_restore = len(trainer.seen & wanted)
