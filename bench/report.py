@@ -751,8 +751,9 @@ SPECS: dict[str, Spec] = {
 }
 # The page's order; results files not named here follow in name order.
 ORDER = ["al_own_path", "al", "noop", "mock_llm", "startup", "before_after", "profile", "rollout_cpu", "big",
-         "results_stream", "inflight10k", "scaling", "cluster", "cluster_256", "failover", "soak", "capture",
-         "enqueue", "memory", "idle", "connections", "plan_rate", "plan_rate_16", "trainer_api", "embedded_drain"]
+         "results_stream", "inflight10k", "scaling", "cluster", "cluster_256", "cluster_dead_host", "failover", "soak",
+         "capture", "enqueue", "memory", "idle", "connections", "plan_rate", "plan_rate_16", "trainer_api",
+         "embedded_drain"]
 
 
 def spec_for(doc: Doc) -> Spec | None:

@@ -25,7 +25,11 @@ def main() -> None:
     parser.add_argument("--hosts", type=int, default=4)
     parser.add_argument("--workers-per-host", type=int, default=2)
     parser.add_argument("--concurrency", type=int, default=16)
-    parser.add_argument("--rtts", default="direct,0,0.5,2,10", help="'direct' (no proxy) or round trips in ms")
+    parser.add_argument(
+        "--rtts",
+        default="direct,0,0.5,2,10",
+        help="'direct' (no proxy) or round trips in ms; '' for none (the dead host only)",
+    )
     parser.add_argument("--window", type=float, default=10.0)
     parser.add_argument("--rounds", type=int, default=1, help="times to run every round-trip setting")
     parser.add_argument(
@@ -103,7 +107,7 @@ def main() -> None:
             if args.keep_workers:
                 rows = [{**row, "round": 1} for row in run_kept(cluster, args, args.rtts.split(","))]
             for round_ in range(0 if args.keep_workers else args.rounds):
-                settings = args.rtts.split(",")
+                settings = [s for s in args.rtts.split(",") if s]
                 # Alternate the order round by round, so that drift on the shared machine hits every setting alike.
                 for rtt in settings if round_ % 2 == 0 else list(reversed(settings)):
                     if args.budget and time.monotonic() - began + longest > args.budget:

@@ -162,6 +162,8 @@ def producer_role(args: argparse.Namespace) -> None:
         all_in_at = time.time()
         outage = {
             "down_for_seconds": round(up_at - down_at, 1),
+            "link_down_at": time.strftime("%H:%M:%S", time.gmtime(down_at)) + f".{int(down_at % 1 * 10)} UTC",
+            "link_up_at": time.strftime("%H:%M:%S", time.gmtime(up_at)) + f".{int(up_at % 1 * 10)} UTC",
             "received_before_cut": at_cut,
             "received_while_down": at_restore - at_cut,
             "received_after_restore": len(trainer.seen & wanted) - at_restore,
