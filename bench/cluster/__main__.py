@@ -44,6 +44,7 @@ def main() -> None:
     parser.add_argument("--dead-host-rtt", default="2")
     parser.add_argument("--skip-dead-host", action="store_true")
     parser.add_argument("--stagger", type=float, default=0.0, help="seconds between worker process starts")
+    parser.add_argument("--keep-logs", help="copy every process's log to this directory at the end")
     parser.add_argument("--out", default="cluster", help="results name: bench/results/<out>.json")
     parser.add_argument(
         "--budget", type=float, default=0.0, help="seconds: skip a setting that would end past them (0: no limit)"
@@ -124,6 +125,10 @@ def main() -> None:
                         dead.append(run_setting(cluster, args, rtt, dead_host=True, profile=profile, outage=outage))
         finally:
             cluster.close()
+            if args.keep_logs:  # the workers', proxies', producer's and Redis's logs, before tmp goes
+                Path(args.keep_logs).mkdir(parents=True, exist_ok=True)
+                for log in Path(tmp).glob("*.log"):
+                    shutil.copy(log, Path(args.keep_logs) / log.name)
     processes = args.hosts * args.workers_per_host
     note = (
         "2 shared cores: 4 hosts x 2 worker processes stand in for the issue's 8 x 32"
