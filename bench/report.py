@@ -515,7 +515,10 @@ def _cluster_rows(doc: Doc) -> list[Doc]:
 def _dead_host_rows(doc: Doc) -> list[Doc]:
     """The dead-host runs: a list, one per profile and outage (a single dict before profiles existed)."""
     dead = doc.get("dead_host") or []
-    return [dead] if isinstance(dead, dict) else dead
+    if isinstance(dead, dict):  # bench/cluster.py before --profiles: its only settings, today's `tuned`
+        settings = {"worker_heartbeat_seconds": 1.0, "policy_unresponsive_seconds": 6.0}
+        return [{"profile": "tuned", "settings": settings, **dead}]
+    return dead
 
 
 def _dead_host_setting(row: Doc, doc: Doc) -> str:
