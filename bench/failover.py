@@ -60,6 +60,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import redis  # noqa: E402
 
 from bench.common import free_port, rate, worker_env, write_result  # noqa: E402
+from bench.settings import resolved_settings  # noqa: E402
 from rollq.models.policy import RolloutPolicy  # noqa: E402
 from rollq.producer import Producer  # noqa: E402
 from rollq.store.connection import connect  # noqa: E402
@@ -481,25 +482,19 @@ def parse_runs(text: str, profiles: list[str]) -> dict[str, int]:
 
 def effective_settings(profile: str, args: argparse.Namespace) -> dict[str, Any]:
     """The settings a profile's runs had, defaults resolved to their values: what its figures depend on."""
-    from rollq.store import connection
-    from rollq.worker.config import WorkerSettings
-
     chosen = PROFILES[profile]
-    worker_defaults = WorkerSettings.model_fields
     return {
         "sentinel_down_after_milliseconds": chosen["sentinel_down_after_ms"],
         "sentinel_quorum": 2,
         "sentinel_failover_timeout_ms": 60000,
-        "worker_heartbeat_seconds": chosen["heartbeat_seconds"] or worker_defaults["heartbeat_seconds"].default,
-        "heartbeat_from": "profile" if chosen["heartbeat_seconds"] else "default",
-        "policy_unresponsive_seconds": chosen["unresponsive_seconds"] or RolloutPolicy().unresponsive_seconds,
-        "unresponsive_from": "profile" if chosen["unresponsive_seconds"] else "default",
+        **resolved_settings(
+            heartbeat_seconds=chosen["heartbeat_seconds"],
+            unresponsive_seconds=chosen["unresponsive_seconds"],
+            url_scheme="redis+sentinel",
+        ),
         "wait_replicas": 1 if chosen["wait_replicas"] is None else chosen["wait_replicas"],
         "wait_replicas_from": "default behind Sentinel" if chosen["wait_replicas"] is None else "profile",
         "wait_timeout_ms": args.wait_timeout_ms,
-        "client_socket_timeout_seconds": connection._SOCKET_TIMEOUT_SECONDS,
-        "client_connect_timeout_seconds": connection.CONNECT_TIMEOUT_SECONDS,
-        "client_retries": connection._RETRIES,
         "sentinel_client_timeout_seconds": 1.0,
         "old_primary_restarted_after_seconds": chosen["rejoin_after_seconds"],
         "replica_rtt_ms": args.replica_rtt_ms,

@@ -608,6 +608,22 @@ def _cluster_rows(doc: Doc) -> list[Doc]:
     return rows
 
 
+def _dead_host_rows(doc: Doc) -> list[Doc]:
+    """The dead-host runs: a list, one per profile and outage (a single dict before profiles existed)."""
+    dead = doc.get("dead_host") or []
+    if isinstance(dead, dict):  # bench/cluster.py before --profiles: its only settings, today's `tuned`
+        settings = {"worker_heartbeat_seconds": 1.0, "policy_unresponsive_seconds": 6.0}
+        return [{"profile": "tuned", "settings": settings, **dead}]
+    return dead
+
+
+def _dead_host_setting(row: Doc, doc: Doc) -> str:
+    settings = row.get("settings")
+    if not settings:
+        return "-"
+    return f"{settings['worker_heartbeat_seconds']:g} / {settings['policy_unresponsive_seconds']:g}"
+
+
 CLUSTER = Spec(
     title="A simulated cluster: {hosts} hosts x {workers_per_host} worker processes, latency to Redis",
     about="""{hosts} hosts (network namespaces) x {workers_per_host} worker processes x {concurrency} in flight, one
@@ -628,13 +644,18 @@ start to its first claim (median). The % of the ideal rate of every round is sho
             ("worker_cpu_ms_per_rollout", "worker CPU ms/rollout", ".2f"),
             ("proxy_cpu_ms_per_rollout", "proxy CPU ms/rollout", ".2f"), ("first_claim", "first claim, s"),
         ]),
-        Table(lambda d: [d["dead_host"]] if d.get("dead_host") else [], [
+        Table(_dead_host_rows, [
+            ("profile", "profile"), Col("heartbeat / `unresponsive_seconds`, s", _dead_host_setting),
             ("down_for_seconds", "link down, s"), ("rtt_setting", "RTT, ms"), ("tasks", "tasks"),
             ("received", "received"), ("lost", "lost"), ("duplicates", "duplicated"),
             ("tasks_claimed_more_than_once", "ran more than once"),
             ("requeued_or_superseded", "requeued / superseded"),
-        ], caption="Dead host (`--outage`): host 0's link down, then back (tasks' `unresponsive_seconds` 6, "
-                   "heartbeats 1 s):"),
+            ("received_while_down", "received while down"),
+            ("seconds_from_restore_to_last_received", "last received, s after restore"),
+            ("tasks_last_claimed_by_host0_after_restore", "host 0 claims after restore"),
+        ], caption="Dead host (`--outage`, `--profiles`): host 0's link down, then back, at each profile's settings "
+                   "(`defaults`: every rollq default; `tuned`: 1 s heartbeats, `unresponsive_seconds` 6; the rest "
+                   "of each profile's resolved settings are in the results file, `dead_host_profiles`):"),
     ],
 )
 
@@ -829,8 +850,9 @@ SPECS: dict[str, Spec] = {
 }
 # The page's order; results files not named here follow in name order.
 ORDER = ["al_own_path", "al", "noop", "mock_llm", "startup", "before_after", "profile", "rollout_cpu", "big",
-         "results_stream", "inflight10k", "scaling", "cluster", "cluster_256", "failover", "soak", "capture",
-         "enqueue", "memory", "idle", "connections", "plan_rate", "plan_rate_16", "trainer_api", "embedded_drain"]
+         "results_stream", "inflight10k", "scaling", "cluster", "cluster_256", "cluster_dead_host", "failover", "soak",
+         "capture", "enqueue", "memory", "idle", "connections", "plan_rate", "plan_rate_16", "trainer_api",
+         "embedded_drain"]
 
 
 def spec_for(doc: Doc) -> Spec | None:

@@ -1,7 +1,8 @@
 """A simulated cluster on one box: hosts in network namespaces, latency to Redis, a dead host. Needs root.
 
 Run (as root, from the repository root): python -m bench.cluster [--hosts 4] [--workers-per-host 2] [--concurrency 16]
-               [--rtts direct,0,0.5,2,10] [--window 10] [--rounds 1] [--outage 12] [--skip-dead-host]
+               [--rtts direct,0,0.5,2,10] [--window 10] [--rounds 1] [--outage 12[,35]]
+               [--profiles defaults,tuned] [--skip-dead-host]
                [--stagger 0] [--out cluster]
 The 256-process run (writes bench/results/cluster_256.json):
                python -m bench.cluster --hosts 8 --workers-per-host 32 --concurrency 4 --stagger 0.25
@@ -36,11 +37,15 @@ memory of the worker processes (psutil RSS and USS: USS is what one more process
 counts the shared libraries again in every process). ``--stagger`` spaces the worker starts (each
 costs about 0.6 CPU-seconds of imports), so 256 processes do not all import at once.
 
-Dead host (at the 2 ms setting unless ``--skip-dead-host``): a fixed task list with
-``unresponsive_seconds`` 6 and 1 s heartbeats; a few seconds in, host 0's link is taken down for
-``--outage`` seconds, then restored. Reported: rollouts received, lost and duplicated, attempts
-requeued as unresponsive, late results kept as superseded, tasks host 0 claimed after the link came
-back, and whether its workers were all still running.
+Dead host (at the 2 ms setting unless ``--skip-dead-host``), once per ``--outage`` (comma-separated seconds)
+and per ``--profiles`` entry: a fixed task list; a few seconds in, host 0's link is taken down for the outage,
+then restored. Profiles (``bench.cluster.measure.DEAD_HOST_PROFILES``): ``defaults`` sets nothing, so every
+rollq default applies (5 s heartbeats, ``unresponsive_seconds`` 30: an outage shorter than that reaps nothing,
+host 0's tasks wait for its link); ``tuned`` has 1 s heartbeats and ``unresponsive_seconds`` 6. Each profile's
+settings, defaults resolved to their values (bench/settings.py, as bench/failover.py records them), are written
+beside its figures. Reported: rollouts received (before the cut, while down, after the restore), lost and
+duplicated, seconds from the restore to the last one received, attempts requeued as unresponsive, late results
+kept as superseded, tasks host 0 claimed after the link came back, and whether its workers were all still running.
 
 The defaults (4 hosts x 2 processes x 16 in flight = 128 in flight) are what 2 shared cores carry at
 full speed. 8 hosts x 32 processes x 4 in flight (1024 in flight) runs on them too, CPU-bound: there

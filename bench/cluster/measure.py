@@ -28,8 +28,15 @@ from bench.cluster.network import (
     write_rtt,
 )
 from bench.common import ROOT, sum_over, worker_env
+from bench.settings import resolved_settings
 
 MEAN_ROLLOUT_SECONDS = 0.9
+DEAD_HOST_PROFILES: dict[str, dict[str, float | None]] = {
+    # None: not set, rollq's default applies (WorkerSettings' heartbeat, RolloutPolicy's unresponsive_seconds).
+    "defaults": {"heartbeat_seconds": None, "unresponsive_seconds": None},
+    "tuned": {"heartbeat_seconds": 1.0, "unresponsive_seconds": 6.0},
+}
+"""The dead-host phase's profiles (``--profiles``): every rollq default, or heartbeats and reaping tuned fast."""
 PROXIED_URL = f"redis://127.0.0.1:{PROXY_PORT}/0"
 
 
@@ -78,27 +85,43 @@ def cpu(group: list[psutil.Process]) -> float:
     return sum_over(group, lambda p: sum(p.cpu_times()[:2]))
 
 
-def run_setting(cluster: Cluster, args: argparse.Namespace, rtt: str, dead_host: bool) -> dict[str, Any]:
+def dead_host_settings(profile: str) -> dict[str, Any]:
+    """A dead-host profile's settings, defaults resolved to their values (bench/settings.py, as failover.py)."""
+    return resolved_settings(**DEAD_HOST_PROFILES[profile])
+
+
+def run_setting(
+    cluster: Cluster,
+    args: argparse.Namespace,
+    rtt: str,
+    dead_host: bool,
+    profile: str = "tuned",
+    outage: float = 0.0,
+) -> dict[str, Any]:
     """One round-trip setting ('direct': no proxy) with a fleet started for it; with ``dead_host``, host 0's link
-    goes down for ``--outage`` seconds during the window."""
+    goes down for ``outage`` seconds during the window, the heartbeat and policy those of ``profile``."""
     via_proxy = rtt != "direct"
     rtt_ms = 0.0 if rtt == "direct" else float(rtt)
     for path in cluster.tmp.glob("proxy-*.json"):
         path.unlink()
     proxies = start_proxies(cluster, str(rtt_ms), jitter=True) if via_proxy else []
     measured_rtt = ping_rtt_ms(cluster, 0, via_proxy)
-    namespace = f"c{rtt.replace('.', '_')}{'-dead' if dead_host else ''}"
+    chosen = DEAD_HOST_PROFILES[profile] if dead_host else {}
+    namespace = f"c{rtt.replace('.', '_')}" + (f"-dead-{profile}-{outage:g}" if dead_host else "")
     in_flight = cluster.hosts * args.workers_per_host * args.concurrency
     options = ["--namespace", namespace, "--in-flight", str(in_flight),
                "--workers", str(cluster.hosts * args.workers_per_host), "--window", str(args.window)]  # fmt: skip
     if dead_host:
-        options += ["--dead-host-tasks", str(args.dead_host_tasks), "--outage", str(args.outage)]
+        options += ["--dead-host-tasks", str(args.dead_host_tasks), "--outage", str(outage)]
         options += ["--link-down", f"{cluster.redis_ns}:{cluster.redis_end(0)}"]
+        if chosen["unresponsive_seconds"] is not None:
+            options += ["--unresponsive-seconds", str(chosen["unresponsive_seconds"])]
     producer, lines = start_producer(cluster, options, f"producer-{namespace}.log")
     lines.expect("QUEUED", 60)
     workers: list[subprocess.Popen[bytes]] = []
     started: dict[str, float] = {}
-    env = fleet_env(args.concurrency, **({"ROLLQ_HEARTBEAT_SECONDS": "1"} if dead_host else {}))
+    heartbeat = chosen.get("heartbeat_seconds")
+    env = fleet_env(args.concurrency, **({"ROLLQ_HEARTBEAT_SECONDS": f"{heartbeat:g}"} if heartbeat else {}))
     # Round-robin over the hosts, so a staggered start fills every host alike.
     for j in range(args.workers_per_host):
         for i, ns in enumerate(cluster.host_ns):
@@ -130,6 +153,11 @@ def run_setting(cluster: Cluster, args: argparse.Namespace, rtt: str, dead_host:
     done = max(result["rollouts_in_window"], 1)
     claims = result.get("first_claim", {})
     row: dict[str, Any] = {
+        **(
+            {"profile": profile, "outage_asked_seconds": outage, "settings": dead_host_settings(profile)}
+            if dead_host
+            else {}
+        ),  # fmt: skip
         "rtt_setting": rtt,
         "rtt_ms_asked": rtt_ms if via_proxy else None,
         "ping_rtt_ms_measured": measured_rtt,

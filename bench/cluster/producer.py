@@ -116,7 +116,8 @@ def producer_role(args: argparse.Namespace) -> None:
 
     connection = redis.Redis.from_url(args.url)
     keys = Keys(args.namespace)
-    policy = RolloutPolicy(unresponsive_seconds=6.0) if args.dead_host_tasks else None
+    # Not set: RolloutPolicy's default (the dead host's ``defaults`` profile).
+    policy = RolloutPolicy(unresponsive_seconds=args.unresponsive_seconds) if args.unresponsive_seconds else None
     producer = Producer(connection, args.namespace, policy=policy)
     trainer = Trainer(Producer(redis.Redis.from_url(args.url), args.namespace))
     trainer.start()
@@ -147,15 +148,27 @@ def producer_role(args: argparse.Namespace) -> None:
     outage: dict[str, Any] = {}
     if args.dead_host_tasks:
         ns, dev = args.link_down.split(":")
+        wanted = set(ids)
         subprocess.run(["ip", "-n", ns, "link", "set", dev, "down"], check=True)
         down_at = time.time()
-        time.sleep(args.outage)
+        at_cut = len(trainer.seen & wanted)
+        time.sleep(float(args.outage))
         subprocess.run(["ip", "-n", ns, "link", "set", dev, "up"], check=True)
         up_at = time.time()
-        outage = {"down_for_seconds": round(up_at - down_at, 1)}
+        at_restore = len(trainer.seen & wanted)
         deadline = time.monotonic() + 300
-        while len(trainer.seen & set(ids)) < len(ids) and time.monotonic() < deadline:
+        while len(trainer.seen & wanted) < len(ids) and time.monotonic() < deadline:
             time.sleep(0.2)
+        all_in_at = time.time()
+        outage = {
+            "down_for_seconds": round(up_at - down_at, 1),
+            "link_down_at": time.strftime("%H:%M:%S", time.gmtime(down_at)) + f".{int(down_at % 1 * 10)} UTC",
+            "link_up_at": time.strftime("%H:%M:%S", time.gmtime(up_at)) + f".{int(up_at % 1 * 10)} UTC",
+            "received_before_cut": at_cut,
+            "received_while_down": at_restore - at_cut,
+            "received_after_restore": len(trainer.seen & wanted) - at_restore,
+            "seconds_from_restore_to_last_received": round(all_in_at - up_at, 1),
+        }
         time.sleep(3.0)  # late results of the cut-off host arrive after their tasks finished elsewhere
     else:
         time.sleep(args.window)
@@ -200,9 +213,7 @@ def producer_role(args: argparse.Namespace) -> None:
                 "lost": len(set(ids) - trainer.seen),
                 "tasks_claimed_more_than_once": sum(1 for r in records if r[2] and int(r[2]) > 1),
                 "requeued_or_superseded": {k: v for k, v in stats.items() if k.startswith(("requeued", "superseded"))},
-                "tasks_last_claimed_by_host0_after_restore": sum(
-                    1 for r in host0 if float(r[1] or 0) > down_at + args.outage
-                ),
+                "tasks_last_claimed_by_host0_after_restore": sum(1 for r in host0 if float(r[1] or 0) > up_at),
                 **outage,
             }
         )

@@ -53,6 +53,19 @@ DEFAULT_RESULTS_MAX_BYTES = 1024**3
 """The results stream's hard byte limit (payload bytes); routine trimming keeps it under half of this."""
 
 
+@dataclass(frozen=True)
+class Reissue:
+    """One queued task the lost-job sweep checks (:meth:`Lifecycle.reissue_many`): queue it again if its RQ job
+    ``old_job_id`` vanished; ``deep`` also looks for the job on RQ's lists."""
+
+    task: Task
+    policy: RolloutPolicy
+    old_job_id: str
+    claims: int
+    now: float
+    deep: bool
+
+
 @dataclass(frozen=True, kw_only=True)
 class Finish:
     """An attempt's final rollout and how to publish it: what :meth:`Lifecycle.finish` (and ``finish_call``) send
@@ -465,10 +478,23 @@ class Lifecycle:
 
         1 queued again, 0 not (or not yet), -1 the new job id is taken by another job.
         """
+        return int(self._reissue_call(task, policy, old_job_id, claims, now, deep=deep).run())
+
+    def reissue_many(self, checks: Sequence[Reissue]) -> list[int | Exception]:
+        """:meth:`reissue` for many queued tasks in one pipeline: one round trip, not one each (the lost-job sweep
+        runs on a worker's heartbeat thread, see :mod:`rollq.store.reaper`). Each check's reply (1, 0, -1) or the
+        error its call got."""
+        calls = [self._reissue_call(c.task, c.policy, c.old_job_id, c.claims, c.now, deep=c.deep) for c in checks]
+        return [r if isinstance(r, Exception) else int(r) for r in self.run_pipelined(calls)]
+
+    def _reissue_call(
+        self, task: Task, policy: RolloutPolicy, old_job_id: str, claims: int, now: float, *, deep: bool
+    ) -> ScriptCall:
         k = self.keys
         jid = k.job_id(task.rollout_id, after_attempt=claims, reissue=True)
-        reply = self._reissue(
-            keys=[
+        return ScriptCall(
+            self._reissue,
+            [
                 k.task(task.rollout_id),
                 k.rq_queue,
                 k.rq_intermediate,
@@ -478,7 +504,7 @@ class Lifecycle:
                 k.orphaned(old_job_id),
                 k.stats,
             ],
-            args=[
+            [
                 old_job_id,
                 jid,
                 now,
@@ -486,4 +512,3 @@ class Lifecycle:
                 *self._template(policy).fields(task.rollout_id, self._description(task)),
             ],
         )
-        return int(reply)
