@@ -229,12 +229,15 @@ class Producer:
             log.error("could not cancel them (%s): they stay queued", exc)
 
     def pending(self) -> int:
-        """Tasks queued or running in this namespace (one round trip)."""
+        """Tasks queued or running in this namespace (one round trip): RQ's queue, RQ's intermediate list (taken
+        off the queue by a worker, not claimed yet) and the running set. A task moving from the list to the set
+        may count twice for a moment, never zero times: back-pressure errs on the side of waiting."""
         pipe = self.connection.pipeline(transaction=False)
         pipe.llen(self.keys.rq_queue)
+        pipe.llen(self.keys.rq_intermediate)
         pipe.zcard(self.keys.inflight)
-        queued, running = pipe.execute()
-        return int(queued) + int(running)
+        queued, taken, running = pipe.execute()
+        return int(queued) + int(taken) + int(running)
 
     def _wait_for_room(self, wanted: int, max_pending: int, timeout: float | None, *, queued: int) -> None:
         deadline = None if timeout is None else time.monotonic() + timeout
