@@ -96,31 +96,25 @@ def default_replicas(connection: Any) -> int:
     )
 
 
-def online_replicas(info: dict[str, Any], caught_up_to: int = 0) -> int:
-    """Replicas in ``state=online`` in a primary's ``INFO replication`` (redis-py's parsed dict) whose acknowledged
-    offset is at least ``caught_up_to``. A stalled replica (a frozen process, a cut link) stays ``online`` until
-    ``repl-timeout`` (60 s) but its offset stops: only the offset says it would answer a WAIT."""
-    return sum(
-        1
+def _online(info: dict[str, Any]) -> list[dict[str, Any]]:
+    """The replicas in ``state=online`` in a primary's ``INFO replication`` (redis-py's parsed dict)."""
+    return [
+        value
         for key, value in info.items()
-        if key.startswith("slave")
-        and isinstance(value, dict)
-        and value.get("state") == "online"
-        and int(value.get("offset", 0)) >= caught_up_to
-    )
+        if key.startswith("slave") and isinstance(value, dict) and value.get("state") == "online"
+    ]
+
+
+def online_replicas(info: dict[str, Any], caught_up_to: int = 0) -> int:
+    """Online replicas whose acknowledged offset is at least ``caught_up_to``. A stalled replica (a frozen
+    process, a cut link) stays ``online`` until ``repl-timeout`` (60 s) but its offset stops: only the offset says
+    it would answer a WAIT."""
+    return sum(int(replica.get("offset", 0)) >= caught_up_to for replica in _online(info))
 
 
 def alive_replicas(info: dict[str, Any]) -> int:
-    """Replicas online in a primary's ``INFO replication`` whose last acknowledgement is at most
-    :data:`ALIVE_ACK_SECONDS` old."""
-    return sum(
-        1
-        for key, value in info.items()
-        if key.startswith("slave")
-        and isinstance(value, dict)
-        and value.get("state") == "online"
-        and int(value.get("lag", 0)) <= ALIVE_ACK_SECONDS
-    )
+    """Online replicas whose last acknowledgement is at most :data:`ALIVE_ACK_SECONDS` old."""
+    return sum(int(replica.get("lag", 0)) <= ALIVE_ACK_SECONDS for replica in _online(info))
 
 
 def process_label() -> str:
