@@ -140,11 +140,19 @@ class Workers:
         self.ps = [psutil.Process(p.pid) for p in self.processes]
 
     def wait_registered(
-        self, connection: redis.Redis, queue: str, expected: int | None = None, timeout: float = 180
+        self,
+        connection: redis.Redis,
+        queue: str,
+        expected: int | None = None,
+        timeout: float = 180,
+        registry_key: str | None = None,
     ) -> None:
-        """Until ``expected`` workers (default: one per process) have registered; they are then about to dequeue."""
+        """Until ``expected`` workers (default: one per process) have registered; they are then about to dequeue.
+
+        RQ workers register in RQ's per-queue worker set; other workers name the set they add themselves to.
+        """
         deadline = time.monotonic() + timeout
-        while connection.scard(f"rq:workers:{queue}") < (expected or len(self.processes)):
+        while connection.scard(registry_key or f"rq:workers:{queue}") < (expected or len(self.processes)):
             self.check_alive()
             if time.monotonic() > deadline:
                 raise RuntimeError(f"workers did not register within {timeout}s; logs: {self.logs[0].parent}")

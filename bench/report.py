@@ -332,6 +332,10 @@ seen: {duplicates}. Other processes on the shared machine used {other:.2f} cores
 )
 
 
+def _percents(values: list[float] | None) -> str:
+    return "-" if not values else ", ".join(f"{v:.1f}%" for v in values)
+
+
 def _noop_rows(doc: Doc) -> list[Doc]:
     simple = next(r for r in doc["end_to_end"] if r["label"] == "RQ SimpleWorker")
     def per_round(r: Doc) -> list[float | None]:
@@ -355,6 +359,7 @@ Commands are counted by Redis (`INFO commandstats`, Lua's included) over the who
             ("worker_cpu_ms_per_job", "worker CPU ms/job", ".2f"),
             Col("CPU / SimpleWorker", "cpu_per_job_vs_simpleworker", x),
             ("commands_per_job", "Redis commands/job", ".1f"), ("worker_rss_mb", "worker RSS MB", ".1f"),
+            Col("% of the minimal queue, per round", "percent_of_minimal_queue_per_round", _percents),
         ]),
         Table("round_trips", [
             ("label", "worker"), ("round_trips_per_job", "round trips/job", ".1f"),
@@ -902,6 +907,16 @@ def _commands_16(docs: dict[str, Doc]) -> tuple[str, bool] | None:
     return None if row is None else (f"{row['commands_per_job']:.1f}", row["commands_per_job"] <= 15)
 
 
+def _vs_minimal_queue(docs: dict[str, Doc]) -> tuple[str, bool] | None:
+    rows = {r["label"]: r for r in docs["noop"]["end_to_end"]}
+    floor = rows.get("a minimal Redis queue, batched (BLMPOP 16, pipelined XADD)")
+    row = rows.get("rollq, concurrency 16")
+    if floor is None or row is None or "percent_of_minimal_queue" not in row:
+        return None
+    pct = row["percent_of_minimal_queue"]
+    return f"{pct:.1f}% ({row['jobs_per_s']:,.0f} vs {floor['jobs_per_s']:,.0f}/s, concurrency 16)", pct >= 10
+
+
 def _startup(docs: dict[str, Doc]) -> tuple[str, bool] | None:
     # The tree measured, not the --base commit it was measured beside.
     rows = [r for r in docs["startup"]["rows"] if r["label"].startswith("rollq") and "(at " not in r["label"]]
@@ -928,7 +943,8 @@ TARGETS: list[tuple[str, str, Callable[[dict[str, Doc]], tuple[str, bool] | None
     ("proxy's added latency at 256 calls in flight, p99", "<= +5 ms",
      _field("capture", "added_p99_ms", "{:+.1f} ms", lambda v: v <= 5)),
     ("no-op rollouts vs Agent Lightning 0.1.2 on its own RL path", ">= 3x", _noop_vs_al),
-    ("no-op rollouts vs a minimal Redis queue on the same box", ">= 10%", lambda docs: None),
+    ("no-op rollouts vs a minimal Redis queue on the same box", ">= 10%",
+     lambda docs: _vs_minimal_queue(docs) if "noop" in docs else None),
     ("Redis commands per no-op rollout, concurrency 16", "<= 15",
      lambda docs: _commands_16(docs) if "noop" in docs else None),
     ("1000 in flight, % of the ideal rate", ">= 95%", _ideal_1000),
