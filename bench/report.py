@@ -854,7 +854,8 @@ SPECS: dict[str, Spec] = {
     "capture": CAPTURE, "enqueue": ENQUEUE, "memory": MEMORY, "startup": STARTUP,
 }
 # The page's order; results files not named here follow in name order.
-ORDER = ["al_own_path", "al", "noop", "mock_llm", "startup", "before_after", "profile", "rollout_cpu", "big",
+ORDER = ["al_own_path", "al", "noop", "mock_llm", "startup", "fleet_startup", "before_after", "profile", "rollout_cpu",
+         "big",
          "results_stream", "inflight10k", "scaling", "cluster", "cluster_256", "cluster_dead_host", "failover", "soak",
          "capture", "enqueue", "memory", "idle", "connections", "plan_rate", "plan_rate_16", "trainer_api",
          "embedded_drain"]
@@ -928,6 +929,15 @@ def _startup(docs: dict[str, Doc]) -> tuple[str, bool] | None:
     return value, max(r["vs_rq"], per_round) <= 2.0
 
 
+def _fleet(docs: dict[str, Doc]) -> tuple[str, bool] | None:
+    doc = docs["fleet_startup"]
+    rq, rollq = doc["rows"]
+    value = (f"{x(doc['rollq_vs_rq_all_claimed'])} ({doc['processes']} processes: {rollq['all claimed, s (median)']} "
+             f"vs {rq['all claimed, s (median)']} s; CPU per process {rollq['CPU s per process']} vs "
+             f"{rq['CPU s per process']} s)")
+    return value, doc["rollq_vs_rq_all_claimed"] <= 2.0
+
+
 def _field(name: str, key: str, text: str, ok: Callable[[float], bool]) -> Callable[[dict[str, Doc]], Any]:
     """The measure ``docs[name][key]``, written with the template ``text``."""
     return lambda docs: (text.format(docs[name][key]), ok(docs[name][key])) if name in docs else None
@@ -956,6 +966,8 @@ TARGETS: list[tuple[str, str, Callable[[dict[str, Doc]], tuple[str, bool] | None
      _field("big", "rollq_over_orjson", "{:.2f}x (0.23 MB)", lambda v: v >= 1.0)),
     ("worker start-up, exec to first claim", "<= 2x plain RQ",
      lambda docs: _startup(docs) if "startup" in docs else None),
+    ("a fleet of worker processes started at once, until all have claimed", "<= 2x plain RQ",
+     lambda docs: _fleet(docs) if "fleet_startup" in docs else None),
 ]
 
 
