@@ -17,8 +17,11 @@ against the simulated LLM, 1-2 calls of 0.1-0.5 s each) at ``--concurrency`` in
 flight on 2 stock worker processes, capture off and on in alternating rounds,
 rollouts/s compared (``bench/mock_llm.py``'s measurement window).
 
+With ``--base COMMIT`` a second proxy, rollq as of that commit (a temporary ``git worktree``), takes its turn in
+every round beside this tree's (their order swapped every round): before and after in one run, per round.
+
     python bench/capture.py [--calls 2048] [--concurrency 256] [--rounds 4] [--latency 0.5]
-                            [--rollout-rounds 2] [--window 20]
+                            [--rollout-rounds 2] [--window 20] [--base COMMIT]
 """
 
 from __future__ import annotations
@@ -39,7 +42,7 @@ import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import write_result  # noqa: E402
+from bench.common import base_tree, commit_of, write_result  # noqa: E402
 
 
 def serve_backend(latency: float) -> None:
@@ -73,10 +76,13 @@ def serve_proxy(backend: str) -> None:
     proxy.stop()
 
 
-def _child(*args: str) -> tuple[subprocess.Popen[str], str]:
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
+def _child(*args: str, tree: Path | None = None) -> tuple[subprocess.Popen[str], str]:
+    """This script (or ``tree``'s copy of it, with ``tree``'s rollq) in a process of its own; its first line."""
+    root = tree or Path(__file__).resolve().parent.parent
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    script = root / "bench" / Path(__file__).name
     proc = subprocess.Popen(
-        [sys.executable, __file__, *args], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env
+        [sys.executable, str(script), *args], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env
     )
     assert proc.stdout is not None
     return proc, proc.stdout.readline().strip()
@@ -105,31 +111,52 @@ def _pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-async def measure(direct: str, proxied: str, proxy_pid: int, args: argparse.Namespace) -> dict[str, Any]:
-    proxy = psutil.Process(proxy_pid)
-    results: dict[str, list[float]] = {"direct": [], "proxy": []}
-    cpu = 0.0
+def _summary(values: list[float]) -> dict[str, Any]:
+    return {
+        "calls": len(values),
+        "p50_ms": round(_pct(values, 0.50) * 1000, 3),
+        "p99_ms": round(_pct(values, 0.99) * 1000, 3),
+        "mean_ms": round(statistics.fmean(values) * 1000, 3),
+    }
+
+
+async def measure(direct: str, proxies: dict[str, tuple[str, int]], args: argparse.Namespace) -> dict[str, Any]:
+    """Rounds of ``direct`` then each proxy path (``proxy``; ``proxy_base`` with ``--base``, the two proxies'
+    order swapped every round); per path the latencies and the proxy process's CPU per call, per round too."""
+    processes = {name: psutil.Process(pid) for name, (_, pid) in proxies.items()}
+    results: dict[str, list[float]] = {"direct": [], **{name: [] for name in proxies}}
+    cpu = dict.fromkeys(proxies, 0.0)
+    rounds: list[dict[str, Any]] = []
     connector = aiohttp.TCPConnector(limit=0)
     async with aiohttp.ClientSession(connector=connector) as session:
-        await _round(session, direct, args.concurrency, args.concurrency)  # warm both paths' connections
-        await _round(session, proxied, args.concurrency, args.concurrency)
+        await _round(session, direct, args.concurrency, args.concurrency)  # warm every path's connections
+        for base, _ in proxies.values():
+            await _round(session, base, args.concurrency, args.concurrency)
         per_round = args.calls // args.rounds
-        for _ in range(args.rounds):
-            results["direct"] += await _round(session, direct, per_round, args.concurrency)
-            before = sum(proxy.cpu_times()[:2])
-            results["proxy"] += await _round(session, proxied, per_round, args.concurrency)
-            cpu += sum(proxy.cpu_times()[:2]) - before
-    summary: dict[str, Any] = {}
-    for path, values in results.items():
-        summary[path] = {
-            "calls": len(values),
-            "p50_ms": round(_pct(values, 0.50) * 1000, 3),
-            "p99_ms": round(_pct(values, 0.99) * 1000, 3),
-            "mean_ms": round(statistics.fmean(values) * 1000, 3),
-        }
-    summary["added_p50_ms"] = round(summary["proxy"]["p50_ms"] - summary["direct"]["p50_ms"], 3)
-    summary["added_p99_ms"] = round(summary["proxy"]["p99_ms"] - summary["direct"]["p99_ms"], 3)
-    summary["proxy_cpu_ms_per_call"] = round(cpu * 1000 / len(results["proxy"]), 3)
+        for n in range(args.rounds):
+            row: dict[str, Any] = {"round": n + 1}
+            direct_values = await _round(session, direct, per_round, args.concurrency)
+            results["direct"] += direct_values
+            row["direct_p50_ms"] = _summary(direct_values)["p50_ms"]
+            for name in list(proxies)[:: -1 if n % 2 else 1]:
+                before = sum(processes[name].cpu_times()[:2])
+                values = await _round(session, proxies[name][0], per_round, args.concurrency)
+                used = sum(processes[name].cpu_times()[:2]) - before
+                results[name] += values
+                cpu[name] += used
+                row[f"{name}_cpu_ms_per_call"] = round(used * 1000 / len(values), 3)
+                row[f"{name}_p50_ms"] = _summary(values)["p50_ms"]
+            row["load_1min"] = round(os.getloadavg()[0], 1)
+            if "proxy_base" in proxies:
+                row["cpu_new_over_base"] = round(row["proxy_cpu_ms_per_call"] / row["proxy_base_cpu_ms_per_call"], 3)
+            rounds.append(row)
+    summary: dict[str, Any] = {path: _summary(values) for path, values in results.items()}
+    for name in proxies:
+        suffix = name[len("proxy") :]  # "" or "_base"
+        summary[f"added_p50_ms{suffix}"] = round(summary[name]["p50_ms"] - summary["direct"]["p50_ms"], 3)
+        summary[f"added_p99_ms{suffix}"] = round(summary[name]["p99_ms"] - summary["direct"]["p99_ms"], 3)
+        summary[f"proxy_cpu_ms_per_call{suffix}"] = round(cpu[name] * 1000 / len(results[name]), 3)
+    summary["rounds"] = rounds
     return summary
 
 
@@ -201,6 +228,7 @@ def main() -> None:
         "--rollout-rounds", type=int, default=2, help="rounds of sample-agent rollouts, capture off then on (default 2)"
     )
     parser.add_argument("--window", type=float, default=20.0, help="seconds measured per rollout round (default 20)")
+    parser.add_argument("--base", help="a commit whose proxy takes its turn in every round too (before/after)")
     parser.add_argument("--serve", choices=("backend", "proxy"), help=argparse.SUPPRESS)
     parser.add_argument("--backend", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -208,22 +236,32 @@ def main() -> None:
         return serve_backend(args.latency)
     if args.serve == "proxy":
         return serve_proxy(args.backend)
-    backend, direct = _child("--serve", "backend", "--latency", str(args.latency))
-    proxy, proxied = _child("--serve", "proxy", "--backend", direct)
-    try:
-        summary = measure(direct, proxied, proxy.pid, args)
-        data = asyncio.run(summary)
-    finally:
-        for proc in (proxy, backend):
-            assert proc.stdin is not None
-            proc.stdin.close()
-            proc.wait(10)
+    with base_tree(args.base) as tree:
+        backend, direct = _child("--serve", "backend", "--latency", str(args.latency))
+        children = [backend]
+        try:
+            proxy, proxied = _child("--serve", "proxy", "--backend", direct)
+            children.append(proxy)
+            proxies = {"proxy": (proxied, proxy.pid)}
+            if tree is not None:
+                base, base_url = _child("--serve", "proxy", "--backend", direct, tree=tree)
+                children.append(base)
+                proxies["proxy_base"] = (base_url, base.pid)
+            data = asyncio.run(measure(direct, proxies, args))
+        finally:
+            for proc in reversed(children):
+                assert proc.stdin is not None
+                proc.stdin.close()
+                proc.wait(10)
+    if args.base:
+        data["base_commit"] = commit_of(args.base)
     argv = [f"--calls={args.calls}", f"--concurrency={args.concurrency}", f"--rounds={args.rounds}"]
     argv += [f"--latency={args.latency}", f"--rollout-rounds={args.rollout_rounds}", f"--window={args.window}"]
+    argv += [f"--base={args.base}"] if args.base else []
     if args.rollout_rounds:
         data["rollouts"] = rollouts_on_and_off(args)
         print(json.dumps(data["rollouts"], indent=2))
-    settings = {k: v for k, v in vars(args).items() if k not in ("serve", "backend")}
+    settings = {k: v for k, v in vars(args).items() if k not in ("serve", "backend", "base")}
     path = write_result("capture", data, argv, settings=settings)
     print(json.dumps(data, indent=2))
     print(f"wrote {path}")
