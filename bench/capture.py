@@ -17,11 +17,15 @@ against the simulated LLM, 1-2 calls of 0.1-0.5 s each) at ``--concurrency`` in
 flight on 2 stock worker processes, capture off and on in alternating rounds,
 rollouts/s compared (``bench/mock_llm.py``'s measurement window).
 
+With ``--agent-load F`` a thread in each proxy's process runs Python for F of every 10 ms, as a worker's agents
+do beside its proxy thread: the proxy then waits for the GIL as in a busy worker (its CPU is left out of the
+proxy's CPU per call).
+
 With ``--base COMMIT`` a second proxy, rollq as of that commit (a temporary ``git worktree``), takes its turn in
 every round beside this tree's (their order swapped every round): before and after in one run, per round.
 
     python bench/capture.py [--calls 2048] [--concurrency 256] [--rounds 4] [--latency 0.5]
-                            [--rollout-rounds 2] [--window 20] [--base COMMIT]
+                            [--rollout-rounds 2] [--window 20] [--agent-load 0.5] [--base COMMIT]
 """
 
 from __future__ import annotations
@@ -33,7 +37,9 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -76,16 +82,81 @@ def serve_proxy(backend: str) -> None:
     proxy.stop()
 
 
-def _child(*args: str, tree: Path | None = None) -> tuple[subprocess.Popen[str], str]:
+# Started in a proxy process before its script runs (so a --base tree's script needs no knob for it): a thread
+# that runs Python for ``load`` of every 10 ms, as a worker's agents do beside its proxy thread, sharing its GIL.
+# Its thread id goes to a file, so that its CPU is left out of the proxy's.
+_AGENT_LOAD = """
+import os, runpy, sys, threading, time
+ready = threading.Event()
+def agents(load):
+    with open(os.environ["ROLLQ_BENCH_AGENT_TID"], "w") as f:
+        f.write(str(threading.get_native_id()))
+    ready.set()
+    while True:
+        started = time.perf_counter()
+        while time.perf_counter() - started < load * 0.01:
+            sum(i * i for i in range(200))
+        time.sleep(max(0.0, 0.01 - (time.perf_counter() - started)))
+load = float(os.environ.get("ROLLQ_BENCH_AGENT_LOAD") or 0)
+if load > 0:
+    threading.Thread(target=agents, args=(load,), daemon=True, name="agents").start()
+    ready.wait()
+sys.argv = sys.argv[1:]
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+@dataclass
+class Child:
+    proc: subprocess.Popen[str]
+    line: str
+    agents_tid: int | None = None
+
+    def only_one_loading(self, children: dict[str, Child]) -> None:
+        """With agent load: this child's process runs, the other proxies' are stopped (one worker's agents load
+        the machine at a time, whichever path is measured)."""
+        for other in children.values():
+            if other.agents_tid is not None:
+                process = psutil.Process(other.proc.pid)
+                process.resume() if other is self else process.suspend()
+
+    def cpu_seconds(self) -> float:
+        """The process's CPU (user + system), less the agent-load thread's."""
+        process = psutil.Process(self.proc.pid)
+        used = sum(process.cpu_times()[:2])
+        if self.agents_tid is not None:
+            used -= sum(t.user_time + t.system_time for t in process.threads() if t.id == self.agents_tid)
+        return used
+
+
+def _child(*args: str, tree: Path | None = None, agent_load: float = 0.0) -> tuple[subprocess.Popen[str], str]:
     """This script (or ``tree``'s copy of it, with ``tree``'s rollq) in a process of its own; its first line."""
+    child = _start(*args, tree=tree, agent_load=agent_load)
+    return child.proc, child.line
+
+
+def _start(*args: str, tree: Path | None = None, agent_load: float = 0.0) -> Child:
     root = tree or Path(__file__).resolve().parent.parent
-    env = {**os.environ, "PYTHONPATH": str(root)}
+    tid_file = Path(tempfile.mkstemp(prefix="rollq-bench-agents-")[1])
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(root),
+        "ROLLQ_BENCH_AGENT_LOAD": str(agent_load),
+        "ROLLQ_BENCH_AGENT_TID": str(tid_file),
+    }
     script = root / "bench" / Path(__file__).name
     proc = subprocess.Popen(
-        [sys.executable, str(script), *args], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env
+        [sys.executable, "-c", _AGENT_LOAD, str(script), *args],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env,
     )
     assert proc.stdout is not None
-    return proc, proc.stdout.readline().strip()
+    line = proc.stdout.readline().strip()
+    tid = tid_file.read_text().strip() if agent_load > 0 else ""
+    tid_file.unlink()
+    return Child(proc, line, int(tid) if tid else None)
 
 
 async def _round(session: aiohttp.ClientSession, base: str, calls: int, concurrency: int) -> list[float]:
@@ -120,28 +191,30 @@ def _summary(values: list[float]) -> dict[str, Any]:
     }
 
 
-async def measure(direct: str, proxies: dict[str, tuple[str, int]], args: argparse.Namespace) -> dict[str, Any]:
+async def measure(direct: str, proxies: dict[str, Child], args: argparse.Namespace) -> dict[str, Any]:
     """Rounds of ``direct`` then each proxy path (``proxy``; ``proxy_base`` with ``--base``, the two proxies'
     order swapped every round); per path the latencies and the proxy process's CPU per call, per round too."""
-    processes = {name: psutil.Process(pid) for name, (_, pid) in proxies.items()}
     results: dict[str, list[float]] = {"direct": [], **{name: [] for name in proxies}}
     cpu = dict.fromkeys(proxies, 0.0)
     rounds: list[dict[str, Any]] = []
     connector = aiohttp.TCPConnector(limit=0)
     async with aiohttp.ClientSession(connector=connector) as session:
         await _round(session, direct, args.concurrency, args.concurrency)  # warm every path's connections
-        for base, _ in proxies.values():
-            await _round(session, base, args.concurrency, args.concurrency)
+        for child in proxies.values():
+            child.only_one_loading(proxies)
+            await _round(session, child.line, args.concurrency, args.concurrency)
         per_round = args.calls // args.rounds
         for n in range(args.rounds):
             row: dict[str, Any] = {"round": n + 1}
+            proxies["proxy"].only_one_loading(proxies)  # the direct calls see one worker's agent load too
             direct_values = await _round(session, direct, per_round, args.concurrency)
             results["direct"] += direct_values
             row["direct_p50_ms"] = _summary(direct_values)["p50_ms"]
             for name in list(proxies)[:: -1 if n % 2 else 1]:
-                before = sum(processes[name].cpu_times()[:2])
-                values = await _round(session, proxies[name][0], per_round, args.concurrency)
-                used = sum(processes[name].cpu_times()[:2]) - before
+                proxies[name].only_one_loading(proxies)
+                before = proxies[name].cpu_seconds()
+                values = await _round(session, proxies[name].line, per_round, args.concurrency)
+                used = proxies[name].cpu_seconds() - before
                 results[name] += values
                 cpu[name] += used
                 row[f"{name}_cpu_ms_per_call"] = round(used * 1000 / len(values), 3)
@@ -228,6 +301,12 @@ def main() -> None:
         "--rollout-rounds", type=int, default=2, help="rounds of sample-agent rollouts, capture off then on (default 2)"
     )
     parser.add_argument("--window", type=float, default=20.0, help="seconds measured per rollout round (default 20)")
+    parser.add_argument(
+        "--agent-load",
+        type=float,
+        default=0.0,
+        help="fraction of each 10 ms a thread in each proxy's process runs Python, as a worker's agents do (0-1)",
+    )
     parser.add_argument("--base", help="a commit whose proxy takes its turn in every round too (before/after)")
     parser.add_argument("--serve", choices=("backend", "proxy"), help=argparse.SUPPRESS)
     parser.add_argument("--backend", help=argparse.SUPPRESS)
@@ -240,14 +319,18 @@ def main() -> None:
         backend, direct = _child("--serve", "backend", "--latency", str(args.latency))
         children = [backend]
         try:
-            proxy, proxied = _child("--serve", "proxy", "--backend", direct)
-            children.append(proxy)
-            proxies = {"proxy": (proxied, proxy.pid)}
+            proxies = {"proxy": _start("--serve", "proxy", "--backend", direct, agent_load=args.agent_load)}
+            children.append(proxies["proxy"].proc)
             if tree is not None:
-                base, base_url = _child("--serve", "proxy", "--backend", direct, tree=tree)
-                children.append(base)
-                proxies["proxy_base"] = (base_url, base.pid)
-            data = asyncio.run(measure(direct, proxies, args))
+                proxies["proxy_base"] = _start(
+                    "--serve", "proxy", "--backend", direct, tree=tree, agent_load=args.agent_load
+                )
+                children.append(proxies["proxy_base"].proc)
+            try:
+                data = asyncio.run(measure(direct, proxies, args))
+            finally:
+                for child in proxies.values():
+                    psutil.Process(child.proc.pid).resume()  # a stopped process would not read its stdin's end
         finally:
             for proc in reversed(children):
                 assert proc.stdin is not None
@@ -257,6 +340,7 @@ def main() -> None:
         data["base_commit"] = commit_of(args.base)
     argv = [f"--calls={args.calls}", f"--concurrency={args.concurrency}", f"--rounds={args.rounds}"]
     argv += [f"--latency={args.latency}", f"--rollout-rounds={args.rollout_rounds}", f"--window={args.window}"]
+    argv += [f"--agent-load={args.agent_load}"] if args.agent_load else []
     argv += [f"--base={args.base}"] if args.base else []
     if args.rollout_rounds:
         data["rollouts"] = rollouts_on_and_off(args)

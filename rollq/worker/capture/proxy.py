@@ -52,7 +52,7 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 from rollq.models.contract import LLM, NamedResources
 from rollq.models.llm_options import RETRY_STATUSES, LLMOptions, for_agent, options_of
 
-from . import ambient, codec
+from . import ambient, codec, gil
 from .calls import CallKind, CapturedCall
 from .gate import CallGate, GateTimeout
 from .routing import UpstreamHealth, backoff, rendezvous_order
@@ -152,12 +152,17 @@ class CaptureProxy:
         *,
         read_timeout: float = DEFAULT_READ_TIMEOUT_SECONDS,
         max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+        switch_interval: float | None = gil.SWITCH_INTERVAL_SECONDS,
     ) -> None:
         """``read_timeout``: longest wait for the next byte from a backend before the call fails (504);
-        ``max_body_bytes``: the largest request body an agent may send (413 past it)."""
+        ``max_body_bytes``: the largest request body an agent may send (413 past it); ``switch_interval``: the
+        GIL switch interval the process gets while the proxy runs, if it is longer (see :mod:`.gil`; None leaves
+        it)."""
         self.host = host
         self.read_timeout = read_timeout
         self.max_body_bytes = max_body_bytes
+        self.switch_interval = switch_interval
+        self._replaced_interval: float | None = None
         self.port = 0
         self.gate = gate or CallGate()
         self.health = UpstreamHealth()
@@ -199,6 +204,8 @@ class CaptureProxy:
         ready.wait()
         if failure:
             raise failure[0]
+        if self.switch_interval is not None:
+            self._replaced_interval = gil.lower_switch_interval(self.switch_interval)
         log.info("capturing LLM calls through http://%s:%d", self.host, self.port)
         return self
 
@@ -229,6 +236,9 @@ class CaptureProxy:
         if self._loop is not None and self._thread is not None:
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join(timeout=5)
+        if self.switch_interval is not None:
+            gil.restore_switch_interval(self._replaced_interval, self.switch_interval)
+            self._replaced_interval = None
 
     def serve_environment(self, concurrency: int, environ: Any = None) -> list[ambient.Upstream]:
         """Capture calls to the URLs in ``OPENAI_BASE_URL`` / ``OPENAI_API_BASE`` too (see :mod:`.ambient`).
