@@ -254,7 +254,6 @@ def main() -> None:
                 assert proc.stdin is not None
                 proc.stdin.close()
                 proc.wait(10)
-    data["load_average"] = [round(v, 1) for v in os.getloadavg()]
     argv = [f"--calls={args.calls}", f"--concurrency={args.concurrency}", f"--rounds={args.rounds}"]
     argv += [f"--latency={args.latency}"] + ([f"--base={args.base}"] if args.base else [])
     if args.base:
