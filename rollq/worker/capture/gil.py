@@ -3,10 +3,10 @@
 The proxy's thread needs the GIL for each step of a call (the request read, the upstream answer, the reply
 written). While an agent's thread (or the worker's loop) runs Python, a thread that wants the GIL waits until the
 holder lets go: at the latest after ``sys.getswitchinterval()``, 5 ms by default, once per step. With the
-worker's own threads half busy that was most of the proxy's added latency (bench/capture.py --agent-load: about
-+15 ms p50 and +90 ms p99 over the same proxy beside the same load in another process). At 1 ms the proxy's calls
-came within a few ms of that; a CPU-bound thread then hands the GIL over up to five times as often, which costs
-it little (a switch is microseconds) next to the latency it saves the proxy.
+worker's own threads half busy that was most of the proxy's added latency (11-15 ms p50 over the same proxy beside
+the same load in another process, 32 calls in flight; bench/capture.py --agent-load measures it). At 1 ms the
+proxy's calls came within 1-2 ms of that; a CPU-bound thread then hands the GIL over up to five times as often,
+which costs it little (a switch is microseconds) next to the latency it saves the proxy.
 
 The interval is process-wide: it is only ever lowered (a lower one set by the user is kept), and put back when the
 proxy that lowered it stops, unless someone changed it since.

@@ -643,8 +643,8 @@ class CaptureProxy:
 
 
 def _new_loop() -> asyncio.AbstractEventLoop:
-    """The proxy thread's loop: uvloop's where it is installed (a third less CPU per call than asyncio's, the
-    proxy's own loop only: the agents' loops are not touched), asyncio's otherwise (Windows)."""
+    """The proxy thread's loop: uvloop's where it is installed (about 30% less CPU per call than asyncio's for a bare
+    aiohttp forwarder; the proxy's own loop only: the agents' loops are not touched), asyncio's otherwise (Windows)."""
     try:
         import uvloop
     except ImportError:
