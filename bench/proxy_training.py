@@ -11,7 +11,8 @@ bench/capture.py's harness: simulated backends (the demo's OpenAI-compatible LLM
   the proxy parses), every call admitted through the weight-sync gate, whose follower reports to a private Redis
   every second as a worker's heartbeat would; the calls spread over 8 attempts (rollouts), so both backends serve.
 
-Reports per path the path's own latency (client time less the backend's reported generation time) at p50/p99
+Every proxy's process collects garbage as a worker process does (rollq.worker.collector's young-generation
+threshold). Reports per path the path's own latency (client time less the backend's reported generation time) at p50/p99
 and the proxy process's CPU per call (user + system, psutil, over that path's rounds only).
 
 With ``--base COMMIT`` the plain and training proxies of rollq as of that commit (a temporary ``git worktree``)
@@ -41,7 +42,7 @@ import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.capture import _pct, serve_backend, serve_proxy  # noqa: E402
+from bench.capture import _pct, _start, serve_backend, serve_proxy  # noqa: E402
 from bench.common import base_tree, commit_of, private_redis, write_result  # noqa: E402
 
 ATTEMPTS = 8
@@ -125,15 +126,10 @@ def serve_training_proxy(backends: list[str], redis_url: str, profile: str | Non
 
 
 def _child(*args: str, tree: Path | None = None) -> tuple[subprocess.Popen[str], str]:
-    """This script (or ``tree``'s copy of it, with ``tree``'s rollq) in a process of its own; its first line."""
-    root = tree or Path(__file__).resolve().parent.parent
-    env = {**os.environ, "PYTHONPATH": str(root)}
-    script = root / "bench" / Path(__file__).name
-    proc = subprocess.Popen(
-        [sys.executable, str(script), *args], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env
-    )
-    assert proc.stdout is not None
-    return proc, proc.stdout.readline().strip()
+    """This script (or ``tree``'s copy of it, with ``tree``'s rollq) in a process of its own, its garbage collector
+    set as in a worker process (bench/capture.py's ``_start``); its first line."""
+    child = _start(*args, tree=tree, script=Path(__file__).name)
+    return child.proc, child.line
 
 
 async def _round(session: aiohttp.ClientSession, bases: list[str], calls: int, concurrency: int) -> list[float]:

@@ -779,11 +779,12 @@ CAPTURE = Spec(
     title="LLM calls through the capturing proxy vs straight to the backend",
     about="""{settings[concurrency]} calls in flight against the demo's simulated LLM ({settings[latency]:g} s per
 call on average), {settings[rounds]} rounds alternating direct and through a worker's `CaptureProxy` (its own
-process{agent_load_text}). Latency is each call's time at the client less the backend's reported generation time:
-the path's own cost. Added latency p50 {added_p50_ms:+.1f} ms, p99 {added_p99_ms:+.1f} ms; proxy CPU per call
-{proxy_cpu_ms_per_call:.2f} ms.{base_text} The proxy is one Python thread per worker process: when the machine leaves
-it less than the calls need, they queue in it, and when the agents' thread holds the GIL each step of a call waits
-for it (the proxy lowers the GIL switch interval to 1 ms for that: `rollq/worker/capture/gil.py`).""",
+process, its garbage collector set as a worker's{agent_load_text}). Latency is each call's time at the client
+less the backend's reported generation time: the path's own cost. Added latency p50 {added_p50_ms:+.1f} ms, p99
+{added_p99_ms:+.1f} ms; proxy CPU per call {proxy_cpu_ms_per_call:.2f} ms.{base_text} The proxy is one Python
+thread per worker process: when the machine leaves it less than the calls need, they queue in it, and when the
+agents' thread holds the GIL each step of a call waits for it (the proxy lowers the GIL switch interval to 1 ms for
+that: `rollq/worker/capture/gil.py`).""",
     derive=lambda d: {
         "agent_load_text": (f", with a thread in it running Python {d['settings']['agent_load']:.0%} of the time as "
                             "a worker's agents do, sharing its GIL; that thread's CPU is not counted")
