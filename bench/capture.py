@@ -163,6 +163,7 @@ def _start(
         stdout=subprocess.PIPE,
         text=True,
         env=env,
+        cwd=root,  # "-c" puts the working directory first on sys.path: it must be the tree whose rollq is measured
     )
     assert proc.stdout is not None
     line = proc.stdout.readline().strip()
