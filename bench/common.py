@@ -111,6 +111,28 @@ class RedisServer:
 
 
 @contextmanager
+def base_tree(commit: str | None) -> Iterator[Path | None]:
+    """A temporary ``git worktree`` of ``commit`` (its scripts run with it first on PYTHONPATH, so their rollq is
+    that commit's): the "before" of a before/after measured in one run. None when ``commit`` is None."""
+    if commit is None:
+        yield None
+        return
+    tree = Path(tempfile.mkdtemp(prefix="rollq-bench-base-")) / "tree"
+    subprocess.run(["git", "worktree", "add", "--detach", str(tree), commit], cwd=ROOT, check=True,
+                   capture_output=True)  # fmt: skip
+    try:
+        yield tree
+    finally:
+        subprocess.run(["git", "worktree", "remove", "--force", str(tree)], cwd=ROOT, check=False)
+        shutil.rmtree(tree.parent, ignore_errors=True)
+
+
+def commit_of(commit: str) -> str:
+    """``commit`` as its short hash."""
+    return _git("rev-parse", "--short", commit)
+
+
+@contextmanager
 def private_redis() -> Iterator[RedisServer]:
     with tempfile.TemporaryDirectory(prefix="rollq-bench-") as directory:
         server = RedisServer(Path(directory)).start()

@@ -766,18 +766,49 @@ def _capture_rounds(doc: Doc) -> list[Doc]:
             for i, r in enumerate(rows)]
 
 
+def _capture_paths(doc: Doc) -> list[Doc]:
+    """Direct, this commit's proxy and, with --base, the base commit's, each with its added latency and CPU."""
+    rows = []
+    for path, suffix in (("direct", None), ("proxy", ""), ("proxy_base", "_base")):
+        if path not in doc:
+            continue
+        name = f"proxy at {doc.get('base_commit', 'base')}" if path == "proxy_base" else path
+        row = {"path": name, **doc[path]}
+        if suffix is not None:
+            row.update({k: doc.get(f"{k}{suffix}") for k in ("added_p50_ms", "added_p99_ms", "proxy_cpu_ms_per_call")})
+        rows.append(row)
+    return rows
+
+
 CAPTURE = Spec(
     title="LLM calls through the capturing proxy vs straight to the backend",
     about="""{settings[concurrency]} calls in flight against the demo's simulated LLM ({settings[latency]:g} s per
 call on average), {settings[rounds]} rounds alternating direct and through a worker's `CaptureProxy` (its own
-process). Latency is each call's time at the client less the backend's reported generation time: the path's own
-cost. Added latency p50 {added_p50_ms:+.1f} ms, p99 {added_p99_ms:+.1f} ms; proxy CPU per call
-{proxy_cpu_ms_per_call:.2f} ms. The proxy is one Python thread per worker process: when the machine leaves it less
-than the calls need, they queue in it, and that queue is most of the added latency.""",
+process, its garbage collector set as a worker's{agent_load_text}). Latency is each call's time at the client
+less the backend's reported generation time: the path's own cost. Added latency p50 {added_p50_ms:+.1f} ms, p99
+{added_p99_ms:+.1f} ms; proxy CPU per call {proxy_cpu_ms_per_call:.2f} ms.{base_text} The proxy is one Python
+thread per worker process: when the machine leaves it less than the calls need, they queue in it, and when the
+agents' thread holds the GIL each step of a call waits for it (the proxy lowers the GIL switch interval to 1 ms for
+that: `rollq/worker/capture/gil.py`).""",
+    derive=lambda d: {
+        "agent_load_text": (f", with a thread in it running Python {d['settings']['agent_load']:.0%} of the time as "
+                            "a worker's agents do, sharing its GIL; that thread's CPU is not counted")
+        if (d.get("settings") or {}).get("agent_load") else "",
+        "base_text": (f" The same proxy as of `{d['base_commit']}` took its turn in every round too (order swapped "
+                      f"every round): added p50 {d['added_p50_ms_base']:+.1f} ms, p99 {d['added_p99_ms_base']:+.1f} "
+                      f"ms, {d['proxy_cpu_ms_per_call_base']:.2f} ms CPU per call.") if d.get("base_commit") else "",
+    },
     tables=[
-        Table(lambda d: [{"path": p, **d[p]} for p in ("direct", "proxy")], [
+        Table(_capture_paths, [
             ("path", "path"), ("calls", "calls"), ("p50_ms", "p50 ms", ",.1f"), ("p99_ms", "p99 ms", ",.1f"),
-            ("mean_ms", "mean ms", ",.1f")]),
+            ("mean_ms", "mean ms", ",.1f"), ("added_p50_ms", "added p50 ms", "+.1f"),
+            ("added_p99_ms", "added p99 ms", "+.1f"), ("proxy_cpu_ms_per_call", "proxy CPU ms/call", ".3f")]),
+        Table("rounds", [
+            ("round", "round"), ("direct_p50_ms", "direct p50 ms", ".1f"), ("proxy_p50_ms", "proxy p50 ms", ".1f"),
+            ("proxy_base_p50_ms", "base proxy p50 ms", ".1f"), ("proxy_cpu_ms_per_call", "proxy CPU ms/call", ".3f"),
+            ("proxy_base_cpu_ms_per_call", "base proxy CPU ms/call", ".3f"),
+            ("cpu_new_over_base", "CPU new / base", ".3f"), ("load_1min", "load (1 min)", ".1f"),
+        ], caption="Per round (with `--base`):"),
         Table(_capture_rounds, [
             ("system", "capture"), ("rollouts", "rollouts"), ("failed", "failed"),
             ("rollouts_per_s", "rollouts/s", ",.1f"), Col("on / off, this round pair", "on_over_off", x),
