@@ -47,8 +47,9 @@ def lua_header() -> str:
     (:class:`~rollq.models.policy.TaskState`), ``REPLY.<word>`` and ``ENQUEUED.<word>`` for the words scripts
     answer with (:mod:`rollq.store.replies`), ``member(rid, attempt)`` for an in-flight member,
     ``outcome_stat``/``requeue_stat``/``duration_stat``/``reward_stat`` and ``STATS_*`` for the stats hash,
-    ``count(key, field, by)`` to add to a counter without failing on a corrupt one, ``list_from(t, first, last)``
-    for the tail of ``KEYS`` or ``ARGV`` a script names as one list, ``add_summary`` for the summaries stream.
+    ``count(key, field, by)`` and ``add_float(key, field, by)`` to add to a counter without failing on a corrupt
+    one, ``list_from(t, first, last)`` for the tail of ``KEYS`` or ``ARGV`` a script names as one list,
+    ``add_summary`` for the summaries stream.
     """
 
     def table(fields: type[StrEnum]) -> str:
@@ -77,11 +78,17 @@ def lua_header() -> str:
             f"local function requeue_stat(reason) return '{REQUEUED_PREFIX}' .. reason end",
             f"local function duration_stat(bucket) return '{DURATION_PREFIX}' .. bucket end",
             # A counter that is not a whole number (a corrupt or foreign value) is left alone and reads as 0:
-            # a failed HINCRBY half way through a script would leave its earlier writes in place.
+            # a failed HINCRBY half way through a script would leave its earlier writes in place. redis.pcall
+            # turns the error into a reply (nothing written), one command where an HGET check before each
+            # HINCRBY was two (five HGETs per finish.lua call, issue 24).
             "local function count(key, field, by)",
-            "  local v = redis.call('HGET', key, field)",
-            "  if v and not string.match(v, '^%-?%d+$') then return 0 end",
-            "  return redis.call('HINCRBY', key, field, by)",
+            "  local v = redis.pcall('HINCRBY', key, field, by)",
+            "  if type(v) ~= 'number' then return 0 end",
+            "  return v",
+            "end",
+            # The float sums (duration, reward) likewise: a value HINCRBYFLOAT cannot add to is left alone.
+            "local function add_float(key, field, by)",
+            "  redis.pcall('HINCRBYFLOAT', key, field, by)",
             "end",
             f"local REWARD_SUM = '{REWARD_SUM}'",
             "local function reward_stat(mode, rid, bucket) return "

@@ -18,6 +18,7 @@ from rollq.store.jobs import read_rollq_jobs
 from rollq.store.keys import Keys, job_id
 from rollq.store.replies import Claim, ClaimRefused, Enqueued, FinishReply, Published, Superseded
 from rollq.store.scripts import lua_header
+from rollq.store.stats import DURATION_PREFIX, StatsField, duration_bucket
 from rollq.store.transitions import Finish, Lifecycle
 
 JOB = job_id("r1")
@@ -192,3 +193,28 @@ def test_malformed_job_hashes_are_judged_one_by_one(lifecycle: Lifecycle) -> Non
     assert isinstance(found["bogus"], InvalidTaskError) and isinstance(found["foreign"], InvalidTaskError)
     assert found["absent"] is None
     assert not isinstance(found[JOB], InvalidTaskError) and found[JOB] is not None and found[JOB].id == JOB
+
+
+def test_a_corrupt_stats_counter_is_left_alone_and_the_rollout_still_published(lifecycle: Lifecycle) -> None:
+    # finish.lua adds to its counters with redis.pcall (one command each, issue 24): a value that is not a number
+    # must neither stop the publication half way nor be overwritten.
+    stats = lifecycle.keys.stats
+    assert isinstance(lifecycle.claim("r1", JOB, "worker-a"), Claim)
+    lifecycle.connection.hset(stats, mapping={"succeeded:": "twelve", StatsField.DURATION_SUM: "lots"})
+    reply = lifecycle.finish(
+        Finish(
+            rollout_id="r1",
+            attempt=1,
+            rollout_json="{}",
+            status=RolloutStatus.SUCCEEDED,
+            results_maxlen=100,
+            dead_letter=False,
+            now=time.time(),
+            duration=1.5,
+        )
+    )
+    assert isinstance(reply, Published)
+    assert lifecycle.connection.hget(lifecycle.keys.task("r1"), "state") == TaskState.SUCCEEDED.value.encode()
+    counters = lifecycle.connection.hgetall(stats)
+    assert counters[b"succeeded:"] == b"twelve" and counters[StatsField.DURATION_SUM.encode()] == b"lots"
+    assert counters[f"{DURATION_PREFIX}{duration_bucket(1.5)}".encode()] == b"1"

@@ -5,8 +5,8 @@
 -- superseded stream); {'alive'} when stale_before is set and the attempt heartbeated after it (a reaper lost the
 -- race to a live worker); {'cancelled'} when the task was cancelled (the result is dropped: the cancelled rollout
 -- already stands for the task). Records the attempt's end in the task's history (end_field(attempt) = status|now).
--- Counters are added to with count() (see the header), which leaves a corrupt counter alone instead of failing
--- after the first write: Redis does not undo a script that fails part way.
+-- Counters are added to with count() and add_float() (see the header), which leave a corrupt counter alone instead
+-- of failing after the first write: Redis does not undo a script that fails part way.
 local task_key = KEYS[1]
 local inflight = KEYS[2]
 local results = KEYS[3]
@@ -80,17 +80,12 @@ end
 count(stats, outcome_stat(status, t[3]), 1)
 if duration_bucket ~= '' then
   count(stats, duration_stat(duration_bucket), 1)
-  if tonumber(redis.call('HGET', stats, STATS_DURATION_SUM) or '0') then
-    redis.call('HINCRBYFLOAT', stats, STATS_DURATION_SUM, duration)
-  end
+  add_float(stats, STATS_DURATION_SUM, duration)
 end
 if reward_bucket and reward_bucket ~= '' then
   -- The reward histogram, by mode and resources version.
   count(stats, reward_stat(t[3], resources_id, reward_bucket), 1)
-  local reward_sum = reward_stat(t[3], resources_id, REWARD_SUM)
-  if tonumber(redis.call('HGET', stats, reward_sum) or '0') then
-    redis.call('HINCRBYFLOAT', stats, reward_sum, reward)
-  end
+  add_float(stats, reward_stat(t[3], resources_id, REWARD_SUM), reward)
 end
 if reward_missing then
   count(stats, STATS_REWARD_MISSING, 1)
