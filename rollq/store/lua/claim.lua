@@ -42,11 +42,12 @@ for _, i in ipairs({8, 9}) do
     return {REPLY.invalid, (i == 8 and F.attempts or F.claims) .. ' is ' .. t[i] .. ', not a whole number'}
   end
 end
-local attempt = redis.call('HINCRBY', task_key, F.claims, 1)
-local used = redis.call('HINCRBY', task_key, F.attempts, 1)
+-- Both counters were checked above: they are set in the one HSET (two HINCRBYs cost two more commands a claim).
+local attempt = (tonumber(t[9]) or 0) + 1
+local used = (tonumber(t[8]) or 0) + 1
 redis.call('SREM', queued_tasks, task_key)
-redis.call('HSET', task_key, F.state, STATE.running, F.attempt, attempt, F.last_claim, tostring(now), F.worker, worker,
-  claim_field(attempt), history(worker, tostring(now)))
+redis.call('HSET', task_key, F.state, STATE.running, F.attempt, attempt, F.claims, attempt, F.attempts, used,
+  F.last_claim, tostring(now), F.worker, worker, claim_field(attempt), history(worker, tostring(now)))
 if attempt > HISTORY_LIMIT then
   redis.call('HDEL', task_key, claim_field(attempt - HISTORY_LIMIT), end_field(attempt - HISTORY_LIMIT))
 end
