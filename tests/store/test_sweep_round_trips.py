@@ -45,3 +45,17 @@ def test_the_sweep_still_queues_again_only_the_task_whose_job_vanished(redis_ser
     connection.delete(keys.rq_job(keys.job_id(gone)))
     assert _audit(producer.lifecycle, producer.lifecycle.beat()) == 1
     assert connection.hget(keys.task(gone), "job") != keys.job_id(gone).encode()
+
+
+def test_a_pass_with_every_job_hash_in_place_calls_no_reissue_script(redis_server, namespace, monkeypatch):
+    # The steady state: each queued task's job hash exists and RQ's lists hold every job, so reissue.lua would
+    # answer 0 for each; the pass checks the hashes itself (one EXISTS a task) and sends no script (issue 24).
+    producer = Producer.from_url(redis_server.url, namespace)
+    producer.enqueue_many([{}] * 50)
+    lifecycle = producer.lifecycle
+
+    def no_reissues(checks: Any) -> list[int]:
+        raise AssertionError(f"reissue.lua called for {len(checks)} task(s) whose job is in place")
+
+    monkeypatch.setattr(lifecycle, "reissue_many", no_reissues)
+    assert _audit(lifecycle, lifecycle.beat()) == 0
