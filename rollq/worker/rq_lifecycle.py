@@ -7,15 +7,16 @@ run on the executor, and as their futures settle the publications go in one pipe
 of the batch in another. So two threads serve any number of rollouts, and round trips per rollout fall as the
 load rises.
 
-What RQ would write is written with RQ's own calls (pinned in ``tests/worker/test_rq_contract.py``; that the Redis
-state matches a stock RQ worker's is ``tests/worker/test_rq_state_diff.py``):
+What RQ would write is written, mostly with RQ's own calls (pinned in ``tests/worker/test_rq_contract.py``; that
+the Redis state matches a stock RQ worker's is ``tests/worker/test_rq_state_diff.py``), less the commands that
+write nothing new (a second HSET of the same fields, an EXPIRE of a key a rollq job never has; issue 24):
 
 - start (:meth:`RqLifecycle._rq_start`): RQ 2.12's ``prepare_execution`` + ``prepare_job_execution``:
-  ``Execution.create`` (started registry), ``Job.heartbeat``, ``Job.prepare_for_execution``, and the job leaves
-  RQ's intermediate list; the worker-wide writes (current job, working time, heartbeat, state) once per batch;
-- end (:meth:`RqLifecycle._rq_end`): RQ 2.12's ``handle_job_success`` / ``handle_job_failure``:
-  ``Job._handle_success`` (result, finished registry) or ``Job.set_status`` + ``Job._handle_failure`` (failed
-  registry), the worker's counters and working time, ``Execution.delete``.
+  ``Execution.create`` (started registry), ``Job.prepare_for_execution``, and the job leaves RQ's intermediate
+  list; the worker-wide writes (current job, working time, heartbeat, state) once per batch;
+- end (:meth:`RqLifecycle._rq_end`): RQ 2.12's ``handle_job_success`` / ``handle_job_failure``: the body of
+  ``Job._handle_success`` (saved hash, result, finished registry) or the failed status + ``Job._handle_failure``
+  (failed registry), ``Execution.delete``; the worker's counters and working time once per batch.
 
 Every job ends here exactly once and frees its slot then (see :mod:`.slots`).
 """
@@ -30,6 +31,7 @@ from typing import Any
 from rq.executions import Execution
 from rq.job import Job, JobStatus
 from rq.queue import Queue
+from rq.results import Result
 from rq.utils import now
 from rq.worker import BaseWorker, WorkerStatus
 
@@ -168,7 +170,8 @@ class RqLifecycle:
         worker = self.worker
         ttl = worker.get_heartbeat_ttl(job)
         execution = Execution.create(job, ttl, pipeline=pipe, worker_name=worker.name)
-        job.heartbeat(now(), ttl, pipeline=pipe)
+        # RQ calls Job.heartbeat here too, an HSET of last_heartbeat that prepare_for_execution's HSET writes again
+        # in the same breath: one command a job less (issue 24).
         job.prepare_for_execution(worker.name, pipeline=pipe)
         pipe.lrem(queue.intermediate_queue_key, 1, job.id)
         return execution
@@ -220,9 +223,11 @@ class RqLifecycle:
         still_running = self.slots.leaving([item.job.id for item in ended])
         try:
             pipe = worker.connection.pipeline(transaction=False)
+            tally = _Tally()
             for item in ended:
                 item.job.ended_at = finished_at
-                self._rq_end(item, pipe)
+                self._rq_end(item, pipe, tally)
+            tally.queue(worker.key, pipe)
             worker.set_current_job_id(still_running, pipeline=pipe)
             pipe.execute()
         except Exception:
@@ -234,11 +239,19 @@ class RqLifecycle:
                 except Exception as exc:
                     worker.log.debug("could not mark the worker idle: %s", exc)
 
-    def _rq_end(self, item: Ended, pipe: Any) -> None:
-        """One job's part of RQ's end bookkeeping (``handle_job_success``/``handle_job_failure`` of RQ 2.12)."""
+    def _rq_end(self, item: Ended, pipe: Any, tally: _Tally) -> None:
+        """One job's part of RQ's end bookkeeping (``handle_job_success``/``handle_job_failure`` of RQ 2.12), less
+        the commands that write nothing new for a rollq job (issue 24):
+
+        - ``Job._handle_success`` sets the status with an HSET of its own, then saves the whole hash, status
+          included, with another: the save's is enough; a failed job's status and meta go in one HSET;
+        - ``Job.cleanup`` also EXPIREs the job's dependents and dependencies sets, which a rollq job never has
+          (rollq drops RQ's dependents handling already, see :meth:`_end_jobs`);
+        - the worker's counters and working time are added once per batch (``tally``), not once per job.
+        """
         worker = self.worker
         job, result, error, execution = item.job, item.result, item.error, item.execution
-        record_outcome(job, result, error, pipe)
+        meta = record_outcome(job, result, error)
         if error is None and result is not None and result.status == AttemptStatus.FAILED:
             # A failed rollout is a failed job for RQ too: its failed registry, `rq info`
             # and rq-dashboard count it, and the job page shows the error.
@@ -249,23 +262,33 @@ class RqLifecycle:
         if error is None:
             job._result = result.to_json() if result is not None else None
             job._status = JobStatus.FINISHED
-            worker.increment_successful_job_count(pipeline=pipe)
+            tally.succeeded += 1
             result_ttl = job.get_result_ttl(worker.default_result_ttl)
             if result_ttl != 0:
-                job._handle_success(
-                    result_ttl,
-                    pipeline=pipe,
+                # Job._handle_success of RQ 2.12 without its set_status: the save's HSET carries the status.
+                job.save(pipeline=pipe, include_meta=False, include_result=False)
+                Result.create(
+                    job,
+                    Result.Type.SUCCESSFUL,
+                    return_value=job._result,
+                    ttl=result_ttl,
                     worker_name=worker.name,
+                    pipeline=pipe,
                     execution_id=execution_id,
                     execution_started_at=execution_started_at,
                     execution_ended_at=job.ended_at,
                 )
-            job.cleanup(result_ttl, pipeline=pipe, remove_from_queue=False)
+                job.finished_job_registry.add(job, result_ttl, pipe)
+            if result_ttl == 0:
+                job.cleanup(result_ttl, pipeline=pipe, remove_from_queue=False)
+            elif result_ttl is not None and result_ttl > 0:
+                pipe.expire(job.key, result_ttl)  # Job.cleanup's, without the sets a rollq job has none of
             worker.log.info("job %s: %s", job.id, job.description)
         else:
             worker.log.error("job %s failed: %s", job.id, error)
             job._status = JobStatus.FAILED
-            job.set_status(JobStatus.FAILED, pipeline=pipe)
+            # Job.set_status and Job.save_meta of RQ 2.12 in one HSET.
+            pipe.hset(job.key, mapping={"status": JobStatus.FAILED, **({"meta": meta} if meta is not None else {})})
             job._handle_failure(
                 error,
                 pipeline=pipe,
@@ -274,11 +297,29 @@ class RqLifecycle:
                 execution_started_at=execution_started_at,
                 execution_ended_at=job.ended_at,
             )
-            worker.increment_failed_job_count(pipeline=pipe)
+            tally.failed += 1
         if started is not None and job.ended_at is not None:
-            worker.increment_total_working_time(job.ended_at - started, pipe)
+            tally.working_seconds += (job.ended_at - started).total_seconds()
         if execution is not None:
             execution.delete(job=job, pipeline=pipe)
+
+
+@dataclass
+class _Tally:
+    """A batch's additions to the RQ worker hash's counters (RQ 2.12's ``increment_successful_job_count``,
+    ``increment_failed_job_count`` and ``increment_total_working_time`` add per job)."""
+
+    succeeded: int = 0
+    failed: int = 0
+    working_seconds: float = 0.0
+
+    def queue(self, worker_key: str, pipe: Any) -> None:
+        if self.succeeded:
+            pipe.hincrby(worker_key, "successful_job_count", self.succeeded)
+        if self.failed:
+            pipe.hincrby(worker_key, "failed_job_count", self.failed)
+        if self.succeeded or self.failed:
+            pipe.hincrbyfloat(worker_key, "total_working_time", self.working_seconds)
 
 
 def failure_text(result: AttemptResult) -> str:
@@ -293,12 +334,13 @@ def failure_text(result: AttemptResult) -> str:
     )
 
 
-def record_outcome(job: Job, result: AttemptResult | None, error: str | None, pipe: Any) -> None:
+def record_outcome(job: Job, result: AttemptResult | None, error: str | None) -> bytes | str | None:
     """Show the rollout's outcome on the job's page: in its description always, in its meta when it failed.
 
-    The description is saved with the job by RQ's own bookkeeping (no extra round trip) and job lists show it;
+    The description is saved with the job by RQ's own bookkeeping (no extra command) and job lists show it;
     a finished job's result already holds the whole outcome, so only a failed job, whose result RQ replaces
-    by the error, pays a round trip to keep it (status, attempt, error, input) in its meta.
+    by the error, keeps it (status, attempt, error, input) in its meta. Returns the serialised meta to write
+    (with the failed status, see :meth:`RqLifecycle._rq_end`), or None.
     """
     if result is not None:
         job.description = (
@@ -307,11 +349,10 @@ def record_outcome(job: Job, result: AttemptResult | None, error: str | None, pi
             + (f", reward {result.reward:g}" if result.reward is not None else "")
         )
         if result.status != AttemptStatus.FAILED:
-            return
+            return None
         job.meta["rollout"] = {k: v for k, v in result.to_json().items() if k != "rollout_id"}
     elif error is not None:
         job.meta["rollout"] = {"status": "error", "error": error.strip().splitlines()[-1] if error.strip() else ""}
     else:
-        return
-    # Job.save_meta() of RQ 2.12, on the batch's pipeline.
-    pipe.hset(job.key, "meta", job.serializer.dumps(job.meta))
+        return None
+    return job.serializer.dumps(job.meta)  # what Job.save_meta() of RQ 2.12 writes
