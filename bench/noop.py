@@ -12,7 +12,7 @@ agent at concurrency 1 and 16 and a no-op sync agent at concurrency 1. All
 workers are up at once and the configurations take turns, round after round,
 so drift hits them alike; the median round counts. Reports jobs/s, worker CPU
 per job and Redis commands per job (INFO commandstats, Lua-internal commands
-included).
+included), in total and by command name.
 
 Part 2, one worker in-process in burst mode on a client that counts round
 trips (every packed send: a pipeline or a Lua call is one): the worker's round
@@ -157,6 +157,8 @@ class Setup:
             "worker_cpu_ms_per_job": statistics.median(r["worker_cpu_ms_per_job"] for r in self.rounds),
             "commands_per_job": round(sum(self.commands.values()) / total, 1),
             "top_commands_per_job": {k: round(v / total, 2) for k, v in commands[:12]},
+            # Every command by name (issue 24 asks which of them each party needs).
+            "commands_per_job_by_name": {k: round(v / total, 3) for k, v in commands},
             "worker_rss_mb": round(self.workers.rss_bytes() / 2**20, 1),
         }
 
