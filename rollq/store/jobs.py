@@ -211,13 +211,6 @@ class RollqJob(Job):
         self.webhooks = []
 
 
-def dependencies_key(job_id: str) -> str:
-    """RQ's set of the jobs ``job_id`` depends on (``Job.dependencies_key``; rollq jobs have none).
-
-    RQ 2.12 spells it with a double colon, ``rq:job::<id>:dependencies`` (tests/worker/test_rq_contract.py pins it)."""
-    return f"{Job.redis_job_namespace_prefix}:{job_id}:dependencies"
-
-
 def read_rollq_jobs(connection: redis.Redis, job_ids: list[str]) -> dict[str, Job | InvalidTaskError | None]:
     """Each of ``job_ids`` as a Job if it is a well-formed rollq job, else the InvalidTaskError saying why, or None
     when it has no hash; in one round trip.
@@ -225,15 +218,16 @@ def read_rollq_jobs(connection: redis.Redis, job_ids: list[str]) -> dict[str, Jo
     RQ's own ``Job.fetch``/``fetch_many`` raise on the first malformed hash (a bad
     ``status``, ``created_at`` or ``dependency_ids``), which would stop a whole
     pass over a list for one foreign entry; here each job is judged on its own.
+    One HGETALL a job: RQ's worker never reads a job's dependencies set (only
+    rq-dashboard's job page does, through ``Job.dependency_ids``), and a rollq job
+    has none, so its SMEMBERS, one command a rollout, is not sent (issue 24).
     """
     pipe = connection.pipeline(transaction=False)
     for job_id in job_ids:
         pipe.hgetall(Job.key_for(job_id))
-        # What Job.dependency_ids reads, in the same round trip (it costs one SMEMBERS round trip per job).
-        pipe.smembers(dependencies_key(job_id))
     replies = pipe.execute(raise_on_error=False)
     found: dict[str, Job | InvalidTaskError | None] = {}
-    for job_id, raw, dependencies in zip(job_ids, replies[::2], replies[1::2], strict=True):
+    for job_id, raw in zip(job_ids, replies, strict=True):
         if isinstance(raw, Exception):
             found[job_id] = InvalidTaskError(f"job {job_id}: RQ cannot read its hash ({type(raw).__name__}: {raw})")
             continue
@@ -244,9 +238,6 @@ def read_rollq_jobs(connection: redis.Redis, job_ids: list[str]) -> dict[str, Jo
         try:
             job.restore(raw)
             job.get_status(refresh=False)
-            if isinstance(dependencies, Exception):
-                raise dependencies
-            _ = [d.decode() for d in dependencies]
             rollout_id_of(job)
         except InvalidTaskError as exc:
             found[job_id] = exc

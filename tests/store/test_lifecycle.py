@@ -218,3 +218,17 @@ def test_a_corrupt_stats_counter_is_left_alone_and_the_rollout_still_published(l
     counters = lifecycle.connection.hgetall(stats)
     assert counters[b"succeeded:"] == b"twelve" and counters[StatsField.DURATION_SUM.encode()] == b"lots"
     assert counters[f"{DURATION_PREFIX}{duration_bucket(1.5)}".encode()] == b"1"
+
+
+def test_reading_rollq_jobs_costs_one_command_a_job(redis_server, namespace) -> None:  # type: ignore[no-untyped-def]
+    # The take-ahead read of every dequeued job (issue 24): its HGETALL only, no SMEMBERS of a dependencies set.
+    lc = Lifecycle(connect(redis_server.url), Keys(namespace))
+    tasks = [Task(rollout_id=f"r{i}", input={}, create_time=time.time(), num_claims=0) for i in range(5)]
+    lc.enqueue_many([(t, t.model_dump_json()) for t in tasks], RolloutPolicy())
+    ids = [job_id(t.rollout_id) for t in tasks]
+    before = lc.connection.info("commandstats")
+    jobs = read_rollq_jobs(lc.connection, ids)
+    after = lc.connection.info("commandstats")
+    calls = {k: v["calls"] - before.get(k, {}).get("calls", 0) for k, v in after.items() if k != "cmdstat_info"}
+    assert all(job is not None and not isinstance(job, Exception) for job in jobs.values())
+    assert {k: v for k, v in calls.items() if v} == {"cmdstat_hgetall": 5}

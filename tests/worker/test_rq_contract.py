@@ -218,12 +218,6 @@ def test_render_notices_a_changed_default() -> None:
     assert render(before) != render(after)
 
 
-def test_rq_dependencies_key_is_what_store_jobs_spells() -> None:
-    from rollq.store.jobs import RollqJob, dependencies_key
-
-    assert dependencies_key("abc") == RollqJob("abc", connection=fakeredis.FakeRedis()).dependencies_key
-
-
 def test_rq_refuses_a_cluster_namespaces_job_id_that_rollq_job_keeps() -> None:
     # RollqJob sets RQ's private _id itself for ids that start with a hash tag: if RQ starts accepting them, or
     # stops storing the id in _id, the fence is no longer needed or no longer works.
