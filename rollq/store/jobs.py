@@ -17,6 +17,7 @@ import math
 import re
 import uuid
 import zlib
+from dataclasses import dataclass
 from typing import Any
 
 import redis
@@ -24,6 +25,7 @@ from rq import worker_registration
 from rq.intermediate_queue import IntermediateQueue
 from rq.job import Job, JobStatus
 from rq.queue import Queue
+from rq.registry import FailedJobRegistry, FinishedJobRegistry, StartedJobRegistry
 from rq.serializers import JSONSerializer
 from rq.suspension import WORKERS_SUSPENDED
 from rq.utils import now
@@ -158,6 +160,34 @@ def rollout_id_of(job: Job) -> str:
     return args[0]
 
 
+@dataclass(frozen=True)
+class JobRegistries:
+    """The started, finished and failed registries of one queue's jobs on one connection, built once.
+
+    RQ 2.12 builds a new registry object at every ``Job.started_job_registry`` (and finished, failed) read, and each
+    resolves its serializer through a runtime Protocol ``isinstance`` check (12 us a registry here): a job's start
+    and end read three of them. The objects hold nothing but the queue's name, connection, serializer and job class,
+    so one set serves every job of the queue (:attr:`RollqJob.shared_registries`).
+    """
+
+    started: StartedJobRegistry
+    finished: FinishedJobRegistry
+    failed: FailedJobRegistry
+
+    @classmethod
+    def of(cls, job: Job) -> JobRegistries:
+        """The registries RQ would build for ``job`` (its origin, connection, serializer and class)."""
+        return cls(
+            Job.started_job_registry.fget(job),  # type: ignore[attr-defined]
+            Job.finished_job_registry.fget(job),  # type: ignore[attr-defined]
+            Job.failed_job_registry.fget(job),  # type: ignore[attr-defined]
+        )
+
+    def serve(self, job: Job) -> bool:
+        """Whether these are ``job``'s registries (its queue, its connection)."""
+        return self.started.name == job.origin and self.started.connection is job.connection
+
+
 class RollqJob(Job):
     """RQ's Job with every path from job-hash data to code closed; the job class of rollq workers.
 
@@ -170,6 +200,9 @@ class RollqJob(Job):
     always empty, and the function is never loaded (the worker runs its agent).
     """
 
+    shared_registries: JobRegistries | None = None
+    """The registries of the job's queue built once, set by a worker on the jobs it runs (see JobRegistries)."""
+
     def __init__(self, id: str | None = None, connection: Any = None, serializer: Any = None) -> None:
         # RQ 2.12 refuses job ids other than [A-Za-z0-9_-]+; a cluster namespace's job ids start with its hash tag
         # ({name}), so that every key RQ derives from the id lands in the namespace's slot (see store.keys).
@@ -177,6 +210,21 @@ class RollqJob(Job):
         super().__init__(None if tagged else id, connection, serializer)
         if tagged:
             self._id = id
+
+    @property
+    def started_job_registry(self) -> StartedJobRegistry:
+        shared = self.shared_registries
+        return shared.started if shared is not None else super().started_job_registry
+
+    @property
+    def finished_job_registry(self) -> FinishedJobRegistry:
+        shared = self.shared_registries
+        return shared.finished if shared is not None else super().finished_job_registry
+
+    @property
+    def failed_job_registry(self) -> FailedJobRegistry:
+        shared = self.shared_registries
+        return shared.failed if shared is not None else super().failed_job_registry
 
     @property
     def func(self) -> Any:

@@ -35,6 +35,7 @@ from rq.results import Result
 from rq.utils import now
 from rq.worker import BaseWorker, WorkerStatus
 
+from rollq.store.jobs import JobRegistries, RollqJob
 from rollq.store.replies import Claim, FinishReply
 from rollq.store.scripts import replied
 
@@ -88,6 +89,7 @@ class RqLifecycle:
         self.slots = slots
         self._starts: Batcher[Start] = Batcher("rollq-start", self._start_batch)
         self._finishes: Batcher[Done] = Batcher("rollq-finish", self._finish_batch)
+        self._registries: dict[str, JobRegistries] = {}  # by queue name
 
     def start(self, job: Job, queue: Queue, rollout_id: str) -> None:
         """Start ``job`` (holding a slot) in the next start batch; it ends, and frees its slot, in a later one."""
@@ -168,6 +170,7 @@ class RqLifecycle:
         """RQ's start-of-job bookkeeping (``prepare_execution`` and ``prepare_job_execution`` of RQ 2.12, minus
         the worker-wide writes done once per batch), queued on ``pipe``; returns the job's RQ Execution."""
         worker = self.worker
+        self._share_registries(job)
         ttl = worker.get_heartbeat_ttl(job)
         execution = Execution.create(job, ttl, pipeline=pipe, worker_name=worker.name)
         # RQ calls Job.heartbeat here too, an HSET of last_heartbeat that prepare_for_execution's HSET writes again
@@ -175,6 +178,16 @@ class RqLifecycle:
         job.prepare_for_execution(worker.name, pipeline=pipe)
         pipe.lrem(queue.intermediate_queue_key, 1, job.id)
         return execution
+
+    def _share_registries(self, job: Job) -> None:
+        """Give ``job`` its queue's registries built once (:class:`~rollq.store.jobs.JobRegistries`) for RQ's
+        bookkeeping calls to use, instead of three new ones per job."""
+        if not isinstance(job, RollqJob):
+            return
+        shared = self._registries.get(job.origin)
+        if shared is None or not shared.serve(job):
+            shared = self._registries[job.origin] = JobRegistries.of(job)
+        job.shared_registries = shared
 
     def _finish_batch(self, done: list[Done]) -> None:
         """Publish the rollouts of attempts that have settled, in one pipeline, then end their jobs."""

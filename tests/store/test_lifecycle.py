@@ -9,12 +9,13 @@ import uuid
 from pathlib import Path
 
 import pytest
+from rq.serializers import JSONSerializer
 
 from rollq.models.contract import Task
 from rollq.models.errors import InvalidTaskError
 from rollq.models.policy import RolloutPolicy, RolloutStatus, TaskState
 from rollq.store.connection import connect
-from rollq.store.jobs import read_rollq_jobs
+from rollq.store.jobs import ROLLOUT_FUNC, JobRegistries, RollqJob, read_rollq_jobs
 from rollq.store.keys import Keys, job_id
 from rollq.store.replies import Claim, ClaimRefused, Enqueued, FinishReply, Published, Superseded
 from rollq.store.scripts import lua_header
@@ -232,3 +233,21 @@ def test_reading_rollq_jobs_costs_one_command_a_job(redis_server, namespace) -> 
     calls = {k: v["calls"] - before.get(k, {}).get("calls", 0) for k, v in after.items() if k != "cmdstat_info"}
     assert all(job is not None and not isinstance(job, Exception) for job in jobs.values())
     assert {k: v for k, v in calls.items() if v} == {"cmdstat_hgetall": 5}
+
+
+def test_a_job_given_its_queues_registries_reads_those_instead_of_building_new_ones() -> None:
+    # RQ 2.12 builds a registry (and resolves its serializer, ~12 us) at every read of these properties; a worker
+    # gives each job it runs one shared set per queue (issue 24).
+    connection = connect(f"memory://{uuid.uuid4().hex}")
+    job = RollqJob.create(ROLLOUT_FUNC, args=["r1"], connection=connection, origin="q", serializer=JSONSerializer)
+    fresh = (job.started_job_registry, job.finished_job_registry, job.failed_job_registry)
+    assert fresh[0] is not job.started_job_registry  # RQ's own: a new object each time
+    shared = JobRegistries.of(job)
+    assert shared.serve(job) and (shared.started, shared.finished, shared.failed) == fresh
+    assert [type(r) for r in (shared.started, shared.finished, shared.failed)] == [type(r) for r in fresh]
+    job.shared_registries = shared
+    assert job.started_job_registry is shared.started
+    assert job.finished_job_registry is shared.finished
+    assert job.failed_job_registry is shared.failed
+    other = RollqJob.create(ROLLOUT_FUNC, args=["r2"], connection=connection, origin="other", serializer=JSONSerializer)
+    assert not shared.serve(other)

@@ -122,7 +122,15 @@ CLASS_ATTRIBUTES = [
     (rq.worker_registration, "WORKERS_BY_QUEUE_KEY"),
 ]
 # RollqJob replaces these properties (RQ imports the names they read); they must still be what RQ calls.
-JOB_PROPERTIES = ["func", "success_callback", "failure_callback", "stopped_callback"]
+JOB_PROPERTIES = [
+    "func",
+    "success_callback",
+    "failure_callback",
+    "stopped_callback",
+    "started_job_registry",
+    "finished_job_registry",
+    "failed_job_registry",
+]
 # ... and reads these, set by RQ's Job constructor and restore().
 JOB_ATTRIBUTES = ["_success_callback_name", "_failure_callback_name", "_stopped_callback_name", "webhooks"]
 WORKER_ATTRIBUTES = [
