@@ -52,6 +52,9 @@ PINNED: dict[str, str] = {
     "rq.executions.Execution.create": "job, ttl, pipeline, worker_name=''",
     "rq.executions.Execution.delete": "self, job, pipeline",
     "rq.job.Job.prepare_for_execution": "self, worker_name, pipeline",
+    # Not called (prepare_for_execution's HSET writes the same last_heartbeat), and _handle_success's body is
+    # followed, not called (issue 24): pinned so that a change in either is read before rq_lifecycle goes on
+    # skipping or following it.
     "rq.job.Job.heartbeat": "self, timestamp, ttl, pipeline=None, xx=False",
     "rq.job.Job._handle_success": (
         "self, result_ttl, pipeline, worker_name='', execution_id=None, execution_started_at=None,"
@@ -62,11 +65,14 @@ PINNED: dict[str, str] = {
         " execution_ended_at=None"
     ),
     "rq.job.Job.cleanup": "self, ttl=None, pipeline=None, remove_from_queue=True",
-    "rq.job.Job.set_status": "self, status, pipeline=None",
     "rq.job.Job.get_result_ttl": "self, default_ttl",
-    "rq.worker.Worker.increment_successful_job_count": "self, pipeline=None",
-    "rq.worker.Worker.increment_failed_job_count": "self, pipeline=None",
-    "rq.worker.Worker.increment_total_working_time": "self, job_execution_time, pipeline",
+    # The body of Job._handle_success, less its set_status (the save's HSET carries the status; issue 24).
+    "rq.job.Job.save": "self, pipeline=None, include_meta=True, include_result=True",
+    "rq.results.Result.create": (
+        "job, type, ttl, return_value=None, exc_string=None, worker_name='', pipeline=None, execution_id=None,"
+        " execution_started_at=None, execution_ended_at=None"
+    ),
+    "rq.registry.FinishedJobRegistry.add": "self, job, ttl=0, pipeline=None, xx=False",
     "rq.worker.Worker.set_current_job_working_time": "self, current_job_working_time, pipeline=None",
     "rq.worker.Worker.get_heartbeat_ttl": "self, job",
     "rq.worker.Worker.work": (
