@@ -149,7 +149,13 @@ def main() -> None:
             trips = {label: round_trips(tree, args.jobs) for label, tree in trees.items()}
         finally:
             subprocess.run(["git", "worktree", "remove", "--force", str(base)], cwd=ROOT, check=False)
-    out: dict[str, Any] = {"base": args.base, "head": head.stdout.strip(), "rounds": args.rounds}
+    base_commit = subprocess.run(["git", "rev-parse", "--short", args.base], cwd=ROOT, capture_output=True, text=True)
+    # A branch name (--base main) moves: the results name the commit it stood at.
+    out: dict[str, Any] = {
+        "base": base_commit.stdout.strip() or args.base,
+        "head": head.stdout.strip(),
+        "rounds": args.rounds,
+    }
     for label in ("before", "after"):
         runs = profiles[label]
         out[label] = {

@@ -413,16 +413,31 @@ def _before_after_rows(doc: Doc) -> list[list[Any]]:
          a["round_trips"][label]["round_trips_per_job"], []]
         for label, trips in b["round_trips"].items() if label in a["round_trips"]
     ]
+    if "noop_c16_end_to_end" in b and "noop_c16_end_to_end" in a:  # written since issue 24's measure
+        be, ae = b["noop_c16_end_to_end"], a["noop_c16_end_to_end"]
+        for name, key in [("Redis commands per no-op rollout, concurrency 16, end to end", "commands_per_rollout"),
+                          ("worker CPU ms per no-op rollout, concurrency 16", "worker_cpu_ms_per_rollout")]:
+            before, after = be[f"{key}_rounds"], ae[f"{key}_rounds"]
+            rows.append([name, _median(before), _median(after),
+                         [ratio(y, z) for z, y in zip(before, after, strict=False)]])
     return [[name, before, after, ratio(after, before), per] for name, before, after, per in rows]
+
+
+def _before_after_changes(doc: Doc) -> dict[str, Any]:
+    if doc["base"] == "1c72b18":
+        changes = """Commit `1c72b18` is rollq 0.2.0 as it landed. What changed: a worker starts and ends its
+jobs in batches (claims and RQ's start bookkeeping in one pipeline, the publications in one, RQ's end bookkeeping in
+one); a rollout's tracer and executor leave no reference cycles and workers raise the garbage collector's
+young-generation threshold; agent spans and the span-to-dict conversion do less per span."""
+    else:
+        changes = f"What changed: the commits `git log {doc['base']}..{doc['head']}` lists."
+    return {"changes": changes}
 
 
 BEFORE_AFTER = Spec(
     title="Cheaper per rollout: before and after",
-    about="""Commit `{base}` (rollq 0.2.0 as it landed) beside `{head}`, taking turns in one run, {rounds} rounds.
-What changed: a worker starts and ends its jobs in batches (claims and RQ's start bookkeeping in one pipeline, the
-publications in one, RQ's end bookkeeping in one); a rollout's tracer and executor leave no reference cycles and
-workers raise the garbage collector's young-generation threshold; agent spans and the span-to-dict conversion do
-less per span.""",
+    about="""Commit `{base}` beside `{head}`, taking turns in one run, {rounds} rounds. {changes}""",
+    derive=_before_after_changes,
     tables=[
         Table(_before_after_rows, [
             Col("per rollout", nth(0)), Col("before", nth(1), ",.2f"),
