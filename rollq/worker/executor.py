@@ -140,6 +140,9 @@ class AgentExecutor:
         self._stall_limit: float | None = None  # the last deadline among the attempts a stalled loop holds
         self._wedged = False
         self.on_wedged = on_wedged
+        # Async calls submitted and not yet started on the loop; one wake-up of the loop starts them all.
+        self._inbox: list[tuple[Callable[..., Any], tuple[Any, ...], contextvars.Context, Future[Any], str]] = []
+        self._wake_queued = False
 
     def start(self) -> None:
         ready = threading.Event()
@@ -195,13 +198,15 @@ class AgentExecutor:
         assert self._loop is not None, "AgentExecutor.start() was not called"
         future: Future[Any] = _Outcome()
         future.set_running_or_notify_cancel()
+        future.add_done_callback(self._forget)
         started = time.monotonic()
+        wake = False
         with self._lock:
             self._running[future] = _Running(name, started + timeout, timeout, is_async, started)
-        future.add_done_callback(self._forget)
-        if is_async:
-            self._loop.call_soon_threadsafe(self._spawn, fn, args, context, future, name)
-        else:
+            if is_async:
+                self._inbox.append((fn, args, context, future, name))
+                wake, self._wake_queued = not self._wake_queued, True
+        if not is_async:
 
             def target() -> None:
                 try:
@@ -210,7 +215,17 @@ class AgentExecutor:
                     _settle(future, error=_contained(exc, name))
 
             threading.Thread(target=target, name="rollq-sync-agent", daemon=True).start()
+        elif wake:
+            # Once per burst of submissions (the worker's start batch submits many attempts in a row): each
+            # call_soon_threadsafe writes to the loop's wake-up socket and the loop reads it back.
+            self._loop.call_soon_threadsafe(self._spawn_submitted)
         return future
+
+    def _spawn_submitted(self) -> None:
+        with self._lock:
+            inbox, self._inbox, self._wake_queued = self._inbox, [], False
+        for fn, args, context, future, name in inbox:
+            self._spawn(fn, args, context, future, name)
 
     def _forget(self, future: Future[Any]) -> None:
         with self._lock:

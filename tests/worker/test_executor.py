@@ -95,6 +95,47 @@ def test_a_failing_callback_does_not_stop_the_next(executor: AgentExecutor, capl
     assert "exception calling callback" in caplog.text
 
 
+def test_a_burst_of_async_submissions_wakes_the_loop_once_and_runs_each_call_in_its_own_context(
+    executor: AgentExecutor,
+) -> None:
+    # Each wake-up of the loop from another thread is a write to its socket and a read back; the worker's
+    # start batch submits many attempts in a row, and one wake-up starts them all.
+    loop = executor._loop
+    assert loop is not None
+    blocked, release = threading.Event(), threading.Event()
+    loop.call_soon_threadsafe(lambda: (blocked.set(), release.wait(10)))
+    assert blocked.wait(10)
+    wakes: list[object] = []
+    original = loop.call_soon_threadsafe
+
+    def counting(callback: Any, *args: Any, **kwargs: Any) -> Any:
+        wakes.append(callback)
+        return original(callback, *args, **kwargs)
+
+    loop.call_soon_threadsafe = counting  # type: ignore[method-assign]
+    try:
+        var: contextvars.ContextVar[str] = contextvars.ContextVar("rollout")
+
+        async def read(i: int) -> tuple[int, str]:
+            return i, var.get()
+
+        def submit(i: int) -> Future[Any]:
+            context = contextvars.Context()
+            context.run(var.set, f"c{i}")
+            return executor.submit(read, (i,), context, True, 10.0, f"r{i}")
+
+        futures = [submit(i) for i in range(50)]
+        release.set()
+        assert [f.result(timeout=10) for f in futures] == [(i, f"c{i}") for i in range(50)]
+        assert len(wakes) == 1
+        # Once the loop has taken the burst, the next submission wakes it again.
+        assert submit(50).result(timeout=10) == (50, "c50")
+        assert len(wakes) == 2
+    finally:
+        release.set()
+        loop.call_soon_threadsafe = original  # type: ignore[method-assign]
+
+
 @pytest.fixture
 def gc_threshold() -> Iterator[None]:
     saved = gc.get_threshold()
