@@ -150,6 +150,10 @@ def main() -> None:
         write_result("rollout_cpu", result, sys.argv[1:], settings=vars(args))
 
 
+FIGURES = ("cpu_ms_per_rollout", "gc_ms_per_rollout", "rollouts_per_s")
+"""What a --base round records of each tree's run."""
+
+
 def one_run(tree: Path, args: argparse.Namespace) -> dict[str, Any]:
     """One measurement of ``tree``'s rollq, in a process of its own."""
     argv = [sys.executable, __file__, "--json", "--in-flight", str(args.in_flight), "--seconds", str(args.seconds)]
@@ -169,8 +173,15 @@ def before_after(args: argparse.Namespace) -> None:
             trees = [("head", ROOT), ("base", base)]
             got = {name: one_run(tree, args) for name, tree in (trees if n % 2 == 0 else trees[::-1])}
             ratio = got["head"]["cpu_ms_per_rollout"] / got["base"]["cpu_ms_per_rollout"]
-            rounds.append({**{name: got[name] for name in ("base", "head")}, "ratio": round(ratio, 3)})
-            rounds[-1]["load_average_1min"] = round(os.getloadavg()[0], 2)
+            rounds.append(
+                {
+                    "round": n + 1,
+                    "first": "head" if n % 2 == 0 else "base",
+                    **{f"{tree}_{key}": got[tree][key] for tree in ("base", "head") for key in FIGURES},
+                    "ratio": round(ratio, 3),
+                    "load_average_1min": round(os.getloadavg()[0], 2),
+                }
+            )
             print(
                 f"round {n + 1}: base {got['base']['cpu_ms_per_rollout']} ms, head {got['head']['cpu_ms_per_rollout']} "
                 f"ms CPU per rollout: head/base {ratio:.3f} (load {rounds[-1]['load_average_1min']})",
@@ -182,7 +193,7 @@ def before_after(args: argparse.Namespace) -> None:
     ratios = [r["ratio"] for r in rounds]
 
     def median_of(tree: str, key: str) -> float:
-        return round(statistics.median(r[tree][key] for r in rounds), 3)
+        return round(statistics.median(r[f"{tree}_{key}"] for r in rounds), 3)
 
     result = {
         "base": args.base,
