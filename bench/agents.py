@@ -26,6 +26,14 @@ class NoopAgent(LitAgent):
         return 1.0
 
 
+class HoldAgent(LitAgent):
+    """Holds its slot for ``task_input["seconds"]``: each process of a starting fleet (concurrency 1) takes one task."""
+
+    async def training_rollout_async(self, task_input: Any, rollout_id: str, resources: Any) -> float:
+        await asyncio.sleep(float(task_input["seconds"]))
+        return 1.0
+
+
 class SyncNoopAgent(LitAgent):
     """The sync flavour of :class:`NoopAgent` (each rollout runs on a thread of its own)."""
 

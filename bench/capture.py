@@ -17,8 +17,18 @@ against the simulated LLM, 1-2 calls of 0.1-0.5 s each) at ``--concurrency`` in
 flight on 2 stock worker processes, capture off and on in alternating rounds,
 rollouts/s compared (``bench/mock_llm.py``'s measurement window).
 
+Every proxy's process collects garbage as a worker process does (rollq.worker.collector's young-generation
+threshold: at Python's default the proxy's thread spent about 0.1 ms a call collecting).
+
+With ``--agent-load F`` a thread in each proxy's process runs Python for F of every 10 ms, as a worker's agents
+do beside its proxy thread: the proxy then waits for the GIL as in a busy worker (its CPU is left out of the
+proxy's CPU per call).
+
+With ``--base COMMIT`` a second proxy, rollq as of that commit (a temporary ``git worktree``), takes its turn in
+every round beside this tree's (their order swapped every round): before and after in one run, per round.
+
     python bench/capture.py [--calls 2048] [--concurrency 256] [--rounds 4] [--latency 0.5]
-                            [--rollout-rounds 2] [--window 20]
+                            [--rollout-rounds 2] [--window 20] [--agent-load 0.5] [--base COMMIT]
 """
 
 from __future__ import annotations
@@ -30,7 +40,9 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +51,7 @@ import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import write_result  # noqa: E402
+from bench.common import base_tree, commit_of, write_result  # noqa: E402
 
 
 def serve_backend(latency: float) -> None:
@@ -73,13 +85,91 @@ def serve_proxy(backend: str) -> None:
     proxy.stop()
 
 
-def _child(*args: str) -> tuple[subprocess.Popen[str], str]:
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
+# Run in a proxy's process before its script (so a --base tree's script needs no knob for it): the garbage
+# collector set as in a worker process (rollq.worker.collector: with Python's default young threshold of 700 the
+# proxy's thread spent about 0.1 ms a call collecting, 0.02 ms at a worker's 5000), and, with agent load, a thread
+# that runs Python for ``load`` of every 10 ms, as a worker's agents do beside its proxy thread, sharing its GIL.
+# Its thread id goes to a file, so that its CPU is left out of the proxy's.
+_AGENT_LOAD = """
+import os, runpy, sys, threading, time
+if os.environ.get("ROLLQ_BENCH_WORKER_GC"):
+    from rollq.worker.collector import widen_young_generation
+    widen_young_generation()
+ready = threading.Event()
+def agents(load):
+    with open(os.environ["ROLLQ_BENCH_AGENT_TID"], "w") as f:
+        f.write(str(threading.get_native_id()))
+    ready.set()
+    while True:
+        started = time.perf_counter()
+        while time.perf_counter() - started < load * 0.01:
+            sum(i * i for i in range(200))
+        time.sleep(max(0.0, 0.01 - (time.perf_counter() - started)))
+load = float(os.environ.get("ROLLQ_BENCH_AGENT_LOAD") or 0)
+if load > 0:
+    threading.Thread(target=agents, args=(load,), daemon=True, name="agents").start()
+    ready.wait()
+sys.argv = sys.argv[1:]
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+@dataclass
+class Child:
+    proc: subprocess.Popen[str]
+    line: str
+    agents_tid: int | None = None
+
+    def only_one_loading(self, children: dict[str, Child]) -> None:
+        """With agent load: this child's process runs, the other proxies' are stopped (one worker's agents load
+        the machine at a time, whichever path is measured)."""
+        for other in children.values():
+            if other.agents_tid is not None:
+                process = psutil.Process(other.proc.pid)
+                process.resume() if other is self else process.suspend()
+
+    def cpu_seconds(self) -> float:
+        """The process's CPU (user + system), less the agent-load thread's."""
+        process = psutil.Process(self.proc.pid)
+        used = sum(process.cpu_times()[:2])
+        if self.agents_tid is not None:
+            used -= sum(t.user_time + t.system_time for t in process.threads() if t.id == self.agents_tid)
+        return used
+
+
+def _child(*args: str, tree: Path | None = None, agent_load: float = 0.0) -> tuple[subprocess.Popen[str], str]:
+    """This script (or ``tree``'s copy of it, with ``tree``'s rollq) in a process of its own; its first line."""
+    child = _start(*args, tree=tree, agent_load=agent_load)
+    return child.proc, child.line
+
+
+def _start(
+    *args: str, tree: Path | None = None, agent_load: float = 0.0, script: str = "capture.py", worker_gc: bool = True
+) -> Child:
+    """``bench/<script>`` (of ``tree``, with its rollq) in a process of its own, set up as a worker process is (its
+    garbage collector; ``agent_load``), and its first line."""
+    root = tree or Path(__file__).resolve().parent.parent
+    tid_file = Path(tempfile.mkstemp(prefix="rollq-bench-agents-")[1])
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(root),
+        "ROLLQ_BENCH_AGENT_LOAD": str(agent_load),
+        "ROLLQ_BENCH_AGENT_TID": str(tid_file),
+        "ROLLQ_BENCH_WORKER_GC": "1" if worker_gc else "",
+    }
     proc = subprocess.Popen(
-        [sys.executable, __file__, *args], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env
+        [sys.executable, "-c", _AGENT_LOAD, str(root / "bench" / script), *args],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env,
+        cwd=root,  # "-c" puts the working directory first on sys.path: it must be the tree whose rollq is measured
     )
     assert proc.stdout is not None
-    return proc, proc.stdout.readline().strip()
+    line = proc.stdout.readline().strip()
+    tid = tid_file.read_text().strip() if agent_load > 0 else ""
+    tid_file.unlink()
+    return Child(proc, line, int(tid) if tid else None)
 
 
 async def _round(session: aiohttp.ClientSession, base: str, calls: int, concurrency: int) -> list[float]:
@@ -105,31 +195,54 @@ def _pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-async def measure(direct: str, proxied: str, proxy_pid: int, args: argparse.Namespace) -> dict[str, Any]:
-    proxy = psutil.Process(proxy_pid)
-    results: dict[str, list[float]] = {"direct": [], "proxy": []}
-    cpu = 0.0
+def _summary(values: list[float]) -> dict[str, Any]:
+    return {
+        "calls": len(values),
+        "p50_ms": round(_pct(values, 0.50) * 1000, 3),
+        "p99_ms": round(_pct(values, 0.99) * 1000, 3),
+        "mean_ms": round(statistics.fmean(values) * 1000, 3),
+    }
+
+
+async def measure(direct: str, proxies: dict[str, Child], args: argparse.Namespace) -> dict[str, Any]:
+    """Rounds of ``direct`` then each proxy path (``proxy``; ``proxy_base`` with ``--base``, the two proxies'
+    order swapped every round); per path the latencies and the proxy process's CPU per call, per round too."""
+    results: dict[str, list[float]] = {"direct": [], **{name: [] for name in proxies}}
+    cpu = dict.fromkeys(proxies, 0.0)
+    rounds: list[dict[str, Any]] = []
     connector = aiohttp.TCPConnector(limit=0)
     async with aiohttp.ClientSession(connector=connector) as session:
-        await _round(session, direct, args.concurrency, args.concurrency)  # warm both paths' connections
-        await _round(session, proxied, args.concurrency, args.concurrency)
+        await _round(session, direct, args.concurrency, args.concurrency)  # warm every path's connections
+        for child in proxies.values():
+            child.only_one_loading(proxies)
+            await _round(session, child.line, args.concurrency, args.concurrency)
         per_round = args.calls // args.rounds
-        for _ in range(args.rounds):
-            results["direct"] += await _round(session, direct, per_round, args.concurrency)
-            before = sum(proxy.cpu_times()[:2])
-            results["proxy"] += await _round(session, proxied, per_round, args.concurrency)
-            cpu += sum(proxy.cpu_times()[:2]) - before
-    summary: dict[str, Any] = {}
-    for path, values in results.items():
-        summary[path] = {
-            "calls": len(values),
-            "p50_ms": round(_pct(values, 0.50) * 1000, 3),
-            "p99_ms": round(_pct(values, 0.99) * 1000, 3),
-            "mean_ms": round(statistics.fmean(values) * 1000, 3),
-        }
-    summary["added_p50_ms"] = round(summary["proxy"]["p50_ms"] - summary["direct"]["p50_ms"], 3)
-    summary["added_p99_ms"] = round(summary["proxy"]["p99_ms"] - summary["direct"]["p99_ms"], 3)
-    summary["proxy_cpu_ms_per_call"] = round(cpu * 1000 / len(results["proxy"]), 3)
+        for n in range(args.rounds):
+            row: dict[str, Any] = {"round": n + 1}
+            proxies["proxy"].only_one_loading(proxies)  # the direct calls see one worker's agent load too
+            direct_values = await _round(session, direct, per_round, args.concurrency)
+            results["direct"] += direct_values
+            row["direct_p50_ms"] = _summary(direct_values)["p50_ms"]
+            for name in list(proxies)[:: -1 if n % 2 else 1]:
+                proxies[name].only_one_loading(proxies)
+                before = proxies[name].cpu_seconds()
+                values = await _round(session, proxies[name].line, per_round, args.concurrency)
+                used = proxies[name].cpu_seconds() - before
+                results[name] += values
+                cpu[name] += used
+                row[f"{name}_cpu_ms_per_call"] = round(used * 1000 / len(values), 3)
+                row[f"{name}_p50_ms"] = _summary(values)["p50_ms"]
+            row["load_1min"] = round(os.getloadavg()[0], 1)
+            if "proxy_base" in proxies:
+                row["cpu_new_over_base"] = round(row["proxy_cpu_ms_per_call"] / row["proxy_base_cpu_ms_per_call"], 3)
+            rounds.append(row)
+    summary: dict[str, Any] = {path: _summary(values) for path, values in results.items()}
+    for name in proxies:
+        suffix = name[len("proxy") :]  # "" or "_base"
+        summary[f"added_p50_ms{suffix}"] = round(summary[name]["p50_ms"] - summary["direct"]["p50_ms"], 3)
+        summary[f"added_p99_ms{suffix}"] = round(summary[name]["p99_ms"] - summary["direct"]["p99_ms"], 3)
+        summary[f"proxy_cpu_ms_per_call{suffix}"] = round(cpu[name] * 1000 / len(results[name]), 3)
+    summary["rounds"] = rounds
     return summary
 
 
@@ -201,6 +314,13 @@ def main() -> None:
         "--rollout-rounds", type=int, default=2, help="rounds of sample-agent rollouts, capture off then on (default 2)"
     )
     parser.add_argument("--window", type=float, default=20.0, help="seconds measured per rollout round (default 20)")
+    parser.add_argument(
+        "--agent-load",
+        type=float,
+        default=0.0,
+        help="fraction of each 10 ms a thread in each proxy's process runs Python, as a worker's agents do (0-1)",
+    )
+    parser.add_argument("--base", help="a commit whose proxy takes its turn in every round too (before/after)")
     parser.add_argument("--serve", choices=("backend", "proxy"), help=argparse.SUPPRESS)
     parser.add_argument("--backend", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -208,22 +328,37 @@ def main() -> None:
         return serve_backend(args.latency)
     if args.serve == "proxy":
         return serve_proxy(args.backend)
-    backend, direct = _child("--serve", "backend", "--latency", str(args.latency))
-    proxy, proxied = _child("--serve", "proxy", "--backend", direct)
-    try:
-        summary = measure(direct, proxied, proxy.pid, args)
-        data = asyncio.run(summary)
-    finally:
-        for proc in (proxy, backend):
-            assert proc.stdin is not None
-            proc.stdin.close()
-            proc.wait(10)
+    with base_tree(args.base) as tree:
+        backend, direct = _child("--serve", "backend", "--latency", str(args.latency))
+        children = [backend]
+        try:
+            proxies = {"proxy": _start("--serve", "proxy", "--backend", direct, agent_load=args.agent_load)}
+            children.append(proxies["proxy"].proc)
+            if tree is not None:
+                proxies["proxy_base"] = _start(
+                    "--serve", "proxy", "--backend", direct, tree=tree, agent_load=args.agent_load
+                )
+                children.append(proxies["proxy_base"].proc)
+            try:
+                data = asyncio.run(measure(direct, proxies, args))
+            finally:
+                for child in proxies.values():
+                    psutil.Process(child.proc.pid).resume()  # a stopped process would not read its stdin's end
+        finally:
+            for proc in reversed(children):
+                assert proc.stdin is not None
+                proc.stdin.close()
+                proc.wait(10)
+    if args.base:
+        data["base_commit"] = commit_of(args.base)
     argv = [f"--calls={args.calls}", f"--concurrency={args.concurrency}", f"--rounds={args.rounds}"]
     argv += [f"--latency={args.latency}", f"--rollout-rounds={args.rollout_rounds}", f"--window={args.window}"]
+    argv += [f"--agent-load={args.agent_load}"] if args.agent_load else []
+    argv += [f"--base={args.base}"] if args.base else []
     if args.rollout_rounds:
         data["rollouts"] = rollouts_on_and_off(args)
         print(json.dumps(data["rollouts"], indent=2))
-    settings = {k: v for k, v in vars(args).items() if k not in ("serve", "backend")}
+    settings = {k: v for k, v in vars(args).items() if k not in ("serve", "backend", "base")}
     path = write_result("capture", data, argv, settings=settings)
     print(json.dumps(data, indent=2))
     print(f"wrote {path}")

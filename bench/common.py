@@ -111,6 +111,28 @@ class RedisServer:
 
 
 @contextmanager
+def base_tree(commit: str | None) -> Iterator[Path | None]:
+    """A temporary ``git worktree`` of ``commit`` (its scripts run with it first on PYTHONPATH, so their rollq is
+    that commit's): the "before" of a before/after measured in one run. None when ``commit`` is None."""
+    if commit is None:
+        yield None
+        return
+    tree = Path(tempfile.mkdtemp(prefix="rollq-bench-base-")) / "tree"
+    subprocess.run(["git", "worktree", "add", "--detach", str(tree), commit], cwd=ROOT, check=True,
+                   capture_output=True)  # fmt: skip
+    try:
+        yield tree
+    finally:
+        subprocess.run(["git", "worktree", "remove", "--force", str(tree)], cwd=ROOT, check=False)
+        shutil.rmtree(tree.parent, ignore_errors=True)
+
+
+def commit_of(commit: str) -> str:
+    """``commit`` as its short hash."""
+    return _git("rev-parse", "--short", commit)
+
+
+@contextmanager
 def private_redis() -> Iterator[RedisServer]:
     with tempfile.TemporaryDirectory(prefix="rollq-bench-") as directory:
         server = RedisServer(Path(directory)).start()
@@ -140,11 +162,19 @@ class Workers:
         self.ps = [psutil.Process(p.pid) for p in self.processes]
 
     def wait_registered(
-        self, connection: redis.Redis, queue: str, expected: int | None = None, timeout: float = 180
+        self,
+        connection: redis.Redis,
+        queue: str,
+        expected: int | None = None,
+        timeout: float = 180,
+        registry_key: str | None = None,
     ) -> None:
-        """Until ``expected`` workers (default: one per process) have registered; they are then about to dequeue."""
+        """Until ``expected`` workers (default: one per process) have registered; they are then about to dequeue.
+
+        RQ workers register in RQ's per-queue worker set; other workers name the set they add themselves to.
+        """
         deadline = time.monotonic() + timeout
-        while connection.scard(f"rq:workers:{queue}") < (expected or len(self.processes)):
+        while connection.scard(registry_key or f"rq:workers:{queue}") < (expected or len(self.processes)):
             self.check_alive()
             if time.monotonic() > deadline:
                 raise RuntimeError(f"workers did not register within {timeout}s; logs: {self.logs[0].parent}")

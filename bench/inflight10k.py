@@ -10,7 +10,8 @@ reader in this process) has received every rollout.
 Measured:
 - % of the zero-overhead simulation: the same task list run FIFO on ``--in-flight`` slots with no cost
   at all finishes in T_sim; rollq took T; the figure is T_sim / T;
-- worker CPU per rollout (user + system of both processes over the whole run / tasks);
+- worker CPU per rollout (user + system of both processes over the whole run / tasks), Redis's, and the trainer
+  side's (this process: the enqueue, the trainer thread reading every rollout, the sampler);
 - worker memory per in-flight rollout: (RSS when the most rollouts were in flight - RSS idle before the
   run) / that many rollouts;
 - time to fill the slots: from the start of the enqueue to the in-flight set holding 95% of ``--in-flight``;
@@ -91,6 +92,7 @@ def main() -> None:
             redis_proc = psutil.Process(server.process.pid)  # type: ignore[union-attr]
             rcpu0 = sum(redis_proc.cpu_times()[:2])
             memory0 = int(connection.info("memory")["used_memory"])
+            own0 = time.process_time()
             trainer.start()
             started = time.monotonic()
             ids = [t.rollout_id for t in producer.enqueue_many(inputs, mode="train")]
@@ -129,6 +131,7 @@ def main() -> None:
             elapsed = time.monotonic() - started
             cpu = sum_over(workers.ps, lambda p: sum(p.cpu_times()[:2])) - cpu0
             rcpu = sum(redis_proc.cpu_times()[:2]) - rcpu0
+            own = time.process_time() - own0
             memory1 = int(connection.info("memory")["used_memory"])
             stop.set()
             sampler.join()
@@ -160,6 +163,9 @@ def main() -> None:
         "seconds_to_fill_slots": round(filled_at, 1) if filled_at is not None else None,
         "worker_cpu_ms_per_rollout": round(1000 * cpu / args.tasks, 2),
         "redis_cpu_ms_per_rollout": round(1000 * rcpu / args.tasks, 3),
+        # The trainer side runs on the same box: this process enqueues, reads every rollout (the trainer thread)
+        # and samples the in-flight set twice a second.
+        "trainer_side_cpu_ms_per_rollout": round(1000 * own / args.tasks, 3),
         "worker_rss_idle_mb": round(idle_rss / 2**20, 1),
         "worker_rss_full_mb": round(peak_rss / 2**20, 1),
         "in_flight_at_peak_rss": peak_running,

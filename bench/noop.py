@@ -2,7 +2,8 @@
 
 Run: python bench/noop.py [--jobs 2000] [--fork-jobs 300] [--rounds 3]
 
-Part 1, end to end with 2 worker processes each: the producer enqueues a batch
+Part 1, end to end with 2 worker processes each, beside the floor of a minimal Redis queue doing the same work
+(bench/minimal_queue.py: BRPOP a task, XADD its result): the producer enqueues a batch
 (one pipelined ``enqueue_many``), the workers run it, and the producer receives
 every result (rollq: ``Producer.wait``; RQ: poll the finished registry, then read
 every job's return value in one pipeline). Compared: RQ's default ``Worker``
@@ -32,7 +33,7 @@ from base64 import b64decode
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -41,6 +42,7 @@ from rq import Queue, SimpleWorker  # noqa: E402
 from rq.job import Job  # noqa: E402
 from rq.serializers import JSONSerializer  # noqa: E402
 
+from bench import minimal_queue  # noqa: E402
 from bench.common import (  # noqa: E402
     CountingConnection,
     RedisServer,
@@ -52,12 +54,19 @@ from bench.common import (  # noqa: E402
     rate,
     rollq_workers,
     rq_workers,
+    worker_env,
     write_result,
 )
 from rollq.producer import Producer  # noqa: E402
 from rollq.worker import RolloutWorker, WorkerSettings  # noqa: E402
 
 WARMUP = 100
+# The floor: a minimal Redis queue doing the same work (bench/minimal_queue.py), one task at a time and batched.
+MINIMAL_WORKER = [sys.executable, "-m", "bench.minimal_queue"]
+MINIMAL_QUEUES = [
+    ("a minimal Redis queue (BRPOP, XADD)", "floor-1", 1),
+    ("a minimal Redis queue, batched (BLMPOP 16, pipelined XADD)", "floor-16", 16),
+]
 NOOP_AGENT = "bench.agents:NoopAgent"
 SYNC_NOOP_AGENT = "bench.agents:SyncNoopAgent"
 RQ_NOOP = "bench.rq_jobs.noop"
@@ -99,14 +108,16 @@ class Setup:
     label: str
     queue_name: str
     workers: Workers
-    rollq: bool
+    kind: Literal["rq", "rollq", "minimal"]
     jobs: int
     rounds: list[dict[str, float]] = field(default_factory=list)
     commands: dict[str, int] = field(default_factory=dict)
 
     def batch(self, server: RedisServer, n: int) -> None:
         connection = server.client()
-        if self.rollq:
+        if self.kind == "minimal":
+            minimal_queue.run_batch(connection, self.queue_name, n)
+        elif self.kind == "rollq":
             producer = Producer(connection, self.queue_name)
             tasks = producer.enqueue_many([{"i": i} for i in range(n)], mode="train")
             producer.wait([t.rollout_id for t in tasks], timeout=600)
@@ -156,18 +167,28 @@ def run_end_to_end(
     """All configurations' workers up at once, measured in interleaved rounds so drift hits them alike."""
     url = server.url
     setups = [
+        *(
+            Setup(
+                label,
+                queue,
+                Workers([[*MINIMAL_WORKER, url, queue, str(batch)]] * 2, worker_env(), log_dir),
+                kind="minimal",
+                jobs=jobs,
+            )
+            for label, queue, batch in MINIMAL_QUEUES
+        ),
         Setup(
             "RQ Worker (fork per job)",
             "rq-fork",
             rq_workers(url, "rq-fork", 2, worker_class="rq.worker.Worker", log_dir=log_dir),
-            rollq=False,
+            kind="rq",
             jobs=fork_jobs,
         ),
         Setup(
             "RQ SimpleWorker",
             "rq-simple",
             rq_workers(url, "rq-simple", 2, worker_class="rq.worker.SimpleWorker", log_dir=log_dir),
-            rollq=False,
+            kind="rq",
             jobs=jobs,
         ),
         *(
@@ -175,7 +196,7 @@ def run_end_to_end(
                 f"rollq, concurrency {c}",
                 f"rollq-c{c}",
                 rollq_workers(url, f"rollq-c{c}", 2, agent=NOOP_AGENT, concurrency=c, log_dir=log_dir),
-                rollq=True,
+                kind="rollq",
                 jobs=jobs,
             )
             for c in concurrencies
@@ -184,14 +205,15 @@ def run_end_to_end(
             "rollq, sync agent, concurrency 1",
             "rollq-sync",
             rollq_workers(url, "rollq-sync", 2, agent=SYNC_NOOP_AGENT, concurrency=1, log_dir=log_dir),
-            rollq=True,
+            kind="rollq",
             jobs=jobs,
         ),
     ]
     try:
         connection = server.client()
         for setup in setups:
-            setup.workers.wait_registered(connection, setup.queue_name)
+            registry = minimal_queue.ready_key(setup.queue_name) if setup.kind == "minimal" else None
+            setup.workers.wait_registered(connection, setup.queue_name, registry_key=registry)
             setup.batch(server, WARMUP)  # imports, caches and connections warm before the clock starts
         print(f"end to end, 2 worker processes each, median of {rounds} interleaved rounds:")
         for i in range(rounds):
@@ -276,7 +298,13 @@ def main() -> None:
 
     simple = next(r for r in e2e if r["label"] == "RQ SimpleWorker")
     simple_rt = next(r for r in trips if r["label"] == "RQ SimpleWorker")
+    floor = next(r for r in e2e if r["label"] == MINIMAL_QUEUES[-1][0])  # the faster floor, batched as rollq is
     for row in e2e:
+        row["percent_of_minimal_queue"] = round(100 * row["jobs_per_s"] / floor["jobs_per_s"], 1)
+        row["percent_of_minimal_queue_per_round"] = [
+            round(100 * a["jobs_per_s"] / b["jobs_per_s"], 1)
+            for a, b in zip(row["rounds"], floor["rounds"], strict=True)
+        ]
         row["time_per_job_vs_simpleworker"] = round(simple["jobs_per_s"] / row["jobs_per_s"], 2)
         row["cpu_per_job_vs_simpleworker"] = round(row["worker_cpu_ms_per_job"] / simple["worker_cpu_ms_per_job"], 2)
     for row in trips:
@@ -288,7 +316,8 @@ def main() -> None:
             "end_to_end": e2e,
             "round_trips": trips,
             "round_trip_jobs": [WARMUP, trip_jobs],
-            "target": "per no-op rollout at most 1.5x the cost of a plain RQ SimpleWorker no-op job",
+            "target": "no-op rollouts at concurrency 16 at least 10% of a minimal Redis queue's rate, at most 15 Redis "
+            "commands each",
         },
         sys.argv[1:],
         settings=vars(args),

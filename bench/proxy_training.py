@@ -11,10 +11,15 @@ bench/capture.py's harness: simulated backends (the demo's OpenAI-compatible LLM
   the proxy parses), every call admitted through the weight-sync gate, whose follower reports to a private Redis
   every second as a worker's heartbeat would; the calls spread over 8 attempts (rollouts), so both backends serve.
 
-Reports per path the path's own latency (client time less the backend's reported generation time) at p50/p99
+Every proxy's process collects garbage as a worker process does (rollq.worker.collector's young-generation
+threshold). Reports per path the path's own latency (client time less the backend's reported generation time) at p50/p99
 and the proxy process's CPU per call (user + system, psutil, over that path's rounds only).
 
-    python bench/proxy_training.py [--calls 4096] [--concurrency 256] [--rounds 4] [--latency 0.5]
+With ``--base COMMIT`` the plain and training proxies of rollq as of that commit (a temporary ``git worktree``)
+take their turns in every round too (``plain_base``, ``training_base``; the base's paths go first every other
+round): before and after in one run, per round.
+
+    python bench/proxy_training.py [--calls 4096] [--concurrency 256] [--rounds 4] [--latency 0.5] [--base COMMIT]
 """
 
 from __future__ import annotations
@@ -37,8 +42,8 @@ import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.capture import _pct, serve_backend, serve_proxy  # noqa: E402
-from bench.common import private_redis, write_result  # noqa: E402
+from bench.capture import _pct, _start, serve_backend, serve_proxy  # noqa: E402
+from bench.common import base_tree, commit_of, private_redis, write_result  # noqa: E402
 
 ATTEMPTS = 8
 
@@ -120,13 +125,11 @@ def serve_training_proxy(backends: list[str], redis_url: str, profile: str | Non
     proxy.stop()
 
 
-def _child(*args: str) -> tuple[subprocess.Popen[str], str]:
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
-    proc = subprocess.Popen(
-        [sys.executable, __file__, *args], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env
-    )
-    assert proc.stdout is not None
-    return proc, proc.stdout.readline().strip()
+def _child(*args: str, tree: Path | None = None) -> tuple[subprocess.Popen[str], str]:
+    """This script (or ``tree``'s copy of it, with ``tree``'s rollq) in a process of its own, its garbage collector
+    set as in a worker process (bench/capture.py's ``_start``); its first line."""
+    child = _start(*args, tree=tree, script=Path(__file__).name)
+    return child.proc, child.line
 
 
 async def _round(session: aiohttp.ClientSession, bases: list[str], calls: int, concurrency: int) -> list[float]:
@@ -151,17 +154,37 @@ async def measure(paths: dict[str, tuple[list[str], int | None]], args: argparse
     processes = {name: psutil.Process(pid) for name, (_, pid) in paths.items() if pid is not None}
     latencies: dict[str, list[float]] = {name: [] for name in paths}
     cpu = dict.fromkeys(paths, 0.0)
+    rounds: list[dict[str, Any]] = []
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
         for bases, _ in paths.values():  # warm every path's connections
             await _round(session, bases, args.concurrency, args.concurrency)
         per_round = args.calls // args.rounds
-        for _ in range(args.rounds):
-            for name, (bases, _) in paths.items():
+        for n in range(args.rounds):
+            row: dict[str, Any] = {"round": n + 1}
+            names = list(paths)
+            if n % 2:  # with --base, the base's paths go first every other round
+                names = (
+                    [names[0]]
+                    + [m for m in names[1:] if m.endswith("_base")]
+                    + [m for m in names[1:] if not m.endswith("_base")]
+                )
+            for name in names:
+                bases = paths[name][0]
                 process = processes.get(name)
                 before = sum(process.cpu_times()[:2]) if process else 0.0
-                latencies[name] += await _round(session, bases, per_round, args.concurrency)
+                values = await _round(session, bases, per_round, args.concurrency)
+                latencies[name] += values
+                row[f"{name}_p50_ms"] = round(_pct(values, 0.50) * 1000, 3)
                 if process:
-                    cpu[name] += sum(process.cpu_times()[:2]) - before
+                    used = sum(process.cpu_times()[:2]) - before
+                    cpu[name] += used
+                    row[f"{name}_cpu_ms_per_call"] = round(used * 1000 / len(values), 3)
+            for name in ("plain", "training"):
+                if f"{name}_base_cpu_ms_per_call" in row:
+                    base_cpu = row[f"{name}_base_cpu_ms_per_call"]
+                    row[f"{name}_cpu_new_over_base"] = round(row[f"{name}_cpu_ms_per_call"] / base_cpu, 3)
+            row["load_1min"] = round(os.getloadavg()[0], 1)
+            rounds.append(row)
     summary: dict[str, Any] = {}
     for name, values in latencies.items():
         summary[name] = {
@@ -174,6 +197,7 @@ async def measure(paths: dict[str, tuple[list[str], int | None]], args: argparse
             summary[name]["proxy_cpu_ms_per_call"] = round(cpu[name] * 1000 / len(values), 3)
     plain, training = summary["plain"]["proxy_cpu_ms_per_call"], summary["training"]["proxy_cpu_ms_per_call"]
     summary["training_minus_plain_cpu_ms_per_call"] = round(training - plain, 3)
+    summary["rounds"] = rounds
     return summary
 
 
@@ -183,6 +207,7 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=256, help="calls in flight (default 256)")
     parser.add_argument("--rounds", type=int, default=4, help="alternating rounds (default 4)")
     parser.add_argument("--latency", type=float, default=0.5, help="mean backend latency per call, s (default 0.5)")
+    parser.add_argument("--base", help="a commit whose proxies take their turn in every round too (before/after)")
     parser.add_argument("--serve", choices=("backend", "proxy", "training"), help=argparse.SUPPRESS)
     parser.add_argument("--backend", help=argparse.SUPPRESS)
     parser.add_argument("--redis", help=argparse.SUPPRESS)
@@ -195,7 +220,7 @@ def main() -> None:
     if args.serve == "training":
         return serve_training_proxy(args.backend.split(","), args.redis, args.profile)
     children: list[subprocess.Popen[str]] = []
-    with private_redis() as server:
+    with private_redis() as server, base_tree(args.base) as tree:
         try:
             first, b1 = _child("--serve", "backend", "--latency", str(args.latency))
             second, b2 = _child("--serve", "backend", "--latency", str(args.latency))
@@ -210,16 +235,26 @@ def main() -> None:
                 "plain": ([plain_url], plain.pid),
                 "training": (training_urls.split(), training.pid),
             }
+            if tree is not None:
+                plain_base, plain_base_url = _child("--serve", "proxy", "--backend", b1, tree=tree)
+                children.append(plain_base)
+                training_base, training_base_urls = _child(
+                    "--serve", "training", "--backend", f"{b1},{b2}", "--redis", server.url, tree=tree
+                )
+                children.append(training_base)
+                paths["plain_base"] = ([plain_base_url], plain_base.pid)
+                paths["training_base"] = (training_base_urls.split(), training_base.pid)
             data = asyncio.run(measure(paths, args))
         finally:
             for proc in reversed(children):
                 assert proc.stdin is not None
                 proc.stdin.close()
                 proc.wait(10)
-    data["load_average"] = [round(v, 1) for v in os.getloadavg()]
     argv = [f"--calls={args.calls}", f"--concurrency={args.concurrency}", f"--rounds={args.rounds}"]
-    argv += [f"--latency={args.latency}"]
-    settings = {k: v for k, v in vars(args).items() if k not in ("serve", "backend", "redis", "profile")}
+    argv += [f"--latency={args.latency}"] + ([f"--base={args.base}"] if args.base else [])
+    if args.base:
+        data["base_commit"] = commit_of(args.base)
+    settings = {k: v for k, v in vars(args).items() if k not in ("serve", "backend", "redis", "profile", "base")}
     if args.profile:  # a profiled run costs more CPU per call: not a result
         print(json.dumps(data, indent=2))
         return

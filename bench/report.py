@@ -332,6 +332,10 @@ seen: {duplicates}. Other processes on the shared machine used {other:.2f} cores
 )
 
 
+def _percents(values: list[float] | None) -> str:
+    return "-" if not values else ", ".join(f"{v:.1f}%" for v in values)
+
+
 def _noop_rows(doc: Doc) -> list[Doc]:
     simple = next(r for r in doc["end_to_end"] if r["label"] == "RQ SimpleWorker")
     def per_round(r: Doc) -> list[float | None]:
@@ -355,6 +359,7 @@ Commands are counted by Redis (`INFO commandstats`, Lua's included) over the who
             ("worker_cpu_ms_per_job", "worker CPU ms/job", ".2f"),
             Col("CPU / SimpleWorker", "cpu_per_job_vs_simpleworker", x),
             ("commands_per_job", "Redis commands/job", ".1f"), ("worker_rss_mb", "worker RSS MB", ".1f"),
+            Col("% of the minimal queue, per round", "percent_of_minimal_queue_per_round", _percents),
         ]),
         Table("round_trips", [
             ("label", "worker"), ("round_trips_per_job", "round trips/job", ".1f"),
@@ -761,18 +766,49 @@ def _capture_rounds(doc: Doc) -> list[Doc]:
             for i, r in enumerate(rows)]
 
 
+def _capture_paths(doc: Doc) -> list[Doc]:
+    """Direct, this commit's proxy and, with --base, the base commit's, each with its added latency and CPU."""
+    rows = []
+    for path, suffix in (("direct", None), ("proxy", ""), ("proxy_base", "_base")):
+        if path not in doc:
+            continue
+        name = f"proxy at {doc.get('base_commit', 'base')}" if path == "proxy_base" else path
+        row = {"path": name, **doc[path]}
+        if suffix is not None:
+            row.update({k: doc.get(f"{k}{suffix}") for k in ("added_p50_ms", "added_p99_ms", "proxy_cpu_ms_per_call")})
+        rows.append(row)
+    return rows
+
+
 CAPTURE = Spec(
     title="LLM calls through the capturing proxy vs straight to the backend",
     about="""{settings[concurrency]} calls in flight against the demo's simulated LLM ({settings[latency]:g} s per
 call on average), {settings[rounds]} rounds alternating direct and through a worker's `CaptureProxy` (its own
-process). Latency is each call's time at the client less the backend's reported generation time: the path's own
-cost. Added latency p50 {added_p50_ms:+.1f} ms, p99 {added_p99_ms:+.1f} ms; proxy CPU per call
-{proxy_cpu_ms_per_call:.2f} ms. The proxy is one Python thread per worker process: when the machine leaves it less
-than the calls need, they queue in it, and that queue is most of the added latency.""",
+process, its garbage collector set as a worker's{agent_load_text}). Latency is each call's time at the client
+less the backend's reported generation time: the path's own cost. Added latency p50 {added_p50_ms:+.1f} ms, p99
+{added_p99_ms:+.1f} ms; proxy CPU per call {proxy_cpu_ms_per_call:.2f} ms.{base_text} The proxy is one Python
+thread per worker process: when the machine leaves it less than the calls need, they queue in it, and when the
+agents' thread holds the GIL each step of a call waits for it (the proxy lowers the GIL switch interval to 1 ms for
+that: `rollq/worker/capture/gil.py`).""",
+    derive=lambda d: {
+        "agent_load_text": (f", with a thread in it running Python {d['settings']['agent_load']:.0%} of the time as "
+                            "a worker's agents do, sharing its GIL; that thread's CPU is not counted")
+        if (d.get("settings") or {}).get("agent_load") else "",
+        "base_text": (f" The same proxy as of `{d['base_commit']}` took its turn in every round too (order swapped "
+                      f"every round): added p50 {d['added_p50_ms_base']:+.1f} ms, p99 {d['added_p99_ms_base']:+.1f} "
+                      f"ms, {d['proxy_cpu_ms_per_call_base']:.2f} ms CPU per call.") if d.get("base_commit") else "",
+    },
     tables=[
-        Table(lambda d: [{"path": p, **d[p]} for p in ("direct", "proxy")], [
+        Table(_capture_paths, [
             ("path", "path"), ("calls", "calls"), ("p50_ms", "p50 ms", ",.1f"), ("p99_ms", "p99 ms", ",.1f"),
-            ("mean_ms", "mean ms", ",.1f")]),
+            ("mean_ms", "mean ms", ",.1f"), ("added_p50_ms", "added p50 ms", "+.1f"),
+            ("added_p99_ms", "added p99 ms", "+.1f"), ("proxy_cpu_ms_per_call", "proxy CPU ms/call", ".3f")]),
+        Table("rounds", [
+            ("round", "round"), ("direct_p50_ms", "direct p50 ms", ".1f"), ("proxy_p50_ms", "proxy p50 ms", ".1f"),
+            ("proxy_base_p50_ms", "base proxy p50 ms", ".1f"), ("proxy_cpu_ms_per_call", "proxy CPU ms/call", ".3f"),
+            ("proxy_base_cpu_ms_per_call", "base proxy CPU ms/call", ".3f"),
+            ("cpu_new_over_base", "CPU new / base", ".3f"), ("load_1min", "load (1 min)", ".1f"),
+        ], caption="Per round (with `--base`):"),
         Table(_capture_rounds, [
             ("system", "capture"), ("rollouts", "rollouts"), ("failed", "failed"),
             ("rollouts_per_s", "rollouts/s", ",.1f"), Col("on / off, this round pair", "on_over_off", x),
@@ -849,10 +885,10 @@ SPECS: dict[str, Spec] = {
     "capture": CAPTURE, "enqueue": ENQUEUE, "memory": MEMORY, "startup": STARTUP,
 }
 # The page's order; results files not named here follow in name order.
-ORDER = ["al_own_path", "al", "noop", "mock_llm", "startup", "before_after", "profile", "rollout_cpu",
-         "rollout_cpu_before_after", "big", "results_stream", "inflight10k", "scaling", "cluster", "cluster_256",
-         "cluster_dead_host", "failover", "soak", "capture", "enqueue", "memory", "idle", "connections", "plan_rate",
-         "plan_rate_16", "trainer_api", "embedded_drain"]
+ORDER = ["al_own_path", "al", "noop", "mock_llm", "startup", "fleet_startup", "before_after", "profile",
+         "rollout_cpu", "rollout_cpu_before_after", "big", "results_stream", "inflight10k", "scaling", "cluster",
+         "cluster_256", "cluster_dead_host", "failover", "soak", "capture", "enqueue", "memory", "idle", "connections",
+         "plan_rate", "plan_rate_16", "trainer_api", "embedded_drain"]
 
 
 def spec_for(doc: Doc) -> Spec | None:
@@ -902,6 +938,16 @@ def _commands_16(docs: dict[str, Doc]) -> tuple[str, bool] | None:
     return None if row is None else (f"{row['commands_per_job']:.1f}", row["commands_per_job"] <= 15)
 
 
+def _vs_minimal_queue(docs: dict[str, Doc]) -> tuple[str, bool] | None:
+    rows = {r["label"]: r for r in docs["noop"]["end_to_end"]}
+    floor = rows.get("a minimal Redis queue, batched (BLMPOP 16, pipelined XADD)")
+    row = rows.get("rollq, concurrency 16")
+    if floor is None or row is None or "percent_of_minimal_queue" not in row:
+        return None
+    pct = row["percent_of_minimal_queue"]
+    return f"{pct:.1f}% ({row['jobs_per_s']:,.0f} vs {floor['jobs_per_s']:,.0f}/s, concurrency 16)", pct >= 10
+
+
 def _startup(docs: dict[str, Doc]) -> tuple[str, bool] | None:
     # The tree measured, not the --base commit it was measured beside.
     rows = [r for r in docs["startup"]["rows"] if r["label"].startswith("rollq") and "(at " not in r["label"]]
@@ -911,6 +957,15 @@ def _startup(docs: dict[str, Doc]) -> tuple[str, bool] | None:
     per_round = _median(r["vs_rq_per_round"])
     value = f"{x(r['vs_rq'])} (median of per-round ratios {x(per_round)}; {r['median_seconds']:.2f} s)"
     return value, max(r["vs_rq"], per_round) <= 2.0
+
+
+def _fleet(docs: dict[str, Doc]) -> tuple[str, bool] | None:
+    doc = docs["fleet_startup"]
+    rq, rollq = doc["rows"]
+    value = (f"{x(doc['rollq_vs_rq_all_claimed'])} ({doc['processes']} processes: {rollq['all claimed, s (median)']} "
+             f"vs {rq['all claimed, s (median)']} s; CPU per process {rollq['CPU s per process']} vs "
+             f"{rq['CPU s per process']} s)")
+    return value, doc["rollq_vs_rq_all_claimed"] <= 2.0
 
 
 def _field(name: str, key: str, text: str, ok: Callable[[float], bool]) -> Callable[[dict[str, Doc]], Any]:
@@ -928,7 +983,8 @@ TARGETS: list[tuple[str, str, Callable[[dict[str, Doc]], tuple[str, bool] | None
     ("proxy's added latency at 256 calls in flight, p99", "<= +5 ms",
      _field("capture", "added_p99_ms", "{:+.1f} ms", lambda v: v <= 5)),
     ("no-op rollouts vs Agent Lightning 0.1.2 on its own RL path", ">= 3x", _noop_vs_al),
-    ("no-op rollouts vs a minimal Redis queue on the same box", ">= 10%", lambda docs: None),
+    ("no-op rollouts vs a minimal Redis queue on the same box", ">= 10%",
+     lambda docs: _vs_minimal_queue(docs) if "noop" in docs else None),
     ("Redis commands per no-op rollout, concurrency 16", "<= 15",
      lambda docs: _commands_16(docs) if "noop" in docs else None),
     ("1000 in flight, % of the ideal rate", ">= 95%", _ideal_1000),
@@ -940,6 +996,8 @@ TARGETS: list[tuple[str, str, Callable[[dict[str, Doc]], tuple[str, bool] | None
      _field("big", "rollq_over_orjson", "{:.2f}x (0.23 MB)", lambda v: v >= 1.0)),
     ("worker start-up, exec to first claim", "<= 2x plain RQ",
      lambda docs: _startup(docs) if "startup" in docs else None),
+    ("a fleet of worker processes started at once, until all have claimed", "<= 2x plain RQ",
+     lambda docs: _fleet(docs) if "fleet_startup" in docs else None),
 ]
 
 

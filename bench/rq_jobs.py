@@ -43,3 +43,9 @@ def mock_llm() -> float:
         with tracer.start_as_current_span("reward", attributes={"rollq.reward": reward}):
             pass
     return reward
+
+
+def hold(seconds: float) -> float:
+    """Keep the worker busy for ``seconds``: each process of a starting fleet takes one job and no more."""
+    time.sleep(seconds)
+    return 1.0

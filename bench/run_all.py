@@ -39,6 +39,7 @@ BENCHMARKS: list[tuple[str, list[str]]] = [
     ("memory", ["--rollouts", "30000", "--max-seconds", "90"]),
     ("capture", []),
     ("startup", ["--rounds", "5"]),
+    ("fleet_startup", ["--processes", "64", "--rounds", "2"]),
 ]
 
 

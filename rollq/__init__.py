@@ -12,11 +12,21 @@ Each subpackage is a folder of ``rollq/``: the files live where their import nam
 editable install, a wheel, tracebacks and coverage all name the same paths.
 """
 
-from importlib.metadata import PackageNotFoundError, version
-
-try:
-    __version__ = version("rollq")
-except PackageNotFoundError:  # imported from a source checkout that was never installed
-    __version__ = "0+unknown"
+from typing import Any
 
 __all__ = ["__version__"]
+
+
+def __getattr__(name: str) -> Any:
+    """``__version__``, read from the installed package's metadata when first asked for: importlib.metadata costs
+    every worker process 30-120 ms of start-up (email, calendar, ...) that almost none of them needs."""
+    if name != "__version__":
+        raise AttributeError(f"module 'rollq' has no attribute {name!r}")
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        value = version("rollq")
+    except PackageNotFoundError:  # imported from a source checkout that was never installed
+        value = "0+unknown"
+    globals()["__version__"] = value
+    return value

@@ -300,10 +300,14 @@ class StreamField(StrEnum):
     SUMMARY = "summary"  # summaries stream: the summary, JSON (rollq.store.summaries)
     MODE = "mode"  # summaries stream: the task's mode, from its record
     RESULT = "result"  # summaries stream: the results-stream entry the summary describes
+    SIZE = "size"  # summaries stream: that entry's payload bytes (rollout id + rollout JSON), for trimming
 
 
 TRIMMED_TO = "trimmed-to"
 """The field of :attr:`Keys.results_trim` holding the first entry id the last trim kept."""
+
+SUMMARIES_FROM = "summaries-from"
+"""The field of :attr:`Keys.results_trim` holding where the next trim starts reading the summaries stream."""
 
 GROUP_IDLE_SECONDS = 3600
 """The policy for abandoned readers: a consumer group none of whose consumers has talked to Redis for this long

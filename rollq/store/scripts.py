@@ -25,6 +25,7 @@ from .keys import (
     HISTORY_LIMIT,
     IDLE_MS_FIELD,
     MEMBER_SEPARATOR,
+    SUMMARIES_FROM,
     TRIMMED_TO,
     StreamField,
     TaskField,
@@ -63,7 +64,7 @@ def lua_header() -> str:
             f"local ENQUEUED = {table(Enqueued)}",
             f"local STATS_SUPERSEDED, STATS_DURATION_SUM = '{StatsField.SUPERSEDED}', '{StatsField.DURATION_SUM}'",
             f"local STATS_RESULTS_BYTES = '{StatsField.RESULTS_BYTES}'",
-            f"local TRIMMED_TO = '{TRIMMED_TO}'",
+            f"local TRIMMED_TO, SUMMARIES_FROM = '{TRIMMED_TO}', '{SUMMARIES_FROM}'",
             f"local IDLE_MS_FIELD, GROUP_IDLE_MS = '{IDLE_MS_FIELD}', {GROUP_IDLE_SECONDS * 1000}",
             f"local STATS_DROPPED_CANCELLED = '{StatsField.DROPPED_CANCELLED}'",
             f"local STATS_REWARD_MISSING = '{StatsField.REWARD_MISSING}'",
@@ -87,9 +88,10 @@ def lua_header() -> str:
             f"'{REWARD_PREFIX}' .. (mode or '') .. '{REWARD_SEPARATOR}' .. (rid or '') .. '{REWARD_SEPARATOR}' "
             ".. bucket end",
             # One summary per published rollout (rollq.store.summaries), bounded by the results stream's entry count.
-            "local function add_summary(key, maxlen, rid, summary, mode, result_id)",
+            # SIZE: the result's payload bytes, which the results stream's trim reads instead of the result.
+            "local function add_summary(key, maxlen, rid, summary, mode, result_id, size)",
             "  redis.call('XADD', key, 'MAXLEN', '~', maxlen, '*', S.rollout_id, rid, S.summary, summary, "
-            "S.mode, mode or '', S.result, result_id)",
+            "S.mode, mode or '', S.result, result_id, S.size, size)",
             "end",
             # A loop, not unpack(): unpack fails past a few thousand items (a worker's heartbeat of every attempt).
             "local function list_from(t, first, last)",

@@ -277,3 +277,28 @@ def test_an_upstream_that_answers_503_in_a_row_is_taken_out_and_calls_go_to_the_
         a.stop()
         b.stop()
         proxy.stop()
+
+
+def test_a_body_rewritten_for_an_enforced_setting_keeps_an_int_beyond_64_bits_exact(
+    proxy: CaptureProxy, fake: FakeVLLM
+) -> None:
+    # The body is re-encoded (the mode's temperature overwrites the agent's): every other value goes on as sent.
+    spans = Spans()
+    llm = with_options(LLM(endpoint=fake.url, model="m"), modes={"train": {"temperature": 1.0}})
+    resources, attempt = proxy.open_attempt(
+        {"llm": llm}, trace.set_span_in_context(spans.root), spans.tracer, mode="train"
+    )
+    rewritten = resources["llm"]
+    assert isinstance(rewritten, LLM)
+    seed = 2**70 + 1
+    body = b'{"model": "m", "messages": [{"role": "user", "content": "hi"}], "temperature": 0.0, "seed": %d}' % seed
+    answer = httpx.post(f"{rewritten.endpoint}/chat/completions", content=body, timeout=30)
+    assert answer.status_code == 200, answer.text
+    assert fake.received[-1]["seed"] == seed and fake.received[-1]["temperature"] == 1.0
+    assert attempt.calls[-1].sampling["seed"] == seed
+    attempt.close()
+
+
+def test_the_proxy_runs_on_uvloop_where_it_is_installed(proxy: CaptureProxy) -> None:
+    pytest.importorskip("uvloop")
+    assert type(proxy._loop).__module__.startswith("uvloop")

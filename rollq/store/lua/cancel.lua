@@ -35,11 +35,12 @@ if state == STATE.running then
 end
 local published = cjson.encode(rollout)
 local id = redis.call('XADD', results, '*', S.rollout_id, rollout_id, S.rollout, published)
-trim_results(results, stats, results_trim, maxlen, max_bytes, id, #rollout_id + #published)
+local size = #rollout_id + #published
+trim_results(results, stats, results_trim, maxlen, max_bytes, id, size, summaries)
 local summary = {status = STATE.cancelled, attempt = attempt}
 if t[3] and t[3] ~= '' then summary['version'] = t[3] end
 if t[5] and t[5] ~= '' then summary['worker'] = t[5] end
-add_summary(summaries, maxlen, rollout_id, cjson.encode(summary), t[4], id)
+add_summary(summaries, maxlen, rollout_id, cjson.encode(summary), t[4], id, size)
 redis.call('HSET', task_key, F.state, STATE.cancelled, F.result, id, F.ended, now)
 redis.call('SREM', queued_tasks, task_key)
 if t[3] and t[3] ~= '' then

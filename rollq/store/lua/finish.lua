@@ -64,8 +64,9 @@ if stale_before ~= '' then
 end
 -- The rollout is the second field of the entry: the idempotency check above reads it at index 4.
 local id = redis.call('XADD', results, '*', S.rollout_id, rollout_id, S.rollout, rollout_json)
-trim_results(results, stats, results_trim, tonumber(maxlen), max_bytes, id, #rollout_id + #rollout_json)
-add_summary(summaries, tonumber(maxlen), rollout_id, summary, t[3], id)
+local size = #rollout_id + #rollout_json
+trim_results(results, stats, results_trim, tonumber(maxlen), max_bytes, id, size, summaries)
+add_summary(summaries, tonumber(maxlen), rollout_id, summary, t[3], id, size)
 redis.call('HSET', task_key, F.state, status, F.result, id, F.ended, now, end_field(attempt), history(status, now))
 redis.call('ZREM', inflight, running)
 if t[4] and t[4] ~= '' then

@@ -24,8 +24,9 @@ if t[1] ~= STATE.queued or t[2] ~= job_id then
   return {REPLY.superseded}
 end
 local id = redis.call('XADD', results, '*', S.rollout_id, rollout_id, S.rollout, rollout_json)
-trim_results(results, stats, results_trim, maxlen, max_bytes, id, #rollout_id + #rollout_json)
-add_summary(summaries, maxlen, rollout_id, summary, t[3], id)
+local size = #rollout_id + #rollout_json
+trim_results(results, stats, results_trim, maxlen, max_bytes, id, size, summaries)
+add_summary(summaries, maxlen, rollout_id, summary, t[3], id, size)
 redis.call('HSET', task_key, F.state, STATE.failed, F.result, id, F.ended, now)
 redis.call('SREM', queued_tasks, task_key)
 redis.call('ZADD', dead_letter, now, rollout_id)

@@ -14,6 +14,8 @@
 -- the hard limit, so a reader that comes back is told (RolloutsTrimmedError).
 -- The payload byte count is kept in the stats hash (STATS_RESULTS_BYTES); the trim hash's TRIMMED_TO holds the id
 -- of the first entry kept by the last trim, so a reader can tell whether entries it had not read yet were removed.
+-- A trim learns the ids and sizes of the entries it may remove from their summaries (entry_reader below), so it
+-- never reads a rollout back.
 
 local function id_parts(id)
   local ms, seq = string.match(id, '^(%d+)-(%d+)$')
@@ -80,7 +82,101 @@ local function needed_by(need, id)
 end
 
 -- KEYS-free: the caller passes the key names. Returns nothing.
-local function trim_results(stream, stats, trim, maxlen, max_bytes, newest, added_bytes)
+-- A summary's fields by name.
+local function summary_fields(flat)
+  local f = {}
+  for i = 1, #flat, 2 do
+    f[flat[i]] = flat[i + 1]
+  end
+  return f
+end
+
+-- The results stream's entries, oldest first, n at a time as {id, size, summary_id} lists. The ids and sizes come
+-- from the summaries stream (one small entry per result, XADDed by the same script, its SIZE field the result's
+-- payload bytes), not from the results themselves: reading a big rollout back into Lua only to measure it cost Redis
+-- as much CPU as publishing it. The walk starts where the last trim stopped (SUMMARIES_FROM in the trim hash), and
+-- only if the summary there describes the stream's first entry (TRIMMED_TO, which only a trim moves): then every
+-- entry from there on has its summary, in order. Otherwise (the first trim of a stream, summaries trimmed shorter
+-- than the results by a smaller maxlen, a summary without a size from an older rollq, the summaries run out) it
+-- reads the results stream itself, from where the summaries left off.
+local function entry_reader(stream, summaries, trim)
+  local reader = {from_results = true, last = nil}
+  local scursor = redis.call('HGET', trim, SUMMARIES_FROM)
+  local first = redis.call('HGET', trim, TRIMMED_TO)
+  local pending = {}  -- summaries read ahead by the check below
+  if scursor and first then
+    local head = redis.call('XRANGE', summaries, scursor, '+', 'COUNT', 1)[1]
+    if head and summary_fields(head[2])[S.result] == first then
+      reader.from_results, pending = false, {head}
+    end
+  end
+  function reader.next(n)
+    local out = {}
+    while not reader.from_results and #out < n do
+      local entries = pending
+      if #entries == 0 then
+        entries = redis.call('XRANGE', summaries, scursor, '+', 'COUNT', n)
+      end
+      pending = {}
+      if #entries == 0 then
+        reader.from_results = true
+        break
+      end
+      for _, e in ipairs(entries) do
+        local f = summary_fields(e[2])
+        local id, size = f[S.result], tonumber(f[S.size] or '')
+        if not (id and size) then
+          reader.from_results = true
+          break
+        end
+        out[#out + 1] = {id, size, e[1]}
+        reader.last, scursor = id, '(' .. e[1]
+      end
+    end
+    if reader.from_results and #out < n then
+      local from = reader.last and ('(' .. reader.last) or '-'
+      for _, e in ipairs(redis.call('XRANGE', stream, from, '+', 'COUNT', n - #out)) do
+        out[#out + 1] = {e[1], #e[2][2] + #e[2][4], nil}
+        reader.last = e[1]
+      end
+    end
+    return out
+  end
+  return reader
+end
+
+-- The summary of entry `id`, the stream's first after a trim, found from the newest summaries back (`kept` entries
+-- are left, the newest of them not summarised yet), so that the next trim can walk the summaries; nil when it is not
+-- where it should be (summaries missing), or too far back to look for in one trim.
+local function find_summary(summaries, id, kept)
+  if kept > 10000 then
+    return nil
+  end
+  local back = redis.call('XREVRANGE', summaries, '+', '-', 'COUNT', math.max(1, kept - 1))
+  local e = back[#back]
+  if e and summary_fields(e[2])[S.result] == id then
+    return e[1]
+  end
+  return nil
+end
+
+-- The payload bytes of the whole stream, counted entry by entry: after a trim removed entries the summaries did
+-- not describe (the stream was trimmed or emptied by something else), the counter starts over from this.
+local function stream_bytes(stream)
+  local total, cursor = 0, '-'
+  while true do
+    local entries = redis.call('XRANGE', stream, cursor, '+', 'COUNT', 100)
+    if #entries == 0 then
+      return total
+    end
+    for _, e in ipairs(entries) do
+      total = total + #e[2][2] + #e[2][4]
+    end
+    cursor = '(' .. entries[#entries][1]
+  end
+end
+
+local function trim_results(stream, stats, trim, maxlen, max_bytes, newest, added_bytes, summaries)
   local len = redis.call('XLEN', stream)
   local bytes
   if len == 1 then
@@ -99,22 +195,23 @@ local function trim_results(stream, stats, trim, maxlen, max_bytes, newest, adde
   local idle_ms = tonumber(redis.call('HGET', trim, IDLE_MS_FIELD) or '') or GROUP_IDLE_MS
   local needs = group_needs(stream, trim, idle_ms)
   local removed, removed_bytes, cut, first_removed = 0, 0, nil, nil
+  local cut_summary, last_summary = nil, nil  -- where the next trim's walk of the summaries starts
   local lost_now = {}  -- group -> {count, from}: entries it was never delivered
-  local cursor = '-'
+  local reader = entry_reader(stream, summaries, trim)
   while true do
-    -- Read about as many entries as the bounds need gone (they come with their payloads), at most 100 at a time.
+    -- Read about as many entries as the bounds need gone (ids and sizes), at most 100 at a time.
     local want = len - target_len
     if bytes > target_bytes then
       want = math.max(want, math.ceil((bytes - target_bytes) / math.max(1, bytes / len)))
     end
-    local entries = redis.call('XRANGE', stream, cursor, '+', 'COUNT', math.max(1, math.min(100, want)))
+    local entries = reader.next(math.max(1, math.min(100, want)))
     if #entries == 0 then
       break
     end
     for _, e in ipairs(entries) do
       local id = e[1]
       if id == newest or (len <= target_len and bytes <= target_bytes) then
-        cut = id
+        cut, cut_summary = id, e[3]
         break
       end
       local needed = false
@@ -122,7 +219,7 @@ local function trim_results(stream, stats, trim, maxlen, max_bytes, newest, adde
         needed = needed or needed_by(need, id)
       end
       if needed and (not forced or bytes <= hard_target) then
-        cut = id
+        cut, cut_summary = id, e[3]
         break
       end
       for _, need in ipairs(needs) do
@@ -133,22 +230,35 @@ local function trim_results(stream, stats, trim, maxlen, max_bytes, newest, adde
         end
       end
       first_removed = first_removed or id
-      local size = #e[2][2] + #e[2][4]
+      local size = e[2]
       removed, removed_bytes = removed + 1, removed_bytes + size
       len, bytes = len - 1, bytes - size
+      last_summary = e[3] or last_summary
     end
     if cut then
       break
     end
-    cursor = '(' .. entries[#entries][1]
   end
   if removed == 0 then
     return
   end
   cut = cut or newest
-  redis.call('XTRIM', stream, 'MINID', cut)
-  redis.call('HINCRBY', stats, STATS_RESULTS_BYTES, -removed_bytes)
+  if redis.call('XTRIM', stream, 'MINID', cut) == removed then
+    redis.call('HINCRBY', stats, STATS_RESULTS_BYTES, -removed_bytes)
+  else
+    redis.call('HSET', stats, STATS_RESULTS_BYTES, stream_bytes(stream))
+  end
   redis.call('HSET', trim, TRIMMED_TO, cut)
+  if cut == newest then
+    cut_summary = last_summary and ('(' .. last_summary)  -- the newest's summary comes next
+  elseif not cut_summary then
+    cut_summary = find_summary(summaries, cut, len)
+  end
+  if cut_summary then
+    redis.call('HSET', trim, SUMMARIES_FROM, cut_summary)
+  else
+    redis.call('HDEL', trim, SUMMARIES_FROM)
+  end
   for _, need in ipairs(needs) do
     if forced or need.idle then
       local l = lost_now[need.name] or {count = 0}

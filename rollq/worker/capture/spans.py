@@ -14,13 +14,13 @@ cost more than the rest of the call's path through the proxy.
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from opentelemetry import trace
 from opentelemetry.context import Context
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
+from . import codec
 from .calls import CallKind, CapturedCall
 
 CAPTURED = "rollq.llm.captured"
@@ -42,7 +42,11 @@ SAMPLING_OVERRIDDEN = "rollq.llm.sampling.overridden"
 
 
 def _compact(values: list[Any] | None) -> str | None:
-    return None if values is None else json.dumps(values, separators=(",", ":"))
+    return None if values is None else codec.dumps_str(values)
+
+
+def _compact_floats(values: list[float] | None) -> str | None:
+    return None if values is None else codec.dumps_floats(values)
 
 
 def _parts(content: Any) -> list[dict[str, Any]]:
@@ -102,15 +106,15 @@ def attributes(call: CapturedCall, server: tuple[str, int] | None = None) -> dic
         CAPTURED: True,
         RESOURCE: call.resource,
         STREAMED: call.streamed,
-        "gen_ai.input.messages": json.dumps(input_messages(call)),
+        "gen_ai.input.messages": codec.dumps_str(input_messages(call)),
     }
     if server is not None:
         found["server.address"], found["server.port"] = server
     training = {
         RESOURCES_ID: call.resources_id,
         UPSTREAM: call.upstream,
-        SAMPLING_ENFORCED: json.dumps(call.sampling_enforced) if call.sampling_enforced else None,
-        SAMPLING_OVERRIDDEN: json.dumps(call.sampling_overridden) if call.sampling_overridden else None,
+        SAMPLING_ENFORCED: codec.dumps_str(call.sampling_enforced) if call.sampling_enforced else None,
+        SAMPLING_OVERRIDDEN: codec.dumps_str(call.sampling_overridden) if call.sampling_overridden else None,
     }
     found.update({k: v for k, v in training.items() if v is not None})
     if call.upstream_attempts > 1:
@@ -122,26 +126,26 @@ def attributes(call: CapturedCall, server: tuple[str, int] | None = None) -> dic
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             found[f"gen_ai.request.{name}"] = value
     if call.kind is CallKind.CHAT:
-        found[REQUEST_MESSAGES] = json.dumps(call.messages)
+        found[REQUEST_MESSAGES] = codec.dumps_str(call.messages)
     else:
-        found[REQUEST_PROMPT] = json.dumps(call.prompt)
+        found[REQUEST_PROMPT] = codec.dumps_str(call.prompt)
     if call.error is not None:
         found["error.type"] = str(call.status) if call.status else "transport"
         return found
-    found["gen_ai.output.messages"] = json.dumps(output_messages(call))
+    found["gen_ai.output.messages"] = codec.dumps_str(output_messages(call))
     optional = {
         "gen_ai.response.id": call.response_id,
         "gen_ai.response.model": call.response_model,
         RESPONSE_TEXT: call.text,
         PROMPT_TOKEN_IDS: _compact(call.prompt_token_ids),
         RESPONSE_TOKEN_IDS: _compact(call.response_token_ids),
-        RESPONSE_LOGPROBS: _compact(call.logprobs),
+        RESPONSE_LOGPROBS: _compact_floats(call.logprobs),
     }
     found.update({k: v for k, v in optional.items() if v is not None})
     if call.finish_reason:
         found["gen_ai.response.finish_reasons"] = [call.finish_reason]
     if call.tool_calls:
-        found[RESPONSE_TOOL_CALLS] = json.dumps(call.tool_calls)
+        found[RESPONSE_TOOL_CALLS] = codec.dumps_str(call.tool_calls)
     usage = call.usage or {}
     if isinstance(usage.get("prompt_tokens"), int):
         found["gen_ai.usage.input_tokens"] = usage["prompt_tokens"]

@@ -1,0 +1,39 @@
+"""The interpreter's GIL switch interval while the capturing proxy shares its process with the agents.
+
+The proxy's thread needs the GIL for each step of a call (the request read, the upstream answer, the reply
+written). While an agent's thread (or the worker's loop) runs Python, a thread that wants the GIL waits until the
+holder lets go: at the latest after ``sys.getswitchinterval()``, 5 ms by default, once per step. With the
+worker's own threads half busy that was most of the proxy's added latency (11-15 ms p50 over the same proxy beside
+the same load in another process, 32 calls in flight; bench/capture.py --agent-load measures it). At 1 ms the
+proxy's calls came within 1-2 ms of that; a CPU-bound thread then hands the GIL over up to five times as often,
+which costs it little (a switch is microseconds) next to the latency it saves the proxy.
+
+The interval is process-wide: it is only ever lowered (a lower one set by the user is kept), and put back when the
+proxy that lowered it stops, unless someone changed it since.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+log = logging.getLogger(__name__)
+
+SWITCH_INTERVAL_SECONDS = 0.001
+"""The longest a thread holds the GIL while another waits for it, in a process whose proxy runs."""
+
+
+def lower_switch_interval(seconds: float) -> float | None:
+    """Lower the switch interval to ``seconds`` if it is longer; the interval it replaced, or None if unchanged."""
+    previous = sys.getswitchinterval()
+    if previous <= seconds:
+        return None
+    sys.setswitchinterval(seconds)
+    log.debug("GIL switch interval lowered from %g s to %g s for the capturing proxy", previous, seconds)
+    return previous
+
+
+def restore_switch_interval(previous: float | None, lowered_to: float) -> None:
+    """Put back the interval :func:`lower_switch_interval` replaced, unless it was changed since."""
+    if previous is not None and sys.getswitchinterval() == lowered_to:
+        sys.setswitchinterval(previous)
