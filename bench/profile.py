@@ -53,6 +53,8 @@ BUCKETS: list[tuple[str, tuple[str, ...]]] = [
     ("agent code incl. its LLM/reward spans", ("training_rollout_async ", "validation_rollout_async ")),
     ("heartbeat + reaper thread", ("Heartbeat.",)),
     ("thread-pool hand-offs", ("ThreadPoolExecutor.submit ", "_WorkItem.run ")),
+    # uvloop's loop runs in C: its own time (timers, handles) is sampled with the loop thread's outermost frame.
+    ("event loop scheduling", ("AgentExecutor.start.<locals>.serve ",)),
     ("executor hand-offs (futures, call_soon_threadsafe)", ("AgentExecutor.", "_settle ")),
     ("rollq runner, other", ("AgentRunner.",)),
     ("RQ main loop, other", ("BaseWorker.work ",)),

@@ -900,11 +900,10 @@ SPECS: dict[str, Spec] = {
     "capture": CAPTURE, "enqueue": ENQUEUE, "memory": MEMORY, "startup": STARTUP,
 }
 # The page's order; results files not named here follow in name order.
-ORDER = ["al_own_path", "al", "noop", "mock_llm", "startup", "fleet_startup", "before_after", "profile", "rollout_cpu",
-         "big",
-         "results_stream", "inflight10k", "scaling", "cluster", "cluster_256", "cluster_dead_host", "failover", "soak",
-         "capture", "enqueue", "memory", "idle", "connections", "plan_rate", "plan_rate_16", "trainer_api",
-         "embedded_drain"]
+ORDER = ["al_own_path", "al", "noop", "mock_llm", "startup", "fleet_startup", "before_after", "profile",
+         "rollout_cpu", "rollout_cpu_before_after", "big", "results_stream", "inflight10k", "scaling", "cluster",
+         "cluster_256", "cluster_dead_host", "failover", "soak", "capture", "enqueue", "memory", "idle", "connections",
+         "plan_rate", "plan_rate_16", "trainer_api", "embedded_drain"]
 
 
 def spec_for(doc: Doc) -> Spec | None:

@@ -1,6 +1,7 @@
 """The worker's CPU per rollout on its agent side alone: tracer, executor, spans -> trace -> triplets -> JSON.
 
 Run: python bench/rollout_cpu.py [--in-flight 500] [--seconds 10]
+     python bench/rollout_cpu.py --base main [--rounds 6]   (before/after in one run)
 
 One process, no Redis: keeps ``--in-flight`` MockLLMAgent rollouts (3 turns of
 0.1-0.5 s, an LLM-call span and a reward span each) running on a real
@@ -12,21 +13,35 @@ does not depend on Redis or RQ, with far less noise: process CPU per rollout,
 and how much of it the cyclic garbage collector took (it runs on whichever
 thread allocates, so py-spy charges it to unrelated frames). Writes
 bench/results/rollout_cpu.json.
+
+With ``--base COMMIT`` it measures this tree and that commit (a temporary ``git
+worktree``) taking turns, round after round (the first to go alternates), each
+run in a process of its own with its tree's rollq and bench agents first on the
+path, and writes the per-round figures and new/base ratios to
+bench/results/rollout_cpu_before_after.json.
 """
 
 from __future__ import annotations
 
 import argparse
 import gc
+import json
+import os
 import queue
+import shutil
+import statistics
+import subprocess
 import sys
+import tempfile
 import threading
 import time
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+ROOT = Path(__file__).resolve().parent.parent
+# A --base run measures another tree's rollq with this script: its root goes first on the path.
+sys.path.insert(0, os.environ.get("ROLLQ_BENCH_TREE") or str(ROOT))
 
 from bench.agents import MockLLMAgent  # noqa: E402
 from bench.common import write_result  # noqa: E402
@@ -63,7 +78,13 @@ def main() -> None:
     parser.add_argument("--in-flight", type=int, default=500)
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--no-write", action="store_true", help="print only; leave bench/results alone")
+    parser.add_argument("--base", help="a commit measured in turns with this tree (before/after in one run)")
+    parser.add_argument("--rounds", type=int, default=6, help="with --base: runs of each tree")
+    parser.add_argument("--json", action="store_true", help=argparse.SUPPRESS)  # one run's figures, for --base
     args = parser.parse_args()
+    if args.base:
+        before_after(args)
+        return
 
     clock = GcClock()
     tracer = OtelTracer()
@@ -118,12 +139,82 @@ def main() -> None:
         "gc_threshold": list(gc.get_threshold()),
         "note": "one process, no Redis: the agent-side part of the worker's CPU per rollout",
     }
+    if args.json:
+        print("RESULT " + json.dumps(result))
+        return
     print(
         f"{result['rollouts_per_s']} rollouts/s at {args.in_flight} in flight; CPU {result['cpu_ms_per_rollout']} "
         f"ms/rollout, of which GC {result['gc_ms_per_rollout']} ms {result['gc_ms_per_rollout_by_generation']}"
     )
     if not args.no_write:
         write_result("rollout_cpu", result, sys.argv[1:], settings=vars(args))
+
+
+FIGURES = ("cpu_ms_per_rollout", "gc_ms_per_rollout", "rollouts_per_s")
+"""What a --base round records of each tree's run."""
+
+
+def one_run(tree: Path, args: argparse.Namespace) -> dict[str, Any]:
+    """One measurement of ``tree``'s rollq, in a process of its own."""
+    argv = [sys.executable, __file__, "--json", "--in-flight", str(args.in_flight), "--seconds", str(args.seconds)]
+    env = {**os.environ, "ROLLQ_BENCH_TREE": str(tree)}
+    done = subprocess.run(argv, cwd=tree, env=env, capture_output=True, text=True, check=True, timeout=600)
+    line = next(x for x in done.stdout.splitlines() if x.startswith("RESULT "))
+    found: dict[str, Any] = json.loads(line.removeprefix("RESULT "))
+    return found
+
+
+def before_after(args: argparse.Namespace) -> None:
+    base = Path(tempfile.mkdtemp(prefix="rollq-rollout-cpu-base-")) / "tree"
+    subprocess.run(["git", "worktree", "add", "--detach", "-q", str(base), args.base], cwd=ROOT, check=True)
+    try:
+        rounds = []
+        for n in range(args.rounds):
+            trees = [("head", ROOT), ("base", base)]
+            got = {name: one_run(tree, args) for name, tree in (trees if n % 2 == 0 else trees[::-1])}
+            ratio = got["head"]["cpu_ms_per_rollout"] / got["base"]["cpu_ms_per_rollout"]
+            rounds.append(
+                {
+                    "round": n + 1,
+                    "first": "head" if n % 2 == 0 else "base",
+                    **{f"{tree}_{key}": got[tree][key] for tree in ("base", "head") for key in FIGURES},
+                    "ratio": round(ratio, 3),
+                    "load_average_1min": round(os.getloadavg()[0], 2),
+                }
+            )
+            print(
+                f"round {n + 1}: base {got['base']['cpu_ms_per_rollout']} ms, head {got['head']['cpu_ms_per_rollout']} "
+                f"ms CPU per rollout: head/base {ratio:.3f} (load {rounds[-1]['load_average_1min']})",
+                flush=True,
+            )
+    finally:
+        subprocess.run(["git", "worktree", "remove", "--force", str(base)], cwd=ROOT, check=False)
+        shutil.rmtree(base.parent, ignore_errors=True)
+    ratios = [r["ratio"] for r in rounds]
+
+    def median_of(tree: str, key: str) -> float:
+        return round(statistics.median(r[f"{tree}_{key}"] for r in rounds), 3)
+
+    result = {
+        "base": args.base,
+        "in_flight": args.in_flight,
+        "seconds": args.seconds,
+        "cpu_ms_per_rollout": {
+            "base": median_of("base", "cpu_ms_per_rollout"),
+            "head": median_of("head", "cpu_ms_per_rollout"),
+        },
+        "gc_ms_per_rollout": {
+            "base": median_of("base", "gc_ms_per_rollout"),
+            "head": median_of("head", "gc_ms_per_rollout"),
+        },
+        "ratio_median": round(statistics.median(ratios), 3),
+        "ratios": ratios,
+        "rounds": rounds,
+        "note": "medians over rounds; ratio = head/base CPU per rollout within a round (the two runs taking turns)",
+    }
+    print(f"head/base CPU per rollout: median {result['ratio_median']} over {len(ratios)} rounds {ratios}")
+    if not args.no_write:
+        write_result("rollout_cpu_before_after", result, sys.argv[1:], script="rollout_cpu", settings=vars(args))
 
 
 if __name__ == "__main__":

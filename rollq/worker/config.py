@@ -22,8 +22,9 @@ from rollq.store.transitions import DEFAULT_RESULTS_MAX_BYTES
 
 log = logging.getLogger(__name__)
 
-# Read by `rollq serve-agl` (its --key), not a setting of any model.
-_OTHER_KNOWN: tuple[str, ...] = ("AGL_KEY",)
+# Read by `rollq serve-agl` (its --key) and by the agent event loop (rollq/worker/executor.py), not settings of
+# any model.
+_OTHER_KNOWN: tuple[str, ...] = ("AGL_KEY", "EVENT_LOOP")
 # Tests pass their own knobs to agents under this prefix.
 _RESERVED_PREFIX = "ROLLQ_TEST_"
 _warned: set[str] = set()

@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+from collections.abc import Iterable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -45,13 +46,25 @@ def _plain(attributes: Any) -> dict[str, Any] | None:
     # What a JSON round trip makes of OTel attributes: tuples become lists.
     if attributes is None:
         return None
-    return {k: list(v) if isinstance(v, tuple) else v for k, v in attributes.items()}
+    # A span's attributes are a read-only view of the SDK's BoundedAttributes, whose copy() is a dict's copy:
+    # ~0.3 us, where walking the view's items() through the Mapping ABC took ~1.6 us a span.
+    copy = getattr(attributes, "copy", None)
+    plain = copy() if copy is not None else None
+    if type(plain) is not dict:
+        plain = dict(attributes.items())
+    for key, value in plain.items():
+        if isinstance(value, tuple):
+            plain[key] = list(value)
+    return plain
 
 
-def _context(context: SpanContext) -> dict[str, str]:
+def _context(context: SpanContext, trace_ids: dict[int, str]) -> dict[str, str]:
     state = context.trace_state
+    trace_id = trace_ids.get(context.trace_id)
+    if trace_id is None:
+        trace_id = trace_ids[context.trace_id] = f"0x{context.trace_id:032x}"
     return {
-        "trace_id": f"0x{context.trace_id:032x}",
+        "trace_id": trace_id,
         "span_id": f"0x{context.span_id:016x}",
         "trace_state": "[]" if state is DEFAULT_TRACE_STATE else repr(state),
     }
@@ -110,23 +123,39 @@ def span_json(span: ReadableSpan) -> dict[str, Any]:
     Built directly because that JSON round trip (pretty-printed, the resource
     re-encoded for every span) was the largest CPU cost per rollout.
     """
+    return _span_json(span, {})
+
+
+def trace_json(spans: Iterable[ReadableSpan]) -> list[dict[str, Any]]:
+    """``[span_json(s) for s in spans]``, the hex trace id written once for the spans of one trace."""
+    trace_ids: dict[int, str] = {}
+    return [_span_json(span, trace_ids) for span in spans]
+
+
+def _span_json(span: ReadableSpan, trace_ids: dict[int, str]) -> dict[str, Any]:
     status: dict[str, Any] = {"status_code": span.status.status_code.name}
     if span.status.description:
         status["description"] = span.status.description
+    start, end, parent, events, links = span.start_time, span.end_time, span.parent, span.events, span.links
     return {
         "name": span.name,
-        "context": _context(span.context) if span.context else None,
+        "context": _context(span.context, trace_ids) if span.context else None,
         "kind": _KINDS[span.kind],
-        "parent_id": f"0x{span.parent.span_id:016x}" if span.parent is not None else None,
-        "start_time": iso_time(span.start_time) if span.start_time else None,
-        "end_time": iso_time(span.end_time) if span.end_time else None,
+        "parent_id": f"0x{parent.span_id:016x}" if parent is not None else None,
+        "start_time": iso_time(start) if start else None,
+        "end_time": iso_time(end) if end else None,
         "status": status,
         "attributes": _plain(span.attributes),
         "events": [
-            {"name": e.name, "timestamp": iso_time(e.timestamp), "attributes": _plain(e.attributes)}
-            for e in span.events
-        ],
-        "links": [{"context": _context(link.context), "attributes": _plain(link.attributes)} for link in span.links],
+            {"name": e.name, "timestamp": iso_time(e.timestamp), "attributes": _plain(e.attributes)} for e in events
+        ]
+        if events
+        else [],
+        "links": [
+            {"context": _context(link.context, trace_ids), "attributes": _plain(link.attributes)} for link in links
+        ]
+        if links
+        else [],
         "resource": _resource(span.resource),
     }
 
@@ -148,7 +177,7 @@ def _from_list(rollout_id: str, raw: list[Any]) -> Rollout:
             rollout_id=rollout_id, triplets=[coerce(Triplet, v, f"item {i} of the list") for i, v in enumerate(raw)]
         )
     if all(isinstance(v, ReadableSpan) for v in raw):
-        return Rollout(rollout_id=rollout_id, trace=[span_json(s) for s in raw])
+        return Rollout(rollout_id=rollout_id, trace=trace_json(raw))
     if all(isinstance(v, dict) for v in raw):
         return Rollout(rollout_id=rollout_id, trace=raw)
     raise UnsupportedResultError(
@@ -192,7 +221,7 @@ def to_rollout(
     update: dict[str, Any] = {}
     trace = rollout.trace
     if trace is None and captured:
-        trace = update["trace"] = [span_json(s) for s in captured]
+        trace = update["trace"] = trace_json(captured)
     triplets = rollout.triplets
     final_reward = rollout.final_reward
     if not triplets and trace:

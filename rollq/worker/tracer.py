@@ -16,15 +16,18 @@ import logging
 import math
 import os
 import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Iterator, Sequence
+from contextlib import AbstractContextManager, contextmanager
 from typing import Any
 
 from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.context import Context
+from opentelemetry.sdk.environment_variables import OTEL_TRACES_SAMPLER
 from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
-from opentelemetry.trace import Status, StatusCode
+from opentelemetry.sdk.trace.sampling import ALWAYS_ON, Decision, ParentBased, Sampler, SamplingResult
+from opentelemetry.trace import Link, SpanKind, Status, StatusCode, TraceState
+from opentelemetry.util.types import Attributes
 
 from rollq.models.errors import InvalidRewardError
 
@@ -54,14 +57,17 @@ class _RoutingProcessor(SpanProcessor):
             return self._buckets.pop(trace_id, [])
 
     def last_reward(self, trace_id: int) -> float | None:
-        """The reward of the latest-starting reward span captured so far for ``trace_id``, if any."""
+        """The reward of the latest-starting reward span captured so far for ``trace_id``, if any (the first
+        captured of those that started at the same time)."""
+        latest: Any = None
+        latest_start = -1
+        # One pass over the bucket, no copies: this runs for every rollout.
         with self._lock:
-            spans = list(self._buckets.get(trace_id, []))
-        rewarded = [s for s in spans if s.attributes and REWARD_ATTRIBUTE in s.attributes]
-        if not rewarded:
-            return None
-        latest = max(rewarded, key=lambda s: s.start_time or 0)
-        return float(latest.attributes[REWARD_ATTRIBUTE])  # type: ignore[index,arg-type]
+            for span in self._buckets.get(trace_id, ()):
+                attributes = span.attributes
+                if attributes and REWARD_ATTRIBUTE in attributes and (span.start_time or 0) > latest_start:
+                    latest, latest_start = attributes[REWARD_ATTRIBUTE], span.start_time or 0
+        return None if latest is None else float(latest)
 
     def on_end(self, span: ReadableSpan) -> None:
         if span.context is None:
@@ -110,7 +116,7 @@ class RolloutTrace:
         self.context = context
         self._processor = processor
         self._capture = _Capture(processor, root.get_span_context().trace_id)
-        context.run(_CURRENT.set, self._capture)
+        context.run(_enter, trace.set_span_in_context(root), self._capture)
 
     @property
     def spans(self) -> list[ReadableSpan] | None:
@@ -146,6 +152,12 @@ class RolloutTrace:
 
 _CURRENT: contextvars.ContextVar[_Capture | None] = contextvars.ContextVar("rollq_rollout_trace", default=None)
 """The spans of the rollout whose context the code runs in (set in each rollout's own context)."""
+
+
+def _enter(otel: Context, capture: _Capture) -> None:
+    # Run once in a rollout's new context: its root span current, its capture found by get_last_trace.
+    otel_context.attach(otel)
+    _CURRENT.set(capture)
 
 
 class BaseTracer:
@@ -201,7 +213,7 @@ class OtelTracer(BaseTracer):
             if isinstance(current, TracerProvider):
                 provider = current
             else:
-                provider = TracerProvider()
+                provider = TracerProvider(sampler=_default_sampler())
                 trace.set_tracer_provider(provider)
                 _export_otlp_if_configured(provider)
         self.provider = provider
@@ -220,9 +232,44 @@ class OtelTracer(BaseTracer):
             attributes={"rollq.rollout_id": rollout_id, "rollq.attempt": attempt},
         )
         self._processor.open(root.get_span_context().trace_id)
-        ctx = contextvars.Context()
-        ctx.run(otel_context.attach, trace.set_span_in_context(root))
-        return RolloutTrace(root, ctx, self._processor)
+        return RolloutTrace(root, contextvars.Context(), self._processor)
+
+
+class _ParentBasedAlwaysOn(ParentBased):
+    """The SDK's default sampler, ``ParentBased(ALWAYS_ON)``, with the same decisions: a root span and a child
+    of a sampled parent are sampled, a child of an unsampled one dropped, the parent's trace state kept.
+
+    It looks the parent span up once where the SDK's looks it up twice more (the delegate sampler, the trace
+    state): ~1.5 of the ~16 us that starting and ending a span costs, on the 7 spans of a mock rollout.
+    """
+
+    def __init__(self) -> None:
+        super().__init__(ALWAYS_ON)
+
+    def should_sample(
+        self,
+        parent_context: Context | None,
+        trace_id: int,
+        name: str,
+        kind: SpanKind | None = None,
+        attributes: Attributes = None,
+        links: Sequence[Link] | None = None,
+        trace_state: TraceState | None = None,
+    ) -> SamplingResult:
+        parent = trace.get_current_span(parent_context).get_span_context()
+        if parent is None or not parent.is_valid:
+            return SamplingResult(Decision.RECORD_AND_SAMPLE, attributes, None)
+        if parent.trace_flags.sampled:
+            return SamplingResult(Decision.RECORD_AND_SAMPLE, attributes, parent.trace_state)
+        return SamplingResult(Decision.DROP, None, parent.trace_state)
+
+
+def _default_sampler() -> Sampler | None:
+    """The sampler of a provider rollq makes: the SDK's own choice (None) when ``OTEL_TRACES_SAMPLER`` names
+    another than the default."""
+    if os.environ.get(OTEL_TRACES_SAMPLER, "parentbased_always_on").lower() != "parentbased_always_on":
+        return None
+    return _ParentBasedAlwaysOn()
 
 
 def _export_otlp_if_configured(provider: TracerProvider) -> None:
@@ -238,24 +285,53 @@ def _export_otlp_if_configured(provider: TracerProvider) -> None:
     log.info("exporting rollout spans over OTLP")
 
 
-@contextmanager
-def llm_call_span(model: str, prompt: Any, *, system: str = "rollq", operation: str = "chat") -> Iterator[trace.Span]:
+def llm_call_span(
+    model: str, prompt: Any, *, system: str = "rollq", operation: str = "chat"
+) -> AbstractContextManager[trace.Span]:
     """A span for one LLM call, named and attributed per the OpenTelemetry GenAI conventions.
 
-    Set the answer with ``span.set_attribute("gen_ai.completion", text)``; rollq
-    turns such spans into triplets when the agent returns none.
+    Use it as ``with llm_call_span(model, prompt) as span:``; the span is current inside
+    the block and ended after it, and an exception leaving the block is recorded on it
+    with status ERROR (as ``start_as_current_span`` does). Set the answer with
+    ``span.set_attribute("gen_ai.completion", text)``; rollq turns such spans into
+    triplets when the agent returns none.
     """
-    attributes = {
-        "gen_ai.operation.name": operation,
-        "gen_ai.system": system,
-        "gen_ai.request.model": model,
-        "gen_ai.prompt": prompt if isinstance(prompt, str) else str(prompt),
-    }
-    # What start_as_current_span does, minus its two nested context managers (the proxy's and the SDK's):
-    # 24 -> ~16 us per call span.
-    span = _agent_tracer.start_span(f"{operation} {model}", attributes=attributes)
-    with trace.use_span(span, end_on_exit=True) as current:
-        yield current
+    return _CallSpan(model, prompt, system, operation)
+
+
+class _CallSpan:
+    """What ``trace.use_span(span, end_on_exit=True)`` does, as one object instead of two nested generator
+    context managers (the SDK's and a ``@contextmanager`` around it): 24 -> ~16 -> ~13 us per call span."""
+
+    __slots__ = ("_attributes", "_name", "_span", "_token")
+
+    def __init__(self, model: str, prompt: Any, system: str, operation: str) -> None:
+        self._name = f"{operation} {model}"
+        self._attributes = {
+            "gen_ai.operation.name": operation,
+            "gen_ai.system": system,
+            "gen_ai.request.model": model,
+            "gen_ai.prompt": prompt if isinstance(prompt, str) else str(prompt),
+        }
+        self._span: trace.Span | None = None
+        self._token: object = None
+
+    def __enter__(self) -> trace.Span:
+        span = self._span = _agent_tracer.start_span(self._name, attributes=self._attributes)
+        self._token = otel_context.attach(trace.set_span_in_context(span))
+        return span
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: Any) -> None:
+        span = self._span
+        assert span is not None, "llm_call_span exited without being entered"
+        try:
+            otel_context.detach(self._token)  # type: ignore[arg-type]
+            # Exceptions only, as use_span: a CancelledError or GeneratorExit is not the call's failure.
+            if isinstance(exc, Exception) and span.is_recording():
+                span.record_exception(exc)
+                span.set_status(Status(StatusCode.ERROR, f"{type(exc).__name__}: {exc}"))
+        finally:
+            span.end()
 
 
 def emit_reward(value: float) -> None:

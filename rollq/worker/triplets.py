@@ -116,8 +116,8 @@ def _indexed(attributes: dict[str, Any], prefix: str) -> list[Any] | None:
     return [v for _, v in found] or None
 
 
-def _first(attributes: dict[str, Any], *keys: str) -> Any:
-    return next((attributes[k] for k in keys if k in attributes), None)
+def _first(attributes: dict[str, Any], key: str, other: str) -> Any:
+    return attributes[key] if key in attributes else attributes.get(other)
 
 
 def _content(attributes: dict[str, Any], messages_key: str, legacy_key: str) -> Any:
@@ -136,6 +136,8 @@ def _as_prompt_or_response(content: Any, *, text_key: str = "text") -> dict[str,
 
 
 def _ids(value: Any) -> list[int] | None:
+    if value is None:
+        return None
     value = _json(value)  # the proxy's spans carry them as JSON; other instrumentation as arrays
     return list(value) if isinstance(value, (list, tuple)) else None
 

@@ -16,7 +16,7 @@ import pytest
 
 from rollq.worker import LitAgent, RolloutWorker, WorkerSettings
 from rollq.worker.collector import YOUNG_THRESHOLD, widen_young_generation
-from rollq.worker.executor import AgentExecutor
+from rollq.worker.executor import EVENT_LOOP_VARIABLE, AgentExecutor, new_agent_loop
 
 
 @pytest.fixture
@@ -93,6 +93,62 @@ def test_a_failing_callback_does_not_stop_the_next(executor: AgentExecutor, capl
         pass
     assert seen == [42]
     assert "exception calling callback" in caplog.text
+
+
+def test_a_burst_of_async_submissions_wakes_the_loop_once_and_runs_each_call_in_its_own_context(
+    executor: AgentExecutor, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Each wake-up of the loop from another thread is a write to its socket and a read back; the worker's
+    # start batch submits many attempts in a row, and one wake-up starts them all.
+    loop = executor._loop
+    assert loop is not None
+    blocked, release = threading.Event(), threading.Event()
+    loop.call_soon_threadsafe(lambda: (blocked.set(), release.wait(10)))
+    assert blocked.wait(10)
+    wakes: list[int] = []
+    drain = executor._spawn_submitted
+
+    def counting() -> None:
+        wakes.append(1)
+        drain()
+
+    monkeypatch.setattr(executor, "_spawn_submitted", counting)
+    var: contextvars.ContextVar[str] = contextvars.ContextVar("rollout")
+
+    async def read(i: int) -> tuple[int, str]:
+        await asyncio.sleep(0)
+        return i, var.get()
+
+    def submit(i: int) -> Future[Any]:
+        context = contextvars.Context()
+        context.run(var.set, f"c{i}")
+        return executor.submit(read, (i,), context, True, 10.0, f"r{i}")
+
+    try:
+        futures = [submit(i) for i in range(50)]
+    finally:
+        release.set()
+    assert [f.result(timeout=10) for f in futures] == [(i, f"c{i}") for i in range(50)]
+    assert len(wakes) == 1
+    # Once the loop has taken the burst, the next submission wakes it again.
+    assert submit(50).result(timeout=10) == (50, "c50")
+    assert len(wakes) == 2
+
+
+def test_agents_run_on_uvloop_unless_the_environment_asks_for_asyncios_loop(monkeypatch: pytest.MonkeyPatch) -> None:
+    uvloop = pytest.importorskip("uvloop")
+    monkeypatch.delenv(EVENT_LOOP_VARIABLE, raising=False)
+    loop = new_agent_loop()
+    try:
+        assert isinstance(loop, uvloop.Loop)
+    finally:
+        loop.close()
+    monkeypatch.setenv(EVENT_LOOP_VARIABLE, "asyncio")
+    loop = new_agent_loop()
+    try:
+        assert not isinstance(loop, uvloop.Loop) and isinstance(loop, asyncio.BaseEventLoop)
+    finally:
+        loop.close()
 
 
 @pytest.fixture

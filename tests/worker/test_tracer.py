@@ -10,11 +10,21 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 from opentelemetry import trace
+from opentelemetry.context import Context
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
-from opentelemetry.trace import StatusCode
+from opentelemetry.sdk.trace.sampling import ALWAYS_ON, ParentBased
+from opentelemetry.trace import INVALID_SPAN_CONTEXT, NonRecordingSpan, SpanContext, StatusCode, TraceFlags, TraceState
 
 from rollq.worker.normalize import to_rollout
-from rollq.worker.tracer import REWARD_ATTRIBUTE, OtelTracer, RolloutTrace, emit_reward, llm_call_span
+from rollq.worker.tracer import (
+    REWARD_ATTRIBUTE,
+    OtelTracer,
+    RolloutTrace,
+    _default_sampler,
+    _ParentBasedAlwaysOn,
+    emit_reward,
+    llm_call_span,
+)
 
 ROLLOUTS = 20
 STEPS = 3
@@ -189,3 +199,56 @@ def test_llm_call_span_is_current_in_its_block_and_records_a_failure_like_start_
     assert failed.status.description == "ValueError: backend down"
     assert [e.name for e in failed.events] == ["exception"]
     assert all(s.end_time is not None for s in (call, reward, outer_reward, failed))
+
+
+def test_a_cancelled_llm_call_span_ends_without_an_error_and_the_context_is_restored() -> None:
+    # As start_as_current_span: a CancelledError (a BaseException) is the rollout being stopped, not a failed call.
+    rollq_tracer = OtelTracer()
+
+    async def agent() -> None:
+        with llm_call_span("m", "q"):
+            await asyncio.sleep(10)
+
+    async def run() -> None:
+        task = asyncio.get_running_loop().create_task(agent(), context=rollout_trace.context)
+        await asyncio.sleep(0.01)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert rollout_trace.context.run(trace.get_current_span) is rollout_trace.root
+
+    rollout_trace = rollq_tracer.start_rollout("r", attempt=1)
+    asyncio.run(run())
+    _root, call = rollout_trace.finish()
+    assert call.name == "chat m" and call.end_time is not None
+    assert call.status.status_code is StatusCode.UNSET and not call.events
+
+
+def _parent_contexts() -> dict[str, Context | None]:
+    state = TraceState([("vendor", "v")])
+    contexts: dict[str, Context | None] = {"none": None, "empty": Context()}
+    for remote in (False, True):
+        for sampled in (False, True):
+            parent = SpanContext(7, 9, is_remote=remote, trace_flags=TraceFlags(int(sampled)), trace_state=state)
+            contexts[f"remote={remote} sampled={sampled}"] = trace.set_span_in_context(NonRecordingSpan(parent))
+    contexts["invalid parent"] = trace.set_span_in_context(NonRecordingSpan(INVALID_SPAN_CONTEXT))
+    return contexts
+
+
+@pytest.mark.parametrize("parent", list(_parent_contexts()))
+def test_rollqs_default_sampler_decides_as_the_sdks_default(parent: str) -> None:
+    context = _parent_contexts()[parent]
+    attributes = {"a": 1}
+    ours = _ParentBasedAlwaysOn().should_sample(context, 7, "span", attributes=attributes)
+    sdks = ParentBased(ALWAYS_ON).should_sample(context, 7, "span", attributes=attributes)
+    assert ours.decision is sdks.decision
+    assert dict(ours.attributes) == dict(sdks.attributes)
+    assert ours.trace_state == sdks.trace_state
+
+
+def test_rollqs_provider_leaves_a_configured_sampler_to_the_sdk(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert isinstance(_default_sampler(), _ParentBasedAlwaysOn)
+    monkeypatch.setenv("OTEL_TRACES_SAMPLER", "ParentBased_Always_On")
+    assert isinstance(_default_sampler(), _ParentBasedAlwaysOn)
+    monkeypatch.setenv("OTEL_TRACES_SAMPLER", "traceidratio")
+    assert _default_sampler() is None
