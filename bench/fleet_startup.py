@@ -131,7 +131,7 @@ def main() -> None:
                 "RSS MB per process": round(statistics.median(r["rss_mb_per_process"] for r in measured), 1),
             }
         )
-    ratio = statistics.median(rows[1]["vs stock rq worker, per round"])
+    ratio = round(statistics.median(rows[1]["vs stock rq worker, per round"]), 2)
     print(write_result(
         "fleet_startup",
         {"processes": args.processes, "rows": rows, "rollq_vs_rq_all_claimed": ratio},
