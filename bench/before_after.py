@@ -32,14 +32,13 @@ import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.common import write_result  # noqa: E402
+from bench.common import base_tree, commit_of, write_result  # noqa: E402
 
 DEFAULT_BASE = "1c72b18"
 CONCURRENCIES = [1, 16, 256]
@@ -120,40 +119,34 @@ def main() -> None:
     args = parser.parse_args()
     if not (shutil.which("py-spy") or (Path(sys.executable).parent / "py-spy").exists()):
         sys.exit("py-spy is not installed: pip install py-spy")
-    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
-    with tempfile.TemporaryDirectory(prefix="rollq-base-") as tmp:
-        base = Path(tmp) / "base"
-        subprocess.run(["git", "worktree", "add", "--detach", "-q", str(base), args.base], cwd=ROOT, check=True)
-        try:
-            trees = {"before": base, "after": ROOT}
-            profiles: dict[str, list[dict[str, Any]]] = {"before": [], "after": []}
-            e2e: dict[str, list[dict[str, Any]]] = {"before": [], "after": []}
-            for r in range(args.rounds):
-                for label, tree in trees.items():
-                    row = end_to_end(tree, args.e2e_jobs)
-                    e2e[label].append(row)
-                    print(
-                        f"round {r + 1} {label:6s}: {row['commands_per_rollout']:.2f} Redis commands/rollout,"
-                        f" {row['worker_cpu_ms_per_job']:.3f} ms worker CPU/rollout, {row['jobs_per_s']:.0f}"
-                        " rollouts/s (no-op, concurrency 16, end to end)",
-                        flush=True,
-                    )
-                for label, tree in trees.items():
-                    run = profile(tree, args.seconds)
-                    profiles[label].append(run)
-                    print(
-                        f"round {r + 1} {label:6s}: {run['worker_cpu_ms_per_rollout']:.3f} ms worker CPU/rollout,"
-                        f" {run['rollouts_per_s']:.0f} rollouts/s at 1000 in flight",
-                        flush=True,
-                    )
-            trips = {label: round_trips(tree, args.jobs) for label, tree in trees.items()}
-        finally:
-            subprocess.run(["git", "worktree", "remove", "--force", str(base)], cwd=ROOT, check=False)
-    base_commit = subprocess.run(["git", "rev-parse", "--short", args.base], cwd=ROOT, capture_output=True, text=True)
+    with base_tree(args.base) as base:
+        assert base is not None
+        trees = {"before": base, "after": ROOT}
+        profiles: dict[str, list[dict[str, Any]]] = {"before": [], "after": []}
+        e2e: dict[str, list[dict[str, Any]]] = {"before": [], "after": []}
+        for r in range(args.rounds):
+            for label, tree in trees.items():
+                row = end_to_end(tree, args.e2e_jobs)
+                e2e[label].append(row)
+                print(
+                    f"round {r + 1} {label:6s}: {row['commands_per_rollout']:.2f} Redis commands/rollout,"
+                    f" {row['worker_cpu_ms_per_job']:.3f} ms worker CPU/rollout, {row['jobs_per_s']:.0f}"
+                    " rollouts/s (no-op, concurrency 16, end to end)",
+                    flush=True,
+                )
+            for label, tree in trees.items():
+                run = profile(tree, args.seconds)
+                profiles[label].append(run)
+                print(
+                    f"round {r + 1} {label:6s}: {run['worker_cpu_ms_per_rollout']:.3f} ms worker CPU/rollout,"
+                    f" {run['rollouts_per_s']:.0f} rollouts/s at 1000 in flight",
+                    flush=True,
+                )
+        trips = {label: round_trips(tree, args.jobs) for label, tree in trees.items()}
     # A branch name (--base main) moves: the results name the commit it stood at.
     out: dict[str, Any] = {
-        "base": base_commit.stdout.strip() or args.base,
-        "head": head.stdout.strip(),
+        "base": commit_of(args.base),
+        "head": commit_of("HEAD"),
         "rounds": args.rounds,
     }
     for label in ("before", "after"):

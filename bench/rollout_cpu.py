@@ -28,11 +28,9 @@ import gc
 import json
 import os
 import queue
-import shutil
 import statistics
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from concurrent.futures import Future
@@ -165,10 +163,12 @@ def one_run(tree: Path, args: argparse.Namespace) -> dict[str, Any]:
 
 
 def before_after(args: argparse.Namespace) -> None:
-    base = Path(tempfile.mkdtemp(prefix="rollq-rollout-cpu-base-")) / "tree"
-    subprocess.run(["git", "worktree", "add", "--detach", "-q", str(base), args.base], cwd=ROOT, check=True)
-    try:
-        rounds = []
+    # Imported here: a --json child runs with the base tree's bench first on its path, which may not have it.
+    from bench.common import base_tree
+
+    rounds = []
+    with base_tree(args.base) as base:
+        assert base is not None
         for n in range(args.rounds):
             trees = [("head", ROOT), ("base", base)]
             got = {name: one_run(tree, args) for name, tree in (trees if n % 2 == 0 else trees[::-1])}
@@ -187,9 +187,6 @@ def before_after(args: argparse.Namespace) -> None:
                 f"ms CPU per rollout: head/base {ratio:.3f} (load {rounds[-1]['load_average_1min']})",
                 flush=True,
             )
-    finally:
-        subprocess.run(["git", "worktree", "remove", "--force", str(base)], cwd=ROOT, check=False)
-        shutil.rmtree(base.parent, ignore_errors=True)
     ratios = [r["ratio"] for r in rounds]
 
     def median_of(tree: str, key: str) -> float:

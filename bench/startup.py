@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import functools
 import os
-import shutil
 import statistics
 import subprocess
 import sys
@@ -43,7 +42,17 @@ from rq import Queue  # noqa: E402
 from rq.job import Job  # noqa: E402
 from rq.serializers import JSONSerializer  # noqa: E402
 
-from bench.common import ROOT, RQ, RQ_JSON, Workers, outcomes, private_redis, worker_env, write_result  # noqa: E402
+from bench.common import (  # noqa: E402
+    ROOT,
+    RQ,
+    RQ_JSON,
+    Workers,
+    base_tree,
+    outcomes,
+    private_redis,
+    worker_env,
+    write_result,
+)
 from rollq.producer import Producer  # noqa: E402
 from rollq.store.keys import Keys  # noqa: E402
 
@@ -131,24 +140,18 @@ def main() -> None:
     parser.add_argument("--base", help="a commit whose rollq takes its turn too (before/after in one run)")
     args = parser.parse_args()
     kinds: dict[str, Any] = {"stock rq worker, plain job": plain_rq, "rollq RolloutWorker, no-op task": rollq_worker}
-    base_tree = None
-    if args.base:
-        base_tree = Path(tempfile.mkdtemp(prefix="rollq-startup-base-")) / "tree"
-        subprocess.run(["git", "worktree", "add", "--detach", str(base_tree), args.base], cwd=ROOT, check=True)
-        kinds[f"rollq RolloutWorker, no-op task (at {args.base})"] = functools.partial(rollq_worker, tree=base_tree)
-    try:
-        for tree in [ROOT] + ([base_tree] if base_tree else []):
+    with base_tree(args.base) as tree_at_base:
+        if tree_at_base is not None:
+            label = f"rollq RolloutWorker, no-op task (at {args.base})"
+            kinds[label] = functools.partial(rollq_worker, tree=tree_at_base)
+        for tree in [ROOT] + ([tree_at_base] if tree_at_base else []):
             compile_all = [sys.executable, "-m", "compileall", "-q", str(tree / "rollq"), str(tree / "bench")]
             subprocess.run(compile_all, check=True)
-        data = measure(kinds, args, base_tree)
-    finally:
-        if base_tree is not None:
-            subprocess.run(["git", "worktree", "remove", "--force", str(base_tree)], cwd=ROOT, check=False)
-            shutil.rmtree(base_tree.parent, ignore_errors=True)
+        data = measure(kinds, args, tree_at_base)
     print(write_result(args.out, data, sys.argv[1:], script="startup", settings=vars(args)))
 
 
-def measure(kinds: dict[str, Any], args: argparse.Namespace, base_tree: Path | None) -> dict[str, Any]:
+def measure(kinds: dict[str, Any], args: argparse.Namespace, tree_at_base: Path | None) -> dict[str, Any]:
     """The interleaved rounds and the import times."""
     claims: dict[str, list[float]] = {k: [] for k in kinds}
     results: dict[str, list[float]] = {k: [] for k in kinds}
@@ -162,7 +165,7 @@ def measure(kinds: dict[str, Any], args: argparse.Namespace, base_tree: Path | N
                 results[label].append(round(result, 3))
                 print(f"round {n + 1} {label}: first claim {claim:.2f} s, first result {result:.2f} s", flush=True)
     imports = {}
-    trees = [("", None)] + ([(f" (at {args.base})", base_tree)] if base_tree else [])
+    trees = [("", None)] + ([(f" (at {args.base})", tree_at_base)] if tree_at_base else [])
     for module in IMPORTS:
         for suffix, tree in trees if module.startswith("rollq") else [("", None)]:
             times = [import_seconds(module, tree) for _ in range(args.import_rounds)]

@@ -30,6 +30,8 @@ from typing import Any
 
 from rollq.models.errors import AgentExitError, AgentTimeoutError
 
+from .event_loop import new_event_loop
+
 log = logging.getLogger(__name__)
 
 TICK_SECONDS = 0.1
@@ -45,21 +47,9 @@ EVENT_LOOP_VARIABLE = "ROLLQ_EVENT_LOOP"
 
 
 def new_agent_loop() -> asyncio.AbstractEventLoop:
-    """The event loop async agents run on: uvloop's when it is installed, else asyncio's.
-
-    uvloop keeps timers and callbacks in C: at 500 rollouts in flight (three sleeps each) the agent side's CPU
-    per rollout was ~13% lower (bench/rollout_cpu.py, five rounds taking turns). ``ROLLQ_EVENT_LOOP=asyncio``
-    keeps the standard library's loop, for an agent library that does not work on uvloop.
-    """
-    if os.environ.get(EVENT_LOOP_VARIABLE, "").lower() != "asyncio":
-        try:
-            import uvloop
-        except ImportError:  # not installed (it does not support Windows): asyncio's loop does the same job
-            pass
-        else:
-            loop: asyncio.AbstractEventLoop = uvloop.new_event_loop()
-            return loop
-    return asyncio.new_event_loop()
+    """The event loop async agents run on (:func:`~rollq.worker.event_loop.new_event_loop`): uvloop's unless
+    ``ROLLQ_EVENT_LOOP=asyncio`` keeps the standard library's, for an agent library that does not work on uvloop."""
+    return new_event_loop(uvloop_allowed=os.environ.get(EVENT_LOOP_VARIABLE, "").lower() != "asyncio")
 
 
 def _settle(future: Future[Any], result: Any = None, error: BaseException | None = None) -> None:

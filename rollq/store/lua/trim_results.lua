@@ -81,7 +81,11 @@ local function needed_by(need, id)
   return id_lt(need.delivered, id) or (need.first_pending ~= nil and not id_lt(id, need.first_pending))
 end
 
--- KEYS-free: the caller passes the key names. Returns nothing.
+-- A results entry's payload bytes (rollout id + rollout JSON), what STATS_RESULTS_BYTES counts.
+local function entry_size(e)
+  return #e[2][2] + #e[2][4]
+end
+
 -- A summary's fields by name.
 local function summary_fields(flat)
   local f = {}
@@ -136,7 +140,7 @@ local function entry_reader(stream, summaries, trim)
     if reader.from_results and #out < n then
       local from = reader.last and ('(' .. reader.last) or '-'
       for _, e in ipairs(redis.call('XRANGE', stream, from, '+', 'COUNT', n - #out)) do
-        out[#out + 1] = {e[1], #e[2][2] + #e[2][4], nil}
+        out[#out + 1] = {e[1], entry_size(e), nil}
         reader.last = e[1]
       end
     end
@@ -170,12 +174,13 @@ local function stream_bytes(stream)
       return total
     end
     for _, e in ipairs(entries) do
-      total = total + #e[2][2] + #e[2][4]
+      total = total + entry_size(e)
     end
     cursor = '(' .. entries[#entries][1]
   end
 end
 
+-- KEYS-free: the caller passes the key names. Returns nothing.
 local function trim_results(stream, stats, trim, maxlen, max_bytes, newest, added_bytes, summaries)
   local len = redis.call('XLEN', stream)
   local bytes
