@@ -242,6 +242,12 @@ class RolloutWorker(SimpleWorker):
         return min(super().dequeue_timeout, 5)
 
     def bootstrap(self, *args: Any, **kwargs: Any) -> None:
+        # RQ installs its SIGTERM/SIGINT handlers only once the start-up is over; until then a signal would kill
+        # the process on the spot (Python's default), after it has registered and reported to the LLM gate. Note
+        # the request instead: the loop's first check stops the worker, through teardown like any other stop.
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                signal.signal(sig, self._stop_after_start)
         super().bootstrap(*args, **kwargs)
         hint = namespace_hint(self.connection, self.keys)
         if hint:
@@ -404,7 +410,17 @@ class RolloutWorker(SimpleWorker):
         # RQ decides between "stop after the current job" and "stop now" by this.
         return WorkerStatus.BUSY if self.slots.busy else super().get_state()
 
+    def _stop_after_start(self, signum: int, frame: Any) -> None:
+        if self._stop_requested:  # a second signal: RQ's cold shutdown, as once started
+            self.request_force_stop(signum, frame)
+            return
+        self.log.info("Worker %s [PID %d]: warm shut down requested while starting", self.name, self.pid)
+        self._stop_requested = True
+
     def request_stop(self, signum: int, frame: Any) -> None:
+        # RQ raises StopRequested in whatever the main thread runs when it is not busy; a handler on the way that
+        # catches Exception (RQ's registry clean-up is one) would swallow it. The flag is seen at the loop's top.
+        self._stop_requested = True
         super().request_stop(signum, frame)
         if self._dequeuing:
             # Rollouts are running (so RQ only set a flag), but the main thread is
@@ -474,10 +490,14 @@ class RolloutWorker(SimpleWorker):
                 self._clean_cluster_registries()
             else:
                 super().clean_registries()
+        except StopRequested:  # a stop signal arrived meanwhile: RQ's loop ends on it
+            raise
         except Exception:
             self.log.exception("RQ's registry clean-up failed; carrying on")
 
     def run_maintenance_tasks(self) -> None:
+        if self._stop_requested:  # stopped while starting: no clean-up pass first (it can take seconds)
+            return
         if not self.keys.clustered:
             super().run_maintenance_tasks()
             return

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+import time
 from collections import Counter
 from collections.abc import Iterable
 from typing import Any
@@ -63,6 +64,14 @@ class RaisingHook(Hook):
 
     def on_rollout_end(self, task: Task, *args: Any) -> None:
         raise RuntimeError(f"on_rollout_end broke on {task.rollout_id}")
+
+
+class SlowInitHook(Hook):
+    """Sleeps 3 s in ``init_worker``: the worker has reported to the LLM gate and started its threads, and RQ has
+    not installed its signal handlers yet (it does so after the start-up)."""
+
+    def init_worker(self, worker_id: int, *args: Any, **kwargs: Any) -> None:
+        time.sleep(3)
 
 
 def results_per_rollout(connection: redis.Redis, namespace: str) -> Counter[str]:

@@ -6,20 +6,27 @@ id) and asserts that none was lost and none delivered twice.
 
 from __future__ import annotations
 
+import re
 import signal
 
 import pytest
+from rq.registry import StartedJobRegistry
 
 from rollq.models.policy import RolloutPolicy
 from rollq.producer.producer import Producer
 from rollq.store.keys import Keys, job_id
 from rollq.store.records import read_record
 from tests.support.fault_agents import assert_exactly_once, published
+from tests.support.servers import WorkerProcess
 from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.redis
 
 AGENT = {"ROLLQ_AGENT": "tests.support.fault_agents:FaultAgent"}
+
+
+def worker_name(worker: WorkerProcess) -> str:
+    return re.search(r"Worker (\S+): started with PID", worker.log()).group(1)
 
 
 def running_on(producer: Producer, rollout_ids: list[str], worker: str) -> bool:
@@ -78,6 +85,43 @@ def test_sigterm_lets_the_running_rollout_finish_and_takes_no_new_task(redis_ser
     [after] = producer.wait([late], timeout=30)
     assert (after.metadata["status"], after.metadata["attempt"]) == ("succeeded", 1)
     assert_exactly_once(producer.connection, namespace, [first, late])
+
+
+def test_a_sigterm_while_the_worker_starts_stops_it_cleanly_leaving_no_llm_gate_report(
+    redis_server, namespace, workers
+):
+    # A worker reports to the LLM gate (and starts its heartbeat) before its hooks' init_worker runs, and RQ
+    # installs its signal handlers only after the whole start-up. A SIGTERM in between used to kill the process
+    # on the spot (Python's default), leaving its gate report for a weight-sync pause to wait on.
+    producer = Producer.from_url(redis_server.url, namespace)
+    worker = workers(
+        redis_server.url, namespace, env={**AGENT, "ROLLQ_HOOKS": "tests.support.fault_agents:SlowInitHook"}
+    )
+    wait_until(lambda: producer.llm_gate_status().workers == 1, "the worker to report to the LLM gate")
+    worker.signal(signal.SIGTERM)
+    assert worker.wait(30) == 0
+    assert producer.llm_gate_status().workers == 0
+    assert f"rq:worker:{worker_name(worker)}".encode() not in producer.connection.smembers(producer.keys.rq_workers)
+    assert "Traceback" not in worker.log()
+
+
+def test_a_sigterm_during_rqs_registry_clean_up_stops_the_worker(redis_server, namespace, workers):
+    # RQ's registry clean-up runs first thing in the worker's loop, under RQ's SIGTERM handler, which raises
+    # StopRequested in whatever the main thread is doing. rollq's clean_registries caught every Exception around
+    # it: the stop was logged as a failed clean-up and the worker went on taking tasks until it was killed.
+    producer = Producer.from_url(redis_server.url, namespace)
+    started = StartedJobRegistry(name=producer.keys.queue_name, connection=producer.connection)
+    for first in range(0, 60_000, 5_000):  # expired entries of jobs long gone: RQ fetches each, for seconds
+        producer.connection.zadd(started.key, {f"gone-{i}": 1 for i in range(first, first + 5_000)})
+    worker = workers(redis_server.url, namespace, env=AGENT)
+    wait_until(lambda: "cleaning registries" in worker.log(), "RQ's registry clean-up to begin", timeout=30)
+    worker.signal(signal.SIGTERM)
+    assert worker.wait(30) == 0
+    assert producer.connection.zcard(started.key) > 0, "the clean-up ended before the signal: nothing was tested"
+    assert "clean-up failed" not in worker.log()
+    late = producer.enqueue({"sleep": 0}).rollout_id
+    untouched = read_record(producer.connection, producer.keys, late)
+    assert (untouched.state, untouched.task.num_claims) == ("queued", 0)
 
 
 @pytest.mark.slow
