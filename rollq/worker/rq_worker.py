@@ -29,6 +29,7 @@ It differs from RQ's ``SimpleWorker`` in these ways:
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
@@ -104,6 +105,9 @@ WORKER_CONCURRENCY_FIELD = "rollq_concurrency"
 
 # The most jobs taken in one go; more would hold slots for a long pipeline.
 _TAKE_AHEAD = 64
+# The other commands a worker's connections may block in (the finish call's durability wait), which a stop must not
+# cut short. Any other is the dequeue's pop (fakeredis's CLIENT LIST names no command: "auth" for all).
+_KEEP_BLOCKED = frozenset({"wait", "waitaof"})
 # The exit status of a worker whose agent event loop is wedged (see _on_loop_wedged): not 0, so that a
 # supervisor restarts it.
 EXIT_LOOP_WEDGED = 3
@@ -421,11 +425,38 @@ class RolloutWorker(SimpleWorker):
         # RQ raises StopRequested in whatever the main thread runs when it is not busy; a handler on the way that
         # catches Exception (RQ's registry clean-up is one) would swallow it. The flag is seen at the loop's top.
         self._stop_requested = True
-        super().request_stop(signum, frame)
-        if self._dequeuing:
-            # Rollouts are running (so RQ only set a flag), but the main thread is
-            # just waiting for more work: stop waiting now.
+        if not self._dequeuing:
+            super().request_stop(signum, frame)
+            return
+        # The main thread waits for work, most likely inside the blocking pop. Raising there would drop the pop's
+        # reply: a job Redis handed over at that instant would sit in RQ's intermediate list until the reaper's
+        # stranded-job pass (30 s and more). Let the pop return instead, at once (CLIENT UNBLOCK from another
+        # thread): the dequeue gives back a job it brought, and the loop stops at its next check (see
+        # should_run_maintenance_tasks).
+        with contextlib.suppress(StopRequested):
+            super().request_stop(signum, frame)
+        threading.Thread(target=self._unblock_dequeue, name="rollq-unblock", daemon=True).start()
+
+    def _unblock_dequeue(self) -> None:
+        """End this worker's blocking pop early, as a timeout would (its connections carry the worker's name)."""
+        deadline = time.monotonic() + self.dequeue_timeout + 1
+        while self._dequeuing and time.monotonic() < deadline:
+            try:
+                for client in self.connection.client_list():
+                    if client.get("name") == self.name and client.get("cmd") not in _KEEP_BLOCKED:
+                        self.connection.client_unblock(int(client["id"]))
+            except redis.RedisError as exc:  # the pop then ends at its own timeout
+                self.log.debug("could not unblock the dequeue: %s", exc)
+                return
+            time.sleep(0.1)
+
+    @property
+    def should_run_maintenance_tasks(self) -> bool:
+        # Read at the top of each pass of RQ's dequeue loop, between two blocking pops, where no reply is pending:
+        # the safe point to end a dequeue that a stop request let run on (see request_stop).
+        if self._stop_requested and self._dequeuing and threading.current_thread() is threading.main_thread():
             raise StopRequested()
+        return bool(super().should_run_maintenance_tasks)
 
     def request_force_stop(self, signum: int, frame: Any) -> None:
         self._force_stop = True
@@ -452,6 +483,10 @@ class RolloutWorker(SimpleWorker):
                 raise
             if result is None:
                 self.slots.free()
+            elif self._stop_requested:  # brought back by a pop that a stop request let finish: not started here
+                self._taken.appendleft(result)
+                self._give_back_taken()
+                return None
             else:
                 self._take_ahead(result[1])
             return result

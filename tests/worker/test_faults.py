@@ -124,6 +124,31 @@ def test_a_sigterm_during_rqs_registry_clean_up_stops_the_worker(redis_server, n
     assert (untouched.state, untouched.task.num_claims) == ("queued", 0)
 
 
+def test_a_sigterm_as_an_idle_worker_is_handed_a_task_gives_the_task_back_at_once(redis_server, namespace, workers):
+    # The worker is stopped inside its blocking pop; Redis hands it the new task's job (moving it to RQ's
+    # intermediate list) and the reply waits in the socket; SIGTERM lands before the worker reads it. RQ's handler
+    # raised StopRequested there, dropping the reply: the job sat in the intermediate list until the reaper's
+    # stranded-job pass put it back, 30 s and more later.
+    producer = Producer.from_url(redis_server.url, namespace)
+    stopping = workers(redis_server.url, namespace, env=AGENT)
+    wait_until(lambda: "cleaning registries" in stopping.log(), "the worker to start", timeout=30)
+    blocked = lambda: any(c.get("cmd") == "blmove" for c in producer.connection.client_list())  # noqa: E731
+    wait_until(blocked, "a blocking pop", timeout=10)
+    stopping.signal(signal.SIGSTOP)
+    rid = producer.enqueue({"sleep": 0}).rollout_id
+    wait_until(lambda: producer.connection.llen(producer.keys.rq_intermediate) == 1, "Redis to hand the job over")
+    stopping.signal(signal.SIGTERM)
+    stopping.signal(signal.SIGCONT)
+    assert stopping.wait(30) == 0
+    assert producer.connection.llen(producer.keys.rq_intermediate) == 0
+    assert producer.connection.llen(producer.keys.rq_queue) == 1
+
+    workers(redis_server.url, namespace, env=AGENT)
+    [rollout] = producer.wait([rid], timeout=10)
+    assert (rollout.metadata["status"], rollout.metadata["attempt"]) == ("succeeded", 1)
+    assert_exactly_once(producer.connection, namespace, [rid])
+
+
 @pytest.mark.slow
 def test_sigterm_hands_an_unfinished_rollout_back_at_once_after_the_grace_period(redis_server, namespace, workers):
     # A reaper would wait 120 s; the hand-back must not.

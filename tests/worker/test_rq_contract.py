@@ -125,6 +125,9 @@ CLASS_ATTRIBUTES = [
     (SimpleWorker, "dequeue_timeout"),
     (rq.job.Job, "dependency_ids"),
     (rq.worker.Worker, "redis_workers_keys"),
+    # A property RQ's dequeue loop reads between two blocking pops: RolloutWorker stops there after a stop request
+    # that let a pop finish (test_faults.py, the SIGTERM tests).
+    (rq.worker.Worker, "should_run_maintenance_tasks"),
     (rq.worker_registration, "WORKERS_BY_QUEUE_KEY"),
 ]
 # RollqJob replaces these properties (RQ imports the names they read); they must still be what RQ calls.
