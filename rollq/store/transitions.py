@@ -273,15 +273,30 @@ class Lifecycle:
 
     def claim_call(self, rollout_id: str, job_id: str, worker_name: str) -> ScriptCall:
         """:meth:`claim` as a call to queue in a pipeline; :meth:`read_claim` reads its settled reply."""
-        k = self.keys
-        return ScriptCall(
-            self._claim,
-            [k.task(rollout_id), k.inflight, k.resources_latest, k.queued_tasks],
-            [rollout_id, job_id, worker_name],
-        )
+        return self.claim_many_call([(rollout_id, job_id)], worker_name)
 
-    read_claim = staticmethod(read_claim)
-    """:func:`rollq.store.replies.read_claim`: the reply of a :meth:`claim_call`."""
+    def claim_many_call(self, claims: Sequence[tuple[str, str]], worker_name: str) -> ScriptCall:
+        """:meth:`claim` of each ``(rollout_id, job_id)`` of ``claims`` in one script call (one ``EVALSHA``, one
+        ``TIME`` and one read of the latest resources version for the batch: issue 24); :meth:`read_claims`
+        reads its settled reply."""
+        k = self.keys
+        keys = [k.inflight, k.resources_latest, k.queued_tasks]
+        args = [worker_name]
+        for rollout_id, job_id in claims:
+            keys.append(k.task(rollout_id))
+            args += [rollout_id, job_id]
+        return ScriptCall(self._claim, keys, args)
+
+    @staticmethod
+    def read_claim(reply: Any) -> Claim | ClaimRefused:
+        """The settled reply of a :meth:`claim_call` (of one claim)."""
+        (only,) = Lifecycle.read_claims(reply)
+        return replied(only)  # type: ignore[no-any-return]
+
+    @staticmethod
+    def read_claims(reply: Any) -> list[Claim | ClaimRefused | Exception]:
+        """The settled reply of a :meth:`claim_many_call`: each claim's reply, or the error its part got."""
+        return [r if isinstance(r, Exception) else read_claim(r) for r in reply]
 
     def reject(
         self,
@@ -335,37 +350,41 @@ class Lifecycle:
         given and the attempt heartbeated after it; :class:`~rollq.store.replies.Cancelled` when the task was
         cancelled (the rollout is dropped).
         """
-        return read_finish(replied(self.run_pipelined([self.finish_call(finish)])[0]))
+        return self.read_finish(replied(self.run_pipelined([self.finish_call(finish)])[0]))
 
     def finish_call(self, finish: Finish) -> ScriptCall:
         """:meth:`finish` as a call to queue in a pipeline; :meth:`read_finish` reads its settled reply."""
-        k, f = self.keys, finish
-        return ScriptCall(
-            self._finish,
-            [
-                k.task(f.rollout_id),
-                k.inflight,
-                k.results,
-                k.superseded,
-                k.dead_letter,
-                k.resources_refs,
-                k.stats,
-                k.results_trim,
-                k.summaries,
-            ],
-            args=[
+        return self.finish_many_call([finish])
+
+    def finish_many_call(self, finishes: Sequence[Finish]) -> ScriptCall:
+        """:meth:`finish` of each of ``finishes`` in one script call (one ``EVALSHA``, the results stream's
+        trim and each stats counter once for the batch: issue 24); :meth:`read_finishes` reads its settled
+        reply. The results stream is bounded by the smallest ``results_maxlen`` of the batch."""
+        k = self.keys
+        keys = [
+            k.inflight,
+            k.results,
+            k.superseded,
+            k.dead_letter,
+            k.resources_refs,
+            k.stats,
+            k.results_trim,
+            k.summaries,
+        ]
+        args: list[Any] = [min(f.results_maxlen for f in finishes), self.results_max_bytes]
+        for f in finishes:
+            keys.append(k.task(f.rollout_id))
+            args += [
                 f.rollout_id,
                 f.attempt,
                 f.rollout_json,
                 f.status,
-                f.results_maxlen,
                 f.now,
                 int(f.dead_letter),
                 "" if f.stale_before is None else f.stale_before,
                 "" if f.duration is None else duration_bucket(f.duration),
                 f.keep_seconds,
                 f.duration or 0,
-                self.results_max_bytes,
                 "" if f.reward is None else reward_bucket(f.reward),
                 f.reward or 0,
                 f.resources_id or "",
@@ -378,11 +397,19 @@ class Lifecycle:
                     resources_id=f.resources_id,
                     duration=f.duration,
                 ),
-            ],
-        )
+            ]
+        return ScriptCall(self._finish, keys, args)
 
-    read_finish = staticmethod(read_finish)
-    """:func:`rollq.store.replies.read_finish`: the settled reply of a :meth:`finish_call`."""
+    @staticmethod
+    def read_finish(reply: Any) -> FinishReply:
+        """The settled reply of a :meth:`finish_call` (of one finish)."""
+        (only,) = Lifecycle.read_finishes(reply)
+        return replied(only)  # type: ignore[no-any-return]
+
+    @staticmethod
+    def read_finishes(reply: Any) -> list[FinishReply | Exception]:
+        """The settled reply of a :meth:`finish_many_call`: each finish's reply, or the error its part got."""
+        return [r if isinstance(r, Exception) else read_finish(r) for r in reply]
 
     def requeue(
         self,
