@@ -32,7 +32,7 @@ from rq.executions import Execution
 from rq.job import Job, JobStatus
 from rq.queue import Queue
 from rq.results import Result
-from rq.utils import now
+from rq.utils import now, utcformat
 from rq.worker import BaseWorker, WorkerStatus
 
 from rollq.store.jobs import JobRegistries, RollqJob
@@ -121,10 +121,7 @@ class RqLifecycle:
                 call.queue(pipe)
             for start in starts:
                 start.execution = self._rq_start(start.job, start.queue, pipe)
-            worker.set_current_job_id(starts[0].job.id, pipeline=pipe)
-            worker.set_current_job_working_time(0, pipeline=pipe)
-            worker.heartbeat(worker.get_heartbeat_ttl(starts[0].job), pipeline=pipe)
-            worker.set_state(WorkerStatus.BUSY, pipeline=pipe)
+            self._worker_busy(starts[0].job, pipe)
             waits = runner.lifecycle.queue_wait(pipe)  # the claims reach the replicas before any agent starts
             replies = pipe.execute(raise_on_error=False)
             (settled,) = runner.lifecycle.settle_all(
@@ -171,6 +168,25 @@ class RqLifecycle:
     def _finish_when_settled(self, done: Done) -> None:
         finishes = self._finishes
         done.pending.future.add_done_callback(lambda _: finishes.put(done))
+
+    def _worker_busy(self, job: Job, pipe: Any) -> None:
+        """RQ 2.12's worker-wide start writes, once per batch: ``set_current_job_id``,
+        ``set_current_job_working_time(0)``, ``heartbeat`` and ``set_state(BUSY)``, whose four HSETs of the worker
+        hash go as one (issue 24); the worker's own attributes are set as those methods set them."""
+        worker = self.worker
+        worker.current_job_working_time = 0
+        worker.last_heartbeat = now()
+        worker._state = WorkerStatus.BUSY
+        pipe.hset(
+            worker.key,
+            mapping={
+                "current_job": job.id,
+                "current_job_working_time": 0,
+                "last_heartbeat": utcformat(worker.last_heartbeat),
+                "state": WorkerStatus.BUSY,
+            },
+        )
+        pipe.expire(worker.key, worker.get_heartbeat_ttl(job))
 
     def _rq_start(self, job: Job, queue: Queue, pipe: Any) -> Execution:
         """RQ's start-of-job bookkeeping (``prepare_execution`` and ``prepare_job_execution`` of RQ 2.12, minus
