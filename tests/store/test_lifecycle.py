@@ -344,3 +344,37 @@ def test_a_finish_batch_refused_for_memory_fails_whole_and_writes_nothing(own_re
     assert isinstance(raw, redis.exceptions.OutOfMemoryError)
     assert lc.connection.xlen(lc.keys.results) == 0
     assert lc.connection.hget(lc.keys.task("r0"), "state") == TaskState.RUNNING.value.encode()
+
+
+def _enqueue(lc: Lifecycle, rollout_id: str) -> Enqueued:
+    task = Task(rollout_id=rollout_id, input={}, create_time=time.time(), num_claims=0)
+    (got,) = lc.enqueue_many([(task, task.model_dump_json())], RolloutPolicy())
+    return got
+
+
+def test_enqueueing_a_new_task_checks_its_record_and_job_with_one_command(redis_server, namespace) -> None:  # type: ignore[no-untyped-def]
+    # One EXISTS of both keys for the usual case (issue 24: an EXISTS and an HGET were two).
+    lc = Lifecycle(connect(redis_server.url), Keys(namespace))
+    _enqueue(lc, "warm")  # loads the script
+    calls = _calls_of(lc, lambda: _enqueue(lc, "new"))
+    assert calls.get("exists") == 1 and "hget" not in calls
+    assert lc.connection.hget(lc.keys.task("new"), "state") == TaskState.QUEUED.value.encode()
+
+
+def test_a_job_id_holding_another_jobs_hash_is_not_overwritten(redis_server, namespace) -> None:  # type: ignore[no-untyped-def]
+    lc = Lifecycle(connect(redis_server.url), Keys(namespace))
+    job_key = lc.keys.rq_job(lc.keys.job_id("taken"))
+    lc.connection.hset(job_key, mapping={"data": "someone else's", "status": "queued"})
+    assert _enqueue(lc, "taken") is Enqueued.JOB_TAKEN
+    assert lc.connection.hget(job_key, "data") == b"someone else's"
+    assert not lc.connection.exists(lc.keys.task("taken"))
+
+
+def test_a_rollout_id_whose_record_expired_but_job_is_kept_is_queued_again(redis_server, namespace) -> None:  # type: ignore[no-untyped-def]
+    # A succeeded task's record expires after keep_seconds, its finished job only after result_ttl: the same
+    # rollout id queues again over its own old job.
+    lc = Lifecycle(connect(redis_server.url), Keys(namespace))
+    assert _enqueue(lc, "again") is Enqueued.QUEUED
+    lc.connection.delete(lc.keys.task("again"))
+    assert _enqueue(lc, "again") is Enqueued.QUEUED
+    assert _enqueue(lc, "again") is Enqueued.KNOWN
