@@ -160,12 +160,15 @@ class Lifecycle:
         memory ran out); a refusal is raised, never re-sent call by call."""
         return self._run(calls, atomic=atomic)[0]
 
-    def _run(self, calls: Sequence[ScriptCall], *, atomic: bool = False) -> tuple[list[Any], bool]:
+    def _run(
+        self, calls: Sequence[ScriptCall], *, atomic: bool = False, head: list[Any] | None = None
+    ) -> tuple[list[Any], bool]:
         """:meth:`run_pipelined`, and whether the pipeline's own ``WAIT`` confirmed every call (False when nothing
-        waited, the wait fell short, or a call had to be sent again)."""
+        waited, the wait fell short, or a call had to be sent again). ``head``: the results stream's newest entry,
+        read in the same pipeline before the calls, is appended to it (see :meth:`enqueue_many_after`)."""
         if not calls:
             return [], True
-        replies, acknowledged = self._send(calls, atomic=atomic)
+        replies, acknowledged = self._send(calls, atomic=atomic, head=head)
         if atomic:
             refused = next((r for r in replies if isinstance(r, redis.ResponseError) and transient_refusal(r)), None)
             if refused is not None:
@@ -174,9 +177,13 @@ class Lifecycle:
         confirmed = confirmed and not any(isinstance(r, Exception) for r in replies)
         return self.settle_all(calls, replies), confirmed
 
-    def _send(self, calls: Sequence[ScriptCall], *, atomic: bool = False) -> tuple[list[Any], Any]:
+    def _send(
+        self, calls: Sequence[ScriptCall], *, atomic: bool = False, head: list[Any] | None = None
+    ) -> tuple[list[Any], Any]:
         """``calls`` and the wait behind them in one pipeline: (their replies, the ``WAIT`` reply or None)."""
         pipe = self.connection.pipeline(transaction=False)
+        if head is not None:
+            pipe.xrevrange(self.keys.results, count=1)
         if atomic:
             pipe.execute_command("MULTI")
         for call in calls:
@@ -185,6 +192,9 @@ class Lifecycle:
             pipe.execute_command("EXEC")
         waits = self.queue_wait(pipe)
         replies = pipe.execute(raise_on_error=False)
+        if head is not None:
+            newest = replies.pop(0)
+            head.append(newest[0][0] if isinstance(newest, list) and newest else b"0-0")
         if not atomic:
             return replies[: len(calls)], replies[-1] if waits else None
         executed = replies[len(calls) + 1]  # after MULTI's OK and each call's QUEUED
@@ -240,6 +250,20 @@ class Lifecycle:
         Tasks that share a mode and a resources pin go in Lua calls of up to
         100, the job template sent once per call. Returns what happened to each task.
         """
+        return self._enqueue_many(tasks, policy, None)[0]
+
+    def enqueue_many_after(
+        self, tasks: Sequence[tuple[Task, str]], policy: RolloutPolicy
+    ) -> tuple[list[Enqueued], bytes | None]:
+        """:meth:`enqueue_many`, and the results stream's newest entry id read in the same pipeline before the
+        tasks were queued (``b"0-0"`` for an empty stream; None when it could not be read): every rollout of a
+        task queued here is published after it, so a reader that reads the stream from there needs no look at
+        the tasks' records (``rollq.producer.results``; issue 24)."""
+        return self._enqueue_many(tasks, policy, [])
+
+    def _enqueue_many(
+        self, tasks: Sequence[tuple[Task, str]], policy: RolloutPolicy, head: list[Any] | None
+    ) -> tuple[list[Enqueued], bytes | None]:
         k = self.keys
         template = self._template(policy)
         shared = [policy.model_dump_json(), policy.unresponsive_seconds]
@@ -258,14 +282,15 @@ class Lifecycle:
                     args += [task_json, jid, template.payload(task.rollout_id), self._description(task)]
                 calls.append(ScriptCall(self._enqueue, keys, args))
                 sizes.append(len(batch))
-        settled, confirmed = self._run(calls, atomic=True)
+        settled, confirmed = self._run(calls, atomic=True, head=head)
         replies = [replied(reply) for reply in settled]
         outcomes = [got for size, reply in zip(sizes, replies, strict=True) for got in read_enqueue(reply, size)]
         # The caller is told these are queued: a replica must hold them first, even one that lags (see
         # rollq.store.replication).
         queued = [k.task(t.rollout_id) for (t, _), got in zip(tasks, outcomes, strict=True) if got is Enqueued.QUEUED]
         self.replication.hold(queued, confirmed=confirmed)
-        return outcomes
+        newest = head[0] if head and isinstance(head[0], bytes) else None
+        return outcomes, newest
 
     def claim(self, rollout_id: str, job_id: str, worker_name: str) -> Claim | ClaimRefused:
         """Start an attempt: count the claim and stamp its time (Redis's), atomically."""
