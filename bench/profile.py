@@ -37,8 +37,20 @@ BUCKETS: list[tuple[str, tuple[str, ...]]] = [
     ("RQ dequeue: Job.fetch (HGETALL + parse)", ("Job.fetch ",)),
     ("RQ dequeue: worker state HSET per job", ("set_state ",)),
     ("RQ dequeue: BLMOVE", ("Queue.lmove ", "blmove ")),
-    ("rollq claim (claim.lua)", ("Lifecycle.claim ", "Lifecycle.claim_call ", "read_claim ")),
-    ("rollq publish (finish.lua)", ("Lifecycle.finish ", "Lifecycle.finish_call ", "read_finish ")),
+    (
+        "rollq claim (claim.lua)",
+        ("Lifecycle.claim ", "Lifecycle.claim_call ", "Lifecycle.claim_many_call ", "read_claim ", "read_claims "),
+    ),
+    (
+        "rollq publish (finish.lua)",
+        (
+            "Lifecycle.finish ",
+            "Lifecycle.finish_call ",
+            "Lifecycle.finish_many_call ",
+            "read_finish ",
+            "read_finishes ",
+        ),
+    ),
     ("rollout -> JSON (model_dump_json)", ("model_dump_json ",)),
     ("spans -> trace dicts (span_json)", ("span_json ",)),
     ("trace -> triplets", ("triplets_from_trace ",)),

@@ -37,7 +37,7 @@ from rollq.store.transitions import DEFAULT_RESULTS_MAX_BYTES, Lifecycle
 
 from .batches import BatchReader
 from .groups import GroupPolicy
-from .results import ResultReader, WaitResult, collect, fetch_rollouts, wait
+from .results import QueuedAfter, ResultReader, WaitResult, collect, fetch_rollouts, wait
 
 log = logging.getLogger(__name__)
 
@@ -87,6 +87,7 @@ class Producer:
         self.resources = ResourceStore(connection, self.keys, keep_versions=keep_versions)
         self._cancel = connection.register_script(cancel_script_source())
         self._policy_checked = False  # the eviction-policy warning, at the first enqueue
+        self._queued_after = QueuedAfter()  # where the results stream stood as each task was queued (for wait)
         self._llm_gate = LLMGate(connection, self.keys)
 
     @classmethod
@@ -194,7 +195,7 @@ class Producer:
                 self._wait_for_room(len(chunk), max_pending, pending_timeout, queued=start)
             try:
                 # One transaction per chunk: Redis queues all of it or none (a full Redis refuses it whole).
-                chunk_outcomes = self.lifecycle.enqueue_many(chunk, policy)
+                chunk_outcomes, position = self.lifecycle.enqueue_many_after(chunk, policy)
                 # The enqueue script checks the pinned version atomically and queues none of a batch without it.
                 if Enqueued.UNKNOWN_RESOURCES in chunk_outcomes:
                     raise UnknownResourcesError(resources_id, self.namespace)
@@ -203,6 +204,11 @@ class Producer:
                 self._withdraw([task for (task, _), got in zip(done, outcomes, strict=True) if got is Enqueued.QUEUED])
                 raise
             outcomes += chunk_outcomes
+            if position is not None:
+                self._queued_after.record(
+                    (t.rollout_id for (t, _), got in zip(chunk, chunk_outcomes, strict=True) if got is Enqueued.QUEUED),
+                    position,
+                )
             if on_progress:
                 on_progress(len(chunk))
         taken = [
@@ -387,11 +393,24 @@ class Producer:
         ``partial=True`` it returns a :class:`WaitResult` instead: the rollouts that
         finished by the timeout, in order, and the ids still missing.
         """
+        after = self._queued_after.start_for(rollout_ids)
         if partial:
             return collect(
-                self.lifecycle, rollout_ids, timeout, results_maxlen=self.results_maxlen, on_progress=on_progress
+                self.lifecycle,
+                rollout_ids,
+                timeout,
+                results_maxlen=self.results_maxlen,
+                on_progress=on_progress,
+                after=after,
             )
-        return wait(self.lifecycle, rollout_ids, timeout, results_maxlen=self.results_maxlen, on_progress=on_progress)
+        return wait(
+            self.lifecycle,
+            rollout_ids,
+            timeout,
+            results_maxlen=self.results_maxlen,
+            on_progress=on_progress,
+            after=after,
+        )
 
     def get_rollout(self, rollout_id: str) -> Rollout | None:
         """The task's rollout if it has finished, else None, without blocking; :class:`UnknownTaskError` if unknown."""

@@ -12,7 +12,7 @@ import logging
 import os
 import socket
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 
@@ -78,9 +78,75 @@ class Delivered:
         return True
 
 
+QUEUED_AFTER_LIMIT = 100_000
+"""How many of the rollout ids it queued most recently a producer remembers the results stream's position for."""
+RECENT_SECONDS = 10.0
+"""A wait reads the stream from where its tasks were queued only if they were all queued at most this long ago:
+older, it reads their records instead (the stream since then may hold much that is not the wait's)."""
+
+
+class QueuedAfter:
+    """Where the results stream stood when a producer queued each of its most recent :data:`QUEUED_AFTER_LIMIT`
+    rollout ids (``Lifecycle.enqueue_many_after``): every rollout of those tasks is published after it, so a wait
+    for them soon after reads the records of only those tasks with an entry since then (one HGET a rollout less
+    when a trainer waits right after it queues; issue 24)."""
+
+    def __init__(self, limit: int = QUEUED_AFTER_LIMIT) -> None:
+        self.limit = limit
+        self._after: dict[str, tuple[bytes, float]] = {}  # insertion-ordered: the oldest go first
+
+    def record(self, rollout_ids: Iterable[str], position: bytes) -> None:
+        at = time.monotonic()
+        for rid in rollout_ids:
+            self._after.pop(rid, None)
+            self._after[rid] = (position, at)
+        while len(self._after) > self.limit:
+            del self._after[next(iter(self._after))]
+
+    def start_for(self, rollout_ids: Iterable[str]) -> bytes | None:
+        """The earliest position any of ``rollout_ids`` was queued after; None unless all were queued here within
+        the last :data:`RECENT_SECONDS`."""
+        earliest: bytes | None = None
+        oldest = time.monotonic() - RECENT_SECONDS
+        for rid in rollout_ids:
+            position, at = self._after.get(rid, (None, 0.0))
+            if position is None or at < oldest:
+                return None
+            if earliest is None or _stream_id(position) < _stream_id(earliest):
+                earliest = position
+        return earliest
+
+
 def _stream_id(entry_id: bytes) -> tuple[int, int]:
     ms, _, seq = entry_id.partition(b"-")
     return int(ms), int(seq or 0)
+
+
+def _published_since(
+    connection: redis.Redis, keys: Keys, position: bytes, newest: bytes, got: _Collected
+) -> set[str] | None:
+    """The ids of ``got.missing`` with a results entry after ``position`` up to ``newest`` (the stream's newest
+    entry); None when that cannot be told from the stream: it has not reached ``position`` (a failover can leave one
+    that lacks it and publishes entries before it), or a trim has taken entries after ``position``."""
+    if _stream_id(newest) < _stream_id(position):
+        return None
+    found: set[str] = set()
+    if newest == position:
+        return found  # nothing published since: nothing ended, nothing trimmed past it
+    start = b"(" + position
+    while True:
+        entries: Any = connection.xrange(keys.results, min=start, max=newest, count=1000)
+        for _, fields in entries:
+            rid = fields[StreamField.ROLLOUT_ID.encode()].decode()
+            if rid in got.missing:
+                found.add(rid)
+        if len(entries) < 1000:
+            break
+        start = b"(" + entries[-1][0]
+    trimmed_to: Any = connection.hget(keys.results_trim, TRIMMED_TO)
+    if trimmed_to and _stream_id(trimmed_to) > _stream_id(position):
+        return None
+    return found
 
 
 class _Collected:
@@ -92,10 +158,12 @@ class _Collected:
         self.trimmed: list[str] = []
         self.missing = set(wanted)
 
-    def check_records(self, connection: redis.Redis, keys: Keys) -> int:
-        """Look up the missing ids' task records: an ended task's rollout is read by its entry id, or found
-        trimmed. Returns how many were settled."""
-        ids = [rid for rid in self.wanted if rid in self.missing]
+    def check_records(self, connection: redis.Redis, keys: Keys, only: set[str] | None = None) -> int:
+        """Look up the missing ids' task records (``only``: of those ids alone): an ended task's rollout is read by
+        its entry id, or found trimmed. Returns how many were settled."""
+        ids = [rid for rid in self.wanted if rid in self.missing and (only is None or rid in only)]
+        if not ids:
+            return 0
         pipe = connection.pipeline(transaction=False)
         for rid in ids:
             pipe.hget(keys.task(rid), TaskField.RESULT)
@@ -133,6 +201,7 @@ def wait(
     *,
     results_maxlen: int,
     on_progress: Callable[[int], None] | None = None,
+    after: bytes | None = None,
 ) -> list[Rollout]:
     """The rollouts of ``rollout_ids`` in that order, blocking on the stream until all are in.
 
@@ -140,9 +209,18 @@ def wait(
     seconds, and :class:`RolloutTrimmedError` (with the rollouts received) when
     every task ended but some rollouts were trimmed from the stream before they
     were read. Redis outages are ridden out up to ``timeout``. ``on_progress(n)``
-    is called as ``n`` more ids are settled.
+    is called as ``n`` more ids are settled. ``after``: a results stream position every one of ``rollout_ids``
+    was queued after (:class:`QueuedAfter`); the stream is then read from there instead of the tasks' records.
     """
-    got = _wait(lifecycle, rollout_ids, timeout, results_maxlen=results_maxlen, on_progress=on_progress, partial=False)
+    got = _wait(
+        lifecycle,
+        rollout_ids,
+        timeout,
+        results_maxlen=results_maxlen,
+        on_progress=on_progress,
+        partial=False,
+        after=after,
+    )
     if got.trimmed:
         raise RolloutTrimmedError(got.trimmed, got.found)
     return [got.found[rid] for rid in got.wanted]
@@ -155,10 +233,19 @@ def collect(
     *,
     results_maxlen: int,
     on_progress: Callable[[int], None] | None = None,
+    after: bytes | None = None,
 ) -> WaitResult:
     """Like :func:`wait`, but at the timeout (or an outage that outlasts it) returns what finished and what is
     missing instead of raising; trimmed rollouts are listed, not raised."""
-    got = _wait(lifecycle, rollout_ids, timeout, results_maxlen=results_maxlen, on_progress=on_progress, partial=True)
+    got = _wait(
+        lifecycle,
+        rollout_ids,
+        timeout,
+        results_maxlen=results_maxlen,
+        on_progress=on_progress,
+        partial=True,
+        after=after,
+    )
     return WaitResult(
         [got.found[rid] for rid in got.wanted if rid in got.found],
         [rid for rid in got.wanted if rid in got.missing],
@@ -174,6 +261,7 @@ def _wait(
     results_maxlen: int,
     on_progress: Callable[[int], None] | None,
     partial: bool,
+    after: bytes | None = None,
 ) -> _Collected:
     connection, keys = lifecycle.connection, lifecycle.keys
     deadline = time.monotonic() + timeout
@@ -190,7 +278,11 @@ def _wait(
                 # point is read from the stream, whatever before it is found via its record.
                 last: Any = connection.xrevrange(keys.results, count=1)
                 cursor = last[0][0] if last else b"0-0"
-                settled += got.check_records(connection, keys)
+                ended = _published_since(connection, keys, after, cursor, got) if after is not None else None
+                # Every task waited for was queued after `after`: one with no entry since then has not ended (its
+                # record holds no result), so only those with one need their records read, as any wait reads them.
+                settled += got.check_records(connection, keys, only=ended)
+                after = None  # after an outage, the records and the stream's newest entry as above
             remaining = deadline - time.monotonic()
             if got.missing and remaining <= 0:
                 settled += got.check_records(connection, keys)

@@ -114,7 +114,7 @@ def unrecoverable(error: BaseException) -> str | None:
 # a replica (or a primary demoted by a failover), a script running past busy-reply-threshold, a replica cut from
 # its primary, a cluster slot moving. NOSCRIPT is not one: redis-py's Script loads the script and runs it again.
 # CLUSTERDOWN: a Redis Cluster with a slot unserved (a primary failing over) refuses every command until it is served.
-_REFUSALS = ("OOM", "READONLY", "BUSY", "MASTERDOWN", "TRYAGAIN", "LOADING", "CLUSTERDOWN")
+REFUSAL_WORDS = ("OOM", "READONLY", "BUSY", "MASTERDOWN", "TRYAGAIN", "LOADING", "CLUSTERDOWN")
 # A Redis at the edge of its memory refuses and accepts by turns: one warning per this many seconds at most.
 _REFUSAL_LOG_SECONDS = 60.0
 
@@ -136,7 +136,7 @@ def transient_refusal(error: BaseException) -> str | None:
         word = str(error).split(" ", 1)[0]
         status = getattr(error, "status_code", None)
         for candidate in (status, word):
-            if candidate in _REFUSALS:
+            if candidate in REFUSAL_WORDS:
                 return str(candidate)
     return None
 

@@ -19,7 +19,7 @@ from redis.exceptions import NoScriptError
 
 from rollq.models.policy import TaskState
 
-from .connection import transient_refusal
+from .connection import REFUSAL_WORDS, transient_refusal
 from .keys import (
     GROUP_IDLE_SECONDS,
     HISTORY_LIMIT,
@@ -70,6 +70,20 @@ def lua_header() -> str:
             f"local STATS_DROPPED_CANCELLED = '{StatsField.DROPPED_CANCELLED}'",
             f"local STATS_REWARD_MISSING = '{StatsField.REWARD_MISSING}'",
             f"local HISTORY_LIMIT = {HISTORY_LIMIT}",
+            # One task's part of a batch script (claim.lua, finish.lua): f(...)'s reply (and a second value), or
+            # an error reply when the part failed, the other tasks' parts standing. A refusal of Redis (OOM,
+            # READONLY...: see transient_refusal) comes at the script's first write, before anything is written:
+            # it fails the whole call as one, for the caller to send again (Lifecycle.settle_all).
+            "local REFUSALS = {" + ", ".join(f"'{word}'" for word in REFUSAL_WORDS) + "}",
+            "local function guarded(f, ...)",
+            "  local ok, reply, extra = pcall(f, ...)",
+            "  if ok then return reply, extra end",
+            "  local message = type(reply) == 'table' and (reply.err or tostring(reply)) or tostring(reply)",
+            "  for _, word in ipairs(REFUSALS) do",
+            "    if string.sub(message, 1, #word + 1) == word .. ' ' then error(redis.error_reply(message)) end",
+            "  end",
+            "  return redis.error_reply(message), nil",
+            "end",
             f"local function claim_field(attempt) return '{claim_field(0)[:-1]}' .. attempt end",
             f"local function end_field(attempt) return '{end_field(0)[:-1]}' .. attempt end",
             f"local function history(head, time) return head .. '{MEMBER_SEPARATOR}' .. time end",

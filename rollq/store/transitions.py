@@ -160,12 +160,15 @@ class Lifecycle:
         memory ran out); a refusal is raised, never re-sent call by call."""
         return self._run(calls, atomic=atomic)[0]
 
-    def _run(self, calls: Sequence[ScriptCall], *, atomic: bool = False) -> tuple[list[Any], bool]:
+    def _run(
+        self, calls: Sequence[ScriptCall], *, atomic: bool = False, head: list[Any] | None = None
+    ) -> tuple[list[Any], bool]:
         """:meth:`run_pipelined`, and whether the pipeline's own ``WAIT`` confirmed every call (False when nothing
-        waited, the wait fell short, or a call had to be sent again)."""
+        waited, the wait fell short, or a call had to be sent again). ``head``: the results stream's newest entry,
+        read in the same pipeline before the calls, is appended to it (see :meth:`enqueue_many_after`)."""
         if not calls:
             return [], True
-        replies, acknowledged = self._send(calls, atomic=atomic)
+        replies, acknowledged = self._send(calls, atomic=atomic, head=head)
         if atomic:
             refused = next((r for r in replies if isinstance(r, redis.ResponseError) and transient_refusal(r)), None)
             if refused is not None:
@@ -174,9 +177,13 @@ class Lifecycle:
         confirmed = confirmed and not any(isinstance(r, Exception) for r in replies)
         return self.settle_all(calls, replies), confirmed
 
-    def _send(self, calls: Sequence[ScriptCall], *, atomic: bool = False) -> tuple[list[Any], Any]:
+    def _send(
+        self, calls: Sequence[ScriptCall], *, atomic: bool = False, head: list[Any] | None = None
+    ) -> tuple[list[Any], Any]:
         """``calls`` and the wait behind them in one pipeline: (their replies, the ``WAIT`` reply or None)."""
         pipe = self.connection.pipeline(transaction=False)
+        if head is not None:
+            pipe.xrevrange(self.keys.results, count=1)
         if atomic:
             pipe.execute_command("MULTI")
         for call in calls:
@@ -185,6 +192,9 @@ class Lifecycle:
             pipe.execute_command("EXEC")
         waits = self.queue_wait(pipe)
         replies = pipe.execute(raise_on_error=False)
+        if head is not None:
+            newest = replies.pop(0)
+            head.append(newest[0][0] if isinstance(newest, list) and newest else b"0-0")
         if not atomic:
             return replies[: len(calls)], replies[-1] if waits else None
         executed = replies[len(calls) + 1]  # after MULTI's OK and each call's QUEUED
@@ -240,6 +250,20 @@ class Lifecycle:
         Tasks that share a mode and a resources pin go in Lua calls of up to
         100, the job template sent once per call. Returns what happened to each task.
         """
+        return self._enqueue_many(tasks, policy, None)[0]
+
+    def enqueue_many_after(
+        self, tasks: Sequence[tuple[Task, str]], policy: RolloutPolicy
+    ) -> tuple[list[Enqueued], bytes | None]:
+        """:meth:`enqueue_many`, and the results stream's newest entry id read in the same pipeline before the
+        tasks were queued (``b"0-0"`` for an empty stream; None when it could not be read): every rollout of a
+        task queued here is published after it, so a reader that reads the stream from there needs no look at
+        the tasks' records (``rollq.producer.results``; issue 24)."""
+        return self._enqueue_many(tasks, policy, [])
+
+    def _enqueue_many(
+        self, tasks: Sequence[tuple[Task, str]], policy: RolloutPolicy, head: list[Any] | None
+    ) -> tuple[list[Enqueued], bytes | None]:
         k = self.keys
         template = self._template(policy)
         shared = [policy.model_dump_json(), policy.unresponsive_seconds]
@@ -258,14 +282,15 @@ class Lifecycle:
                     args += [task_json, jid, template.payload(task.rollout_id), self._description(task)]
                 calls.append(ScriptCall(self._enqueue, keys, args))
                 sizes.append(len(batch))
-        settled, confirmed = self._run(calls, atomic=True)
+        settled, confirmed = self._run(calls, atomic=True, head=head)
         replies = [replied(reply) for reply in settled]
         outcomes = [got for size, reply in zip(sizes, replies, strict=True) for got in read_enqueue(reply, size)]
         # The caller is told these are queued: a replica must hold them first, even one that lags (see
         # rollq.store.replication).
         queued = [k.task(t.rollout_id) for (t, _), got in zip(tasks, outcomes, strict=True) if got is Enqueued.QUEUED]
         self.replication.hold(queued, confirmed=confirmed)
-        return outcomes
+        newest = head[0] if head and isinstance(head[0], bytes) else None
+        return outcomes, newest
 
     def claim(self, rollout_id: str, job_id: str, worker_name: str) -> Claim | ClaimRefused:
         """Start an attempt: count the claim and stamp its time (Redis's), atomically."""
@@ -273,15 +298,30 @@ class Lifecycle:
 
     def claim_call(self, rollout_id: str, job_id: str, worker_name: str) -> ScriptCall:
         """:meth:`claim` as a call to queue in a pipeline; :meth:`read_claim` reads its settled reply."""
-        k = self.keys
-        return ScriptCall(
-            self._claim,
-            [k.task(rollout_id), k.inflight, k.resources_latest, k.queued_tasks],
-            [rollout_id, job_id, worker_name],
-        )
+        return self.claim_many_call([(rollout_id, job_id)], worker_name)
 
-    read_claim = staticmethod(read_claim)
-    """:func:`rollq.store.replies.read_claim`: the reply of a :meth:`claim_call`."""
+    def claim_many_call(self, claims: Sequence[tuple[str, str]], worker_name: str) -> ScriptCall:
+        """:meth:`claim` of each ``(rollout_id, job_id)`` of ``claims`` in one script call (one ``EVALSHA``, one
+        ``TIME`` and one read of the latest resources version for the batch: issue 24); :meth:`read_claims`
+        reads its settled reply."""
+        k = self.keys
+        keys = [k.inflight, k.resources_latest, k.queued_tasks]
+        args = [worker_name]
+        for rollout_id, job_id in claims:
+            keys.append(k.task(rollout_id))
+            args += [rollout_id, job_id]
+        return ScriptCall(self._claim, keys, args)
+
+    @staticmethod
+    def read_claim(reply: Any) -> Claim | ClaimRefused:
+        """The settled reply of a :meth:`claim_call` (of one claim)."""
+        (only,) = Lifecycle.read_claims(reply)
+        return replied(only)  # type: ignore[no-any-return]
+
+    @staticmethod
+    def read_claims(reply: Any) -> list[Claim | ClaimRefused | Exception]:
+        """The settled reply of a :meth:`claim_many_call`: each claim's reply, or the error its part got."""
+        return [r if isinstance(r, Exception) else read_claim(r) for r in reply]
 
     def reject(
         self,
@@ -335,37 +375,41 @@ class Lifecycle:
         given and the attempt heartbeated after it; :class:`~rollq.store.replies.Cancelled` when the task was
         cancelled (the rollout is dropped).
         """
-        return read_finish(replied(self.run_pipelined([self.finish_call(finish)])[0]))
+        return self.read_finish(replied(self.run_pipelined([self.finish_call(finish)])[0]))
 
     def finish_call(self, finish: Finish) -> ScriptCall:
         """:meth:`finish` as a call to queue in a pipeline; :meth:`read_finish` reads its settled reply."""
-        k, f = self.keys, finish
-        return ScriptCall(
-            self._finish,
-            [
-                k.task(f.rollout_id),
-                k.inflight,
-                k.results,
-                k.superseded,
-                k.dead_letter,
-                k.resources_refs,
-                k.stats,
-                k.results_trim,
-                k.summaries,
-            ],
-            args=[
+        return self.finish_many_call([finish])
+
+    def finish_many_call(self, finishes: Sequence[Finish]) -> ScriptCall:
+        """:meth:`finish` of each of ``finishes`` in one script call (one ``EVALSHA``, the results stream's
+        trim and each stats counter once for the batch: issue 24); :meth:`read_finishes` reads its settled
+        reply. The results stream is bounded by the smallest ``results_maxlen`` of the batch."""
+        k = self.keys
+        keys = [
+            k.inflight,
+            k.results,
+            k.superseded,
+            k.dead_letter,
+            k.resources_refs,
+            k.stats,
+            k.results_trim,
+            k.summaries,
+        ]
+        args: list[Any] = [min(f.results_maxlen for f in finishes), self.results_max_bytes]
+        for f in finishes:
+            keys.append(k.task(f.rollout_id))
+            args += [
                 f.rollout_id,
                 f.attempt,
                 f.rollout_json,
                 f.status,
-                f.results_maxlen,
                 f.now,
                 int(f.dead_letter),
                 "" if f.stale_before is None else f.stale_before,
                 "" if f.duration is None else duration_bucket(f.duration),
                 f.keep_seconds,
                 f.duration or 0,
-                self.results_max_bytes,
                 "" if f.reward is None else reward_bucket(f.reward),
                 f.reward or 0,
                 f.resources_id or "",
@@ -378,11 +422,19 @@ class Lifecycle:
                     resources_id=f.resources_id,
                     duration=f.duration,
                 ),
-            ],
-        )
+            ]
+        return ScriptCall(self._finish, keys, args)
 
-    read_finish = staticmethod(read_finish)
-    """:func:`rollq.store.replies.read_finish`: the settled reply of a :meth:`finish_call`."""
+    @staticmethod
+    def read_finish(reply: Any) -> FinishReply:
+        """The settled reply of a :meth:`finish_call` (of one finish)."""
+        (only,) = Lifecycle.read_finishes(reply)
+        return replied(only)  # type: ignore[no-any-return]
+
+    @staticmethod
+    def read_finishes(reply: Any) -> list[FinishReply | Exception]:
+        """The settled reply of a :meth:`finish_many_call`: each finish's reply, or the error its part got."""
+        return [r if isinstance(r, Exception) else read_finish(r) for r in reply]
 
     def requeue(
         self,

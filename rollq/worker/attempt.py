@@ -35,7 +35,6 @@ from rollq.models.policy import RolloutStatus
 from rollq.models.wire import rollout_json
 from rollq.store.keys import TaskField, inflight_member
 from rollq.store.replies import Cancelled, Claim, ClaimRefused, FinishReply, Published, Superseded
-from rollq.store.scripts import ScriptCall, replied
 from rollq.store.summaries import summary_json
 from rollq.store.transitions import Finish, Lifecycle
 
@@ -105,13 +104,14 @@ class PublishLimits:
 
 @dataclass(frozen=True)
 class Publication:
-    """An attempt's rollout, ready to publish: ``call`` is the finish transition, to run alone
-    (:meth:`Attempts.publish`) or in a pipeline with others; :meth:`Attempts.settled` reads its reply."""
+    """An attempt's rollout, ready to publish: ``finish`` is the finish transition's input, to run alone
+    (:meth:`Attempts.publish`) or in one call with others (``Lifecycle.finish_many_call``);
+    :meth:`Attempts.settled` reads its reply."""
 
     rollout: Rollout
     attempt: Attempt
     status: RolloutStatus  # what the rollout says of itself
-    call: ScriptCall
+    finish: Finish
     task: Task | None = None
     member: str | None = None  # the running attempt this publishes, heartbeated until it is settled
 
@@ -215,28 +215,26 @@ class Attempts:
         reward = (
             rollout.final_reward if rollout.final_reward is not None and math.isfinite(rollout.final_reward) else None
         )
-        call = self.lifecycle.finish_call(
-            Finish(
-                rollout_id=rollout_id,
-                attempt=attempt.number,
-                rollout_json=data,
-                status=status,
-                results_maxlen=self.limits.results_maxlen,
-                dead_letter=failed,
-                now=time.time(),
-                duration=duration,
-                keep_seconds=self.limits.keep_seconds,
-                reward=reward,
-                resources_id=resources_id,
-                reward_missing=not failed and rollout.metadata.get(REWARD_MISSING) is True,
-                summary=summary_json(rollout, status=status, duration=duration),
-            )
+        finish = Finish(
+            rollout_id=rollout_id,
+            attempt=attempt.number,
+            rollout_json=data,
+            status=status,
+            results_maxlen=self.limits.results_maxlen,
+            dead_letter=failed,
+            now=time.time(),
+            duration=duration,
+            keep_seconds=self.limits.keep_seconds,
+            reward=reward,
+            resources_id=resources_id,
+            reward_missing=not failed and rollout.metadata.get(REWARD_MISSING) is True,
+            summary=summary_json(rollout, status=status, duration=duration),
         )
-        return Publication(rollout, attempt, status, call, task, member)
+        return Publication(rollout, attempt, status, finish, task, member)
 
     def publish(self, publication: Publication) -> FinishReply:
         """Run one publication's finish call on its own (a worker batches them instead)."""
-        return self.lifecycle.read_finish(replied(self.lifecycle.run_pipelined([publication.call])[0]))
+        return self.lifecycle.finish(publication.finish)
 
     @staticmethod
     def settled(publication: Publication, reply: FinishReply) -> Settled:

@@ -32,7 +32,7 @@ from rq.executions import Execution
 from rq.job import Job, JobStatus
 from rq.queue import Queue
 from rq.results import Result
-from rq.utils import now
+from rq.utils import now, utcformat
 from rq.worker import BaseWorker, WorkerStatus
 
 from rollq.store.jobs import JobRegistries, RollqJob
@@ -111,7 +111,8 @@ class RqLifecycle:
         """
         runner, worker = self.runner, self.worker
         try:
-            calls = [runner.lifecycle.claim_call(s.rollout_id, s.job.id, worker.name) for s in starts]
+            # One claim call for the whole batch (one EVALSHA, TIME and GET of the latest resources: issue 24).
+            calls = [runner.lifecycle.claim_many_call([(s.rollout_id, s.job.id) for s in starts], worker.name)]
             if armed("claimed"):  # test-only: the state of a pipeline cut short after its claims
                 runner.lifecycle.run_pipelined(calls)
                 crash_point("claimed")
@@ -120,15 +121,19 @@ class RqLifecycle:
                 call.queue(pipe)
             for start in starts:
                 start.execution = self._rq_start(start.job, start.queue, pipe)
-            worker.set_current_job_id(starts[0].job.id, pipeline=pipe)
-            worker.set_current_job_working_time(0, pipeline=pipe)
-            worker.heartbeat(worker.get_heartbeat_ttl(starts[0].job), pipeline=pipe)
-            worker.set_state(WorkerStatus.BUSY, pipeline=pipe)
+            self._worker_busy(starts[0].job, pipe)
             waits = runner.lifecycle.queue_wait(pipe)  # the claims reach the replicas before any agent starts
             replies = pipe.execute(raise_on_error=False)
-            claimed = runner.lifecycle.settle_all(
+            (settled,) = runner.lifecycle.settle_all(
                 calls, replies[: len(calls)], acknowledged=replies[-1] if waits else None
             )
+            claimed: list[Any]
+            try:
+                claimed = list(runner.lifecycle.read_claims(replied(settled)))
+                if len(claimed) != len(starts):
+                    raise ValueError(f"claim.lua answered {len(claimed)} replies for {len(starts)} claims")
+            except Exception as exc:  # the call failed as a whole: every claim of it did
+                claimed = [exc] * len(starts)
         except BaseException:
             error = traceback.format_exc()
             self._end_jobs([Ended(s.job, s.queue, s.execution, error=error) for s in starts])
@@ -140,9 +145,7 @@ class RqLifecycle:
         answers: list[Claim | AttemptResult | str] = []
         for start, reply in zip(starts, claimed, strict=True):
             try:
-                answers.append(
-                    runner.claimed(start.rollout_id, start.job.id, runner.lifecycle.read_claim(replied(reply)))
-                )
+                answers.append(runner.claimed(start.rollout_id, start.job.id, replied(reply)))
             except BaseException:
                 answers.append(traceback.format_exc())
         for start, claim in zip(starts, answers, strict=True):
@@ -165,6 +168,25 @@ class RqLifecycle:
     def _finish_when_settled(self, done: Done) -> None:
         finishes = self._finishes
         done.pending.future.add_done_callback(lambda _: finishes.put(done))
+
+    def _worker_busy(self, job: Job, pipe: Any) -> None:
+        """RQ 2.12's worker-wide start writes, once per batch: ``set_current_job_id``,
+        ``set_current_job_working_time(0)``, ``heartbeat`` and ``set_state(BUSY)``, whose four HSETs of the worker
+        hash go as one (issue 24); the worker's own attributes are set as those methods set them."""
+        worker = self.worker
+        worker.current_job_working_time = 0
+        worker.last_heartbeat = now()
+        worker._state = WorkerStatus.BUSY
+        pipe.hset(
+            worker.key,
+            mapping={
+                "current_job": job.id,
+                "current_job_working_time": 0,
+                "last_heartbeat": utcformat(worker.last_heartbeat),
+                "state": WorkerStatus.BUSY,
+            },
+        )
+        pipe.expire(worker.key, worker.get_heartbeat_ttl(job))
 
     def _rq_start(self, job: Job, queue: Queue, pipe: Any) -> Execution:
         """RQ's start-of-job bookkeeping (``prepare_execution`` and ``prepare_job_execution`` of RQ 2.12, minus
@@ -205,19 +227,18 @@ class RqLifecycle:
             else:
                 publishing.append((item, outcome))
         if publishing:
-            failure: BaseException | None = None
+            # One finish call for the whole batch (one EVALSHA, the results stream's trim and each stats counter
+            # once: issue 24); a part of it that failed answers with its own error, the others stand.
+            lifecycle = runner.lifecycle
+            replies: list[FinishReply | BaseException]
             try:
-                replies: list[Any] = runner.lifecycle.run_pipelined([p.call for _, p in publishing])
+                (raw,) = lifecycle.run_pipelined([lifecycle.finish_many_call([p.finish for _, p in publishing])])
+                replies = list(lifecycle.read_finishes(replied(raw)))
+                if len(replies) != len(publishing):
+                    raise ValueError(f"finish.lua answered {len(replies)} replies for {len(publishing)} rollouts")
             except BaseException as exc:
-                replies, failure = [None] * len(publishing), exc
-            for (item, publication), raw in zip(publishing, replies, strict=True):
-                reply: FinishReply | BaseException
-                try:
-                    if failure is not None:
-                        raise failure
-                    reply = runner.lifecycle.read_finish(replied(raw))
-                except BaseException as exc:
-                    reply = exc
+                replies = [exc] * len(publishing)
+            for (item, publication), reply in zip(publishing, replies, strict=True):
                 try:
                     ended.append(Ended(item.job, item.queue, item.execution, result=runner.settle(publication, reply)))
                 except BaseException:

@@ -6,9 +6,12 @@ from __future__ import annotations
 import re
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
+import redis
 from rq.serializers import JSONSerializer
 
 from rollq.models.contract import Task
@@ -251,3 +254,127 @@ def test_a_job_given_its_queues_registries_reads_those_instead_of_building_new_o
     assert job.failed_job_registry is shared.failed
     other = RollqJob.create(ROLLOUT_FUNC, args=["r2"], connection=connection, origin="other", serializer=JSONSerializer)
     assert not shared.serve(other)
+
+
+def _claimed_lifecycle(url: str, namespace: str, n: int) -> Lifecycle:
+    lc = Lifecycle(connect(url), Keys(namespace))
+    tasks = [Task(rollout_id=f"r{i}", input={}, create_time=time.time(), num_claims=0) for i in range(n)]
+    lc.enqueue_many([(t, t.model_dump_json()) for t in tasks], RolloutPolicy())
+    for t in tasks:
+        assert isinstance(lc.claim(t.rollout_id, job_id(t.rollout_id), "worker-a"), Claim)
+    return lc
+
+
+def _finish(rollout_id: str, duration: float) -> Finish:
+    return Finish(
+        rollout_id=rollout_id,
+        attempt=1,
+        rollout_json=f'{{"rollout_id": "{rollout_id}"}}',
+        status=RolloutStatus.SUCCEEDED,
+        results_maxlen=100,
+        dead_letter=False,
+        now=time.time(),
+        duration=duration,
+    )
+
+
+def _calls_of(lc: Lifecycle, action: Callable[[], object]) -> dict[str, int]:
+    before = lc.connection.info("commandstats")
+    action()
+    after = lc.connection.info("commandstats")
+    calls = {k: v["calls"] - before.get(k, {}).get("calls", 0) for k, v in after.items() if k != "cmdstat_info"}
+    return {k.removeprefix("cmdstat_"): v for k, v in calls.items() if v}
+
+
+def test_a_batch_of_finishes_publishes_each_and_adds_to_each_stats_counter_once(redis_server, namespace) -> None:  # type: ignore[no-untyped-def]
+    # One finish.lua call for a worker's batch of ended rollouts (issue 24): the counters are summed in the script
+    # and each is added to once, the results stream is measured (XLEN) once.
+    lc = _claimed_lifecycle(redis_server.url, namespace, 4)
+    finishes = [_finish(f"r{i}", 1.0 + i) for i in range(4)]
+    replies: list[Any] = []
+    calls = _calls_of(
+        lc, lambda: replies.extend(lc.read_finishes(lc.run_pipelined([lc.finish_many_call(finishes)])[0]))
+    )
+    assert all(isinstance(r, Published) for r in replies) and len({r.entry_id for r in replies}) == 4
+    counters = lc.connection.hgetall(lc.keys.stats)
+    assert counters[b"succeeded:"] == b"4"
+    assert float(counters[StatsField.DURATION_SUM.encode()]) == pytest.approx(1.0 + 2.0 + 3.0 + 4.0)
+    buckets = {duration_bucket(f.duration or 0) for f in finishes}
+    assert sum(int(counters[f"{DURATION_PREFIX}{b}".encode()]) for b in buckets) == 4
+    # succeeded: and each duration bucket once (the new stream's byte count is set, with an HSET); the sum once.
+    assert calls["hincrby"] == 1 + len(buckets) and calls["hincrbyfloat"] == 1
+    assert calls["xlen"] == 1
+    # Each rollout has its summary, in the results' order (the dashboard reads them).
+    summaries = lc.connection.xrange(lc.keys.summaries)
+    assert [s[1][b"result"].decode() for s in summaries] == [r.entry_id for r in replies]
+    for i in range(4):
+        assert lc.connection.hget(lc.keys.task(f"r{i}"), "state") == TaskState.SUCCEEDED.value.encode()
+
+
+def test_a_task_whose_part_of_a_finish_batch_fails_gets_the_error_and_the_others_are_published(
+    redis_server,  # type: ignore[no-untyped-def]
+    namespace,
+) -> None:
+    lc = _claimed_lifecycle(redis_server.url, namespace, 3)
+    lc.connection.delete(lc.keys.task("r1"))
+    lc.connection.set(lc.keys.task("r1"), "not a hash")  # its HMGET fails: WRONGTYPE
+    replies = lc.read_finishes(lc.run_pipelined([lc.finish_many_call([_finish(f"r{i}", 1.0) for i in range(3)])])[0])
+    assert isinstance(replies[0], Published) and isinstance(replies[2], Published)
+    assert isinstance(replies[1], redis.ResponseError) and "WRONGTYPE" in str(replies[1])
+    assert lc.connection.xlen(lc.keys.results) == 2
+    assert lc.connection.hget(lc.keys.stats, "succeeded:") == b"2"
+
+
+def test_a_finish_batch_refused_for_memory_fails_whole_and_writes_nothing(own_redis) -> None:  # type: ignore[no-untyped-def]
+    # Redis refuses a script's first write when full (OOM); the whole call must fail as one (nothing was written),
+    # so that the caller sends it again (Lifecycle.settle_all) instead of reading a refusal as a task's own error.
+    server = own_redis()
+    lc = _claimed_lifecycle(server.url, "full", 2)
+    call = lc.finish_many_call([_finish("r0", 1.0), _finish("r1", 1.0)])
+    lc.connection.script_load(call.script.script)
+    client = server.client()
+    client.config_set("maxmemory-policy", "noeviction")
+    client.config_set("maxmemory", 1)
+    try:
+        pipe = lc.connection.pipeline(transaction=False)
+        call.queue(pipe)
+        (raw,) = pipe.execute(raise_on_error=False)
+    finally:
+        client.config_set("maxmemory", 0)
+    assert isinstance(raw, redis.exceptions.OutOfMemoryError)
+    assert lc.connection.xlen(lc.keys.results) == 0
+    assert lc.connection.hget(lc.keys.task("r0"), "state") == TaskState.RUNNING.value.encode()
+
+
+def _enqueue(lc: Lifecycle, rollout_id: str) -> Enqueued:
+    task = Task(rollout_id=rollout_id, input={}, create_time=time.time(), num_claims=0)
+    (got,) = lc.enqueue_many([(task, task.model_dump_json())], RolloutPolicy())
+    return got
+
+
+def test_enqueueing_a_new_task_checks_its_record_and_job_with_one_command(redis_server, namespace) -> None:  # type: ignore[no-untyped-def]
+    # One EXISTS of both keys for the usual case (issue 24: an EXISTS and an HGET were two).
+    lc = Lifecycle(connect(redis_server.url), Keys(namespace))
+    _enqueue(lc, "warm")  # loads the script
+    calls = _calls_of(lc, lambda: _enqueue(lc, "new"))
+    assert calls.get("exists") == 1 and "hget" not in calls
+    assert lc.connection.hget(lc.keys.task("new"), "state") == TaskState.QUEUED.value.encode()
+
+
+def test_a_job_id_holding_another_jobs_hash_is_not_overwritten(redis_server, namespace) -> None:  # type: ignore[no-untyped-def]
+    lc = Lifecycle(connect(redis_server.url), Keys(namespace))
+    job_key = lc.keys.rq_job(lc.keys.job_id("taken"))
+    lc.connection.hset(job_key, mapping={"data": "someone else's", "status": "queued"})
+    assert _enqueue(lc, "taken") is Enqueued.JOB_TAKEN
+    assert lc.connection.hget(job_key, "data") == b"someone else's"
+    assert not lc.connection.exists(lc.keys.task("taken"))
+
+
+def test_a_rollout_id_whose_record_expired_but_job_is_kept_is_queued_again(redis_server, namespace) -> None:  # type: ignore[no-untyped-def]
+    # A succeeded task's record expires after keep_seconds, its finished job only after result_ttl: the same
+    # rollout id queues again over its own old job.
+    lc = Lifecycle(connect(redis_server.url), Keys(namespace))
+    assert _enqueue(lc, "again") is Enqueued.QUEUED
+    lc.connection.delete(lc.keys.task("again"))
+    assert _enqueue(lc, "again") is Enqueued.QUEUED
+    assert _enqueue(lc, "again") is Enqueued.KNOWN

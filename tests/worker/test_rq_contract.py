@@ -147,6 +147,7 @@ WORKER_ATTRIBUTES = [
     "_stop_requested",
     "_state",
     "last_heartbeat",
+    "current_job_working_time",
     "default_result_ttl",
     "queues",
     "log",
@@ -203,6 +204,23 @@ def test_rq_worker_attributes_rollq_reads_are_set_by_its_constructor() -> None:
     worker = SimpleWorker(["q"], connection=fakeredis.FakeRedis())
     missing = [a for a in WORKER_ATTRIBUTES if not hasattr(worker, a)]
     assert not missing
+
+
+def test_rq_worker_start_writes_exactly_the_fields_rollq_sends_in_one_hset() -> None:
+    # RqLifecycle._worker_busy writes these four worker hash fields in one HSET (issue 24), where RQ's
+    # set_current_job_id, set_current_job_working_time, heartbeat and set_state send one HSET each.
+    connection = fakeredis.FakeRedis()
+    worker = SimpleWorker(["q"], connection=connection)
+    worker.set_current_job_id("j")
+    worker.set_current_job_working_time(0)
+    worker.heartbeat(90)
+    worker.set_state("busy")
+    assert set(connection.hkeys(worker.key)) == {
+        b"current_job",
+        b"current_job_working_time",
+        b"last_heartbeat",
+        b"state",
+    }
 
 
 def test_rq_cli_config_connection_is_a_property_reading_what_rq_url_reads() -> None:

@@ -25,8 +25,14 @@ for i = 1, #task_keys / 2 do
   local task_key, job_key = task_keys[2 * i - 1], task_keys[2 * i]
   local a = 4 * (i - 1)
   local task_json, job_id, payload, description = task_args[a + 1], task_args[a + 2], task_args[a + 3], task_args[a + 4]
-  local held = redis.call('HGET', job_key, 'data')
-  if redis.call('EXISTS', task_key) == 1 then
+  -- One EXISTS of both keys answers the usual case, a new task with a fresh job id (issue 24: one command, where an
+  -- EXISTS of the task and an HGET of the job were two); only when either exists are they looked at one by one.
+  local held = nil
+  local fresh = redis.call('EXISTS', task_key, job_key) == 0
+  if not fresh then
+    held = redis.call('HGET', job_key, 'data')
+  end
+  if not fresh and redis.call('EXISTS', task_key) == 1 then
     codes[i] = ENQUEUED.known
   elseif held and held ~= payload then
     codes[i] = ENQUEUED.job_taken

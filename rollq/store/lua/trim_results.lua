@@ -180,11 +180,12 @@ local function stream_bytes(stream)
   end
 end
 
--- KEYS-free: the caller passes the key names. Returns nothing.
-local function trim_results(stream, stats, trim, maxlen, max_bytes, newest, added_bytes, summaries)
+-- KEYS-free: the caller passes the key names. NEWEST is the newest entry the caller added, ADDED (1 if nil) how many
+-- entries it added in this call, ADDED_BYTES their payload bytes. Returns nothing.
+local function trim_results(stream, stats, trim, maxlen, max_bytes, newest, added_bytes, summaries, added)
   local len = redis.call('XLEN', stream)
   local bytes
-  if len == 1 then
+  if len <= (added or 1) then
     bytes = added_bytes  -- a new (or emptied) stream: the counter starts over, whatever drifted before
     redis.call('HSET', stats, STATS_RESULTS_BYTES, bytes)
   else
