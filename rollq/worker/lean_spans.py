@@ -10,6 +10,9 @@ spans of a tracer share from one prototype instead of passing them through ``__i
 attributes as they are when they need no cleaning (plain ``str``/``bool``/``int``/``float`` values, no
 attribute limit reached, no value length limit).
 
+Reading goes the same way: :func:`attributes_of` is ``span.attributes`` without the read-only view (and the
+lock-free length check behind it) that property builds on every read.
+
 Anything else goes to the SDK's own ``start_span``: another sampler than ``ParentBased(ALWAYS_ON)`` (rollq's
 or the SDK's default), a disabled tracer, a child of an unsampled parent, attributes that need cleaning.
 ``tests/worker/test_lean_spans.py`` holds the two paths to the same span, field for field.
@@ -18,14 +21,16 @@ or the SDK's default), a disabled tracer, a child of an unsampled parent, attrib
 from __future__ import annotations
 
 import threading
+from collections import deque
 from collections.abc import Mapping
 from time import time_ns
+from types import MappingProxyType
 from typing import Any
 
 from opentelemetry import trace
 from opentelemetry.attributes import BoundedAttributes
 from opentelemetry.context import Context
-from opentelemetry.sdk.trace import Tracer, _Span
+from opentelemetry.sdk.trace import ReadableSpan, Tracer, _Span
 from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ALWAYS_ON, Decision, ParentBased
 from opentelemetry.sdk.util import BoundedList
 from opentelemetry.trace import INVALID_SPAN_CONTEXT, SpanContext, SpanKind, TraceFlags
@@ -133,13 +138,57 @@ class LeanTracer:
         fields["_parent"] = parent
         fields["_resource"] = tracer.resource
         fields["_attributes"] = bounded
-        fields["_events"] = BoundedList(limits.max_events)
-        fields["_links"] = BoundedList(limits.max_links)
+        fields["_events"] = _bounded_list(limits.max_events)
+        fields["_links"] = _bounded_list(limits.max_links)
         fields["_lock"] = threading.Lock()
         fields["_record_end_metrics"] = record_end_metrics
         fields["_start_time"] = time_ns()
         tracer.span_processor.on_start(span, parent_context=context)
         return span
+
+
+def _bounded_list(maxlen: int | None) -> BoundedList:
+    """``BoundedList(maxlen)`` without its ``__init__`` call."""
+    bounded = BoundedList.__new__(BoundedList)
+    bounded.__dict__.update(dropped=0, _dq=deque(maxlen=maxlen), _lock=threading.Lock())
+    return bounded
+
+
+def end_span(span: trace.Span) -> None:
+    """``span.end()``; for an SDK span started and not yet ended, what ``Span.end`` does with the read-only copy
+    handed to the span processors made without ``ReadableSpan.__init__`` (the same fields)."""
+    if type(span) is not _Span:
+        span.end()
+        return
+    with span._lock:
+        ended = span._start_time is None or span._end_time is not None
+        if not ended:
+            span._end_time = time_ns()
+            span._attributes._immutable = True  # type: ignore[union-attr]
+    if ended:  # the SDK's error or warning
+        span.end()
+        return
+    if span._record_end_metrics:
+        span._record_end_metrics()
+    processor = span._span_processor
+    processor._on_ending(span)
+    readable = ReadableSpan.__new__(ReadableSpan)
+    readable.__dict__.update(
+        _name=span._name,
+        _context=span._context,
+        _kind=span._kind,
+        _instrumentation_info=span._instrumentation_info,
+        _instrumentation_scope=span._instrumentation_scope,
+        _parent=span._parent,
+        _start_time=span._start_time,
+        _end_time=span._end_time,
+        _attributes=span._attributes,
+        _events=span._events,
+        _links=span._links,
+        _resource=span._resource,
+        _status=span._status,
+    )
+    processor.on_end(readable)
 
 
 def _plain(attributes: Mapping[str, Any] | None, limits: Any) -> bool:
@@ -153,3 +202,28 @@ def _plain(attributes: Mapping[str, Any] | None, limits: Any) -> bool:
         if type(value) not in _PLAIN or type(key) is not str or not key:
             return False
     return True
+
+
+_ATTRIBUTES_PROPERTY = ReadableSpan.__dict__["attributes"]
+_OWN_ATTRIBUTES: dict[type, bool] = {}
+"""By span class: whether its ``attributes`` is the SDK's property over ``_attributes`` (not a subclass's own)."""
+_NO_ATTRIBUTES: Mapping[str, Any] = MappingProxyType({})
+
+
+def attributes_of(span: ReadableSpan) -> Mapping[str, Any]:
+    """What ``span.attributes`` holds, for reading only: the SDK span's own mapping rather than a new read-only
+    view of it (~0.8 us a read). A span class with an ``attributes`` of its own is asked for it."""
+    kind = type(span)
+    own = _OWN_ATTRIBUTES.get(kind)
+    if own is None:
+        own = _OWN_ATTRIBUTES[kind] = getattr(kind, "attributes", None) is _ATTRIBUTES_PROPERTY
+    if own:
+        attributes = span._attributes
+        if type(attributes) is BoundedAttributes:
+            return attributes._dict
+        if type(attributes) is dict:
+            return attributes
+        if not attributes:
+            return _NO_ATTRIBUTES
+    found = span.attributes
+    return found if found is not None else _NO_ATTRIBUTES

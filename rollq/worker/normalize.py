@@ -36,6 +36,7 @@ from rollq.models.coerce import coerce, is_model_like
 from rollq.models.contract import Rollout, Triplet
 from rollq.models.errors import InvalidRewardError, UnsupportedResultError
 
+from .lean_spans import attributes_of
 from .rewards import check_finite
 from .triplets import derive
 
@@ -145,7 +146,7 @@ def _span_json(span: ReadableSpan, trace_ids: dict[int, str]) -> dict[str, Any]:
         "start_time": iso_time(start) if start else None,
         "end_time": iso_time(end) if end else None,
         "status": status,
-        "attributes": _plain(span.attributes),
+        "attributes": _plain(attributes_of(span)),
         "events": [
             {"name": e.name, "timestamp": iso_time(e.timestamp), "attributes": _plain(e.attributes)} for e in events
         ]

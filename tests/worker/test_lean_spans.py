@@ -13,7 +13,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ParentBased, TraceIdRatioBased
 from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags, TraceState
 
-from rollq.worker.lean_spans import LeanTracer, samples_as_parent_based_always_on
+from rollq.worker.lean_spans import LeanTracer, attributes_of, end_span, samples_as_parent_based_always_on
 from rollq.worker.tracer import _ParentBasedAlwaysOn
 
 # Differ between any two spans, whoever made them.
@@ -21,15 +21,14 @@ OWN = {"_context", "_start_time", "_end_time", "_lock", "_attributes", "_events"
 
 
 def both(provider: TracerProvider, attributes: dict[str, Any] | None, context: Context | None = None) -> list[Any]:
-    """The span the SDK's tracer starts and the one the lean tracer starts, with the same arguments, ended."""
+    """The span the SDK's tracer starts and the one the lean tracer starts, with the same arguments, ended
+    (the SDK's with ``end()``, the lean one with ``end_span``)."""
     tracer = provider.get_tracer("tests.lean")
-    spans = [
-        tracer.start_span("s", context=context, attributes=attributes),
-        LeanTracer(tracer).start_span("s", attributes, context=context),
-    ]
-    for span in spans:
-        span.end()
-    return spans
+    sdk = tracer.start_span("s", context=context, attributes=attributes)
+    lean = LeanTracer(tracer).start_span("s", attributes, context=context)
+    sdk.end()
+    end_span(lean)
+    return [sdk, lean]
 
 
 def fields(span: Any) -> dict[str, Any]:
@@ -118,3 +117,44 @@ def test_a_disabled_sdk_hands_its_no_op_spans_through(monkeypatch: pytest.Monkey
     monkeypatch.setenv("OTEL_SDK_DISABLED", "true")
     span = LeanTracer(TracerProvider().get_tracer("tests.lean")).start_span("s", {"a": 1}, context=Context())
     assert not span.is_recording() and not isinstance(span, ReadableSpan)
+
+
+def test_span_processors_get_the_same_read_only_copy_from_end_span_as_from_end() -> None:
+    provider = TracerProvider()
+    exporter = InMemorySpanExporter()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    sdk, lean = both(provider, {"a": "b"}, Context())
+    theirs, ours = exporter.get_finished_spans()
+    assert type(ours) is type(theirs) is ReadableSpan
+    assert {k: v for k, v in vars(ours).items() if k not in OWN} == {
+        k: v for k, v in vars(theirs).items() if k not in OWN
+    }
+    assert vars(ours).keys() == vars(theirs).keys()
+    assert ours._attributes is lean._attributes and ours.end_time == lean.end_time
+    with pytest.raises(TypeError):  # ended: its attributes are frozen, as end() freezes them
+        lean._attributes["c"] = 1
+
+
+def test_end_span_leaves_a_second_end_and_other_spans_to_their_own_end(caplog: pytest.LogCaptureFixture) -> None:
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    span = LeanTracer(provider.get_tracer("tests.lean")).start_span("s", {"a": 1})
+    end_span(span)
+    end_span(span)
+    assert "Calling end() on an ended span" in caplog.text and len(exporter.get_finished_spans()) == 1
+    end_span(trace.INVALID_SPAN)  # a non-recording span's end() is a no-op
+
+
+def test_attributes_of_reads_what_the_attributes_property_shows() -> None:
+    provider = TracerProvider()
+    span = LeanTracer(provider.get_tracer("tests.lean")).start_span("s", {"a": 1, "b": "c"})
+    assert attributes_of(span) == dict(span.attributes or {})
+    assert attributes_of(ReadableSpan("bare")) == {} == dict(ReadableSpan("bare").attributes or {})
+
+    class Custom(ReadableSpan):
+        @property
+        def attributes(self) -> Any:
+            return {"own": True}
+
+    assert attributes_of(Custom("custom", attributes={"hidden": 1})) == {"own": True}
