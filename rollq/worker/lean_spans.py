@@ -21,7 +21,6 @@ or the SDK's default), a disabled tracer, a child of an unsampled parent, attrib
 from __future__ import annotations
 
 import threading
-from collections import deque
 from collections.abc import Mapping
 from time import time_ns
 from types import MappingProxyType
@@ -138,20 +137,13 @@ class LeanTracer:
         fields["_parent"] = parent
         fields["_resource"] = tracer.resource
         fields["_attributes"] = bounded
-        fields["_events"] = _bounded_list(limits.max_events)
-        fields["_links"] = _bounded_list(limits.max_links)
+        fields["_events"] = BoundedList(limits.max_events)
+        fields["_links"] = BoundedList(limits.max_links)
         fields["_lock"] = threading.Lock()
         fields["_record_end_metrics"] = record_end_metrics
         fields["_start_time"] = time_ns()
         tracer.span_processor.on_start(span, parent_context=context)
         return span
-
-
-def _bounded_list(maxlen: int | None) -> BoundedList:
-    """``BoundedList(maxlen)`` without its ``__init__`` call."""
-    bounded = BoundedList.__new__(BoundedList)
-    bounded.__dict__.update(dropped=0, _dq=deque(maxlen=maxlen), _lock=threading.Lock())
-    return bounded
 
 
 def end_span(span: trace.Span) -> None:
@@ -208,6 +200,17 @@ _ATTRIBUTES_PROPERTY = ReadableSpan.__dict__["attributes"]
 _OWN_ATTRIBUTES: dict[type, bool] = {}
 """By span class: whether its ``attributes`` is the SDK's property over ``_attributes`` (not a subclass's own)."""
 _NO_ATTRIBUTES: Mapping[str, Any] = MappingProxyType({})
+
+
+_SDK_SPANS = (ReadableSpan, _Span)
+"""The SDK's span classes, whose properties read their ``_`` fields as they are (``events`` and ``links`` as tuple
+copies, ``attributes`` through a read-only view)."""
+
+
+def fields_of(span: ReadableSpan) -> dict[str, Any] | None:
+    """The ``_name``, ``_context``, ... fields behind an SDK span's properties, to read them without a property call
+    each; None for any other class (a subclass may answer its properties its own way)."""
+    return span.__dict__ if type(span) in _SDK_SPANS else None
 
 
 def attributes_of(span: ReadableSpan) -> Mapping[str, Any]:
