@@ -85,6 +85,8 @@ class _Agents:
         self.agents = [(s, name) for s in trace if (name := _agent_name(s))]
 
     def of(self, span: dict[str, Any]) -> str | None:
+        if not self.agents:  # no span of the trace names an agent: neither an ancestor nor one around it can
+            return None
         parent = span.get("parent_id")
         seen = 0
         while parent and parent in self.by_id and seen < 1000:
