@@ -29,7 +29,7 @@ from typing import Any
 from opentelemetry import trace
 from opentelemetry.attributes import BoundedAttributes
 from opentelemetry.context import Context
-from opentelemetry.sdk.trace import ReadableSpan, Tracer, _Span
+from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor, Tracer, _Span
 from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ALWAYS_ON, Decision, ParentBased
 from opentelemetry.sdk.util import BoundedList
 from opentelemetry.trace import INVALID_SPAN_CONTEXT, SpanContext, SpanKind, TraceFlags
@@ -41,6 +41,14 @@ _PER_SPAN = frozenset({
 })
 # fmt: on
 """The fields of an SDK span :meth:`LeanTracer.start_span` sets itself; the others are copied from a prototype."""
+
+_SDK_AS_BUILT_FOR = (
+    "record_end_metrics" in _Span.__init__.__code__.co_varnames
+    and hasattr(SpanProcessor, "_on_ending")
+    and "_on_ending" in Span.end.__code__.co_names
+)
+"""Whether the installed SDK makes and ends spans as this module copies it (spans that record end metrics, and
+processors told ``_on_ending``; 1.45 is what the tests hold it to): with an older SDK every span is its own."""
 
 _PLAIN = frozenset({str, bool, int, float})
 _SAMPLED = TraceFlags(TraceFlags.SAMPLED)
@@ -76,6 +84,8 @@ class LeanTracer:
         self._attributes_proto: dict[str, Any] = {}
         if not isinstance(tracer, Tracer):  # a provider with OTEL_SDK_DISABLED set hands out no-op tracers
             return
+        if not _SDK_AS_BUILT_FOR or not all(hasattr(tracer, name) for name in ("_tracer_config", "_tracer_metrics")):
+            return  # an SDK older than the one this path copies (rollq accepts >= 1.25): its own start_span
         limits = tracer._span_limits
         self._limits = limits
         prototype = _Span(
@@ -149,7 +159,7 @@ class LeanTracer:
 def end_span(span: trace.Span) -> None:
     """``span.end()``; for an SDK span started and not yet ended, what ``Span.end`` does with the read-only copy
     handed to the span processors made without ``ReadableSpan.__init__`` (the same fields)."""
-    if type(span) is not _Span:
+    if type(span) is not _Span or not _SDK_AS_BUILT_FOR:
         span.end()
         return
     with span._lock:

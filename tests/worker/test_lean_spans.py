@@ -158,3 +158,14 @@ def test_attributes_of_reads_what_the_attributes_property_shows() -> None:
             return {"own": True}
 
     assert attributes_of(Custom("custom", attributes={"hidden": 1})) == {"own": True}
+
+
+def test_an_sdk_unlike_the_one_the_lean_path_copies_makes_every_span_itself(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("rollq.worker.lean_spans._SDK_AS_BUILT_FOR", False)
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    lean = LeanTracer(provider.get_tracer("tests.lean"))
+    assert not lean._lean
+    end_span(lean.start_span("s", {"a": 1}))
+    assert [s.name for s in exporter.get_finished_spans()] == ["s"]
