@@ -56,15 +56,23 @@ _SAMPLED_RANDOM = TraceFlags(TraceFlags.SAMPLED | TraceFlags.RANDOM_TRACE_ID)
 _get_current_span = trace.get_current_span
 
 
+_DECIDING_AS_PARENT_BASED: set[type] = {ParentBased}
+"""``ParentBased`` and the subclasses known to decide as it does (:func:`decides_as_parent_based`)."""
+
+
+def decides_as_parent_based(sampler_class: type[ParentBased]) -> type[ParentBased]:
+    """Mark a ``ParentBased`` subclass whose ``should_sample`` decides exactly as ``ParentBased``'s (rollq's
+    default sampler): the lean path then takes it as it takes the SDK's own."""
+    _DECIDING_AS_PARENT_BASED.add(sampler_class)
+    return sampler_class
+
+
 def samples_as_parent_based_always_on(sampler: Any) -> bool:
-    """Whether ``sampler`` decides as ``ParentBased(ALWAYS_ON)`` with its default delegates: rollq's
-    ``_ParentBasedAlwaysOn`` (a subclass) or the SDK's default sampler."""
-    if not isinstance(sampler, ParentBased):
-        return False
-    if type(sampler) is not ParentBased:  # rollq's own (tracer.py) is the only subclass taken on trust
-        return type(sampler).__name__ == "_ParentBasedAlwaysOn" and type(sampler).__module__ == "rollq.worker.tracer"
+    """Whether ``sampler`` decides as ``ParentBased(ALWAYS_ON)`` with its default delegates (the SDK's default
+    sampler, or rollq's): a root is sampled, a child as its parent was."""
     return (
-        sampler._root is ALWAYS_ON
+        type(sampler) in _DECIDING_AS_PARENT_BASED
+        and sampler._root is ALWAYS_ON
         and sampler._remote_parent_sampled is ALWAYS_ON
         and sampler._local_parent_sampled is ALWAYS_ON
         and sampler._remote_parent_not_sampled is ALWAYS_OFF

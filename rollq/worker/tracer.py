@@ -31,7 +31,7 @@ from opentelemetry.util.types import Attributes
 
 from rollq.models.errors import InvalidRewardError
 
-from .lean_spans import LeanTracer, attributes_of, end_span
+from .lean_spans import LeanTracer, attributes_of, decides_as_parent_based, end_span
 
 log = logging.getLogger(__name__)
 
@@ -251,6 +251,7 @@ class OtelTracer(BaseTracer):
         return RolloutTrace(root, contextvars.Context(), self._processor)
 
 
+@decides_as_parent_based
 class _ParentBasedAlwaysOn(ParentBased):
     """The SDK's default sampler, ``ParentBased(ALWAYS_ON)``, with the same decisions: a root span and a child
     of a sampled parent are sampled, a child of an unsampled one dropped, the parent's trace state kept.

@@ -10,7 +10,7 @@ from opentelemetry.context import Context
 from opentelemetry.sdk.trace import ReadableSpan, SpanLimits, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ParentBased, TraceIdRatioBased
+from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ALWAYS_ON, ParentBased, TraceIdRatioBased
 from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags, TraceState
 
 from rollq.worker.lean_spans import LeanTracer, attributes_of, end_span, samples_as_parent_based_always_on
@@ -169,3 +169,16 @@ def test_an_sdk_unlike_the_one_the_lean_path_copies_makes_every_span_itself(monk
     assert not lean._lean
     end_span(lean.start_span("s", {"a": 1}))
     assert [s.name for s in exporter.get_finished_spans()] == ["s"]
+
+
+def test_a_parent_based_subclass_of_its_own_is_left_to_decide() -> None:
+    class Mine(ParentBased):
+        def should_sample(self, *args: Any, **kwargs: Any) -> Any:
+            return ALWAYS_OFF.should_sample(*args, **kwargs)
+
+    assert samples_as_parent_based_always_on(_ParentBasedAlwaysOn()) and samples_as_parent_based_always_on(
+        ParentBased(ALWAYS_ON)
+    )
+    assert not samples_as_parent_based_always_on(Mine(ALWAYS_ON))
+    sdk, lean = both(TracerProvider(sampler=Mine(ALWAYS_ON)), {"a": 1}, Context())
+    assert type(lean) is type(sdk) is NonRecordingSpan
