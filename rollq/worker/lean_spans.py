@@ -201,6 +201,23 @@ def end_span(span: trace.Span) -> None:
     processor.on_end(readable)
 
 
+def set_attributes(span: trace.Span, attributes: Mapping[str, Any]) -> None:
+    """``span.set_attributes(attributes)``; on an SDK span not yet ended, plain attributes within its limits are
+    added as the SDK would keep them (a key set again moves to the end) without cleaning each value."""
+    if type(span) is _Span and _SDK_AS_BUILT_FOR:
+        limits, bounded = span._limits, span._attributes
+        cleaned = limits.max_span_attribute_length is not None or not _plain(attributes, limits)
+        if not cleaned and type(bounded) is BoundedAttributes:
+            with span._lock:
+                kept, maxlen = bounded._dict, bounded.maxlen
+                if span._end_time is None and (maxlen is None or len(kept.keys() | attributes.keys()) <= maxlen):
+                    for key, value in attributes.items():
+                        kept.pop(key, None)
+                        kept[key] = value
+                    return
+    span.set_attributes(attributes)  # ended (the SDK warns), or attributes to clean or drop
+
+
 def _plain(attributes: Mapping[str, Any] | None, limits: Any) -> bool:
     """Whether the SDK would keep ``attributes`` as they are: plain values under non-empty string keys, within
     the attribute count limit."""

@@ -31,9 +31,11 @@ from opentelemetry.util.types import Attributes
 
 from rollq.models.errors import InvalidRewardError
 
-from .lean_spans import LeanTracer, attributes_of, decides_as_parent_based, end_span
+from .lean_spans import LeanTracer, attributes_of, decides_as_parent_based, end_span, set_attributes
 
 log = logging.getLogger(__name__)
+
+_OK = Status(StatusCode.OK)
 
 REWARD_SPAN = "reward"
 REWARD_ATTRIBUTE = "rollq.reward"
@@ -153,12 +155,12 @@ class RolloutTrace:
         if reward is None:
             reward = self._processor.last_reward(trace_id)
         if reward is not None:
-            self.root.set_attribute("rollq.final_reward", reward)
+            set_attributes(self.root, {"rollq.final_reward": reward})
         if error is not None:
             self.root.record_exception(error)
             self.root.set_status(Status(StatusCode.ERROR, f"{type(error).__name__}: {error}"))
         else:
-            self.root.set_status(Status(StatusCode.OK))
+            self.root.set_status(_OK)
         end_span(self.root)
         spans = self._capture.spans = sorted(self._processor.close(trace_id), key=_start_time)
         return spans

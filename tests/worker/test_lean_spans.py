@@ -13,7 +13,13 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ALWAYS_ON, ParentBased, TraceIdRatioBased
 from opentelemetry.trace import NonRecordingSpan, SpanContext, TraceFlags, TraceState
 
-from rollq.worker.lean_spans import LeanTracer, attributes_of, end_span, samples_as_parent_based_always_on
+from rollq.worker.lean_spans import (
+    LeanTracer,
+    attributes_of,
+    end_span,
+    samples_as_parent_based_always_on,
+    set_attributes,
+)
 from rollq.worker.tracer import _ParentBasedAlwaysOn
 
 # Differ between any two spans, whoever made them.
@@ -182,3 +188,23 @@ def test_a_parent_based_subclass_of_its_own_is_left_to_decide() -> None:
     assert not samples_as_parent_based_always_on(Mine(ALWAYS_ON))
     sdk, lean = both(TracerProvider(sampler=Mine(ALWAYS_ON)), {"a": 1}, Context())
     assert type(lean) is type(sdk) is NonRecordingSpan
+
+
+@pytest.mark.parametrize(
+    "limits", [SpanLimits(), SpanLimits(max_span_attributes=3), SpanLimits(max_span_attribute_length=4)]
+)
+@pytest.mark.parametrize("added", [{"a": "again", "c": 3}, {"d": [1, 2]}, {"e": "a long value"}])
+def test_set_attributes_keeps_what_the_sdks_set_attributes_keeps(limits: SpanLimits, added: dict[str, Any]) -> None:
+    provider = TracerProvider(span_limits=limits)
+    sdk, lean = (LeanTracer(provider.get_tracer("tests.lean")).start_span("s", {"a": 1, "b": "x"}) for _ in "ab")
+    sdk.set_attributes(added)
+    set_attributes(lean, added)
+    assert list(attributes_of(lean).items()) == list(attributes_of(sdk).items())  # order included
+    assert lean._attributes.dropped == sdk._attributes.dropped
+
+
+def test_set_attributes_on_an_ended_span_changes_nothing_and_warns(caplog: pytest.LogCaptureFixture) -> None:
+    span = LeanTracer(TracerProvider().get_tracer("tests.lean")).start_span("s", {"a": 1})
+    end_span(span)
+    set_attributes(span, {"b": 2})
+    assert dict(attributes_of(span)) == {"a": 1} and "Setting attribute on ended span" in caplog.text
