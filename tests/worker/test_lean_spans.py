@@ -208,3 +208,12 @@ def test_set_attributes_on_an_ended_span_changes_nothing_and_warns(caplog: pytes
     end_span(span)
     set_attributes(span, {"b": 2})
     assert dict(attributes_of(span)) == {"a": 1} and "Setting attribute on ended span" in caplog.text
+
+
+def test_a_span_processor_added_after_the_lean_tracer_was_made_sees_its_spans() -> None:
+    provider = TracerProvider()
+    lean = LeanTracer(provider.get_tracer("tests.lean"))
+    exporter = InMemorySpanExporter()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    end_span(lean.start_span("late", {"a": 1}))
+    assert [s.name for s in exporter.get_finished_spans()] == ["late"]
