@@ -71,32 +71,18 @@ class _Outcome(Future[Any]):
     the attempt) makes a reference cycle, and every attempt's spans then wait in
     memory for a full garbage collection: at 1000 rollouts in flight those took
     ~17% of a worker's CPU (bench/profile.py with gc callbacks).
+
+    ``Future`` calls ``_invoke_callbacks`` once, after it has settled and outside its lock; a callback added
+    after that is called at once by ``add_done_callback`` and never stored, so the list taken here is all of
+    them. (It had a lock and a list of its own: two more lock round trips and calls per rollout.)
     """
 
-    def __init__(self) -> None:
-        super().__init__()
-        self._callbacks_lock = threading.Lock()
-        self._callbacks: list[Callable[[Future[Any]], object]] | None = []
-        # A plain function, not a bound method: the future holding itself would be a cycle of its own.
-        super().add_done_callback(_run_callbacks)
-
-    def add_done_callback(self, fn: Callable[[Future[Any]], object]) -> None:
-        with self._callbacks_lock:
-            if self._callbacks is not None:
-                self._callbacks.append(fn)
-                return
-        _call(fn, self)
-
-    def _take_callbacks(self) -> list[Callable[[Future[Any]], object]]:
-        with self._callbacks_lock:
-            callbacks, self._callbacks = self._callbacks or [], None
-        return callbacks
-
-
-def _run_callbacks(future: Future[Any]) -> None:
-    assert isinstance(future, _Outcome)
-    for fn in future._take_callbacks():
-        _call(fn, future)
+    def _invoke_callbacks(self) -> None:
+        fields = self.__dict__  # Future's own, which typeshed does not declare
+        callbacks: list[Callable[[Future[Any]], object]] = fields["_done_callbacks"]
+        fields["_done_callbacks"] = []
+        for fn in callbacks:
+            _call(fn, self)
 
 
 def _call(fn: Callable[[Future[Any]], object], future: Future[Any]) -> None:

@@ -30,12 +30,13 @@ from typing import Any
 
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan
-from opentelemetry.trace import DEFAULT_TRACE_STATE, SpanContext, SpanKind
+from opentelemetry.trace import DEFAULT_TRACE_STATE, SpanContext, SpanKind, StatusCode
 
 from rollq.models.coerce import coerce, is_model_like
 from rollq.models.contract import Rollout, Triplet
 from rollq.models.errors import InvalidRewardError, UnsupportedResultError
 
+from .lean_spans import attributes_of, fields_of
 from .rewards import check_finite
 from .triplets import derive
 
@@ -132,20 +133,31 @@ def trace_json(spans: Iterable[ReadableSpan]) -> list[dict[str, Any]]:
     return [_span_json(span, trace_ids) for span in spans]
 
 
+_STATUS_NAMES = {code: code.name for code in StatusCode}
+
+
 def _span_json(span: ReadableSpan, trace_ids: dict[int, str]) -> dict[str, Any]:
-    status: dict[str, Any] = {"status_code": span.status.status_code.name}
-    if span.status.description:
-        status["description"] = span.status.description
-    start, end, parent, events, links = span.start_time, span.end_time, span.parent, span.events, span.links
+    fields = fields_of(span)
+    if fields is not None:  # the SDK's own: its fields read directly, the events and links without tuple copies
+        name, context, kind, parent = fields["_name"], fields["_context"], fields["_kind"], fields["_parent"]
+        start, end, state, resource = fields["_start_time"], fields["_end_time"], fields["_status"], fields["_resource"]
+        events, links = fields["_events"], fields["_links"]
+    else:
+        name, context, kind, parent = span.name, span.context, span.kind, span.parent
+        start, end, state, resource = span.start_time, span.end_time, span.status, span.resource
+        events, links = span.events, span.links
+    status: dict[str, Any] = {"status_code": _STATUS_NAMES[state.status_code]}
+    if state.description:
+        status["description"] = state.description
     return {
-        "name": span.name,
-        "context": _context(span.context, trace_ids) if span.context else None,
-        "kind": _KINDS[span.kind],
+        "name": name,
+        "context": _context(context, trace_ids) if context else None,
+        "kind": _KINDS[kind],
         "parent_id": f"0x{parent.span_id:016x}" if parent is not None else None,
         "start_time": iso_time(start) if start else None,
         "end_time": iso_time(end) if end else None,
         "status": status,
-        "attributes": _plain(span.attributes),
+        "attributes": _plain(attributes_of(span)),
         "events": [
             {"name": e.name, "timestamp": iso_time(e.timestamp), "attributes": _plain(e.attributes)} for e in events
         ]
@@ -156,7 +168,7 @@ def _span_json(span: ReadableSpan, trace_ids: dict[int, str]) -> dict[str, Any]:
         ]
         if links
         else [],
-        "resource": _resource(span.resource),
+        "resource": _resource(resource),
     }
 
 

@@ -49,6 +49,7 @@ from .capture.ambient import CURRENT_ATTEMPT
 from .config import WorkerSettings
 from .executor import AgentExecutor, BlockedByNeighbour
 from .hooks import HookSet
+from .lean_spans import set_attributes
 from .normalize import to_rollout
 from .resource_cache import ResourceCache
 from .rewards import flag_missing_reward
@@ -230,12 +231,13 @@ class AgentRunner:
             rollout = attempt.stamp(Rollout(rollout_id=rollout_id), exc)
             return self._publish(self.attempts.publication(attempt, rollout, failed=True, duration=None, task=task))
         rollout_trace = self.tracer.start_rollout(rollout_id, claim.attempt)
-        rollout_trace.root.set_attributes(
+        set_attributes(
+            rollout_trace.root,
             {
                 "rollq.namespace": self.lifecycle.keys.namespace,
                 "rollq.mode": task.mode or "",
                 "rollq.resources_id": task.resources_id or claim.latest_resources_id or "",
-            }
+            },
         )
         capture = None
         if self.capture is not None and (resources or self.capture.serves_environment):

@@ -31,7 +31,11 @@ from opentelemetry.util.types import Attributes
 
 from rollq.models.errors import InvalidRewardError
 
+from .lean_spans import LeanTracer, attributes_of, decides_as_parent_based, end_span, set_attributes
+
 log = logging.getLogger(__name__)
+
+_OK = Status(StatusCode.OK)
 
 REWARD_SPAN = "reward"
 REWARD_ATTRIBUTE = "rollq.reward"
@@ -39,6 +43,22 @@ REWARD_ATTRIBUTE = "rollq.reward"
 # A proxy that follows whichever provider is global when a span starts; looking
 # a tracer up on every call cost more than the span itself.
 _agent_tracer = trace.get_tracer("rollq.agent")
+# The lean tracer of the global provider when it is the SDK's, by the provider it was made for.
+_agent_lean: tuple[object, LeanTracer | None] = (None, None)
+
+
+def _start_agent_span(name: str, attributes: dict[str, Any]) -> trace.Span:
+    """Start one of the agent helpers' spans (llm_call_span, emit_reward) through the global provider, as
+    ``_agent_tracer.start_span`` does, on the lean path when that provider is the SDK's."""
+    global _agent_lean
+    provider = trace.get_tracer_provider()
+    owner, lean = _agent_lean
+    if owner is not provider:
+        lean = LeanTracer(provider.get_tracer("rollq.agent")) if isinstance(provider, TracerProvider) else None
+        _agent_lean = (provider, lean)
+    if lean is None:
+        return _agent_tracer.start_span(name, attributes=attributes)
+    return lean.start_span(name, attributes)
 
 
 class _RoutingProcessor(SpanProcessor):
@@ -64,8 +84,8 @@ class _RoutingProcessor(SpanProcessor):
         # One pass over the bucket, no copies: this runs for every rollout.
         with self._lock:
             for span in self._buckets.get(trace_id, ()):
-                attributes = span.attributes
-                if attributes and REWARD_ATTRIBUTE in attributes and (span.start_time or 0) > latest_start:
+                attributes = attributes_of(span)
+                if REWARD_ATTRIBUTE in attributes and (span.start_time or 0) > latest_start:
                     latest, latest_start = attributes[REWARD_ATTRIBUTE], span.start_time or 0
         return None if latest is None else float(latest)
 
@@ -135,13 +155,13 @@ class RolloutTrace:
         if reward is None:
             reward = self._processor.last_reward(trace_id)
         if reward is not None:
-            self.root.set_attribute("rollq.final_reward", reward)
+            set_attributes(self.root, {"rollq.final_reward": reward})
         if error is not None:
             self.root.record_exception(error)
             self.root.set_status(Status(StatusCode.ERROR, f"{type(error).__name__}: {error}"))
         else:
-            self.root.set_status(Status(StatusCode.OK))
-        self.root.end()
+            self.root.set_status(_OK)
+        end_span(self.root)
         spans = self._capture.spans = sorted(self._processor.close(trace_id), key=_start_time)
         return spans
 
@@ -219,7 +239,7 @@ class OtelTracer(BaseTracer):
         self.provider = provider
         self._processor = _RoutingProcessor()
         provider.add_span_processor(self._processor)
-        self._tracer = provider.get_tracer("rollq")
+        self._tracer = LeanTracer(provider.get_tracer("rollq"))
 
     def capture_tracer(self) -> trace.Tracer:
         return self.provider.get_tracer("rollq.capture")
@@ -227,14 +247,13 @@ class OtelTracer(BaseTracer):
     def start_rollout(self, rollout_id: str, attempt: int, *, span_name: str = "rollout") -> RolloutTrace:
         # An empty parent context forces a new trace id: the key spans are routed by.
         root = self._tracer.start_span(
-            span_name,
-            context=Context(),
-            attributes={"rollq.rollout_id": rollout_id, "rollq.attempt": attempt},
+            span_name, {"rollq.rollout_id": rollout_id, "rollq.attempt": attempt}, context=Context()
         )
         self._processor.open(root.get_span_context().trace_id)
         return RolloutTrace(root, contextvars.Context(), self._processor)
 
 
+@decides_as_parent_based
 class _ParentBasedAlwaysOn(ParentBased):
     """The SDK's default sampler, ``ParentBased(ALWAYS_ON)``, with the same decisions: a root span and a child
     of a sampled parent are sampled, a child of an unsampled one dropped, the parent's trace state kept.
@@ -317,7 +336,7 @@ class _CallSpan:
         self._token: object = None
 
     def __enter__(self) -> trace.Span:
-        span = self._span = _agent_tracer.start_span(self._name, attributes=self._attributes)
+        span = self._span = _start_agent_span(self._name, self._attributes)
         self._token = otel_context.attach(trace.set_span_in_context(span))
         return span
 
@@ -331,7 +350,7 @@ class _CallSpan:
                 span.record_exception(exc)
                 span.set_status(Status(StatusCode.ERROR, f"{type(exc).__name__}: {exc}"))
         finally:
-            span.end()
+            end_span(span)
 
 
 def emit_reward(value: float) -> None:
@@ -343,4 +362,4 @@ def emit_reward(value: float) -> None:
     if not math.isfinite(reward):
         raise InvalidRewardError(f"emit_reward({reward}): rewards must be finite numbers")
     # Nothing runs inside it, so it need not be made current: 17 -> ~12 us.
-    _agent_tracer.start_span(REWARD_SPAN, attributes={REWARD_ATTRIBUTE: reward}).end()
+    end_span(_start_agent_span(REWARD_SPAN, {REWARD_ATTRIBUTE: reward}))

@@ -81,10 +81,13 @@ class _Agents:
     """Finds the agent span a call ran under: by its parent chain, else by time (proxy spans hang off the root)."""
 
     def __init__(self, trace: list[dict[str, Any]]) -> None:
-        self.by_id = {sid: s for s in trace if (sid := _span_id(s))}
         self.agents = [(s, name) for s in trace if (name := _agent_name(s))]
+        # Only an agent span can name a call's agent: without one, no call needs its parent chain.
+        self.by_id = {sid: s for s in trace if (sid := _span_id(s))} if self.agents else {}
 
     def of(self, span: dict[str, Any]) -> str | None:
+        if not self.agents:  # no span of the trace names an agent: neither an ancestor nor one around it can
+            return None
         parent = span.get("parent_id")
         seen = 0
         while parent and parent in self.by_id and seen < 1000:

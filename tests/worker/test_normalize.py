@@ -237,3 +237,31 @@ def test_span_json_equals_the_sdk_json_of_spans_from_two_providers_and_with_a_tr
     assert len(spans) == 6
     for span in spans:
         assert span_json(span) == json.loads(span.to_json())
+
+
+def test_span_json_equals_the_sdk_json_of_spans_with_events_links_and_an_error_whatever_their_class() -> None:
+    class Renamed(ReadableSpan):  # a subclass answers through its properties, which may differ from its fields
+        @property
+        def name(self) -> str:
+            return "renamed"
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    tracer = provider.get_tracer("tests.normalize")
+    linked = SpanContext(3, 4, is_remote=False, trace_flags=TraceFlags(1))
+    live = tracer.start_span("failing", links=[trace.Link(linked, {"why": "retry"})], attributes={"ids": (1, 2)})
+    live.add_event("step", {"n": 1})
+    live.record_exception(ValueError("no"))
+    live.set_status(trace.Status(trace.StatusCode.ERROR, "ValueError: no"))
+    live.end()
+    (ended,) = exporter.get_finished_spans()
+    renamed = Renamed(
+        "x", ended.context, ended.parent, ended.resource, ended.attributes, ended.events, ended.links,
+        status=ended.status, start_time=ended.start_time, end_time=ended.end_time,
+    )  # fmt: skip
+    for span in (live, ended):
+        assert span_json(span) == json.loads(span.to_json())  # type: ignore[arg-type]
+    assert span_json(ended)["links"][0]["attributes"] == {"why": "retry"} and span_json(ended)["events"][1]["name"]
+    # The SDK's to_json reads the subclass's field; span_json asks its property, as it always has.
+    assert span_json(renamed) == {**json.loads(renamed.to_json()), "name": "renamed"}
