@@ -41,7 +41,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -81,19 +80,9 @@ def serve_proxy(backend: str) -> None:
     llm = resources["llm"]
     assert isinstance(llm, LLM)
     print(llm.endpoint, flush=True)
-    # A worker reads each rollout's spans when it ends (and an agent may mid-rollout): read them here every
-    # 0.25 s, so that spans the proxy defers until then (rollq.worker.tracer's _CaptureTracer) are built, and
-    # counted, within the rounds measured, in this process as in a worker's.
-    threading.Thread(target=_read_spans, args=(rollout,), daemon=True, name="span-reader").start()
     sys.stdin.read()
     print(len(rollout.finish()), file=sys.stderr)
     proxy.stop()
-
-
-def _read_spans(rollout: Any) -> None:
-    while True:
-        time.sleep(0.25)
-        rollout.spans_so_far()
 
 
 # Run in a proxy's process before its script (so a --base tree's script needs no knob for it): the garbage

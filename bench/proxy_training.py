@@ -42,7 +42,7 @@ import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.capture import _pct, _read_spans, _start, serve_backend, serve_proxy  # noqa: E402
+from bench.capture import _pct, _start, serve_backend, serve_proxy  # noqa: E402
 from bench.common import base_tree, commit_of, private_redis, write_result  # noqa: E402
 
 ATTEMPTS = 8
@@ -112,8 +112,6 @@ def serve_training_proxy(backends: list[str], redis_url: str, profile: str | Non
         assert proxy._loop is not None
         proxy._loop.call_soon_threadsafe(profiler.enable)  # the proxy's own thread
     print(" ".join(endpoints), flush=True)
-    for rollout in rollouts:  # spans built when read, as in a worker (bench/capture.py's _read_spans)
-        threading.Thread(target=_read_spans, args=(rollout,), daemon=True).start()
     sys.stdin.read()
     if profile:
         done = threading.Event()

@@ -16,7 +16,7 @@ import logging
 import math
 import os
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from typing import Any
 
@@ -47,42 +47,18 @@ class _RoutingProcessor(SpanProcessor):
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._buckets: dict[int, list[ReadableSpan]] = {}
-        self._deferred: dict[int, list[Callable[[], None]]] = {}
 
     def open(self, trace_id: int) -> None:
         with self._lock:
             self._buckets[trace_id] = []
 
     def close(self, trace_id: int) -> list[ReadableSpan]:
-        while True:
-            self._run_deferred(trace_id)
-            with self._lock:
-                if not self._deferred.get(trace_id):  # none deferred since: after the pop, defer() refuses
-                    self._deferred.pop(trace_id, None)
-                    return self._buckets.pop(trace_id, [])
-
-    def defer(self, trace_id: int, record: Callable[[], None]) -> bool:
-        """Keep ``record`` (which starts and ends a span of ``trace_id``) until the trace's spans are read; False,
-        and nothing kept, when the trace is not open (the caller records the span at once)."""
         with self._lock:
-            if trace_id not in self._buckets:
-                return False
-            self._deferred.setdefault(trace_id, []).append(record)
-            return True
-
-    def _run_deferred(self, trace_id: int) -> None:
-        with self._lock:
-            pending = self._deferred.pop(trace_id, None) if self._deferred else None
-        for record in pending or ():
-            try:
-                record()
-            except Exception:  # one span that cannot be built does not cost the rollout the others
-                log.exception("could not record a captured LLM call's span")
+            return self._buckets.pop(trace_id, [])
 
     def last_reward(self, trace_id: int) -> float | None:
         """The reward of the latest-starting reward span captured so far for ``trace_id``, if any (the first
         captured of those that started at the same time)."""
-        self._run_deferred(trace_id)
         latest: Any = None
         latest_start = -1
         # One pass over the bucket, no copies: this runs for every rollout.
@@ -102,7 +78,6 @@ class _RoutingProcessor(SpanProcessor):
                 bucket.append(span)
 
     def peek(self, trace_id: int) -> list[ReadableSpan]:
-        self._run_deferred(trace_id)
         with self._lock:
             return list(self._buckets.get(trace_id, []))
 
@@ -247,7 +222,7 @@ class OtelTracer(BaseTracer):
         self._tracer = provider.get_tracer("rollq")
 
     def capture_tracer(self) -> trace.Tracer:
-        return _CaptureTracer(self.provider.get_tracer("rollq.capture"), self._processor)
+        return self.provider.get_tracer("rollq.capture")
 
     def start_rollout(self, rollout_id: str, attempt: int, *, span_name: str = "rollout") -> RolloutTrace:
         # An empty parent context forces a new trace id: the key spans are routed by.
@@ -258,33 +233,6 @@ class OtelTracer(BaseTracer):
         )
         self._processor.open(root.get_span_context().trace_id)
         return RolloutTrace(root, contextvars.Context(), self._processor)
-
-
-class _CaptureTracer(trace.Tracer):
-    """The tracer of captured LLM calls: the SDK's, which can also put a call's span off until its rollout's
-    spans are read (:meth:`defer_span`).
-
-    The capturing proxy's thread serves every call of the process and waits for the GIL behind the agents;
-    building and ending a call's span (with its attributes' checks) was about 12% of its CPU per call. Deferred,
-    the span is built, with the call's own start and end times, by whichever thread reads the rollout's spans
-    next (``get_last_trace``, the reward lookup, the rollout's end), in one go; span processors other than the
-    rollout's (an OTLP exporter) see it then instead of at the call's end.
-    """
-
-    def __init__(self, tracer: trace.Tracer, processor: _RoutingProcessor) -> None:
-        self._tracer = tracer
-        self._processor = processor
-
-    def defer_span(self, parent: Context, record: Callable[[], None]) -> bool:
-        """Run ``record`` (which records a span under ``parent`` with this tracer) when the spans of ``parent``'s
-        trace are next read; False, and nothing kept, when that trace is not a rollout's open one."""
-        return self._processor.defer(trace.get_current_span(parent).get_span_context().trace_id, record)
-
-    def start_span(self, *args: Any, **kwargs: Any) -> trace.Span:
-        return self._tracer.start_span(*args, **kwargs)
-
-    def start_as_current_span(self, *args: Any, **kwargs: Any) -> Any:
-        return self._tracer.start_as_current_span(*args, **kwargs)
 
 
 class _ParentBasedAlwaysOn(ParentBased):

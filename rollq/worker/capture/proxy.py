@@ -38,7 +38,7 @@ import secrets
 import socket
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
@@ -110,8 +110,6 @@ class _Route:
     """The attempt's resources version, for a call admitted before the worker knew any latest version."""
 
     attempt_path: bool = False  # a ProxyLLM's: the agent puts /rollout/<id>/attempt/<id> after the token
-    defer_span: Callable[[Context, Callable[[], None]], bool] | None = None
-    """The tracer's ``defer_span``, where it has one: a call's span built when its rollout's spans are read."""
 
     @property
     def upstream(self) -> str:
@@ -287,7 +285,6 @@ class CaptureProxy:
         latest. :class:`InvalidLLMOptionsError` for an LLM whose options are not valid.
         """
         attempt = AttemptCapture(self)
-        defer_span = getattr(tracer, "defer_span", None)  # rollq's OtelTracer's capture tracer has one
         rewritten: dict[str, Any] = dict(resources)
         captured = {
             name: (resource, options_of(resource))  # every resource's options checked before any token is handed out
@@ -308,7 +305,6 @@ class CaptureProxy:
                     calls=attempt.calls,
                     train=mode == "train",
                     fallback_version=resources_id,
-                    defer_span=defer_span,
                 )
                 attempt.tokens.append(key)
             self._environment_open.add(attempt.header_token)
@@ -328,7 +324,6 @@ class CaptureProxy:
                 train=mode == "train",
                 fallback_version=resources_id,
                 attempt_path=resource.resource_type != "llm",  # AL 0.3's ProxyLLM
-                defer_span=defer_span,
             )
             attempt.tokens.append(token)
             # A copy: the cached resources are shared by every attempt of this process.
@@ -651,11 +646,7 @@ class CaptureProxy:
         call.status = status
         call.end_ns = time.time_ns()
         route.calls.append(call)
-        server = _server(call.upstream or route.upstream)
-        if route.defer_span is None or not route.defer_span(
-            parent, functools.partial(record_span, route.tracer, call, parent, server)
-        ):
-            record_span(route.tracer, call, parent, server=server)
+        record_span(route.tracer, call, parent, server=_server(call.upstream or route.upstream))
 
 
 # What AL 0.3's ProxyLLM.get_base_url puts after the proxy address's token: /rollout/<id>/attempt/<id>.
