@@ -323,6 +323,18 @@ def _captured(spans: list[Any]) -> list[Any]:
     return [s for s in spans if (s.attributes or {}).get("rollq.llm.captured")]
 
 
+def test_a_body_past_aiohttps_default_limit_and_within_the_proxys_is_forwarded_and_captured(
+    proxy: CaptureProxy, fake: FakeVLLM
+) -> None:
+    # The proxy's server builds its requests with its own limit (32 MiB), not aiohttp's default of 1 MiB.
+    llm, attempt, _ = open_attempt(proxy, fake.url)
+    content = "x" * (2 * 1024 * 1024)
+    client = openai.OpenAI(base_url=llm.endpoint, api_key="none", max_retries=0)
+    client.chat.completions.create(model="m", messages=[{"role": "user", "content": content}])
+    [call] = attempt.calls
+    assert call.status == 200 and call.messages == [{"role": "user", "content": content}]
+
+
 def test_a_captured_calls_span_is_among_the_rollouts_spans_as_soon_as_the_agent_reads_them(
     proxy: CaptureProxy, fake: FakeVLLM
 ) -> None:
