@@ -19,7 +19,7 @@ MESSAGES: Any = [{"role": "user", "content": "hi"}]
 class Spans:
     def __init__(self) -> None:
         self.exporter = InMemorySpanExporter()
-        provider = TracerProvider()
+        self.provider = provider = TracerProvider()
         provider.add_span_processor(SimpleSpanProcessor(self.exporter))
         self.tracer = provider.get_tracer("tests.capture_proxy")
         self.root = self.tracer.start_span("rollout")

@@ -99,7 +99,7 @@ class FakeVLLM:
 
         def serve() -> None:
             self._loop = asyncio.new_event_loop()
-            app = web.Application()
+            app = web.Application(client_max_size=64 * 1024 * 1024)  # long conversations, as a model server takes
             app.router.add_post("/v1/chat/completions", self._chat)
             app.router.add_post("/v1/completions", self._completions)
             app.router.add_get("/v1/models", self._models)

@@ -302,3 +302,69 @@ def test_a_body_rewritten_for_an_enforced_setting_keeps_an_int_beyond_64_bits_ex
 def test_the_proxy_runs_on_uvloop_where_it_is_installed(proxy: CaptureProxy) -> None:
     pytest.importorskip("uvloop")
     assert type(proxy._loop).__module__.startswith("uvloop")
+
+
+def _rollq_traced_attempt(proxy: CaptureProxy, fake: FakeVLLM) -> tuple[LLM, AttemptCapture, Any, Spans]:
+    """An attempt traced as a worker traces one: rollq's OtelTracer, its capture tracer, an exporter beside it."""
+    from rollq.worker.tracer import OtelTracer
+
+    spans = Spans()
+    tracer = OtelTracer(spans.provider)
+    rollout = tracer.start_rollout("r1", 1)
+    resources, attempt = proxy.open_attempt(
+        {"llm": LLM(endpoint=fake.url, model="m")}, trace.set_span_in_context(rollout.root), tracer.capture_tracer()
+    )
+    llm = resources["llm"]
+    assert isinstance(llm, LLM)
+    return llm, attempt, rollout, spans
+
+
+def _captured(spans: list[Any]) -> list[Any]:
+    return [s for s in spans if (s.attributes or {}).get("rollq.llm.captured")]
+
+
+def test_a_body_past_aiohttps_default_limit_and_within_the_proxys_is_forwarded_and_captured(
+    proxy: CaptureProxy, fake: FakeVLLM
+) -> None:
+    # The proxy's server builds its requests with its own limit (32 MiB), not aiohttp's default of 1 MiB.
+    llm, attempt, _ = open_attempt(proxy, fake.url)
+    content = "x" * (2 * 1024 * 1024)
+    client = openai.OpenAI(base_url=llm.endpoint, api_key="none", max_retries=0)
+    client.chat.completions.create(model="m", messages=[{"role": "user", "content": content}])
+    [call] = attempt.calls
+    assert call.status == 200 and call.messages == [{"role": "user", "content": content}]
+
+
+def test_a_captured_calls_span_is_among_the_rollouts_spans_as_soon_as_the_agent_reads_them(
+    proxy: CaptureProxy, fake: FakeVLLM
+) -> None:
+    llm, attempt, rollout, _ = _rollq_traced_attempt(proxy, fake)
+    openai.OpenAI(base_url=llm.endpoint, api_key="none").chat.completions.create(model="m", messages=MESSAGES)
+    [call] = attempt.calls
+    [span] = _captured(rollout.spans_so_far())  # what get_last_trace gives an agent mid-rollout
+    assert span.attributes["rollq.llm.response_token_ids"] == str(fake.sent[call.response_id or ""].token_ids).replace(
+        " ", ""
+    )
+    assert span.start_time == call.start_ns and span.end_time == call.end_ns
+    openai.OpenAI(base_url=llm.endpoint, api_key="none").chat.completions.create(model="m", messages=MESSAGES)
+    assert len(_captured(rollout.finish())) == 2
+
+
+def test_a_captured_calls_span_reaches_the_other_span_processors_by_the_end_of_its_rollout(
+    proxy: CaptureProxy, fake: FakeVLLM
+) -> None:
+    llm, _, rollout, spans = _rollq_traced_attempt(proxy, fake)
+    httpx.post(f"{llm.endpoint}/chat/completions", json={"model": "m", "messages": MESSAGES}, timeout=30)
+    rollout.finish()
+    [exported] = spans.captured()
+    assert exported.context.trace_id == rollout.root.get_span_context().trace_id
+
+
+def test_a_call_that_ends_after_its_rollout_finished_is_recorded_at_once_not_kept(
+    proxy: CaptureProxy, fake: FakeVLLM
+) -> None:
+    llm, attempt, rollout, spans = _rollq_traced_attempt(proxy, fake)
+    rollout.finish()  # a straggler: the attempt's address still open, its rollout's spans already read
+    httpx.post(f"{llm.endpoint}/chat/completions", json={"model": "m", "messages": MESSAGES}, timeout=30)
+    assert len(attempt.calls) == 1 and len(spans.captured()) == 1
+    assert rollout.spans is not None and _captured(rollout.spans) == []

@@ -1,0 +1,203 @@
+"""What forwarding alone costs per call, under rollq's capturing proxy: three forwarders side by side, in one run.
+
+bench/capture.py's harness (the demo's simulated LLM in a process of its own, latency uniform in 0.5-1.5 x
+``--latency``; ``--concurrency`` calls in flight from this process with aiohttp), rounds alternating the paths so
+drift hits all alike, each forwarder in a process of its own whose CPU per call (user + system, psutil) is
+reported per round:
+
+- ``capture``: a worker's ``CaptureProxy`` with one open attempt (bench/capture.py's, the worker's garbage
+  collector settings included);
+- ``aiohttp``: the least an aiohttp server and client can do to forward a call (read the body, POST it upstream,
+  read the answer, answer with it), on uvloop: the floor of the proxy's design;
+- ``raw``: the same over bare asyncio protocols on uvloop, HTTP read by hand for exactly what the simulated LLM
+  and aiohttp's client send (a ``Content-Length`` body, keep-alive, no chunking, no TLS). Not a usable proxy: it
+  only says what is left once no HTTP library runs in Python at all.
+
+The gap between ``capture`` and ``aiohttp`` is rollq's own work per call (parsing the request and the answer,
+the record, the span); the gap between ``aiohttp`` and ``raw`` is the HTTP library's.
+
+    python bench/proxy_floor.py [--calls 3072] [--concurrency 256] [--rounds 3] [--latency 0.5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import aiohttp
+import psutil
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.capture import Child, _child, _round, _start, _summary  # noqa: E402
+
+
+def serve_aiohttp(backend: str) -> None:
+    from aiohttp import web
+
+    from rollq.worker.event_loop import new_event_loop
+
+    async def main() -> None:
+        session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
+        dropped = {"content-length", "content-encoding", "transfer-encoding", "connection", "keep-alive"}
+
+        async def handle(request: web.BaseRequest) -> web.Response:
+            raw = await request.read()
+            headers = {"Content-Type": "application/json"}
+            async with session.post(backend + "/chat/completions", data=raw, headers=headers) as upstream:
+                data = await upstream.read()
+                kept = {k: v for k, v in upstream.headers.items() if k.lower() not in dropped}
+                return web.Response(body=data, status=upstream.status, headers=kept)
+
+        runner = web.ServerRunner(web.Server(handle, access_log=None))
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = runner.addresses[0][1]
+        print(f"http://127.0.0.1:{port}/v1", flush=True)
+        await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)
+        await session.close()
+
+    new_event_loop().run_until_complete(main())
+
+
+def _message_end(buffer: bytearray) -> int:
+    """Where the first whole Content-Length message in ``buffer`` ends, or -1 (measurement only: see above)."""
+    head_end = buffer.find(b"\r\n\r\n")
+    if head_end < 0:
+        return -1
+    head = bytes(buffer[:head_end]).lower()
+    at = head.find(b"content-length:")
+    length = int(head[at + 15 : head.find(b"\r\n", at) if head.find(b"\r\n", at) >= 0 else None]) if at >= 0 else 0
+    end = head_end + 4 + length
+    return end if len(buffer) >= end else -1
+
+
+def serve_raw(backend: str) -> None:
+    from rollq.worker.event_loop import new_event_loop
+
+    parts = urlsplit(backend)
+    path = (parts.path + "/chat/completions").encode()
+    host, port = parts.hostname or "127.0.0.1", parts.port or 80
+
+    class Upstream(asyncio.Protocol):
+        def __init__(self) -> None:
+            self.buffer = bytearray()
+            self.waiter: asyncio.Future[bytes] | None = None
+            self.transport: Any = None
+
+        def connection_made(self, transport: Any) -> None:
+            self.transport = transport
+
+        def data_received(self, data: bytes) -> None:
+            self.buffer += data
+            end = _message_end(self.buffer)
+            if end >= 0 and self.waiter is not None:
+                answer = bytes(self.buffer[:end])
+                del self.buffer[:end]
+                self.waiter.set_result(answer)
+
+    idle: list[Upstream] = []
+
+    async def forward(body: bytes) -> bytes:
+        loop = asyncio.get_running_loop()
+        if idle:
+            upstream = idle.pop()
+        else:
+            _, upstream = await loop.create_connection(Upstream, host, port)
+        upstream.waiter = loop.create_future()
+        head = b"POST %s HTTP/1.1\r\nHost: %s\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n"
+        upstream.transport.write(head % (path, parts.netloc.encode(), len(body)) + body)
+        answer = await upstream.waiter
+        idle.append(upstream)
+        return answer
+
+    class Server(asyncio.Protocol):
+        def __init__(self) -> None:
+            self.buffer = bytearray()
+            self.transport: Any = None
+
+        def connection_made(self, transport: Any) -> None:
+            self.transport = transport
+
+        def data_received(self, data: bytes) -> None:
+            self.buffer += data
+            while (end := _message_end(self.buffer)) >= 0:
+                body = bytes(self.buffer[self.buffer.find(b"\r\n\r\n") + 4 : end])
+                del self.buffer[:end]
+                asyncio.get_running_loop().create_task(self.answer(body))
+
+        async def answer(self, body: bytes) -> None:
+            self.transport.write(await forward(body))
+
+    async def main() -> None:
+        server = await asyncio.get_running_loop().create_server(Server, "127.0.0.1", 0)
+        print(f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}/v1", flush=True)
+        await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)
+
+    new_event_loop().run_until_complete(main())
+
+
+async def measure(proxies: dict[str, Child], args: argparse.Namespace) -> dict[str, Any]:
+    rounds: list[dict[str, Any]] = []
+    latencies: dict[str, list[float]] = {name: [] for name in proxies}
+    cpu = dict.fromkeys(proxies, 0.0)
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
+        for child in proxies.values():
+            await _round(session, child.line, args.concurrency, args.concurrency)  # warm the connections
+        per_round = args.calls // args.rounds
+        for n in range(args.rounds):
+            row: dict[str, Any] = {"round": n + 1}
+            names = list(proxies)
+            for name in names[n % len(names) :] + names[: n % len(names)]:
+                process = psutil.Process(proxies[name].proc.pid)
+                before = sum(process.cpu_times()[:2])
+                values = await _round(session, proxies[name].line, per_round, args.concurrency)
+                used = sum(process.cpu_times()[:2]) - before
+                cpu[name] += used
+                latencies[name] += values
+                row[f"{name}_cpu_ms_per_call"] = round(used * 1000 / len(values), 3)
+            rounds.append(row)
+    summary: dict[str, Any] = {
+        name: {**_summary(values), "cpu_ms_per_call": round(cpu[name] * 1000 / len(values), 3)}
+        for name, values in latencies.items()
+    }
+    summary["rounds"] = rounds
+    return summary
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--calls", type=int, default=3072, help="calls per path (default 3072)")
+    parser.add_argument("--concurrency", type=int, default=256, help="calls in flight (default 256)")
+    parser.add_argument("--rounds", type=int, default=3, help="alternating rounds (default 3)")
+    parser.add_argument("--latency", type=float, default=0.5, help="mean backend latency per call, s (default 0.5)")
+    parser.add_argument("--serve", choices=("aiohttp", "raw"), help=argparse.SUPPRESS)
+    parser.add_argument("--backend", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.serve == "aiohttp":
+        return serve_aiohttp(args.backend)
+    if args.serve == "raw":
+        return serve_raw(args.backend)
+    backend, direct = _child("--serve", "backend", "--latency", str(args.latency))
+    proxies: dict[str, Child] = {}
+    try:
+        proxies["capture"] = _start("--serve", "proxy", "--backend", direct)
+        for kind in ("aiohttp", "raw"):
+            proxies[kind] = _start("--serve", kind, "--backend", direct, script="proxy_floor.py")
+        data = asyncio.run(measure(proxies, args))
+    finally:
+        for proc in [child.proc for child in proxies.values()] + [backend]:
+            assert proc.stdin is not None
+            proc.stdin.close()
+            proc.wait(10)
+    print(json.dumps(data, indent=2))
+
+
+if __name__ == "__main__":
+    main()
