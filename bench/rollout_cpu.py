@@ -11,7 +11,8 @@ rollout's trace finished, :func:`to_rollout` (span_json, triplets) and
 does. What it reports is the part of ``bench/profile.py``'s worker CPU that
 does not depend on Redis or RQ, with far less noise: process CPU per rollout,
 and how much of it the cyclic garbage collector took (it runs on whichever
-thread allocates, so py-spy charges it to unrelated frames). Writes
+thread allocates, so py-spy charges it to unrelated frames), at the young-generation threshold a worker sets
+(``widen_young_generation``). Writes
 bench/results/rollout_cpu.json.
 
 With ``--base COMMIT`` it measures this tree and that commit (a temporary ``git
@@ -43,6 +44,7 @@ sys.path.insert(0, os.environ.get("ROLLQ_BENCH_TREE") or str(ROOT))
 
 from bench.agents import MockLLMAgent  # noqa: E402
 from bench.common import write_result  # noqa: E402
+from rollq.worker.collector import widen_young_generation  # noqa: E402
 from rollq.worker.executor import AgentExecutor  # noqa: E402
 from rollq.worker.normalize import to_rollout  # noqa: E402
 from rollq.worker.tracer import OtelTracer, RolloutTrace  # noqa: E402
@@ -84,6 +86,7 @@ def main() -> None:
         before_after(args)
         return
 
+    widen_young_generation()  # as a worker's start-up does: Python's default would over-weight the collector here
     clock = GcClock()
     tracer = OtelTracer()
     agent = MockLLMAgent()
