@@ -173,6 +173,7 @@ def replay(turns: int, count: int) -> dict[str, Any]:
             assert isinstance(claim, Claim), claim
             claims.append(claim)
         reader = iter(producer.rollouts(idle_timeout=5.0, batch=1))
+        producer.connection.config_resetstat()  # Redis's own time per command from here on (the claims are done)
         # One event loop for every rollout, as in a worker (asyncio.run per rollout would add its own costs).
         loop = asyncio.new_event_loop()
         profiler = cProfile.Profile()
@@ -207,6 +208,8 @@ def replay(turns: int, count: int) -> dict[str, Any]:
         profiler.disable()
         loop.close()
         reader.close()  # type: ignore[attr-defined]  # acknowledges while the server is still up
+        redis_usec = _usec_per_call(producer.connection)
+        redis_usec.update(_payload_cost(producer.connection, data, count))
     out = io.StringIO()
     stats = pstats.Stats(profiler, stream=out)
     stats.sort_stats("tottime").print_stats(15)
@@ -228,7 +231,37 @@ def replay(turns: int, count: int) -> dict[str, Any]:
         "steps_ms_per_rollout": {k: round(1000 * v / count, 3) for k, v in steps.items()},
         "total_ms_per_rollout": round(1000 * sum(steps.values()) / count, 3),
         "top_own_time": top,
+        "redis_usec_per_call": redis_usec,
     }
+
+
+def _usec_per_call(connection: Any) -> dict[str, float]:
+    """Redis's own time per call (``INFO commandstats``) of the commands a rollout's path sends, by command."""
+    stats = connection.info("commandstats")
+    return {
+        name.removeprefix("cmdstat_"): round(float(v["usec_per_call"]), 1)
+        for name, v in stats.items()
+        if name.removeprefix("cmdstat_") in ("evalsha", "xadd", "xreadgroup", "xack")
+    }
+
+
+def _payload_cost(connection: Any, payload: bytes, count: int) -> dict[str, float]:
+    """What Redis spends on one rollout's bytes alone: stored by SET, appended by XADD, handed to a script that only
+    takes its length (finish.lua receives the rollout as an argument, so it pays this before doing anything)."""
+    length_only = connection.register_script("return #ARGV[1]")
+    length_only(keys=["payload-cost:script"], args=[b""])  # loaded before the stats reset
+    calls: dict[str, Callable[[], Any]] = {
+        "set": lambda: connection.set("payload-cost:set", payload),
+        "xadd": lambda: connection.xadd("payload-cost:stream", {"rollout": payload}, maxlen=MAXLEN, approximate=True),
+        "evalsha": lambda: length_only(keys=["payload-cost:script"], args=[payload]),
+    }
+    got = {}
+    for name, call in calls.items():
+        connection.config_resetstat()
+        for _ in range(count):
+            call()
+        got[f"alone: {name}"] = round(float(connection.info("commandstats")[f"cmdstat_{name}"]["usec_per_call"]), 1)
+    return got
 
 
 def _ratios(rounds: list[dict[str, Any]], anchor: str) -> list[float]:
