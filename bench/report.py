@@ -519,7 +519,7 @@ Beyond the changes here, a steady 1.0x needs that fixed cost cut (the worker CPU
 parsed into Python ints at all: a binary column (int32 bytes that a trainer turns into a tensor with
 `torch.frombuffer`) instead of JSON lists, a change to the wire format and to what a `Triplet` holds, not made here.
 
-At 1 MB Redis is the bottleneck: {redis_cpu_1mb:.2f} ms of Redis CPU per rollout against the orjson pipe's
+At 1 MB most of the gap is Redis's: {redis_cpu_1mb:.2f} ms of Redis CPU per rollout against the orjson pipe's
 {pipe_redis_cpu_1mb:.2f}. finish.lua takes the rollout as an argument, and Redis spends {finish_usec_1mb:,.0f} µs in
 that call, where an XADD of the same bytes alone costs {xadd_usec_1mb:,.0f} µs: handing 1 MB to a script that only
 takes its length costs {argument_usec_1mb:,.0f} µs by itself (a SET of it {set_usec_1mb:,.0f} µs: Redis keeps the
