@@ -85,6 +85,11 @@ RECENT_SECONDS = 10.0
 older, it reads their records instead (the stream since then may hold much that is not the wait's)."""
 
 
+SCAN_SLACK = 100
+"""How many more results entries than it waits for a wait right after an enqueue reads from the stream before it
+reads the tasks' records instead (:func:`_published_since`)."""
+
+
 class QueuedAfter:
     """Where the results stream stood when a producer queued each of its most recent :data:`QUEUED_AFTER_LIMIT`
     rollout ids (``Lifecycle.enqueue_many_after``): every rollout of those tasks is published after it, so a wait
@@ -127,20 +132,26 @@ def _published_since(
 ) -> set[str] | None:
     """The ids of ``got.missing`` with a results entry after ``position`` up to ``newest`` (the stream's newest
     entry); None when that cannot be told from the stream: it has not reached ``position`` (a failover can leave one
-    that lacks it and publishes entries before it), or a trim has taken entries after ``position``."""
+    that lacks it and publishes entries before it), or a trim has taken entries after ``position``; None too when
+    more entries than :data:`SCAN_SLACK` beyond the missing ids' count came since (other producers' rollouts, which
+    can be large: reading their records is cheaper than reading them)."""
     if _stream_id(newest) < _stream_id(position):
         return None
     found: set[str] = set()
     if newest == position:
         return found  # nothing published since: nothing ended, nothing trimmed past it
-    start = b"(" + position
+    start, budget = b"(" + position, len(got.missing) + SCAN_SLACK
     while True:
-        entries: Any = connection.xrange(keys.results, min=start, max=newest, count=1000)
+        count = min(1000, budget + 1)  # one more than the budget: reaching it means the records are read instead
+        entries: Any = connection.xrange(keys.results, min=start, max=newest, count=count)
+        budget -= len(entries)
+        if budget < 0:
+            return None
         for _, fields in entries:
             rid = fields[StreamField.ROLLOUT_ID.encode()].decode()
             if rid in got.missing:
                 found.add(rid)
-        if len(entries) < 1000:
+        if len(entries) < count:
             break
         start = b"(" + entries[-1][0]
     trimmed_to: Any = connection.hget(keys.results_trim, TRIMMED_TO)
