@@ -21,6 +21,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import redis
+import rq.job
+import rq.results
 from rq import worker_registration
 from rq.intermediate_queue import IntermediateQueue
 from rq.job import Job, JobStatus
@@ -186,6 +188,28 @@ class JobRegistries:
     def serve(self, job: Job) -> bool:
         """Whether these are ``job``'s registries (its queue, its connection)."""
         return self.started.name == job.origin and self.started.connection is job.connection
+
+
+def resolve_json_serializer_at_once() -> None:
+    """Let RQ's ``Job`` and ``Result`` take the JSON serializer without checking it again each time.
+
+    RQ 2.12's ``resolve_serializer`` checks ``isinstance(serializer, Serializer)`` against a runtime-checkable
+    ``Protocol``, which on Python 3.11 walks the protocol's attributes on every call: ~15 us, twice per rollout
+    (the ``RollqJob`` each dequeue reads, the ``Result`` each job's end writes), ~4% of a worker's CPU at 1000 in
+    flight (issue 24). For :class:`~rq.serializers.JSONSerializer`, the one rollq uses, the answer is always the
+    class itself; any other serializer is resolved by RQ's function as before. Called when
+    :mod:`rollq.worker.rq_worker` is imported; pinned by ``tests/worker/test_rq_contract.py``.
+    """
+    for module in (rq.job, rq.results):
+        resolve = module.resolve_serializer  # type: ignore[attr-defined]
+        if getattr(resolve, "rollq_json_at_once", False):
+            continue
+
+        def shortcut(serializer: Any = None, _resolve: Any = resolve) -> Any:
+            return serializer if serializer is JSONSerializer else _resolve(serializer)
+
+        shortcut.rollq_json_at_once = True  # type: ignore[attr-defined]
+        module.resolve_serializer = shortcut  # type: ignore[attr-defined]
 
 
 class RollqJob(Job):

@@ -260,3 +260,26 @@ def test_rq_refuses_a_cluster_namespaces_job_id_that_rollq_job_keeps() -> None:
         rq.job.Job(id="{ns}abc", connection=fakeredis.FakeRedis())
     job = RollqJob(id="{ns}abc", connection=fakeredis.FakeRedis())
     assert (job.id, job._id, job.key) == ("{ns}abc", "{ns}abc", "rq:job:{ns}abc")
+
+
+def test_rq_job_and_result_resolve_their_serializer_through_the_shortcut_rollq_installs() -> None:
+    # rollq.worker.rq_worker replaces rq.job's and rq.results's resolve_serializer by one that answers the JSON
+    # serializer at once (store.jobs.resolve_json_serializer_at_once): RQ must still look it up there at call time,
+    # and its own answer for the JSON serializer must be what the shortcut answers.
+    import rq.results
+    import rq.serializers
+
+    import rollq.worker.rq_worker  # noqa: F401  (installs the shortcut)
+
+    assert rq.serializers.resolve_serializer(rq.serializers.JSONSerializer) is rq.serializers.JSONSerializer
+    for module, caller in ((rq.job, rq.job.Job.__init__), (rq.results, rq.results.Result.__init__)):
+        assert getattr(module.resolve_serializer, "rollq_json_at_once", False)
+        assert "resolve_serializer" in caller.__code__.co_names
+    connection = fakeredis.FakeRedis()
+    assert RollqJob(connection=connection, serializer=rq.serializers.JSONSerializer).serializer is (
+        rq.serializers.JSONSerializer
+    )
+    assert rq.job.Job(connection=connection).serializer is rq.serializers.DefaultSerializer
+    assert rq.job.Job(connection=connection, serializer="json").serializer is rq.serializers.JSONSerializer
+    with pytest.raises(NotImplementedError):
+        rq.job.Job(connection=connection, serializer=object())
