@@ -111,3 +111,20 @@ def test_a_redis_that_forgot_the_scripts_still_claims_and_publishes(redis_server
     worker.work(burst=True, logging_level="WARNING")
     rollouts = producer.wait([t.rollout_id for t in others], timeout=60)
     assert len(rollouts) == 20
+
+
+def test_a_jobs_result_is_every_field_of_its_attempt_result_that_is_set_as_asdict_gives_it() -> None:
+    import dataclasses
+
+    from rollq.worker.runner import AttemptResult, AttemptStatus
+
+    results = [
+        AttemptResult("r1", AttemptStatus.SUCCEEDED, 2, reward=0.5, mode="train", resources_id="v1", input="[1]"),
+        AttemptResult("r2", AttemptStatus.FAILED, 1, error={"type": "ValueError", "message": "no"}),
+        AttemptResult("r3", AttemptStatus.SKIPPED, reason="cancelled"),
+    ]
+    for result in results:
+        as_rq_stores_it = result.to_json()
+        assert as_rq_stores_it == {k: v for k, v in dataclasses.asdict(result).items() if v is not None}
+        if result.error is not None:  # a copy: what RQ stores does not change with the rollout's metadata
+            assert as_rq_stores_it["error"] is not result.error
