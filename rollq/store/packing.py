@@ -61,7 +61,7 @@ class CommandPacker:
         try:
             return [self._pack_command(args)]
         except TypeError as exc:  # as redis-py's packer raises it
-            raise DataError(exc).with_traceback(exc.__traceback__)
+            raise DataError(exc).with_traceback(exc.__traceback__) from exc
 
 
 PACKER = CommandPacker()

@@ -60,8 +60,8 @@ from rollq.store.jobs import (
     clean_worker_registry,
     cluster_worker_name,
     fence_worker,
+    install_rq_fast_paths,
     read_rollq_jobs,
-    resolve_json_serializer_at_once,
     rollout_id_of,
     suspended,
 )
@@ -100,7 +100,7 @@ log = logging.getLogger(__name__)
 rq_url.lend_rollq_url_to_rq_cli()
 rq_url.teach_rq_cli_rollq_urls()
 rq_url.wait_for_redis_in_rq_cli()
-resolve_json_serializer_at_once()
+install_rq_fast_paths()
 
 WORKER_CONCURRENCY_FIELD = "rollq_concurrency"
 """Field rollq adds to RQ's worker hash: how many rollouts this worker runs at once."""

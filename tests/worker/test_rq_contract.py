@@ -262,20 +262,31 @@ def test_rq_refuses_a_cluster_namespaces_job_id_that_rollq_job_keeps() -> None:
     assert (job.id, job._id, job.key) == ("{ns}abc", "{ns}abc", "rq:job:{ns}abc")
 
 
-def test_rq_job_and_result_resolve_their_serializer_through_the_shortcut_rollq_installs() -> None:
-    # rollq.worker.rq_worker replaces rq.job's and rq.results's resolve_serializer by one that answers the JSON
-    # serializer at once (store.jobs.resolve_json_serializer_at_once): RQ must still look it up there at call time,
-    # and its own answer for the JSON serializer must be what the shortcut answers.
+def test_rq_job_and_result_call_the_helpers_rollq_gives_fast_paths_by_their_module_names() -> None:
+    # rollq.worker.rq_worker replaces rq.job's resolve_serializer, str_to_date and utcformat and rq.results's
+    # resolve_serializer (store.jobs.install_rq_fast_paths): RQ must still look them up there at call time.
     import rq.results
+
+    import rollq.worker.rq_worker  # noqa: F401  (installs the fast paths)
+
+    for module, caller, name in (
+        (rq.job, rq.job.Job.__init__, "resolve_serializer"),
+        (rq.results, rq.results.Result.__init__, "resolve_serializer"),
+        (rq.job, rq.job.Job.restore, "str_to_date"),
+        (rq.job, rq.job.Job.to_dict, "utcformat"),
+        (rq.job, rq.job.Job.prepare_for_execution, "utcformat"),
+    ):
+        assert getattr(getattr(module, name), "rollq_fast_path", False), (module, name)
+        assert name in caller.__code__.co_names, (caller, name)
+
+
+def test_the_json_serializer_resolves_to_itself_and_any_other_as_rq_resolves_it() -> None:
     import rq.serializers
 
-    import rollq.worker.rq_worker  # noqa: F401  (installs the shortcut)
+    import rollq.worker.rq_worker  # noqa: F401  (installs the fast paths)
 
-    assert rq.serializers.resolve_serializer(rq.serializers.JSONSerializer) is rq.serializers.JSONSerializer
-    for module, caller in ((rq.job, rq.job.Job.__init__), (rq.results, rq.results.Result.__init__)):
-        assert getattr(module.resolve_serializer, "rollq_json_at_once", False)
-        assert "resolve_serializer" in caller.__code__.co_names
     connection = fakeredis.FakeRedis()
+    assert rq.serializers.resolve_serializer(rq.serializers.JSONSerializer) is rq.serializers.JSONSerializer
     assert RollqJob(connection=connection, serializer=rq.serializers.JSONSerializer).serializer is (
         rq.serializers.JSONSerializer
     )
@@ -283,3 +294,57 @@ def test_rq_job_and_result_resolve_their_serializer_through_the_shortcut_rollq_i
     assert rq.job.Job(connection=connection, serializer="json").serializer is rq.serializers.JSONSerializer
     with pytest.raises(NotImplementedError):
         rq.job.Job(connection=connection, serializer=object())
+
+
+_TIMESTAMPS = [
+    "2026-12-02T03:39:37.123456Z",
+    "2026-01-01T00:00:00.000000Z",
+    "1999-12-31T23:59:59.999999Z",
+    "2024-02-29T12:00:00.500000Z",
+    "2026-12-02T03:39:37Z",  # RQ's older form, without microseconds
+    "2026-12-02T03:39:37.1234Z",  # fewer digits: strptime's %f takes them
+]
+
+
+@pytest.mark.parametrize("text", _TIMESTAMPS)
+def test_a_job_timestamp_is_read_as_rqs_own_parser_reads_it(text: str) -> None:
+    import rq.utils
+
+    import rollq.worker.rq_worker  # noqa: F401  (installs the fast paths)
+
+    for raw in (text.encode(), text):
+        read = rq.job.str_to_date(raw)
+        assert read == rq.utils.str_to_date(raw) and read.tzinfo == rq.utils.str_to_date(raw).tzinfo
+
+
+@pytest.mark.parametrize("text", ["2026-13-02T03:39:37.123456Z", "2026-02-30T03:39:37.123456Z", "", "nonsense"])
+def test_a_timestamp_rq_cannot_read_raises_as_rqs_parser_raises(text: str) -> None:
+    import rq.utils
+
+    import rollq.worker.rq_worker  # noqa: F401  (installs the fast paths)
+
+    with pytest.raises(ValueError) as rqs:
+        rq.utils.str_to_date(text.encode())
+    with pytest.raises(ValueError) as ours:
+        rq.job.str_to_date(text.encode())
+    assert str(ours.value) == str(rqs.value)
+
+
+def test_a_job_timestamp_is_written_character_for_character_as_rq_writes_it() -> None:
+    import datetime as dt
+
+    import rq.utils
+
+    import rollq.worker.rq_worker  # noqa: F401  (installs the fast paths)
+
+    utc = dt.UTC
+    moments = [
+        dt.datetime(2026, 12, 2, 3, 39, 37, 123456, tzinfo=utc),
+        dt.datetime(2026, 1, 1),
+        dt.datetime(1000, 1, 1, 0, 0, 0, 1, tzinfo=utc),
+        dt.datetime(999, 5, 6, 7, 8, 9, 10),
+        dt.datetime(9999, 12, 31, 23, 59, 59, 999999, tzinfo=dt.timezone(dt.timedelta(hours=2))),
+        rq.utils.now(),
+    ]
+    for moment in moments:
+        assert rq.job.utcformat(moment) == rq.utils.utcformat(moment)
