@@ -51,10 +51,16 @@ class CommandPacker:
         # command name redis-py splits (``"CLIENT SETNAME"``), through redis-py's hiredis packer, which converts it.
         plain = self._pack_command is not None
         for arg in args:
-            if isinstance(arg, bytes | str):
+            kind = type(arg)  # the common types by identity: isinstance against a union is ~3x slower
+            if kind is str or kind is bytes:
                 if len(arg) > BIG_ARGUMENT_BYTES:
                     return self._python.pack(*args)  # type: ignore[no-any-return]
-            elif isinstance(arg, bytearray | memoryview):
+            elif kind is int or kind is float:
+                continue
+            elif isinstance(arg, (bytes, str)):  # a subclass (a StrEnum...)
+                if len(arg) > BIG_ARGUMENT_BYTES:
+                    return self._python.pack(*args)  # type: ignore[no-any-return]
+            elif isinstance(arg, (bytearray, memoryview)):
                 plain = False
         if not plain or (b" " if isinstance(args[0], bytes) else " ") in args[0]:
             return self._hiredis.pack(*args)  # type: ignore[no-any-return]
