@@ -348,3 +348,28 @@ def test_a_job_timestamp_is_written_character_for_character_as_rq_writes_it() ->
     ]
     for moment in moments:
         assert rq.job.utcformat(moment) == rq.utils.utcformat(moment)
+
+
+def test_a_saved_job_keeps_the_data_bytes_it_was_read_with_which_are_what_rq_would_compress() -> None:
+    import zlib
+
+    import rollq.worker.rq_worker  # noqa: F401  (installs the fast paths)
+    from rollq.store.jobs import JobTemplate
+
+    assert {"zlib"} <= set(rq.job.Job.to_dict.__code__.co_names) & set(rq.job.Job.restore.__code__.co_names)
+    connection = fakeredis.FakeRedis()
+    stored = JobTemplate.payload("rollout-1")  # as a producer writes it
+    job = rq.job.Job.create("rollq.worker.jobs.run_rollout", args=("rollout-1",), connection=connection)
+    raw = {k.encode(): v.encode() if isinstance(v, str) else v for k, v in job.to_dict().items()}
+    raw[b"data"] = stored
+    read = RollqJob("j1", connection=connection)
+    read.restore(raw)
+    assert read.to_dict()["data"] == stored == zlib.compress(read.data)
+    # Data never read back is compressed as RQ compresses it; data RQ stored uncompressed is read as before.
+    other = b'["rollq.worker.jobs.run_rollout", null, ["rollout-2"], {}]'
+    assert rq.job.zlib.compress(other) == zlib.compress(other)
+    raw[b"data"] = other
+    read.restore(raw)
+    assert read.data == other
+    with pytest.raises(zlib.error):
+        rq.job.zlib.decompress(b"not zlib")
