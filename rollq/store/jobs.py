@@ -221,7 +221,7 @@ def install_rq_fast_paths() -> None:
     _wrap(rq.job, "str_to_date", _str_to_date)
     _wrap(rq.job, "utcformat", _utcformat)
     if not isinstance(rq.job.zlib, _RememberedData):  # type: ignore[attr-defined]
-        rq.job.zlib = _RememberedData()  # type: ignore[attr-defined]
+        rq.job.zlib = _RememberedData()  # type: ignore[attr-defined,assignment]
 
 
 class _RememberedData:
