@@ -66,6 +66,113 @@ def serve_aiohttp(backend: str) -> None:
     new_event_loop().run_until_complete(main())
 
 
+def _aiohttp_upstream(backend: str) -> tuple[Any, Any]:
+    """An aiohttp client session and a coroutine function that POSTs a body upstream: (status, headers, data)."""
+    session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
+    dropped = {"content-length", "content-encoding", "transfer-encoding", "connection", "keep-alive"}
+
+    async def post(raw: bytes) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
+        headers = {"Content-Type": "application/json"}
+        async with session.post(backend + "/chat/completions", data=raw, headers=headers) as upstream:
+            data = await upstream.read()
+            kept = [(k.encode(), v.encode()) for k, v in upstream.headers.items() if k.lower() not in dropped]
+            return upstream.status, kept, data
+
+    return session, post
+
+
+def serve_uvicorn(backend: str) -> None:
+    """uvicorn's httptools protocol serving a bare ASGI callable; aiohttp's client upstream."""
+    from uvicorn.config import Config
+    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+    from uvicorn.server import ServerState
+
+    from rollq.worker.event_loop import new_event_loop
+
+    async def main() -> None:
+        session, post = _aiohttp_upstream(backend)
+
+        async def app(scope: Any, receive: Any, send: Any) -> None:
+            raw = b""
+            while True:
+                message = await receive()
+                raw += message.get("body", b"")
+                if not message.get("more_body"):
+                    break
+            status, headers, data = await post(raw)
+            headers.append((b"content-length", b"%d" % len(data)))
+            await send({"type": "http.response.start", "status": status, "headers": headers})
+            await send({"type": "http.response.body", "body": data})
+
+        config = Config(app, http="httptools", lifespan="off", access_log=False, log_config=None, proxy_headers=False,
+                        server_header=False, date_header=False)  # fmt: skip
+        config.load()
+        state = ServerState()
+        loop = asyncio.get_running_loop()
+        server = await loop.create_server(
+            lambda: HttpToolsProtocol(config=config, server_state=state, app_state={}), "127.0.0.1", 0
+        )
+        print(f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}/v1", flush=True)
+        await loop.run_in_executor(None, sys.stdin.read)
+        await session.close()
+
+    new_event_loop().run_until_complete(main())
+
+
+def serve_httptools(backend: str) -> None:
+    """httptools' parser under an asyncio protocol of the bench's own (Content-Length answers); aiohttp upstream."""
+    import httptools
+
+    from rollq.worker.event_loop import new_event_loop
+
+    async def main() -> None:
+        session, post = _aiohttp_upstream(backend)
+
+        class Server(asyncio.Protocol):
+            def __init__(self) -> None:
+                self.parser = httptools.HttpRequestParser(self)
+                self.transport: Any = None
+                self.body: list[bytes] = []
+                self.url = b""
+                self.headers: list[tuple[bytes, bytes]] = []
+
+            def connection_made(self, transport: Any) -> None:
+                self.transport = transport
+
+            def data_received(self, data: bytes) -> None:
+                self.parser.feed_data(data)
+
+            def on_message_begin(self) -> None:
+                self.body, self.url, self.headers = [], b"", []
+
+            def on_url(self, url: bytes) -> None:
+                self.url += url
+
+            def on_header(self, name: bytes, value: bytes) -> None:
+                self.headers.append((name, value))
+
+            def on_body(self, body: bytes) -> None:
+                self.body.append(body)
+
+            def on_message_complete(self) -> None:
+                asyncio.get_running_loop().create_task(self.answer(b"".join(self.body)))
+
+            async def answer(self, raw: bytes) -> None:
+                status, headers, data = await post(raw)
+                head = [b"HTTP/1.1 %d OK\r\n" % status]
+                head += [b"%s: %s\r\n" % h for h in headers]
+                head.append(b"content-length: %d\r\n\r\n" % len(data))
+                self.transport.write(b"".join(head) + data)
+
+        loop = asyncio.get_running_loop()
+        server = await loop.create_server(Server, "127.0.0.1", 0)
+        print(f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}/v1", flush=True)
+        await loop.run_in_executor(None, sys.stdin.read)
+        await session.close()
+
+    new_event_loop().run_until_complete(main())
+
+
 def _message_end(buffer: bytearray) -> int:
     """Where the first whole Content-Length message in ``buffer`` ends, or -1 (measurement only: see above)."""
     head_end = buffer.find(b"\r\n\r\n")
@@ -143,6 +250,10 @@ def serve_raw(backend: str) -> None:
     new_event_loop().run_until_complete(main())
 
 
+SERVE = {"aiohttp": serve_aiohttp, "uvicorn": serve_uvicorn, "httptools": serve_httptools, "raw": serve_raw}
+FORWARDERS = tuple(SERVE)
+
+
 async def measure(proxies: dict[str, Child], args: argparse.Namespace) -> dict[str, Any]:
     rounds: list[dict[str, Any]] = []
     latencies: dict[str, list[float]] = {name: [] for name in proxies}
@@ -177,18 +288,17 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=256, help="calls in flight (default 256)")
     parser.add_argument("--rounds", type=int, default=3, help="alternating rounds (default 3)")
     parser.add_argument("--latency", type=float, default=0.5, help="mean backend latency per call, s (default 0.5)")
-    parser.add_argument("--serve", choices=("aiohttp", "raw"), help=argparse.SUPPRESS)
+    parser.add_argument("--only", nargs="*", choices=FORWARDERS, help="forwarders beside capture (default all)")
+    parser.add_argument("--serve", choices=FORWARDERS, help=argparse.SUPPRESS)
     parser.add_argument("--backend", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.serve == "aiohttp":
-        return serve_aiohttp(args.backend)
-    if args.serve == "raw":
-        return serve_raw(args.backend)
+    if args.serve:
+        return SERVE[args.serve](args.backend)
     backend, direct = _child("--serve", "backend", "--latency", str(args.latency))
     proxies: dict[str, Child] = {}
     try:
         proxies["capture"] = _start("--serve", "proxy", "--backend", direct)
-        for kind in ("aiohttp", "raw"):
+        for kind in args.only or FORWARDERS:
             proxies[kind] = _start("--serve", kind, "--backend", direct, script="proxy_floor.py")
         data = asyncio.run(measure(proxies, args))
     finally:
