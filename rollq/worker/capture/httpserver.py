@@ -2,12 +2,12 @@
 
 The proxy's server side needs little of a web framework: one handler, the path and headers of a request, its
 body (``Content-Length`` or chunked), and an answer either whole or streamed as it arrives. aiohttp's server did
-that at about 0.14 ms of CPU per call more than this (``bench/proxy_floor.py``: ``aiohttp`` vs ``httptools``
-forwarders with the same aiohttp client upstream); uvicorn's httptools protocol, serving an ASGI callable, saved
-nothing over aiohttp's server (its ASGI messages, cycle object and per-header checks cost what the parser saves).
-So the parsing is httptools' and the rest is this module: everything rollq uses of httptools is here
-(``HttpRequestParser``'s callbacks, ``parse_url``, ``should_keep_alive``, ``get_method``, ``get_http_version``,
-``HttpParserError``/``HttpParserUpgrade``), pinned by ``tests/worker/test_capture_http.py``.
+that at about 0.1 ms of CPU per call more than this (``bench/proxy_floor.py``: its ``aiohttp`` and ``httptools``
+forwarders, with the same aiohttp client upstream); uvicorn's httptools protocol serving an ASGI callable saved
+only a third of that over aiohttp's server (its ASGI messages, cycle objects and per-header checks cost most of
+what the parser saves). So the parsing is httptools' and the rest is this module: everything rollq uses of
+httptools is here (``HttpRequestParser``'s callbacks, ``parse_url``, ``should_keep_alive``, ``get_method``,
+``get_http_version``, ``HttpParserError``/``HttpParserUpgrade``), pinned by ``tests/worker/test_capture_http.py``.
 
 What it does, as aiohttp's low-level server did for the proxy:
 
@@ -346,13 +346,18 @@ class _Connection(asyncio.Protocol):
             response = Response(b"Internal Server Error", 500, {"Content-Type": "text/plain; charset=utf-8"})
         if self.closed or request._answered:
             return
-        if isinstance(response, StreamResponse):
-            if not request._started:
-                await response.prepare(request)
-            await response.write_eof()
+        try:
+            if isinstance(response, StreamResponse):
+                if not request._started:
+                    await response.prepare(request)
+                await response.write_eof()
+                return
+            body = b"" if request.method == "HEAD" else response.body
+            self.write_head(request, response.status, response.headers, len(response.body), body)
+        except Exception:  # a header that cannot be sent (a line break in it): the connection goes
+            log.exception("the capture proxy could not answer %s %s", request.method, request.path)
+            self.abort()
             return
-        body = b"" if request.method == "HEAD" else response.body
-        self.write_head(request, response.status, response.headers, len(response.body), body)
         self.answered(request)
 
     def write_head(
