@@ -43,7 +43,6 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
-import aiohttp
 from opentelemetry import trace
 from opentelemetry.context import Context
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
@@ -55,7 +54,17 @@ from ..event_loop import new_event_loop
 from . import ambient, codec, gil
 from .calls import CallKind, CapturedCall
 from .gate import CallGate, GateTimeout
-from .httpserver import Answer, Request, Response, Server, StreamResponse, json_response
+from .httpserver import (
+    Answer,
+    Client,
+    ClientError,
+    ClientResponse,
+    Request,
+    Response,
+    Server,
+    StreamResponse,
+    json_response,
+)
 from .routing import UpstreamHealth, backoff, rendezvous_order
 from .spans import record_span
 from .tokens import StreamAssembler, iter_sse_data, read_response
@@ -174,7 +183,7 @@ class CaptureProxy:
         self._concurrency = 1
         self._rejecting: set[str] = set()  # upstreams that refused return_token_ids once
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._session: aiohttp.ClientSession | None = None
+        self._client: Client | None = None
         self._server: Server | None = None
         self._thread: threading.Thread | None = None
 
@@ -213,12 +222,9 @@ class CaptureProxy:
 
     async def _open(self, sock: socket.socket) -> None:
         self.gate.bind(asyncio.get_running_loop())
-        self._session = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=300),
-            # A hung backend must not hold a call (and its socket) forever: no byte for read_timeout fails it.
-            timeout=aiohttp.ClientTimeout(total=None, sock_connect=30, sock_read=self.read_timeout),
-            cookie_jar=aiohttp.DummyCookieJar(),  # a proxy keeps no cookies between attempts
-        )
+        # A hung backend must not hold a call (and its socket) forever: no byte for read_timeout fails it. No
+        # cookies are kept between calls.
+        self._client = Client(connect_timeout=30, read_timeout=self.read_timeout)
         # httptools under a protocol of rollq's own (see .httpserver): the token is the path's first segment, so
         # no router runs per request. An agent that gives up on a call (its client timed out, its attempt was
         # stopped) cancels the handler, which closes the backend request instead of leaving it and its socket open.
@@ -228,8 +234,8 @@ class CaptureProxy:
     async def _close(self) -> None:
         if self._server is not None:
             await self._server.close()
-        if self._session is not None:
-            await self._session.close()
+        if self._client is not None:
+            await self._client.close()
 
     def stop(self) -> None:
         if self._loop is not None and self._thread is not None:
@@ -394,23 +400,23 @@ class CaptureProxy:
         return {k: v for k, v in request.headers.items() if k not in _DROP_REQUEST}  # names come lower-cased
 
     async def _pass_through(self, request: Request, url: str, raw: bytes) -> Answer:
-        assert self._session is not None
+        assert self._client is not None
         try:
-            async with self._session.request(
+            async with self._client.request(
                 request.method, url, data=raw or None, headers=self._headers(request)
             ) as upstream:
-                response = StreamResponse(status=upstream.status, headers=_response_headers(upstream.headers))
+                response = StreamResponse(status=upstream.status, headers=_response_headers(upstream.header_list))
                 await response.prepare(request)
                 try:
                     async for data in upstream.content.iter_any():
                         await response.write(data)
-                except (TimeoutError, aiohttp.ClientError, ConnectionResetError):
+                except (TimeoutError, ClientError, ConnectionResetError):
                     upstream.close()
                     _cut(request)  # the client sees a broken response, not a complete one
                     return response
                 await response.write_eof()
                 return response
-        except (TimeoutError, aiohttp.ClientError) as exc:
+        except (TimeoutError, ClientError) as exc:
             return _bad_gateway(exc)
 
     async def _capture(
@@ -454,7 +460,7 @@ class CaptureProxy:
         sent = {**body, **fields}
         call.sampling = {k: sent[k] for k in _SAMPLING if k in sent}
         headers = self._headers(request)
-        headers["Content-Type"] = "application/json"
+        headers["content-type"] = "application/json"  # the names are lower-cased (see _headers)
         parent = _parent(request, route.parent)
         avoid: str | None = None
         tries = route.options.retries + 1
@@ -481,7 +487,7 @@ class CaptureProxy:
                 if status in _EJECTING:
                     self._failed(upstream_url, route.options)
                 avoid, retry_in = upstream_url, retry_after  # the retry goes to another server, if there is one
-            except aiohttp.ClientError as exc:
+            except ClientError as exc:
                 log.warning("LLM upstream %s failed (%s: %s); try %d of %d", upstream_url, type(exc).__name__, exc,
                             attempt, tries)  # fmt: skip
                 self.health.eject(upstream_url, route.options.eject_seconds)
@@ -516,13 +522,13 @@ class CaptureProxy:
     ) -> Answer | tuple[int, float | None]:
         """One upstream request of a call to upstream ``base``: the answer given to the client, or
         ``(status, retry_after)`` of an answer to retry (never when ``last``)."""
-        assert self._session is not None
+        assert self._client is not None
         url = base + call.path + query
         extra = dict(fields)
         call.token_ids_requested = base not in self._rejecting and TOKEN_IDS_FIELD not in body
         if call.token_ids_requested:
             extra[TOKEN_IDS_FIELD] = True
-        upstream = await self._session.post(url, data=_with_fields(raw, body, extra), headers=headers)
+        upstream = await self._client.post(url, data=_with_fields(raw, body, extra), headers=headers)
         if call.token_ids_requested and upstream.status in (400, 422):
             refusal = await upstream.read()
             upstream.release()
@@ -533,7 +539,7 @@ class CaptureProxy:
             self._rejecting.add(base)
             call.token_ids_requested = False
             extra.pop(TOKEN_IDS_FIELD)
-            upstream = await self._session.post(url, data=_with_fields(raw, body, extra), headers=headers)
+            upstream = await self._client.post(url, data=_with_fields(raw, body, extra), headers=headers)
         try:
             if upstream.status in RETRY_STATUSES and not last:
                 await upstream.read()
@@ -567,7 +573,7 @@ class CaptureProxy:
         )
 
     def _finish_plain(
-        self, call: CapturedCall, route: _Route, parent: Context, upstream: aiohttp.ClientResponse, data: bytes
+        self, call: CapturedCall, route: _Route, parent: Context, upstream: ClientResponse, data: bytes
     ) -> Response:
         if upstream.status >= 400:
             call.error = data[:2000].decode(errors="replace")
@@ -588,7 +594,7 @@ class CaptureProxy:
                             exc,
                         )
         self._record(call, route, parent, status=upstream.status)
-        return Response(body=data, status=upstream.status, headers=_response_headers(upstream.headers))
+        return Response(body=data, status=upstream.status, headers=_response_headers(upstream.header_list))
 
     async def _stream(
         self,
@@ -596,9 +602,9 @@ class CaptureProxy:
         call: CapturedCall,
         route: _Route,
         parent: Context,
-        upstream: aiohttp.ClientResponse,
+        upstream: ClientResponse,
     ) -> StreamResponse:
-        response = StreamResponse(status=upstream.status, headers=_response_headers(upstream.headers))
+        response = StreamResponse(status=upstream.status, headers=_response_headers(upstream.header_list))
         await response.prepare(request)
         assembler = StreamAssembler(call)
         buffer = bytearray()
@@ -623,7 +629,7 @@ class CaptureProxy:
                     recorded = True
                     await response.write(data)
             await response.write_eof()
-        except (TimeoutError, ConnectionResetError, aiohttp.ClientError) as exc:
+        except (TimeoutError, ConnectionResetError, ClientError) as exc:
             call.error = f"stream cut: {type(exc).__name__}: {exc}"
             upstream.close()
             if not recorded:
@@ -653,7 +659,7 @@ def _server(url: str) -> tuple[str, int]:
 
 
 def _retry_after(headers: Mapping[str, str]) -> float | None:
-    value = headers.get("Retry-After")
+    value = headers.get("retry-after")  # names come lower-cased
     try:
         return float(value) if value is not None else None
     except ValueError:
@@ -683,8 +689,8 @@ def _with_fields(raw: bytes, body: dict[str, Any], extra: dict[str, Any]) -> byt
     return raw[:start] + codec.dumps(extra)[1:-1] + b"," + raw[start:]
 
 
-def _response_headers(headers: Mapping[str, str]) -> dict[str, str]:
-    return {k: v for k, v in headers.items() if k.lower() not in _DROP_RESPONSE}
+def _response_headers(headers: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    return [(k, v) for k, v in headers if k.lower() not in _DROP_RESPONSE]
 
 
 def _bad_gateway(exc: BaseException, status: int = 502) -> Response:
