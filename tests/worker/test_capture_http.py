@@ -225,3 +225,103 @@ def test_a_chunked_chat_request_through_the_proxy_is_forwarded_and_captured(
     [call] = attempt.calls
     assert call.messages == MESSAGES and call.response_token_ids == fake.sent[call.response_id or ""].token_ids
     assert fake.received[-1]["messages"] == MESSAGES and len(spans.captured()) == 1
+
+
+# -- the client side ----------------------------------------------------------------------------------------------
+
+
+def test_httptools_parses_answers_as_the_proxys_client_reads_them() -> None:
+    recorder = _Recorder()
+    parser = httptools.HttpResponseParser(recorder)
+    head = b"HTTP/1.1 429 Too Many\r\nRetry-After: 2\r\nTransfer-Encoding: chunked\r\n\r\n"
+    for i in range(0, len(head), 5):
+        parser.feed_data(head[i : i + 5])
+    # Read once the head is in: at the message's end should_keep_alive says False whatever the answer said.
+    assert parser.get_status_code() == 429 and parser.should_keep_alive()
+    parser.feed_data(b"2\r\nok\r\n0\r\n\r\n")
+    assert not parser.should_keep_alive()
+    assert [e for e in recorder.events if isinstance(e, tuple) and e[0] == "header"] == [
+        ("header", b"Retry-After", b"2"),
+        ("header", b"Transfer-Encoding", b"chunked"),
+    ]
+    assert b"".join(e[1] for e in recorder.events if isinstance(e, tuple) and e[0] == "body") == b"ok"
+    assert recorder.events[-1] == "complete"
+    parser = httptools.HttpResponseParser(_Recorder())
+    parser.feed_data(b"HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: 5\r\n\r\n")
+    assert not parser.should_keep_alive()
+    with pytest.raises(httptools.HttpParserError):
+        httptools.HttpResponseParser(_Recorder()).feed_data(b"SMTP ready\r\n\r\n")
+
+
+async def _backend(answers: list[bytes], seen: list[int]) -> tuple[asyncio.AbstractServer, str]:
+    """A backend that answers each request read with the next of ``answers`` (b"" closes the connection at once
+    instead); ``seen`` gets each request's connection number."""
+    connections = 0
+
+    async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal connections
+        connections += 1
+        number = connections
+        try:
+            while answers:
+                head = await reader.readuntil(b"\r\n\r\n")
+                length = next((int(h[15:]) for h in head.split(b"\r\n") if h.lower().startswith(b"content-length:")), 0)
+                await reader.readexactly(length)
+                seen.append(number)
+                answer = answers.pop(0)
+                if not answer:
+                    break
+                writer.write(answer)
+                await writer.drain()
+                if b"Connection: close" in answer:
+                    break
+        except (asyncio.IncompleteReadError, ConnectionError):
+            pass
+        writer.close()
+
+    server = await asyncio.start_server(serve, "127.0.0.1", 0)
+    return server, f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}"
+
+
+def test_the_client_reuses_connections_reads_close_delimited_answers_and_replaces_closed_ones() -> None:
+    from rollq.worker.capture.httpserver import Client, ConnectError, Disconnected, ReadTimeout
+
+    async def main() -> None:
+        ok = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nX-A: 1\r\nX-A: 2\r\n\r\nok"
+        until_close = b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nConnection: close\r\n\r\nall of it"
+        seen: list[int] = []
+        server, url = await _backend([ok, ok, until_close, ok, b""], seen)
+        client = Client(connect_timeout=5, read_timeout=5)
+        for _ in range(2):
+            answer = await client.post(url + "/v1/x?q=1", b"{}", {"content-type": "application/json"})
+            assert (answer.status, await answer.read()) == (200, b"ok")
+            assert answer.header_list[-2:] == [("X-A", "1"), ("X-A", "2")] and answer.headers["x-a"] == "2"
+            answer.release()
+        assert seen == [1, 1]  # one kept-alive connection
+        async with client.request("GET", url + "/") as answer:
+            assert answer.content_type == "text/plain"
+            assert b"".join([piece async for piece in answer.content.iter_any()]) == b"all of it"
+        await asyncio.sleep(0.05)  # the backend closed that connection: the next request goes on a new one
+        answer = await client.post(url + "/", b"")
+        assert await answer.read() == b"ok" and seen == [1, 1, 1, 2]
+        answer.release()
+        with pytest.raises(Disconnected):  # closed with no answer on a new connection's request
+            await (await client.post(url + "/", b"x")).read()
+        server.close()
+        await server.wait_closed()
+        with pytest.raises(ConnectError):
+            await client.post(url + "/", b"")
+
+        # Half an answer, then silence (the backend waits for a next request).
+        hung, hung_url = await _backend([b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\npart", b"never"], [])
+        slow = Client(connect_timeout=5, read_timeout=0.2)
+        answer = await slow.post(hung_url + "/", b"")
+        with pytest.raises(ReadTimeout):
+            await answer.read()
+        assert isinstance(ReadTimeout("x"), TimeoutError)
+        answer.close()
+        await slow.close()
+        await client.close()
+        hung.close()
+
+    asyncio.run(main())

@@ -530,6 +530,7 @@ class ClientResponse:
     def on_headers_complete(self) -> None:
         parser = self._connection.parser
         self.status = parser.get_status_code()
+        self._keep_alive = parser.should_keep_alive()  # here: once the message is complete it says False
         self._head_done = True
         if self._head_only or self.status in (204, 304) or 100 <= self.status < 200:
             self._complete = True
@@ -541,9 +542,7 @@ class ClientResponse:
         self._wake()
 
     def on_message_complete(self) -> None:
-        if not self._complete:
-            self._complete = True
-            self._keep_alive = self._connection.parser.should_keep_alive()
+        self._complete = True
         self._wake()
 
     def _lost(self) -> None:
