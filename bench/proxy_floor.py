@@ -10,9 +10,9 @@ reported per round:
 - ``aiohttp``: the least an aiohttp server and client can do to forward a call (read the body, POST it upstream,
   read the answer, answer with it), on uvloop;
 - ``uvicorn``: uvicorn's httptools protocol serving a bare ASGI callable, the same aiohttp client upstream;
-- ``httptools``: httptools' parser under an asyncio protocol of the bench's own (what
-  rollq/worker/capture/httpserver.py does, without its keep-alive timer, limits and streaming), aiohttp's client
-  upstream: the floor of the proxy's design;
+- ``httptools``: httptools' parser under an asyncio protocol of the bench's own (the server
+  side of rollq/worker/capture/httpserver.py, without its keep-alive timer, limits and streaming), aiohttp's client
+  upstream: the proxy's floor until its client moved to httptools too;
 - ``httptools_raw``: the same server, the upstream over bare protocols (below): what the client side costs;
 - ``raw``: both sides over bare asyncio protocols on uvloop, HTTP read by hand for exactly what the simulated LLM
   and aiohttp's client send (a ``Content-Length`` body, keep-alive, no chunking, no TLS). Not a usable proxy: it

@@ -1,5 +1,6 @@
-"""The capture proxy's HTTP server (rollq.worker.capture.httpserver): what it uses of httptools, and what it does
-on the wire (keep-alive, pipelining, chunked bodies, limits, failures, disconnects), as aiohttp's server did."""
+"""The capture proxy's HTTP server and client (rollq.worker.capture.httpserver): what they use of httptools, and
+what they do on the wire (keep-alive, pipelining, chunked bodies, limits, failures, disconnects, the pool), as
+aiohttp's server and client did."""
 
 from __future__ import annotations
 

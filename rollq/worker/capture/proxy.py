@@ -1,7 +1,7 @@
 """The capturing proxy: one HTTP server per worker process, on 127.0.0.1, on a thread of its own.
 
-It serves with :mod:`.httpserver` (httptools' parser) and forwards with aiohttp's client (streaming in both
-directions without buffering, a connection pool to the backend). It has a
+It serves and forwards with :mod:`.httpserver` (httptools' parser; streaming in both directions without buffering, a
+connection pool to the backend). It has a
 thread and loop of its own rather than the async agents' loop: an async agent
 that calls a sync client on that loop would otherwise wait on a proxy that
 cannot run until it returns. Each attempt
