@@ -506,6 +506,7 @@ class ClientResponse:
         "_got_bytes",
         "_head_only",
         "_released",
+        "_interim",
     )
 
     def __init__(self, connection: _Upstream, head_only: bool) -> None:
@@ -522,6 +523,7 @@ class ClientResponse:
         self._got_bytes = False
         self._head_only = head_only
         self._released = False
+        self._interim = False
 
     @property
     def content_type(self) -> str:
@@ -540,10 +542,16 @@ class ClientResponse:
 
     def on_headers_complete(self) -> None:
         parser = self._connection.parser
-        self.status = parser.get_status_code()
+        status = parser.get_status_code()
+        if 100 <= status < 200 and status != 101:  # an interim answer (100 Continue, 103): the real one follows
+            self.headers.clear()
+            self.header_list.clear()
+            self._interim = True
+            return
+        self.status = status
         self._keep_alive = parser.should_keep_alive()  # here: once the message is complete it says False
         self._head_done = True
-        if self._head_only or self.status in (204, 304) or 100 <= self.status < 200:
+        if self._head_only or status in (101, 204, 304):
             self._complete = True
             self._keep_alive = False  # the parser would wait for a body a HEAD answer does not have: not reused
         self._wake()
@@ -553,6 +561,9 @@ class ClientResponse:
         self._wake()
 
     def on_message_complete(self) -> None:
+        if self._interim:  # the end of an interim answer, not of the real one
+            self._interim = False
+            return
         self._complete = True
         self._wake()
 
