@@ -1,4 +1,4 @@
-"""What forwarding alone costs per call, under rollq's capturing proxy: three forwarders side by side, in one run.
+"""What forwarding alone costs per call, under rollq's capturing proxy: forwarders side by side, in one run.
 
 bench/capture.py's harness (the demo's simulated LLM in a process of its own, latency uniform in 0.5-1.5 x
 ``--latency``; ``--concurrency`` calls in flight from this process with aiohttp), rounds alternating the paths so
@@ -6,23 +6,30 @@ drift hits all alike, each forwarder in a process of its own whose CPU per call 
 reported per round:
 
 - ``capture``: a worker's ``CaptureProxy`` with one open attempt (bench/capture.py's, the worker's garbage
-  collector settings included);
+  collector settings included); with ``--base COMMIT`` also ``capture_base``, that commit's;
 - ``aiohttp``: the least an aiohttp server and client can do to forward a call (read the body, POST it upstream,
-  read the answer, answer with it), on uvloop: the floor of the proxy's design;
-- ``raw``: the same over bare asyncio protocols on uvloop, HTTP read by hand for exactly what the simulated LLM
+  read the answer, answer with it), on uvloop;
+- ``uvicorn``: uvicorn's httptools protocol serving a bare ASGI callable, the same aiohttp client upstream;
+- ``httptools``: httptools' parser under an asyncio protocol of the bench's own (the server
+  side of rollq/worker/capture/httpserver.py, without its keep-alive timer, limits and streaming), aiohttp's client
+  upstream: the proxy's floor until its client moved to httptools too;
+- ``httptools_raw``: the same server, the upstream over bare protocols (below): what the client side costs;
+- ``raw``: both sides over bare asyncio protocols on uvloop, HTTP read by hand for exactly what the simulated LLM
   and aiohttp's client send (a ``Content-Length`` body, keep-alive, no chunking, no TLS). Not a usable proxy: it
   only says what is left once no HTTP library runs in Python at all.
 
-The gap between ``capture`` and ``aiohttp`` is rollq's own work per call (parsing the request and the answer,
-the record, the span); the gap between ``aiohttp`` and ``raw`` is the HTTP library's.
+The gap between ``capture`` and ``httptools`` is rollq's own work per call (parsing the request and the answer,
+the record, the span); the gaps between ``httptools``, ``httptools_raw`` and ``raw`` are the HTTP libraries'.
 
-    python bench/proxy_floor.py [--calls 3072] [--concurrency 256] [--rounds 3] [--latency 0.5]
+    python bench/proxy_floor.py [--calls 3072] [--concurrency 256] [--rounds 3] [--latency 0.5] [--base COMMIT]
+                                [--only aiohttp httptools ...]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
 import sys
 from pathlib import Path
@@ -35,6 +42,7 @@ import psutil
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.capture import Child, _child, _round, _start, _summary  # noqa: E402
+from bench.common import base_tree, commit_of  # noqa: E402
 
 
 def serve_aiohttp(backend: str) -> None:
@@ -66,6 +74,118 @@ def serve_aiohttp(backend: str) -> None:
     new_event_loop().run_until_complete(main())
 
 
+def _aiohttp_upstream(backend: str) -> tuple[Any, Any]:
+    """An aiohttp client session and a coroutine function that POSTs a body upstream: (status, headers, data)."""
+    session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
+    dropped = {"content-length", "content-encoding", "transfer-encoding", "connection", "keep-alive"}
+
+    async def post(raw: bytes) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
+        headers = {"Content-Type": "application/json"}
+        async with session.post(backend + "/chat/completions", data=raw, headers=headers) as upstream:
+            data = await upstream.read()
+            kept = [(k.encode(), v.encode()) for k, v in upstream.headers.items() if k.lower() not in dropped]
+            return upstream.status, kept, data
+
+    return session, post
+
+
+def serve_uvicorn(backend: str) -> None:
+    """uvicorn's httptools protocol serving a bare ASGI callable; aiohttp's client upstream."""
+    from uvicorn.config import Config
+    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+    from uvicorn.server import ServerState
+
+    from rollq.worker.event_loop import new_event_loop
+
+    async def main() -> None:
+        session, post = _aiohttp_upstream(backend)
+
+        async def app(scope: Any, receive: Any, send: Any) -> None:
+            raw = b""
+            while True:
+                message = await receive()
+                raw += message.get("body", b"")
+                if not message.get("more_body"):
+                    break
+            status, headers, data = await post(raw)
+            headers.append((b"content-length", b"%d" % len(data)))
+            await send({"type": "http.response.start", "status": status, "headers": headers})
+            await send({"type": "http.response.body", "body": data})
+
+        config = Config(app, http="httptools", lifespan="off", access_log=False, log_config=None, proxy_headers=False,
+                        server_header=False, date_header=False)  # fmt: skip
+        config.load()
+        state = ServerState()
+        loop = asyncio.get_running_loop()
+        server = await loop.create_server(
+            lambda: HttpToolsProtocol(config=config, server_state=state, app_state={}), "127.0.0.1", 0
+        )
+        print(f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}/v1", flush=True)
+        await loop.run_in_executor(None, sys.stdin.read)
+        await session.close()
+
+    new_event_loop().run_until_complete(main())
+
+
+def serve_httptools(backend: str, upstream: str = "aiohttp") -> None:
+    """httptools' parser under an asyncio protocol of the bench's own (Content-Length answers); upstream aiohttp's
+    client, or (``raw``) bare protocols."""
+    import httptools
+
+    from rollq.worker.event_loop import new_event_loop
+
+    async def main() -> None:
+        session, post = _aiohttp_upstream(backend)
+        raw_forward = _raw_upstream(backend) if upstream == "raw" else None
+
+        class Server(asyncio.Protocol):
+            def __init__(self) -> None:
+                self.parser = httptools.HttpRequestParser(self)
+                self.transport: Any = None
+                self.body: list[bytes] = []
+                self.url = b""
+                self.headers: list[tuple[bytes, bytes]] = []
+
+            def connection_made(self, transport: Any) -> None:
+                self.transport = transport
+
+            def data_received(self, data: bytes) -> None:
+                self.parser.feed_data(data)
+
+            def on_message_begin(self) -> None:
+                self.body, self.url, self.headers = [], b"", []
+
+            def on_url(self, url: bytes) -> None:
+                self.url += url
+
+            def on_header(self, name: bytes, value: bytes) -> None:
+                self.headers.append((name, value))
+
+            def on_body(self, body: bytes) -> None:
+                self.body.append(body)
+
+            def on_message_complete(self) -> None:
+                asyncio.get_running_loop().create_task(self.answer(b"".join(self.body)))
+
+            async def answer(self, raw: bytes) -> None:
+                if raw_forward is not None:
+                    self.transport.write(await raw_forward(raw))
+                    return
+                status, headers, data = await post(raw)
+                head = [b"HTTP/1.1 %d OK\r\n" % status]
+                head += [b"%s: %s\r\n" % h for h in headers]
+                head.append(b"content-length: %d\r\n\r\n" % len(data))
+                self.transport.write(b"".join(head) + data)
+
+        loop = asyncio.get_running_loop()
+        server = await loop.create_server(Server, "127.0.0.1", 0)
+        print(f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}/v1", flush=True)
+        await loop.run_in_executor(None, sys.stdin.read)
+        await session.close()
+
+    new_event_loop().run_until_complete(main())
+
+
 def _message_end(buffer: bytearray) -> int:
     """Where the first whole Content-Length message in ``buffer`` ends, or -1 (measurement only: see above)."""
     head_end = buffer.find(b"\r\n\r\n")
@@ -78,9 +198,9 @@ def _message_end(buffer: bytearray) -> int:
     return end if len(buffer) >= end else -1
 
 
-def serve_raw(backend: str) -> None:
-    from rollq.worker.event_loop import new_event_loop
-
+def _raw_upstream(backend: str) -> Any:
+    """A coroutine function that POSTs a body upstream over bare asyncio protocols and returns the whole answer
+    as it came (status line, headers, Content-Length body): measurement only, see the module docstring."""
     parts = urlsplit(backend)
     path = (parts.path + "/chat/completions").encode()
     host, port = parts.hostname or "127.0.0.1", parts.port or 80
@@ -117,6 +237,14 @@ def serve_raw(backend: str) -> None:
         idle.append(upstream)
         return answer
 
+    return forward
+
+
+def serve_raw(backend: str) -> None:
+    from rollq.worker.event_loop import new_event_loop
+
+    forward = _raw_upstream(backend)
+
     class Server(asyncio.Protocol):
         def __init__(self) -> None:
             self.buffer = bytearray()
@@ -141,6 +269,16 @@ def serve_raw(backend: str) -> None:
         await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)
 
     new_event_loop().run_until_complete(main())
+
+
+SERVE = {
+    "aiohttp": serve_aiohttp,
+    "uvicorn": serve_uvicorn,
+    "httptools": serve_httptools,
+    "httptools_raw": functools.partial(serve_httptools, upstream="raw"),
+    "raw": serve_raw,
+}
+FORWARDERS = tuple(SERVE)
 
 
 async def measure(proxies: dict[str, Child], args: argparse.Namespace) -> dict[str, Any]:
@@ -177,25 +315,30 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=256, help="calls in flight (default 256)")
     parser.add_argument("--rounds", type=int, default=3, help="alternating rounds (default 3)")
     parser.add_argument("--latency", type=float, default=0.5, help="mean backend latency per call, s (default 0.5)")
-    parser.add_argument("--serve", choices=("aiohttp", "raw"), help=argparse.SUPPRESS)
+    parser.add_argument("--only", nargs="*", choices=FORWARDERS, help="forwarders beside capture (default all)")
+    parser.add_argument("--base", help="also the capture proxy of this commit (a temporary git worktree)")
+    parser.add_argument("--serve", choices=FORWARDERS, help=argparse.SUPPRESS)
     parser.add_argument("--backend", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.serve == "aiohttp":
-        return serve_aiohttp(args.backend)
-    if args.serve == "raw":
-        return serve_raw(args.backend)
-    backend, direct = _child("--serve", "backend", "--latency", str(args.latency))
-    proxies: dict[str, Child] = {}
-    try:
-        proxies["capture"] = _start("--serve", "proxy", "--backend", direct)
-        for kind in ("aiohttp", "raw"):
-            proxies[kind] = _start("--serve", kind, "--backend", direct, script="proxy_floor.py")
-        data = asyncio.run(measure(proxies, args))
-    finally:
-        for proc in [child.proc for child in proxies.values()] + [backend]:
-            assert proc.stdin is not None
-            proc.stdin.close()
-            proc.wait(10)
+    if args.serve:
+        return SERVE[args.serve](args.backend)
+    with base_tree(args.base) as tree:
+        backend, direct = _child("--serve", "backend", "--latency", str(args.latency))
+        proxies: dict[str, Child] = {}
+        try:
+            proxies["capture"] = _start("--serve", "proxy", "--backend", direct)
+            if tree is not None:
+                proxies["capture_base"] = _start("--serve", "proxy", "--backend", direct, tree=tree)
+            for kind in FORWARDERS if args.only is None else args.only:
+                proxies[kind] = _start("--serve", kind, "--backend", direct, script="proxy_floor.py")
+            data = asyncio.run(measure(proxies, args))
+        finally:
+            for proc in [child.proc for child in proxies.values()] + [backend]:
+                assert proc.stdin is not None
+                proc.stdin.close()
+                proc.wait(10)
+    if args.base:
+        data["base_commit"] = commit_of(args.base)
     print(json.dumps(data, indent=2))
 
 

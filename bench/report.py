@@ -915,13 +915,13 @@ redis-server with one job already queued for it: the seconds from `exec` to the 
         Table(lambda d: list(d.get("imports", {}).items()),
               [Col("import", lambda r, d: f"`{r[0]}`"), Col("seconds (median)", nth(1), ".3f")]),
     ],
-    after="""What changed, and what it cost: the capturing proxy's HTTP stack (aiohttp) is imported and its thread
-started by the first attempt that has an http(s) LLM endpoint, not at worker start (`OnDemandCapture`); that
+    after="""What changed, and what it cost: the capturing proxy's HTTP stack (aiohttp, httptools) is imported and its
+thread started by the first attempt that has an http(s) LLM endpoint, not at worker start (`OnDemandCapture`); that
 attempt waits for it (a few tenths of a second, once per process), and a proxy that cannot start fails that
 attempt (the task is retried) instead of stopping the worker at start. The weight-sync gate still exists from
 the start, so a pause is followed before any proxy runs. fakeredis (and the numpy it imports) is imported only
 for `memory://` URLs. rollq's modules are byte-compiled as a wheel install leaves them.
-`tests/worker/test_startup_imports.py` pins what a worker's import leaves out (aiohttp, fakeredis, numpy, the
+`tests/worker/test_startup_imports.py` pins what a worker's import leaves out (aiohttp, httptools, fakeredis, numpy, the
 metrics and dashboard side). What remains over plain RQ is pydantic and pydantic-settings (the contract and the
 settings model) and rollq's own modules.""",
 )

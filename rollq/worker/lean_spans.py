@@ -9,7 +9,7 @@ processors and ``isinstance`` checks see nothing new) with the same sampling dec
 resource and processor calls, but copies the fields all spans of a tracer share from one prototype instead of
 passing them through ``__init__``, and takes the attributes as they are when they need no cleaning (plain
 ``str``/``bool``/``int``/``float`` values under non-empty string keys, within the attribute count limit, no
-value length limit); :func:`end_span` and :func:`set_attributes` do what ``Span.end`` and
+value length limit, or tuples of ``str``); :func:`end_span` and :func:`set_attributes` do what ``Span.end`` and
 ``Span.set_attributes`` do on the same terms.
 
 Reading goes the same way: :func:`attributes_of` and :func:`fields_of` read an SDK span's fields without the
@@ -117,14 +117,20 @@ class LeanTracer:
         self._lean = samples_as_parent_based_always_on(tracer.sampler) and limits.max_span_attribute_length is None
 
     def start_span(
-        self, name: str, attributes: Mapping[str, Any] | None = None, context: Context | None = None
+        self,
+        name: str,
+        attributes: Mapping[str, Any] | None = None,
+        context: Context | None = None,
+        *,
+        kind: SpanKind = SpanKind.INTERNAL,
+        start_time: int | None = None,
     ) -> trace.Span:
         tracer = self._tracer
         if not (self._lean and _plain(attributes, self._limits)):
-            return tracer.start_span(name, context=context, attributes=attributes)
+            return tracer.start_span(name, context=context, kind=kind, attributes=attributes, start_time=start_time)
         assert isinstance(tracer, Tracer)
         if not tracer._tracer_config.is_enabled:
-            return tracer.start_span(name, context=context, attributes=attributes)
+            return tracer.start_span(name, context=context, kind=kind, attributes=attributes, start_time=start_time)
         parent: SpanContext | None = _get_current_span(context).get_span_context()
         if parent is None or not parent.is_valid:
             parent = None
@@ -137,7 +143,7 @@ class LeanTracer:
             flags = _SAMPLED_RANDOM if parent.trace_flags.random_trace_id else _SAMPLED
             state = parent.trace_state
         else:  # dropped by the sampler: the SDK's NonRecordingSpan
-            return tracer.start_span(name, context=context, attributes=attributes)
+            return tracer.start_span(name, context=context, kind=kind, attributes=attributes, start_time=start_time)
         span_context = SpanContext(
             trace_id, tracer.id_generator.generate_span_id(), is_remote=False, trace_flags=flags, trace_state=state
         )
@@ -162,24 +168,25 @@ class LeanTracer:
         fields["_links"] = BoundedList(limits.max_links)
         fields["_lock"] = threading.Lock()
         fields["_record_end_metrics"] = record_end_metrics
-        fields["_start_time"] = time_ns()
+        fields["_kind"] = kind
+        fields["_start_time"] = time_ns() if start_time is None else start_time
         tracer.span_processor.on_start(span, parent_context=context)
         return span
 
 
-def end_span(span: trace.Span) -> None:
-    """``span.end()``; for an SDK span started and not yet ended, what ``Span.end`` does with the read-only copy
-    handed to the span processors made without ``ReadableSpan.__init__`` (the same fields)."""
+def end_span(span: trace.Span, end_time: int | None = None) -> None:
+    """``span.end(end_time)``; for an SDK span started and not yet ended, what ``Span.end`` does with the read-only
+    copy handed to the span processors made without ``ReadableSpan.__init__`` (the same fields)."""
     if type(span) is not _Span or not _SDK_AS_BUILT_FOR:
-        span.end()
+        span.end(end_time)
         return
     with span._lock:
         ended = span._start_time is None or span._end_time is not None
         if not ended:
-            span._end_time = time_ns()
+            span._end_time = time_ns() if end_time is None else end_time
             span._attributes._immutable = True  # type: ignore[union-attr]
     if ended:  # the SDK's error or warning
-        span.end()
+        span.end(end_time)
         return
     if span._record_end_metrics:
         span._record_end_metrics()
@@ -229,8 +236,10 @@ def _plain(attributes: Mapping[str, Any] | None, limits: Any) -> bool:
     if limits.max_span_attributes is not None and len(attributes) > limits.max_span_attributes:
         return False
     for key, value in attributes.items():
-        if type(value) not in _PLAIN or type(key) is not str or not key:
+        if type(key) is not str or not key:
             return False
+        if type(value) not in _PLAIN and not (type(value) is tuple and all(type(v) is str for v in value)):
+            return False  # a tuple of strings the SDK keeps as it is too; any other value it cleans
     return True
 
 

@@ -79,10 +79,35 @@ def test_a_child_of_an_unsampled_parent_is_not_recorded_on_either_path() -> None
     assert not lean.is_recording()
 
 
+def test_a_lean_client_span_with_its_own_times_and_a_tuple_of_strings_is_the_sdks_field_for_field() -> None:
+    # The capture proxy's span of an LLM call: CLIENT, the call's own start and end, finish reasons as a tuple.
+    provider = TracerProvider()
+    tracer = provider.get_tracer("tests.lean")
+    parent = trace.set_span_in_context(tracer.start_span("rollout"))
+    attributes = {"gen_ai.response.finish_reasons": ("stop",), "gen_ai.usage.input_tokens": 3, "s": "x"}
+    sdk = tracer.start_span("chat m", parent, trace.SpanKind.CLIENT, attributes, start_time=10)
+    lean = LeanTracer(tracer).start_span("chat m", attributes, parent, kind=trace.SpanKind.CLIENT, start_time=10)
+    assert type(lean._attributes._dict) is dict and lean._attributes._dict == attributes  # taken as they are
+    sdk.end(end_time=20)
+    end_span(lean, 20)
+    same_span(sdk, lean)
+    assert (lean.kind, lean.start_time, lean.end_time) == (sdk.kind, sdk.start_time, sdk.end_time)
+    assert (lean.kind, lean.start_time, lean.end_time) == (trace.SpanKind.CLIENT, 10, 20)
+    assert dict(lean.attributes) == dict(sdk.attributes)
+
+
 @pytest.mark.parametrize(
     "attributes",
-    [{"tokens": [1, 2, 3]}, {"long": "x" * 50}, {"": "empty key"}, {"n": None}, {f"k{i}": i for i in range(5)}],
-    ids=["a-list", "a-long-string", "an-empty-key", "none", "too-many"],
+    [
+        {"tokens": [1, 2, 3]},
+        {"long": "x" * 50},
+        {"": "empty key"},
+        {"n": None},
+        {f"k{i}": i for i in range(5)},
+        {"mixed": ("a", 1)},
+        {"ints": (1, 2)},
+    ],
+    ids=["a-list", "a-long-string", "an-empty-key", "none", "too-many", "a-mixed-tuple", "a-tuple-of-ints"],
 )
 def test_attributes_that_need_cleaning_are_cleaned_as_the_sdk_cleans_them(attributes: dict[str, Any]) -> None:
     provider = TracerProvider(span_limits=SpanLimits(max_span_attributes=3, max_span_attribute_length=10))

@@ -19,7 +19,7 @@ from rollq.worker.capture.on_demand import OnDemandCapture
 
 # Not needed before a worker's first claim: the capturing proxy's HTTP stack (only when an attempt has an LLM
 # endpoint), fakeredis and the numpy it pulls in (only for memory:// URLs), and the operators' side.
-NOT_AT_START = ["aiohttp", "fakeredis", "numpy", "prometheus_client", "rq_dashboard", "flask", "rollq.ops"]
+NOT_AT_START = ["aiohttp", "httptools", "fakeredis", "numpy", "prometheus_client", "rq_dashboard", "flask", "rollq.ops"]
 
 
 def _imported_by(statement: str) -> list[str]:
@@ -44,9 +44,9 @@ def test_importing_the_worker_leaves_out_what_its_first_claim_does_not_need(stat
 
 def test_the_capture_package_imports_its_proxy_only_when_asked_for() -> None:
     modules = _imported_by("import rollq.worker.capture.spans, rollq.worker.capture as c; c.CallKind")
-    assert "aiohttp" not in modules and "rollq.worker.capture.proxy" not in modules
+    assert "aiohttp" not in modules and "httptools" not in modules and "rollq.worker.capture.proxy" not in modules
     modules = _imported_by("from rollq.worker.capture import CaptureProxy")
-    assert "aiohttp" in modules
+    assert "httptools" in modules
 
 
 def test_an_attempt_without_an_llm_endpoint_starts_no_proxy_and_gets_a_copy_of_its_resources() -> None:

@@ -6,7 +6,7 @@ unguessable per-attempt token; the proxy forwards to the real endpoint, asks it 
 each call as a GenAI span in that attempt's trace.
 
 The names are imported on first use (PEP 562): importing this package, or its light modules (``calls``,
-``spans``, ``tokens``), does not import the proxy's HTTP stack (aiohttp), which a worker with no LLM
+``spans``, ``tokens``), does not import the proxy's HTTP stack (httptools), which a worker with no LLM
 resources never needs (tests/worker/test_startup_imports.py pins it).
 """
 

@@ -1,7 +1,7 @@
 """The worker's capturing proxy, started by the first attempt that has an LLM endpoint to capture.
 
-A worker whose agents get no LLM resources never imports the proxy's HTTP stack (aiohttp, about 0.3 s of a
-worker's start-up here) nor runs its thread; the first attempt with an http(s) ``LLM`` resource starts it,
+A worker whose agents get no LLM resources never imports the proxy's HTTP stack (aiohttp then, about 0.3 s of a
+worker's start-up; httptools now) nor runs its thread; the first attempt with an http(s) ``LLM`` resource starts it,
 once per process, and every later attempt shares it.
 """
 

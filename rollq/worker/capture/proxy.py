@@ -1,7 +1,7 @@
-"""The capturing proxy: one aiohttp server per worker process, on 127.0.0.1, on a thread of its own.
+"""The capturing proxy: one HTTP server per worker process, on 127.0.0.1, on a thread of its own.
 
-aiohttp serves and forwards (one library for both ends, streaming in both
-directions without buffering, a connection pool to the backend). It has a
+It serves and forwards with :mod:`.httpserver` (httptools' parser; streaming in both directions without buffering, a
+connection pool to the backend). It has a
 thread and loop of its own rather than the async agents' loop: an async agent
 that calls a sync client on that loop would otherwise wait on a proxy that
 cannot run until it returns. Each attempt
@@ -43,8 +43,6 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
-import aiohttp
-from aiohttp import web
 from opentelemetry import trace
 from opentelemetry.context import Context
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
@@ -56,6 +54,17 @@ from ..event_loop import new_event_loop
 from . import ambient, codec, gil
 from .calls import CallKind, CapturedCall
 from .gate import CallGate, GateTimeout
+from .httpserver import (
+    Answer,
+    Client,
+    ClientError,
+    ClientResponse,
+    Request,
+    Response,
+    Server,
+    StreamResponse,
+    json_response,
+)
 from .routing import UpstreamHealth, backoff, rendezvous_order
 from .spans import record_span
 from .tokens import StreamAssembler, iter_sse_data, read_response
@@ -82,6 +91,7 @@ _DROP_REQUEST = frozenset(
     }
 )
 _DROP_RESPONSE = frozenset({"content-length", "content-encoding", "transfer-encoding", "connection", "keep-alive"})
+_ATTEMPT_HEADER = ambient.ATTEMPT_HEADER.lower()
 _SAMPLING = ("temperature", "top_p", "max_tokens", "max_completion_tokens", "seed", "n", "logprobs", "top_logprobs")
 
 
@@ -173,8 +183,8 @@ class CaptureProxy:
         self._concurrency = 1
         self._rejecting: set[str] = set()  # upstreams that refused return_token_ids once
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._session: aiohttp.ClientSession | None = None
-        self._runner: web.ServerRunner | None = None
+        self._client: Client | None = None
+        self._server: Server | None = None
         self._thread: threading.Thread | None = None
 
     # -- lifecycle -------------------------------------------------------------------------------------------
@@ -212,32 +222,20 @@ class CaptureProxy:
 
     async def _open(self, sock: socket.socket) -> None:
         self.gate.bind(asyncio.get_running_loop())
-        self._session = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=0, ttl_dns_cache=300),
-            # A hung backend must not hold a call (and its socket) forever: no byte for read_timeout fails it.
-            timeout=aiohttp.ClientTimeout(total=None, sock_connect=30, sock_read=self.read_timeout),
-            cookie_jar=aiohttp.DummyCookieJar(),  # a proxy keeps no cookies between attempts
-        )
-        # aiohttp's low-level server: the token is the path's first segment, so no application, router or
-        # middleware chain runs per request (about 5% of a call's CPU in the proxy's thread).
-        server = web.Server(
-            self._handle,
-            request_factory=functools.partial(_request, max_body_bytes=self.max_body_bytes),
-            # handler_cancellation: an agent that gives up on a call (its client timed out, its attempt was
-            # stopped) cancels the handler, which closes the backend request instead of leaving it and its socket
-            # open.
-            handler_cancellation=True,
-            access_log=None,
-        )
-        self._runner = web.ServerRunner(server, handle_signals=False)
-        await self._runner.setup()
-        await web.SockSite(self._runner, sock).start()
+        # A hung backend must not hold a call (and its socket) forever: no byte for read_timeout fails it. No
+        # cookies are kept between calls.
+        self._client = Client(connect_timeout=30, read_timeout=self.read_timeout)
+        # httptools under a protocol of rollq's own (see .httpserver): the token is the path's first segment, so
+        # no router runs per request. An agent that gives up on a call (its client timed out, its attempt was
+        # stopped) cancels the handler, which closes the backend request instead of leaving it and its socket open.
+        self._server = Server(self._handle, max_body_bytes=self.max_body_bytes)
+        await self._server.start(sock)
 
     async def _close(self) -> None:
-        if self._runner is not None:
-            await self._runner.cleanup()
-        if self._session is not None:
-            await self._session.close()
+        if self._server is not None:
+            await self._server.close()
+        if self._client is not None:
+            await self._client.close()
 
     def stop(self) -> None:
         if self._loop is not None and self._thread is not None:
@@ -337,10 +335,10 @@ class CaptureProxy:
             self._environment_open.discard(header_token)
 
     # -- serving ---------------------------------------------------------------------------------------------
-    async def _environment_route(self, request: web.BaseRequest, key: str) -> _Route | web.StreamResponse:
+    async def _environment_route(self, request: Request, key: str) -> _Route | Answer:
         """The route of the attempt a call to an environment URL came from; else the refusal saying why not, or,
         with no rollout open at all, the call forwarded uncaptured (it belongs to none: a hook's, a straggler's)."""
-        header = request.headers.get(ambient.ATTEMPT_HEADER)
+        header = request.headers.get(_ATTEMPT_HEADER)  # names come lower-cased
         open_now = tuple(self._environment_open)  # one copy: runner threads open and close attempts meanwhile
         if header is None and self._concurrency == 1 and len(open_now) == 1:
             header = open_now[0]  # one rollout at a time, and one open: it is that one
@@ -352,20 +350,20 @@ class CaptureProxy:
         if header is None:
             message = ambient.unattributable(self._environment[key], len(open_now), self._concurrency)
             log.error("%s", message)
-            return web.json_response({"error": {"message": message, "type": "invalid_request_error"}}, status=400)
+            return json_response({"error": {"message": message, "type": "invalid_request_error"}}, status=400)
         route = self._routes.get(f"{header}@{key}")
         if route is None:
             message = f"rollq capture: the rollout attempt of {ambient.ATTEMPT_HEADER} has ended or is unknown"
-            return web.json_response({"error": {"message": message, "type": "invalid_request_error"}}, status=404)
+            return json_response({"error": {"message": message, "type": "invalid_request_error"}}, status=404)
         return route
 
-    async def _handle(self, request: web.BaseRequest) -> web.StreamResponse:
+    async def _handle(self, request: Request) -> Answer:
         path = request.path
         key = path[1:].split("/", 1)[0]
-        found: _Route | web.StreamResponse | None
+        found: _Route | Answer | None
         if key in self._environment:
             found = await self._environment_route(request, key)
-            if isinstance(found, web.StreamResponse):
+            if not isinstance(found, _Route):
                 return found
         else:
             found = self._routes.get(key)
@@ -374,7 +372,7 @@ class CaptureProxy:
             head = f"/{key}"
             path = head + _ATTEMPT_PATH.sub("", path[len(head) :], count=1)
         if route is None or not (path == route.prefix or path.startswith(route.prefix + "/")):
-            return web.json_response(
+            return json_response(
                 {"error": {"message": "unknown or expired rollq capture address", "type": "invalid_request_error"}},
                 status=404,
             )
@@ -398,39 +396,39 @@ class CaptureProxy:
             return await self._pass_through(request, self.health.pick(route.upstreams) + rest + query, raw)
         return await self._capture(request, route, kind, rest, query, raw, body)
 
-    def _headers(self, request: web.BaseRequest) -> dict[str, str]:
-        return {k: v for k, v in request.headers.items() if k.lower() not in _DROP_REQUEST}
+    def _headers(self, request: Request) -> dict[str, str]:
+        return {k: v for k, v in request.headers.items() if k not in _DROP_REQUEST}  # names come lower-cased
 
-    async def _pass_through(self, request: web.BaseRequest, url: str, raw: bytes) -> web.StreamResponse:
-        assert self._session is not None
+    async def _pass_through(self, request: Request, url: str, raw: bytes) -> Answer:
+        assert self._client is not None
         try:
-            async with self._session.request(
+            async with self._client.request(
                 request.method, url, data=raw or None, headers=self._headers(request)
             ) as upstream:
-                response = web.StreamResponse(status=upstream.status, headers=_response_headers(upstream.headers))
+                response = StreamResponse(status=upstream.status, headers=_response_headers(upstream.header_list))
                 await response.prepare(request)
                 try:
                     async for data in upstream.content.iter_any():
                         await response.write(data)
-                except (TimeoutError, aiohttp.ClientError, ConnectionResetError):
+                except (TimeoutError, ClientError, ConnectionResetError):
                     upstream.close()
                     _cut(request)  # the client sees a broken response, not a complete one
                     return response
                 await response.write_eof()
                 return response
-        except (TimeoutError, aiohttp.ClientError) as exc:
+        except (TimeoutError, ClientError) as exc:
             return _bad_gateway(exc)
 
     async def _capture(
         self,
-        request: web.BaseRequest,
+        request: Request,
         route: _Route,
         kind: CallKind,
         rest: str,
         query: str,
         raw: bytes,
         body: dict[str, Any],
-    ) -> web.StreamResponse:
+    ) -> Answer:
         call = CapturedCall(
             kind=kind,
             resource=route.resource,
@@ -462,7 +460,7 @@ class CaptureProxy:
         sent = {**body, **fields}
         call.sampling = {k: sent[k] for k in _SAMPLING if k in sent}
         headers = self._headers(request)
-        headers["Content-Type"] = "application/json"
+        headers["content-type"] = "application/json"  # the names are lower-cased (see _headers)
         parent = _parent(request, route.parent)
         avoid: str | None = None
         tries = route.options.retries + 1
@@ -479,7 +477,7 @@ class CaptureProxy:
                 answer = await self._forward(
                     request, call, route, parent, upstream_url, query, headers, raw, body, fields, last=attempt == tries
                 )
-                if isinstance(answer, web.StreamResponse):
+                if not isinstance(answer, tuple):
                     if answer.status in _EJECTING:
                         self._failed(upstream_url, route.options)
                     else:
@@ -489,7 +487,7 @@ class CaptureProxy:
                 if status in _EJECTING:
                     self._failed(upstream_url, route.options)
                 avoid, retry_in = upstream_url, retry_after  # the retry goes to another server, if there is one
-            except aiohttp.ClientError as exc:
+            except ClientError as exc:
                 log.warning("LLM upstream %s failed (%s: %s); try %d of %d", upstream_url, type(exc).__name__, exc,
                             attempt, tries)  # fmt: skip
                 self.health.eject(upstream_url, route.options.eject_seconds)
@@ -509,7 +507,7 @@ class CaptureProxy:
 
     async def _forward(
         self,
-        request: web.BaseRequest,
+        request: Request,
         call: CapturedCall,
         route: _Route,
         parent: Context,
@@ -521,16 +519,16 @@ class CaptureProxy:
         fields: dict[str, Any],
         *,
         last: bool,
-    ) -> web.StreamResponse | tuple[int, float | None]:
+    ) -> Answer | tuple[int, float | None]:
         """One upstream request of a call to upstream ``base``: the answer given to the client, or
         ``(status, retry_after)`` of an answer to retry (never when ``last``)."""
-        assert self._session is not None
+        assert self._client is not None
         url = base + call.path + query
         extra = dict(fields)
         call.token_ids_requested = base not in self._rejecting and TOKEN_IDS_FIELD not in body
         if call.token_ids_requested:
             extra[TOKEN_IDS_FIELD] = True
-        upstream = await self._session.post(url, data=_with_fields(raw, body, extra), headers=headers)
+        upstream = await self._client.post(url, data=_with_fields(raw, body, extra), headers=headers)
         if call.token_ids_requested and upstream.status in (400, 422):
             refusal = await upstream.read()
             upstream.release()
@@ -541,7 +539,7 @@ class CaptureProxy:
             self._rejecting.add(base)
             call.token_ids_requested = False
             extra.pop(TOKEN_IDS_FIELD)
-            upstream = await self._session.post(url, data=_with_fields(raw, body, extra), headers=headers)
+            upstream = await self._client.post(url, data=_with_fields(raw, body, extra), headers=headers)
         try:
             if upstream.status in RETRY_STATUSES and not last:
                 await upstream.read()
@@ -561,22 +559,22 @@ class CaptureProxy:
             log.warning("LLM upstream %s failed %d times in a row: left out for %gs", upstream, options.eject_after,
                         options.eject_seconds)  # fmt: skip
 
-    def _paused(self, call: CapturedCall, route: _Route, parent: Context, exc: GateTimeout) -> web.Response:
+    def _paused(self, call: CapturedCall, route: _Route, parent: Context, exc: GateTimeout) -> Response:
         message = (
             f"rollq: LLM calls are paused for a weight sync; this call waited {exc.waited:.1f}s "
             f"(the worker's llm_pause_wait_seconds); try again"
         )
         call.error = message
         self._record(call, route, parent, status=503)
-        return web.json_response(
+        return json_response(
             {"error": {"message": message, "type": "service_unavailable", "code": "rollq_llm_paused"}},
             status=503,
             headers={"Retry-After": str(exc.retry_after)},
         )
 
     def _finish_plain(
-        self, call: CapturedCall, route: _Route, parent: Context, upstream: aiohttp.ClientResponse, data: bytes
-    ) -> web.Response:
+        self, call: CapturedCall, route: _Route, parent: Context, upstream: ClientResponse, data: bytes
+    ) -> Response:
         if upstream.status >= 400:
             call.error = data[:2000].decode(errors="replace")
         else:
@@ -596,17 +594,17 @@ class CaptureProxy:
                             exc,
                         )
         self._record(call, route, parent, status=upstream.status)
-        return web.Response(body=data, status=upstream.status, headers=_response_headers(upstream.headers))
+        return Response(body=data, status=upstream.status, headers=_response_headers(upstream.header_list))
 
     async def _stream(
         self,
-        request: web.BaseRequest,
+        request: Request,
         call: CapturedCall,
         route: _Route,
         parent: Context,
-        upstream: aiohttp.ClientResponse,
-    ) -> web.StreamResponse:
-        response = web.StreamResponse(status=upstream.status, headers=_response_headers(upstream.headers))
+        upstream: ClientResponse,
+    ) -> StreamResponse:
+        response = StreamResponse(status=upstream.status, headers=_response_headers(upstream.header_list))
         await response.prepare(request)
         assembler = StreamAssembler(call)
         buffer = bytearray()
@@ -631,7 +629,7 @@ class CaptureProxy:
                     recorded = True
                     await response.write(data)
             await response.write_eof()
-        except (TimeoutError, ConnectionResetError, aiohttp.ClientError) as exc:
+        except (TimeoutError, ConnectionResetError, ClientError) as exc:
             call.error = f"stream cut: {type(exc).__name__}: {exc}"
             upstream.close()
             if not recorded:
@@ -660,27 +658,20 @@ def _server(url: str) -> tuple[str, int]:
     return parts.hostname or "", parts.port or (443 if parts.scheme == "https" else 80)
 
 
-def _request(
-    message: Any, payload: Any, protocol: Any, writer: Any, task: asyncio.Task[None], *, max_body_bytes: int
-) -> web.BaseRequest:
-    """A request of the proxy's low-level server, its body limited to ``max_body_bytes`` (413 past it)."""
-    return web.BaseRequest(message, payload, protocol, writer, task, task.get_loop(), client_max_size=max_body_bytes)
-
-
 def _retry_after(headers: Mapping[str, str]) -> float | None:
-    value = headers.get("Retry-After")
+    value = headers.get("retry-after")  # names come lower-cased
     try:
         return float(value) if value is not None else None
     except ValueError:
         return None  # an HTTP date: the backoff decides
 
 
-def _parent(request: web.BaseRequest, default: Context) -> Context:
+def _parent(request: Request, default: Context) -> Context:
     # An agent whose HTTP client is instrumented sends a traceparent: put the call under that span when it
     # belongs to this attempt's trace, so it nests under the agent span that made it.
     if "traceparent" not in request.headers:
         return default
-    extracted = TraceContextTextMapPropagator().extract(carrier=dict(request.headers))
+    extracted = TraceContextTextMapPropagator().extract(carrier=request.headers)
     sent = trace.get_current_span(extracted).get_span_context()
     own = trace.get_current_span(default).get_span_context()
     return extracted if sent.is_valid and sent.trace_id == own.trace_id else default
@@ -698,20 +689,19 @@ def _with_fields(raw: bytes, body: dict[str, Any], extra: dict[str, Any]) -> byt
     return raw[:start] + codec.dumps(extra)[1:-1] + b"," + raw[start:]
 
 
-def _response_headers(headers: Mapping[str, str]) -> dict[str, str]:
-    return {k: v for k, v in headers.items() if k.lower() not in _DROP_RESPONSE}
+def _response_headers(headers: list[tuple[str, str]]) -> list[tuple[str, str]]:
+    return [(k, v) for k, v in headers if k.lower() not in _DROP_RESPONSE]
 
 
-def _bad_gateway(exc: BaseException, status: int = 502) -> web.Response:
+def _bad_gateway(exc: BaseException, status: int = 502) -> Response:
     what = "got no answer in time from" if status == 504 else "could not reach"
-    return web.json_response(
+    return json_response(
         {"error": {"message": f"rollq capture proxy {what} the LLM backend: {exc!r}", "type": "bad_gateway"}},
         status=status,
     )
 
 
-def _cut(request: web.BaseRequest) -> None:
+def _cut(request: Request) -> None:
     """Drop the client's connection mid-response, so that a backend's cut is a cut the client sees too (a
     response ended cleanly would look complete)."""
-    if request.transport is not None:
-        request.transport.abort()
+    request.abort()

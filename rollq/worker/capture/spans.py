@@ -14,12 +14,14 @@ cost more than the rest of the call's path through the proxy.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 from opentelemetry import trace
 from opentelemetry.context import Context
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
+from ..lean_spans import LeanTracer, end_span
 from . import codec
 from .calls import CallKind, CapturedCall
 
@@ -143,7 +145,7 @@ def attributes(call: CapturedCall, server: tuple[str, int] | None = None) -> dic
     }
     found.update({k: v for k, v in optional.items() if v is not None})
     if call.finish_reason:
-        found["gen_ai.response.finish_reasons"] = [call.finish_reason]
+        found["gen_ai.response.finish_reasons"] = (call.finish_reason,)  # as the SDK keeps a list: a tuple
     if call.tool_calls:
         found[RESPONSE_TOOL_CALLS] = codec.dumps_str(call.tool_calls)
     usage = call.usage or {}
@@ -160,13 +162,20 @@ def record_span(
 ) -> None:
     """Emit ``call`` as a finished CLIENT span under ``parent``, with the call's own start and end times."""
     model = call.request_model or call.response_model or "unknown"
-    span = tracer.start_span(
+    span = _lean(tracer).start_span(
         f"{call.kind.value} {model}",
-        context=parent,
+        attributes(call, server),
+        parent,
         kind=SpanKind.CLIENT,
         start_time=call.start_ns,
-        attributes=attributes(call, server),
     )
     if call.error is not None:
         span.set_status(Status(StatusCode.ERROR, call.error[:500]))
-    span.end(end_time=call.end_ns)
+    end_span(span, call.end_ns)
+
+
+@functools.lru_cache(maxsize=64)
+def _lean(tracer: trace.Tracer) -> LeanTracer:
+    """The same spans as ``tracer``'s without the SDK's per-span overhead (:mod:`rollq.worker.lean_spans`: about
+    half a captured call's span), for the few tracers a worker process records calls with."""
+    return LeanTracer(tracer)
