@@ -1,14 +1,17 @@
-"""The capture proxy's HTTP server and client (rollq.worker.capture.httpserver): what they use of httptools, and
-what they do on the wire (keep-alive, pipelining, chunked bodies, limits, failures, disconnects, the pool), as
-aiohttp's server and client did."""
+"""The capture proxy's HTTP server and client (rollq.worker.capture.httpserver, .httpclient): what they use of
+httptools, and what they do on the wire (keep-alive, pipelining, chunked bodies, limits, failures, disconnects, the
+pool, TLS, a URL's credentials), as aiohttp's server and client did."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 import socket
+import ssl
+import subprocess
 import threading
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httptools
@@ -293,7 +296,7 @@ async def _backend(answers: list[bytes], seen: list[int]) -> tuple[asyncio.Abstr
 
 
 def test_the_client_reuses_connections_reads_close_delimited_answers_and_replaces_closed_ones() -> None:
-    from rollq.worker.capture.httpserver import Client, ConnectError, Disconnected, ReadTimeout
+    from rollq.worker.capture.httpclient import Client, ConnectError, Disconnected, ReadTimeout
 
     async def main() -> None:
         # The first answer comes after an interim 100 Continue, which is skipped (as aiohttp's client skips it).
@@ -336,3 +339,100 @@ def test_the_client_reuses_connections_reads_close_delimited_answers_and_replace
         hung.close()
 
     asyncio.run(main())
+
+
+def test_the_client_sends_a_urls_user_and_password_as_basic_auth_unless_the_request_has_its_own() -> None:
+    # aiohttp's client sent an endpoint's `https://user:password@host/v1` credentials as Basic auth: an LLM
+    # endpoint configured that way keeps working through the proxy.
+    from rollq.worker.capture.httpclient import Client
+
+    async def main() -> None:
+        heads: list[bytes] = []
+
+        async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            while True:
+                try:
+                    head = await reader.readuntil(b"\r\n\r\n")
+                except (asyncio.IncompleteReadError, ConnectionError):
+                    break
+                heads.append(head.lower())
+                writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok")
+                await writer.drain()
+            writer.close()
+
+        server = await asyncio.start_server(serve, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        client = Client(connect_timeout=5, read_timeout=5)
+        answer = await client.post(f"http://us%40er:p%3Ass@127.0.0.1:{port}/v1", b"{}")
+        assert await answer.read() == b"ok"
+        answer.release()
+        answer = await client.post(f"http://user:pw@127.0.0.1:{port}/v1", b"{}", {"Authorization": "Bearer k"})
+        assert await answer.read() == b"ok"
+        answer.release()
+        await client.close()
+        server.close()
+        await server.wait_closed()
+        # base64("us@er:p:ss"); the Host header carries no credentials
+        assert b"authorization: basic dxnazxi6cdpzcw==\r\n" in heads[0], heads[0]
+        assert f"host: 127.0.0.1:{port}\r\n".encode() in heads[0]
+        assert heads[1].count(b"authorization:") == 1 and b"authorization: bearer k" in heads[1]
+
+    asyncio.run(main())
+
+
+def test_the_client_talks_https_to_a_backend_whose_certificate_the_default_context_trusts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A real TLS backend (a self-signed certificate for 127.0.0.1, trusted through SSL_CERT_FILE, which the default
+    # TLS context the client uses reads): kept-alive connections, and one it does not trust refused as no connection.
+    from rollq.worker.capture.httpclient import Client, ConnectError
+
+    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj", "/CN=127.0.0.1",
+         "-addext", "subjectAltName=IP:127.0.0.1", "-keyout", str(key), "-out", str(cert)],
+        check=True,
+        capture_output=True,
+    )  # fmt: skip
+    served = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    served.load_cert_chain(cert, key)
+
+    async def main(trusted: bool) -> None:
+        connections = 0
+
+        async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            nonlocal connections
+            connections += 1
+            try:
+                while True:
+                    head = await reader.readuntil(b"\r\n\r\n")
+                    length = next(
+                        (int(h[15:]) for h in head.split(b"\r\n") if h.lower().startswith(b"content-length:")), 0
+                    )
+                    body = await reader.readexactly(length)
+                    writer.write(b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+                    await writer.drain()
+            except (asyncio.IncompleteReadError, ConnectionError, ssl.SSLError):
+                pass
+            writer.close()
+
+        server = await asyncio.start_server(serve, "127.0.0.1", 0, ssl=served)
+        url = f"https://127.0.0.1:{server.sockets[0].getsockname()[1]}/v1/chat/completions"
+        client = Client(connect_timeout=5, read_timeout=5)
+        try:
+            if not trusted:
+                with pytest.raises(ConnectError):
+                    await client.post(url, b"{}")
+                return
+            for body in (b'{"a": 1}', b'{"b": 2}'):
+                answer = await client.post(url, body, {"content-type": "application/json"})
+                assert (answer.status, await answer.read()) == (200, body)
+                answer.release()
+            assert connections == 1
+        finally:
+            await client.close()
+            server.close()
+
+    asyncio.run(main(trusted=False))
+    monkeypatch.setenv("SSL_CERT_FILE", str(cert))
+    asyncio.run(main(trusted=True))

@@ -1,7 +1,7 @@
 """The capturing proxy: one HTTP server per worker process, on 127.0.0.1, on a thread of its own.
 
-It serves and forwards with :mod:`.httpserver` (httptools' parser; streaming in both directions without buffering, a
-connection pool to the backend). It has a
+It serves with :mod:`.httpserver` and forwards with :mod:`.httpclient` (httptools' parser; streaming in both
+directions without buffering, a connection pool to the backend). It has a
 thread and loop of its own rather than the async agents' loop: an async agent
 that calls a sync client on that loop would otherwise wait on a proxy that
 cannot run until it returns. Each attempt
@@ -54,17 +54,8 @@ from ..event_loop import new_event_loop
 from . import ambient, codec, gil
 from .calls import CallKind, CapturedCall
 from .gate import CallGate, GateTimeout
-from .httpserver import (
-    Answer,
-    Client,
-    ClientError,
-    ClientResponse,
-    Request,
-    Response,
-    Server,
-    StreamResponse,
-    json_response,
-)
+from .httpclient import Client, ClientError, ClientResponse
+from .httpserver import Answer, Request, Response, Server, StreamResponse, json_response
 from .routing import UpstreamHealth, backoff, rendezvous_order
 from .spans import record_span
 from .tokens import StreamAssembler, iter_sse_data, read_response
