@@ -241,7 +241,7 @@ def _usec_per_call(connection: Any) -> dict[str, float]:
     return {
         name.removeprefix("cmdstat_"): round(float(v["usec_per_call"]), 1)
         for name, v in stats.items()
-        if name.removeprefix("cmdstat_") in ("evalsha", "xadd", "xreadgroup", "xack")
+        if name.removeprefix("cmdstat_") in ("evalsha", "xadd", "xreadgroup", "xack", "set", "mget")
     }
 
 

@@ -580,6 +580,8 @@ _REDIS_CALLS = {
     "xadd": "replay: the XADD inside finish.lua",
     "xreadgroup": "replay: the trainer's XREADGROUP",
     "xack": "replay: the trainer's XACK",
+    "set": "replay: the worker's SET of a big rollout's payload key",
+    "mget": "replay: the trainer's MGET of payload keys",
     "alone: set": "alone: SET of the rollout",
     "alone: xadd": "alone: XADD of the rollout (what the pipes do)",
     "alone: evalsha": "alone: a script given the rollout that only takes its length",
