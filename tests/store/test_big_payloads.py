@@ -13,7 +13,7 @@ from rollq.models.contract import Rollout, Task
 from rollq.models.policy import RolloutPolicy, RolloutStatus
 from rollq.models.wire import rollout_json
 from rollq.producer import Producer
-from rollq.store.keys import Keys, StreamField, job_id
+from rollq.store.keys import Keys, StreamField
 from rollq.store.payloads import PAYLOAD_THRESHOLD
 from rollq.store.replies import Cancelled, Published, Superseded
 from rollq.store.stats import StatsField
@@ -57,7 +57,7 @@ def lc(redis_server: RedisServer, namespace: str) -> Lifecycle:
     return Lifecycle(redis_server.client(), Keys(namespace))
 
 
-def test_a_big_rollout_is_published_by_reference_and_read_back_exactly(lc: Lifecycle, redis_server: RedisServer) -> None:
+def test_a_big_rollout_is_published_by_reference_and_read_exactly(lc: Lifecycle, redis_server: RedisServer) -> None:
     claimed(lc, "r1")
     rollout = big_rollout("r1")
     reply = lc.finish(finish_of(rollout))
@@ -145,8 +145,6 @@ def test_a_consumer_group_reads_big_and_small_rollouts_alike(lc: Lifecycle, redi
     assert list(producer.rollouts("trainers", start="0", idle_timeout=0.5)) == rollouts
 
 
-def test_the_job_ids_of_a_cluster_namespace_and_its_payload_keys_share_a_slot() -> None:
-    keys = Keys("{ns}")
-    assert keys.payload("r1", 1, "t").startswith("{ns}:") and keys.results.startswith("{ns}:")
-    assert job_id("r1")  # the plain namespace's keys carry its tag too
-    assert Keys("ns").payload("r1", 1, "t").startswith("{ns}:")
+def test_payload_keys_share_the_namespace_slot() -> None:
+    assert Keys("{ns}").payload("r1", 1, "t").startswith("{ns}:payload:")
+    assert Keys("ns").payload("r1", 1, "t").startswith("{ns}:payload:")
