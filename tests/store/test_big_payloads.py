@@ -4,6 +4,7 @@ reader, never left behind by a refused finish or a trim."""
 from __future__ import annotations
 
 import time
+import uuid
 from typing import Any
 
 import pytest
@@ -13,11 +14,14 @@ from rollq.models.contract import Rollout, Task
 from rollq.models.policy import RolloutPolicy, RolloutStatus
 from rollq.models.wire import rollout_json
 from rollq.producer import Producer
+from rollq.store.cluster import cluster_url, tag_slot
+from rollq.store.connection import connect
 from rollq.store.keys import Keys, StreamField
 from rollq.store.payloads import PAYLOAD_THRESHOLD
 from rollq.store.replies import Cancelled, Published, Superseded
 from rollq.store.stats import StatsField
 from rollq.store.transitions import Finish, Lifecycle
+from tests.support.cluster import Cluster
 from tests.support.servers import RedisServer
 
 pytestmark = pytest.mark.redis
@@ -148,3 +152,23 @@ def test_a_consumer_group_reads_big_and_small_rollouts_alike(lc: Lifecycle, redi
 def test_payload_keys_share_the_namespace_slot() -> None:
     assert Keys("{ns}").payload("r1", 1, "t").startswith("{ns}:payload:")
     assert Keys("ns").payload("r1", 1, "t").startswith("{ns}:payload:")
+
+
+@pytest.mark.slow
+def test_big_rollouts_of_a_cluster_namespace_publish_read_and_trim_in_its_slot(cluster: Cluster) -> None:
+    name = "{t-" + uuid.uuid4().hex[:8] + "}"
+    url = cluster_url(cluster.seeds, name)
+    lc = Lifecycle(connect(url), Keys(name))
+    ids = [f"r{i}" for i in range(12)]
+    claimed(lc, *ids)
+    rollouts = [big_rollout(rid) for rid in ids]
+    for rollout in rollouts:
+        assert isinstance(lc.finish(finish_of(rollout, results_maxlen=5)), Published)
+    owner = cluster.owner(name.strip("{}")).client()
+    entries = lc.connection.xrange(lc.keys.results)
+    keys = payload_keys(owner, lc.keys)
+    assert len(keys) == len(entries) < len(ids)
+    assert {owner.cluster("keyslot", k) for k in keys} == {tag_slot(name.strip("{}"))}
+    kept = [fields[StreamField.ROLLOUT_ID.encode()].decode() for _, fields in entries]
+    got = Producer.from_url(url, name).get_rollouts(kept)
+    assert got == {r.rollout_id: r for r in rollouts if r.rollout_id in kept}
