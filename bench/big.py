@@ -261,6 +261,17 @@ def _payload_cost(connection: Any, payload: bytes, count: int) -> dict[str, floa
         for _ in range(count):
             call()
         got[f"alone: {name}"] = round(float(connection.info("commandstats")[f"cmdstat_{name}"]["usec_per_call"]), 1)
+    # A payload key read back right after its SET (as the trainer reads a big rollout's): while Redis's memory grows,
+    # the reply's copy lands on fresh pages; once old keys are deleted (as the trim does), on reused ones.
+    for label, keep in (("get, memory growing", None), ("get, old keys deleted", 10)):
+        connection.config_resetstat()
+        for i in range(count):
+            connection.set(f"payload-cost:get:{i}", payload)
+            connection.get(f"payload-cost:get:{i}")
+            if keep is not None and i >= keep:
+                connection.delete(f"payload-cost:get:{i - keep}")
+        got[f"alone: {label}"] = round(float(connection.info("commandstats")["cmdstat_get"]["usec_per_call"]), 1)
+        connection.delete(*[f"payload-cost:get:{i}" for i in range(count)])
     return got
 
 

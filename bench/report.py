@@ -525,11 +525,17 @@ itself (a SET of it {set_usec_1mb:,.0f} µs, an XADD {xadd_usec_1mb:,.0f} µs: R
 script gets a copy in Lua's heap). Now a rollout over 32 KB is SET at a key of its own in the finish's pipeline and
 the script is passed the key's name (`rollq/store/payloads.py`): in the replay at 1 MB Redis spends
 {finish_usec_1mb:,.0f} µs in finish.lua and {set_replay_usec_1mb:,.0f} µs in the SET, the trainer's MGET of the
-payload {mget_usec_1mb:,.0f} µs; in the runs above rollq's Redis CPU per 1 MB rollout is {redis_cpu_1mb:.2f} ms against
-the orjson pipe's {pipe_redis_cpu_1mb:.2f}. What it cost in simplicity: the results stream has two entry shapes (a
-small rollout inline, a big one naming its payload key), every reader loads the referenced ones (one MGET per read
-batch) before parsing, the trim deletes the keys of the entries it removes, and a refused finish deletes its key; all
-of the rule is in `rollq/store/payloads.py` and the two scripts (docs/internals.md, "Big rollouts").
+payload {mget_usec_1mb:,.0f} µs. The MGET copies the rollout into its reply, as reading an inline entry did, but the
+cost of fresh memory moved there: an XADD copies the bytes into the stream on new pages (the XADD alone above), a SET
+keeps the buffer it read, and the reply's copy is what touches new pages while Redis's memory grows, as in the replay
+and the runs above, which never trim ({get_growing_usec_1mb} µs for a GET right after its SET; {get_steady_usec_1mb} µs
+once older keys are deleted, as the trim of a full results stream does). In the runs above rollq's Redis CPU per 1 MB
+rollout is {redis_cpu_1mb:.2f} ms against the orjson pipe's {pipe_redis_cpu_1mb:.2f}.
+
+What the payload keys cost in simplicity: the results stream has two entry shapes (a small rollout inline, a big one
+naming its payload key), every reader loads the referenced ones (one MGET per read batch) before parsing, the trim
+deletes the keys of the entries it removes, and a refused finish deletes its key; all of the rule is in
+`rollq/store/payloads.py` and the two scripts (docs/internals.md, "Big rollouts").
 """
 
 
@@ -579,7 +585,7 @@ the tables says how it stays exact).""",
 
 
 _REDIS_CALLS = {
-    "evalsha": "replay: finish.lua (EVALSHA), the rollout an argument",
+    "evalsha": "replay: finish.lua (EVALSHA), given the rollout's payload key (over 32 KB)",
     "xadd": "replay: the XADD inside finish.lua",
     "xreadgroup": "replay: the trainer's XREADGROUP",
     "xack": "replay: the trainer's XACK",
@@ -588,6 +594,8 @@ _REDIS_CALLS = {
     "alone: set": "alone: SET of the rollout",
     "alone: xadd": "alone: XADD of the rollout (what the pipes do)",
     "alone: evalsha": "alone: a script given the rollout that only takes its length",
+    "alone: get, memory growing": "alone: GET of a key right after its SET, Redis's memory growing",
+    "alone: get, old keys deleted": "alone: GET of a key right after its SET, older keys deleted",
 }
 
 
@@ -616,6 +624,11 @@ def _big_derived(doc: Doc) -> dict[str, Any]:
     usec = doc["rows"][-1]["replay"]["redis_usec_per_call"]
     out["finish_usec_1mb"], out["xadd_usec_1mb"] = usec["evalsha"], usec["alone: xadd"]
     out["set_replay_usec_1mb"], out["mget_usec_1mb"] = usec.get("set", 0.0), usec.get("mget", 0.0)
+    for name, key in (
+        ("get_growing_usec_1mb", "alone: get, memory growing"),
+        ("get_steady_usec_1mb", "alone: get, old keys deleted"),
+    ):
+        out[name] = f"{usec[key]:,.0f}" if key in usec else "-"
     out["argument_usec_1mb"], out["set_usec_1mb"] = usec["alone: evalsha"], usec["alone: set"]
     out["redis_cpu_1mb"] = _round_mean(doc["rows"][-1], "rollq", "coordinator_cpu_ms_per_rollout")
     out["pipe_redis_cpu_1mb"] = _round_mean(doc["rows"][-1], "orjson", "redis_cpu_ms_per_rollout")
