@@ -11,7 +11,7 @@ is copied onto the superseded stream as before.
 Why: a script gets its arguments copied into Lua's heap. Measured on 1 MB (bench/big.py): handing it to a script
 that only takes its length cost Redis 1,307 us, the whole finish 2,238 us, where a SET of the same bytes costs 4 us
 (Redis keeps the argument it read). Small rollouts keep the one-entry format: for them the extra key and the
-reader's extra GET cost more than the copy.
+reader's extra MGET cost about what the copy does.
 
 Readers call :func:`load_payloads` (or :func:`aload_payloads`) on each batch of entries they read: one ``MGET`` for
 the batch puts every referenced rollout where an inline one is, so :func:`rollq.producer.results.parse_entry` and
@@ -41,11 +41,12 @@ __all__ = [
 ]
 
 PAYLOAD_THRESHOLD = 32 * 1024
-"""Rollout JSON longer than this (bytes) goes to a payload key. Measured (Redis's own time for the finish, the SET, the
-trainer's XREADGROUP, MGET and XACK, per rollout, 500 rollouts one at a time): 4.7 KB inline 141 us, by reference 147;
-10 KB 172 / 139; 22 KB 217 / 135; 45 KB 270 / 159; 0.2 MB 888 / 253; 0.9 MB 2,931 / 1,144. Below ~10 KB the copy into
-Lua costs less than the key; from a few tens of KB the reference saves Redis more than a reader's one MGET per batch
-costs it, and a key's ~100 bytes of memory are nothing beside the rollout."""
+"""Rollout JSON longer than this (bytes) goes to a payload key. Measured by bench/payload_threshold.py (Redis's own
+time for the finish, the SET, the trainer's XREADGROUP, MGET and XACK, per rollout, 500 rollouts one at a time),
+inline / by reference: 4.7 KB 141 / 147 us; 10 KB 172 / 139; 22 KB 217 / 135; 45 KB 270 / 159; 0.2 MB 888 / 253;
+0.9 MB 2,931 / 1,144. Below ~10 KB the copy into Lua costs less than the key; from a few tens of KB the reference saves
+Redis more than a reader's one MGET per batch costs it, and a key's ~100 bytes of memory are nothing beside the
+rollout."""
 
 UNPUBLISHED_SECONDS = 24 * 3600
 """The expiry of a payload key until its finish accepts it (which removes the expiry) or refuses it (which deletes
