@@ -64,6 +64,7 @@ from rollq.store.transitions import Finish  # noqa: E402
 from rollq.worker.normalize import to_rollout  # noqa: E402
 
 MAXLEN = 1000
+RESULTS_MAX_BYTES = 4 * 1024**3
 
 
 def rollout_dict(turns: int, rollout_id: str) -> dict[str, Any]:
@@ -294,7 +295,13 @@ def main() -> None:
     in_flight = PER_WORKER_FAST * WORKER_PROCESSES
     with tempfile.TemporaryDirectory(prefix="rollq-bench-big-") as logs:
         for turns in (int(t) for t in args.sizes.split(",")):
-            env = {"ROLLQ_BENCH_BIG_TURNS": str(turns), "ROLLQ_RESULTS_MAXLEN": str(MAXLEN)}
+            # Room for a backlog: at 1 MB the workers publish faster than the one trainer thread parses (issue 24:
+            # ~3x since big rollouts stay out of Lua), and a backlog past the default 1 GiB would be trimmed unread.
+            env = {
+                "ROLLQ_BENCH_BIG_TURNS": str(turns),
+                "ROLLQ_RESULTS_MAXLEN": str(MAXLEN),
+                "ROLLQ_RESULTS_MAX_BYTES": str(RESULTS_MAX_BYTES),
+            }
             order = ["json", "orjson", "rollq"]
             rounds: list[dict[str, Any]] = []
             for number in range(args.rounds):
