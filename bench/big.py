@@ -64,6 +64,7 @@ from rollq.store.transitions import Finish  # noqa: E402
 from rollq.worker.normalize import to_rollout  # noqa: E402
 
 MAXLEN = 1000
+RESULTS_MAX_BYTES = 4 * 1024**3
 
 
 def rollout_dict(turns: int, rollout_id: str) -> dict[str, Any]:
@@ -241,7 +242,7 @@ def _usec_per_call(connection: Any) -> dict[str, float]:
     return {
         name.removeprefix("cmdstat_"): round(float(v["usec_per_call"]), 1)
         for name, v in stats.items()
-        if name.removeprefix("cmdstat_") in ("evalsha", "xadd", "xreadgroup", "xack")
+        if name.removeprefix("cmdstat_") in ("evalsha", "xadd", "xreadgroup", "xack", "set", "mget")
     }
 
 
@@ -261,6 +262,17 @@ def _payload_cost(connection: Any, payload: bytes, count: int) -> dict[str, floa
         for _ in range(count):
             call()
         got[f"alone: {name}"] = round(float(connection.info("commandstats")[f"cmdstat_{name}"]["usec_per_call"]), 1)
+    # A payload key read back right after its SET (as the trainer reads a big rollout's): while Redis's memory grows,
+    # the reply's copy lands on fresh pages; once old keys are deleted (as the trim does), on reused ones.
+    for label, keep in (("get, memory growing", None), ("get, old keys deleted", 10)):
+        connection.config_resetstat()
+        for i in range(count):
+            connection.set(f"payload-cost:get:{i}", payload)
+            connection.get(f"payload-cost:get:{i}")
+            if keep is not None and i >= keep:
+                connection.delete(f"payload-cost:get:{i - keep}")
+        got[f"alone: {label}"] = round(float(connection.info("commandstats")["cmdstat_get"]["usec_per_call"]), 1)
+        connection.delete(*[f"payload-cost:get:{i}" for i in range(count)])
     return got
 
 
@@ -283,7 +295,13 @@ def main() -> None:
     in_flight = PER_WORKER_FAST * WORKER_PROCESSES
     with tempfile.TemporaryDirectory(prefix="rollq-bench-big-") as logs:
         for turns in (int(t) for t in args.sizes.split(",")):
-            env = {"ROLLQ_BENCH_BIG_TURNS": str(turns), "ROLLQ_RESULTS_MAXLEN": str(MAXLEN)}
+            # Room for a backlog: at 1 MB the workers publish faster than the one trainer thread parses (issue 24:
+            # ~3x since big rollouts stay out of Lua), and a backlog past the default 1 GiB would be trimmed unread.
+            env = {
+                "ROLLQ_BENCH_BIG_TURNS": str(turns),
+                "ROLLQ_RESULTS_MAXLEN": str(MAXLEN),
+                "ROLLQ_RESULTS_MAX_BYTES": str(RESULTS_MAX_BYTES),
+            }
             order = ["json", "orjson", "rollq"]
             rounds: list[dict[str, Any]] = []
             for number in range(args.rounds):

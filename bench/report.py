@@ -519,14 +519,23 @@ Beyond the changes here, a steady 1.0x needs that fixed cost cut (the worker CPU
 parsed into Python ints at all: a binary column (int32 bytes that a trainer turns into a tensor with
 `torch.frombuffer`) instead of JSON lists, a change to the wire format and to what a `Triplet` holds, not made here.
 
-At 1 MB most of the gap is Redis's: {redis_cpu_1mb:.2f} ms of Redis CPU per rollout against the orjson pipe's
-{pipe_redis_cpu_1mb:.2f}. finish.lua takes the rollout as an argument, and Redis spends {finish_usec_1mb:,.0f} µs in
-that call, where an XADD of the same bytes alone costs {xadd_usec_1mb:,.0f} µs: handing 1 MB to a script that only
-takes its length costs {argument_usec_1mb:,.0f} µs by itself (a SET of it {set_usec_1mb:,.0f} µs: Redis keeps the
-argument it read, while a script gets a copy in Lua's heap). Publishing atomically with the attempt check while
-keeping the bytes out of Lua is the way to 1.0x at this size: for instance the rollout written to a key of its own
-(`SET`, no copy) and the script moving that key with `RENAME`, the results entry naming it; a change to the results
-stream's format that every reader (trainer, dashboard, serve-al, idempotent re-sends) would follow, not made here.
+At 1 MB most of the gap was Redis's, and most of that the copy of the rollout into Lua: finish.lua took the rollout
+as an argument, and handing 1 MB to a script that only takes its length costs Redis {argument_usec_1mb:,.0f} µs by
+itself (a SET of it {set_usec_1mb:,.0f} µs, an XADD {xadd_usec_1mb:,.0f} µs: Redis keeps the argument it read, while a
+script gets a copy in Lua's heap). Now a rollout over 32 KB is SET at a key of its own in the finish's pipeline and
+the script is passed the key's name (`rollq/store/payloads.py`): in the replay at 1 MB Redis spends
+{finish_usec_1mb:,.0f} µs in finish.lua and {set_replay_usec_1mb:,.0f} µs in the SET, the trainer's MGET of the
+payload {mget_usec_1mb:,.0f} µs. The MGET copies the rollout into its reply, as reading an inline entry did, but the
+cost of fresh memory moved there: an XADD copies the bytes into the stream on new pages (the XADD alone above), a SET
+keeps the buffer it read, and the reply's copy is what touches new pages while Redis's memory grows, as in the replay
+and the runs above, which never trim ({get_growing_usec_1mb} µs for a GET right after its SET; {get_steady_usec_1mb} µs
+once older keys are deleted, as the trim of a full results stream does). In the runs above rollq's Redis CPU per 1 MB
+rollout is {redis_cpu_1mb:.2f} ms against the orjson pipe's {pipe_redis_cpu_1mb:.2f}.
+
+What the payload keys cost in simplicity: the results stream has two entry shapes (a small rollout inline, a big one
+naming its payload key), every reader loads the referenced ones (one MGET per read batch) before parsing, the trim
+deletes the keys of the entries it removes, and a refused finish deletes its key; all of the rule is in
+`rollq/store/payloads.py` and the two scripts (docs/internals.md, "Big rollouts").
 """
 
 
@@ -576,13 +585,17 @@ the tables says how it stays exact).""",
 
 
 _REDIS_CALLS = {
-    "evalsha": "replay: finish.lua (EVALSHA), the rollout an argument",
+    "evalsha": "replay: finish.lua (EVALSHA), given the rollout's payload key (over 32 KB)",
     "xadd": "replay: the XADD inside finish.lua",
     "xreadgroup": "replay: the trainer's XREADGROUP",
     "xack": "replay: the trainer's XACK",
+    "set": "replay: the worker's SET of a big rollout's payload key",
+    "mget": "replay: the trainer's MGET of payload keys",
     "alone: set": "alone: SET of the rollout",
     "alone: xadd": "alone: XADD of the rollout (what the pipes do)",
     "alone: evalsha": "alone: a script given the rollout that only takes its length",
+    "alone: get, memory growing": "alone: GET of a key right after its SET, Redis's memory growing",
+    "alone: get, old keys deleted": "alone: GET of a key right after its SET, older keys deleted",
 }
 
 
@@ -610,6 +623,12 @@ def _big_derived(doc: Doc) -> dict[str, Any]:
     out["rollq_cpu"] = out["worker_cpu"] + out["redis_cpu"] + out["trainer_cpu"]
     usec = doc["rows"][-1]["replay"]["redis_usec_per_call"]
     out["finish_usec_1mb"], out["xadd_usec_1mb"] = usec["evalsha"], usec["alone: xadd"]
+    out["set_replay_usec_1mb"], out["mget_usec_1mb"] = usec.get("set", 0.0), usec.get("mget", 0.0)
+    for name, key in (
+        ("get_growing_usec_1mb", "alone: get, memory growing"),
+        ("get_steady_usec_1mb", "alone: get, old keys deleted"),
+    ):
+        out[name] = f"{usec[key]:,.0f}" if key in usec else "-"
     out["argument_usec_1mb"], out["set_usec_1mb"] = usec["alone: evalsha"], usec["alone: set"]
     out["redis_cpu_1mb"] = _round_mean(doc["rows"][-1], "rollq", "coordinator_cpu_ms_per_rollout")
     out["pipe_redis_cpu_1mb"] = _round_mean(doc["rows"][-1], "orjson", "redis_cpu_ms_per_rollout")

@@ -12,6 +12,7 @@ from rollq.models.errors import RolloutTrimmedError, RollqError
 from rollq.models.wire import parse_rollout
 from rollq.producer import Producer
 from rollq.store.keys import StreamField, TaskField
+from rollq.store.payloads import load_payloads, missing_payload
 from rollq.store.records import TaskRecord, read_record, read_records
 
 
@@ -21,8 +22,10 @@ def _fetch_rollouts(producer: Producer, entry_ids: list[str]) -> dict[str, Rollo
     for entry_id in entry_ids:
         pipe.xrange(producer.keys.results, min=entry_id, max=entry_id)
     found = {}
-    for entry_id, reply in zip(entry_ids, pipe.execute(), strict=True):
-        if reply:
+    replies = pipe.execute()
+    load_payloads(producer.connection, [reply[0][1] for reply in replies if reply])
+    for entry_id, reply in zip(entry_ids, replies, strict=True):
+        if reply and missing_payload(reply[0][1]) is None:
             found[entry_id] = parse_rollout(reply[0][1][StreamField.ROLLOUT.encode()])
     return found
 

@@ -24,6 +24,7 @@ from rollq.store.connection import connect, connect_async, process_client_name
 from rollq.store.control import CancelResult, cancel_call, cancel_script_source, parse_cancel
 from rollq.store.keys import DEFAULT_NAMESPACE, StreamField, TaskField
 from rollq.store.llm_gate import AsyncLLMGate, GateStatus, PauseReport
+from rollq.store.payloads import aload_payloads, missing_payload
 from rollq.store.queries import (
     ATTEMPT_FIELDS,
     FILTER_FIELDS,
@@ -107,11 +108,21 @@ class _Follower:
                 await asyncio.sleep(1.0)
                 continue
             for _, entries in reply or []:
+                wanted = [f for _, f in entries if f[StreamField.ROLLOUT_ID.encode()].decode() in self.waiters]
+                try:
+                    await aload_payloads(p.connection, wanted)
+                except Exception as exc:  # as an outage above: the waits' record look-up finds them
+                    log.warning("reading big rollouts failed (%s); retrying", exc)
+                    lost_track = True
+                    continue
                 for entry_id, fields in entries:
                     cursor = entry_id
                     rid = fields[StreamField.ROLLOUT_ID.encode()].decode()
                     if rid in self.waiters:
-                        self.settle(rid, parse_entry(fields))
+                        if missing_payload(fields) is not None:  # trimmed meanwhile: the records say how it ended
+                            lost_track = True
+                        else:
+                            self.settle(rid, parse_entry(fields))
             if self.waiters and time.monotonic() >= next_reap:
                 # As the blocking wait does: a run with every worker gone still ends.
                 await asyncio.to_thread(p.sync.reap)
@@ -251,8 +262,10 @@ class AsyncProducer:
         for eid in entry_ids.values():
             pipe.xrange(self.keys.results, min=eid, max=eid)
         found: dict[str, Rollout] = {}
-        for rid, entries in zip(entry_ids, await pipe.execute(), strict=True):
-            if not entries:
+        replies = await pipe.execute()
+        await aload_payloads(self.connection, [entries[0][1] for entries in replies if entries])
+        for rid, entries in zip(entry_ids, replies, strict=True):
+            if not entries or missing_payload(entries[0][1]) is not None:
                 raise RolloutTrimmedError(rid)
             found[rid] = parse_entry(entries[0][1])
         return found
@@ -393,8 +406,11 @@ class AsyncProducer:
                         return
                     continue
                 idle_since = time.monotonic()
+                await aload_payloads(conn, [fields for _, fields in entries])
                 for entry_id, fields in entries:
                     unacked.append(entry_id)
+                    if missing_payload(fields) is not None:
+                        continue  # trimmed since it was delivered: counted for the group (see ResultReader)
                     rollout = parse_entry(fields)
                     if delivered.first(rollout):
                         yield rollout

@@ -30,6 +30,7 @@ from rollq.models.groups import GROUP_FIELDS, membership
 from rollq.models.outcomes import failed_rollout
 from rollq.models.policy import TaskState
 from rollq.store.connection import Outage
+from rollq.store.payloads import load_payloads, missing_payload
 from rollq.store.records import read_records
 from rollq.store.stats import StatsField
 
@@ -168,8 +169,9 @@ class BatchReader:
         return self.world_size == 1 or zlib.crc32(group_id.encode()) % self.world_size == self.rank
 
     def _take(self, entries: list[tuple[bytes, dict[bytes, bytes]]]) -> None:
+        load_payloads(self.connection, [fields for _, fields in entries])  # one MGET for the big ones
         for entry_id, fields in entries:
-            if not fields:  # trimmed while pending
+            if not fields or missing_payload(fields) is not None:  # trimmed while pending
                 self._to_ack.append(entry_id)
                 continue
             rollout = parse_entry(fields)

@@ -24,6 +24,7 @@ from rollq.models.outcomes import failed_rollout
 from rollq.models.wire import parse_rollout
 from rollq.store.connection import Outage, unrecoverable
 from rollq.store.keys import TRIMMED_TO, Keys, StreamField, TaskField
+from rollq.store.payloads import load_payloads, missing_payload
 from rollq.store.reaper import reap
 from rollq.store.transitions import Lifecycle
 
@@ -37,7 +38,10 @@ REAP_EVERY_SECONDS = 5.0
 def parse_entry(fields: dict[bytes, bytes]) -> Rollout:
     # One entry that is not a Rollout (corrupt, or written by something else) becomes a failed rollout naming
     # the problem, rather than an error that stops the caller reading every other rollout.
+    # A big rollout's entry names its payload key: the reader loaded it first (rollq.store.payloads).
     rid = fields.get(StreamField.ROLLOUT_ID.encode(), b"").decode(errors="replace")
+    if missing_payload(fields) is not None:
+        return failed_rollout(rid, attempt=0, worker="", error=RolloutTrimmedError([rid]))
     try:
         return parse_rollout(fields[StreamField.ROLLOUT.encode()])
     except (KeyError, ValueError) as exc:
@@ -182,8 +186,10 @@ class _Collected:
         pipe = connection.pipeline(transaction=False)
         for entry_id in ended.values():
             pipe.xrange(keys.results, min=entry_id, max=entry_id)
-        for rid, entries in zip(ended, pipe.execute(), strict=True):
-            if entries:
+        replies = pipe.execute()
+        load_payloads(connection, [entries[0][1] for entries in replies if entries])
+        for rid, entries in zip(ended, replies, strict=True):
+            if entries and missing_payload(entries[0][1]) is None:
                 self.found[rid] = parse_entry(entries[0][1])
             else:
                 self.trimmed.append(rid)
@@ -306,10 +312,12 @@ def _wait(
             block_ms = max(1, int(min(remaining, REAP_EVERY_SECONDS) * 1000))
             reply: Any = connection.xread({keys.results: cursor}, count=1000, block=block_ms)
             for _, entries in reply or []:
+                wanted = [f for _, f in entries if f[StreamField.ROLLOUT_ID.encode()].decode() in got.missing]
+                load_payloads(connection, wanted)
                 for entry_id, fields in entries:
                     cursor = entry_id
                     rid = fields[StreamField.ROLLOUT_ID.encode()].decode()
-                    if rid in got.missing:
+                    if rid in got.missing and missing_payload(fields) is None:  # else trimmed: see below
                         got.found[rid] = parse_entry(fields)
                         got.missing.discard(rid)
                         settled += 1
@@ -425,7 +433,7 @@ class ResultReader:
         entries = [e for e in claimed[1] if e[1]]
         if entries:
             log.info("took over %d rollout(s) a dead reader of group %r left unacknowledged", len(entries), self.group)
-        return entries
+        return self._loaded(entries)
 
     def _check_lost(self) -> None:
         count, from_id = cast(
@@ -443,13 +451,17 @@ class ResultReader:
         self._check_lost()
         # Our own unacknowledged entries first (a restart under the same name), then those of dead readers.
         mine: Any = self.connection.xreadgroup(self.group, self.consumer, {k.results: "0"}, count=self.batch)
-        entries = [e for _, es in mine or [] for e in es if e[1]] or self._claim_abandoned()
+        entries = self._loaded([e for _, es in mine or [] for e in es if e[1]]) or self._claim_abandoned()
         if entries:
             return entries
         new: Any = self.connection.xreadgroup(
             self.group, self.consumer, {k.results: ">"}, count=self.batch, block=block_ms
         )
-        return [e for _, es in new or [] for e in es]
+        return self._loaded([e for _, es in new or [] for e in es])
+
+    def _loaded(self, entries: list[tuple[bytes, dict[bytes, bytes]]]) -> list[tuple[bytes, dict[bytes, bytes]]]:
+        load_payloads(self.connection, [fields for _, fields in entries])
+        return entries
 
     def __iter__(self) -> Iterator[Rollout]:
         outage = Outage(f"reader {self.consumer} of group {self.group!r}")
@@ -476,6 +488,8 @@ class ResultReader:
                 idle_since = time.monotonic()
                 for entry_id, fields in entries:
                     self._unacked.append(entry_id)
+                    if missing_payload(fields) is not None:
+                        continue  # trimmed since it was delivered: counted for the group, raised by _check_lost
                     rollout = parse_entry(fields)
                     if self.delivered.first(rollout):  # a second copy is acknowledged, not handed over
                         yield rollout

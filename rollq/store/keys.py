@@ -104,6 +104,11 @@ class Keys:
         ``from:<group>`` (the first lost entry id)."""
         return f"{self._tag}:results-trim"
 
+    def payload(self, rollout_id: str, attempt: int, token: str) -> str:
+        """String: one big rollout's JSON, kept out of its results entry, which names this key instead (see
+        :mod:`rollq.store.payloads`); ``token`` is the publication's own, so that no other one overwrites it."""
+        return f"{self._tag}:payload:{rollout_id}{MEMBER_SEPARATOR}{attempt}{MEMBER_SEPARATOR}{token}"
+
     @property
     def superseded(self) -> str:
         """Stream of results that arrived from an attempt that was no longer current."""
@@ -296,6 +301,7 @@ class StreamField(StrEnum):
 
     ROLLOUT_ID = "rollout_id"
     ROLLOUT = "rollout"  # the Rollout, JSON
+    REF = "ref"  # instead of ROLLOUT, a big rollout's payload key (Keys.payload); summaries stream: the same key
     ATTEMPT = "attempt"  # superseded stream only
     SUMMARY = "summary"  # summaries stream: the summary, JSON (rollq.store.summaries)
     MODE = "mode"  # summaries stream: the task's mode, from its record

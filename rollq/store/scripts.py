@@ -110,9 +110,15 @@ def lua_header() -> str:
             ".. bucket end",
             # One summary per published rollout (rollq.store.summaries), bounded by the results stream's entry count.
             # SIZE: the result's payload bytes, which the results stream's trim reads instead of the result.
-            "local function add_summary(key, maxlen, rid, summary, mode, result_id, size)",
-            "  redis.call('XADD', key, 'MAXLEN', '~', maxlen, '*', S.rollout_id, rid, S.summary, summary, "
+            # REF: the result's payload key when it has one (rollq.store.payloads), for the trim to delete.
+            "local function add_summary(key, maxlen, rid, summary, mode, result_id, size, ref)",
+            "  if ref and ref ~= '' then",
+            "    redis.call('XADD', key, 'MAXLEN', '~', maxlen, '*', S.rollout_id, rid, S.summary, summary, "
+            "S.mode, mode or '', S.result, result_id, S.size, size, S.ref, ref)",
+            "  else",
+            "    redis.call('XADD', key, 'MAXLEN', '~', maxlen, '*', S.rollout_id, rid, S.summary, summary, "
             "S.mode, mode or '', S.result, result_id, S.size, size)",
+            "  end",
             "end",
             # A loop, not unpack(): unpack fails past a few thousand items (a worker's heartbeat of every attempt).
             "local function list_from(t, first, last)",
@@ -156,12 +162,35 @@ class ScriptCall:
     script: Script
     keys: list[str]
     args: list[Any]
+    before: tuple[tuple[Any, ...], ...] = ()
+    """Commands sent just before the script, in the same pipeline, their replies dropped: the SETs of big rollouts'
+    payloads that ``finish.lua`` is passed the keys of (:mod:`rollq.store.payloads`)."""
 
     def run(self) -> Any:
-        return self.script(keys=self.keys, args=self.args)
+        if not self.before:
+            return self.script(keys=self.keys, args=self.args)
+        pipe = self.script.registered_client.pipeline(transaction=False)
+        for command in self.before:
+            pipe.execute_command(*command)
+        self.script(keys=self.keys, args=self.args, client=pipe)
+        return pipe.execute()[-1]
 
     def queue(self, pipe: Pipeline) -> None:
+        """Queue the call in ``pipe``: ``1 + len(before)`` commands, the script last (see :func:`script_replies`)."""
+        for command in self.before:
+            pipe.execute_command(*command)
         pipe.evalsha(self.script.sha, len(self.keys), *self.keys, *self.args)
+
+
+def script_replies(calls: Sequence[ScriptCall], replies: Sequence[Any]) -> list[Any]:
+    """The replies of the scripts of ``calls`` among ``replies``, those of a pipeline they were queued in (in order,
+    first), without those of their ``before`` commands."""
+    out, i = [], 0
+    for call in calls:
+        i += len(call.before)
+        out.append(replies[i])
+        i += 1
+    return out
 
 
 def rerun_unloaded(calls: Sequence[ScriptCall], replies: Sequence[Any]) -> tuple[list[Any], bool]:

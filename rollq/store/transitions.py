@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import redis
@@ -25,6 +25,7 @@ from rollq.models.policy import RolloutPolicy, RolloutStatus
 from .connection import transient_refusal
 from .jobs import JobTemplate
 from .keys import Keys
+from .payloads import UNPUBLISHED_SECONDS, goes_to_payload, payload_token
 from .replication import ReplicaWait
 from .replies import (
     Claim,
@@ -39,7 +40,7 @@ from .replies import (
     read_finish,
     read_requeue,
 )
-from .scripts import ScriptCall, load_script, replied, rerun_unloaded
+from .scripts import ScriptCall, load_script, replied, rerun_unloaded, script_replies
 from .stats import duration_bucket, reward_bucket
 from .summaries import minimal_summary_json
 
@@ -96,6 +97,9 @@ class Finish:
     summary: str = ""
     """The rollout's summary for the summaries stream (:func:`rollq.store.summaries.summary_json`); empty: a
     minimal one from the fields above."""
+    payload_token: str = field(default_factory=payload_token, compare=False)
+    """Names the payload key of a rollout too big to pass to the script (:mod:`rollq.store.payloads`): one per
+    Finish, so that a finish sent again (a reply lost to a dropped connection) is known for the same one."""
 
 
 class Lifecycle:
@@ -196,12 +200,13 @@ class Lifecycle:
             newest = replies.pop(0)
             head.append(newest[0][0] if isinstance(newest, list) and newest else b"0-0")
         if not atomic:
-            return replies[: len(calls)], replies[-1] if waits else None
-        executed = replies[len(calls) + 1]  # after MULTI's OK and each call's QUEUED
+            return script_replies(calls, replies), replies[-1] if waits else None
+        queued = len(calls) + sum(len(call.before) for call in calls)
+        executed = replies[queued + 1]  # after MULTI's OK and each command's QUEUED
         if isinstance(executed, Exception):
             # EXECABORT: a call was refused while queued (out of memory, say) and none ran; that refusal says why.
-            executed = next((r for r in replies[1 : len(calls) + 1] if isinstance(r, Exception)), executed)
-        answered = list(executed) if isinstance(executed, list) else [executed] * len(calls)
+            executed = next((r for r in replies[1 : queued + 1] if isinstance(r, Exception)), executed)
+        answered = script_replies(calls, executed) if isinstance(executed, list) else [executed] * len(calls)
         return answered, replies[-1] if waits else None
 
     def settle_all(self, calls: Sequence[ScriptCall], replies: Sequence[Any], *, acknowledged: Any = None) -> list[Any]:
@@ -397,12 +402,17 @@ class Lifecycle:
             k.summaries,
         ]
         args: list[Any] = [min(f.results_maxlen for f in finishes), self.results_max_bytes]
+        before: list[tuple[Any, ...]] = []
         for f in finishes:
             keys.append(k.task(f.rollout_id))
+            ref = ""
+            if goes_to_payload(f.rollout_json):
+                ref = k.payload(f.rollout_id, f.attempt, f.payload_token)
+                before.append(("SET", ref, f.rollout_json, "EX", UNPUBLISHED_SECONDS))
             args += [
                 f.rollout_id,
                 f.attempt,
-                f.rollout_json,
+                "" if ref else f.rollout_json,
                 f.status,
                 f.now,
                 int(f.dead_letter),
@@ -422,8 +432,9 @@ class Lifecycle:
                     resources_id=f.resources_id,
                     duration=f.duration,
                 ),
+                ref,
             ]
-        return ScriptCall(self._finish, keys, args)
+        return ScriptCall(self._finish, keys, args, tuple(before))
 
     @staticmethod
     def read_finish(reply: Any) -> FinishReply:

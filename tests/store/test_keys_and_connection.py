@@ -32,7 +32,8 @@ def rollq_keys(keys: Keys) -> list[str]:
         if isinstance(member, property):
             names.append(getattr(keys, attr))
         elif inspect.isfunction(member):
-            names.append(getattr(keys, attr)("some-id"))
+            arguments = len(inspect.signature(member).parameters) - 1  # all but self
+            names.append(getattr(keys, attr)(*["some-id"] * arguments))
     return names
 
 

@@ -123,3 +123,20 @@ class RaisingHook(Hook):
 def read_events(connection: redis.Redis, key: str) -> list[dict[str, Any]]:
     """The events :class:`RecordingHook` pushed to ``key``."""
     return [json.loads(raw) for raw in connection.lrange(key, 0, -1)]
+
+
+def token_ids(task_input: dict[str, Any], turn: int) -> list[int]:
+    """The token ids of one turn of :class:`BigTokenIdsAgent`'s rollout: ``task_input["ids"]`` of them, seeded by the
+    task and the turn, so the test can check every id that comes back."""
+    seed = int(task_input["seed"]) * 1000 + turn
+    return [(seed * 7919 + i * 104729) % 151_936 for i in range(int(task_input["ids"]))]
+
+
+class BigTokenIdsAgent(LitAgent):
+    """Returns ``task_input["turns"]`` triplets of :func:`token_ids` (a big rollout when there are many)."""
+
+    async def training_rollout_async(self, task_input: Any, rollout_id: str, resources: NamedResources) -> Any:
+        return [
+            Triplet(prompt={"token_ids": token_ids(task_input, t)}, response={"text": "ok"}, reward=float(t))
+            for t in range(int(task_input["turns"]))
+        ]

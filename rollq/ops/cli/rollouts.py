@@ -7,6 +7,7 @@ from typing import Any
 import click
 
 from rollq.store.keys import StreamField
+from rollq.store.payloads import load_payloads, missing_payload
 
 from . import context
 from .errors import one_line_errors
@@ -53,8 +54,11 @@ def rollouts_tail(ctx: click.Context, group: str | None, from_start: bool, count
         while True:
             reply: Any = producer.connection.xread({producer.keys.results: cursor}, count=100, block=1000)
             for _, entries in reply or []:
+                load_payloads(producer.connection, [fields for _, fields in entries])
                 for entry_id, fields in entries:
                     cursor = entry_id
+                    if missing_payload(fields) is not None:
+                        continue  # trimmed before it was read
                     click.echo(fields[StreamField.ROLLOUT.encode()].decode())
                     seen += 1
                     if count and seen >= count:

@@ -20,6 +20,7 @@ import redis
 from rollq.models.contract import Rollout
 from rollq.models.wire import parse_rollout
 from rollq.store.keys import Keys, StreamField
+from rollq.store.payloads import load_payloads, missing_payload
 from rollq.store.queries import AttemptInfo, read_attempts
 from rollq.store.records import TaskRecord, read_records
 from rollq.store.stats import REWARD_SUM, parse_reward_stat
@@ -208,6 +209,8 @@ def rollout_page(connection: redis.Redis, keys: Keys, rollout_id: str) -> Rollou
     if record is not None and record.result_id:
         reply = cast(list[Any], connection.xrange(keys.results, min=record.result_id, max=record.result_id))
         if reply:
+            load_payloads(connection, [reply[0][1]])
+        if reply and missing_payload(reply[0][1]) is None:
             rollout = parse_rollout(reply[0][1][StreamField.ROLLOUT.encode()])
     trimmed = rollout is None and record is not None and record.result_id is not None
     if rollout is None:

@@ -21,7 +21,7 @@ local task_keys = list_from(KEYS, 9)  -- one per task
 local maxlen = tonumber(ARGV[1])
 local max_bytes = tonumber(ARGV[2])
 local task_args = list_from(ARGV, 3)  -- per task, PER_TASK items: see finish_one
-local PER_TASK = 15
+local PER_TASK = 16
 
 local counts, count_order, floats, float_order = {}, {}, {}, {}
 local function tally(field, by)
@@ -57,9 +57,27 @@ local function finish_one(task_key, a)
   local resources_id = a[13]  -- the resources version the rollout ran with, '' when none
   local reward_missing = a[14] == '1'  -- a succeeded rollout with no reward at all
   local summary = a[15]  -- the rollout's compact summary, JSON (rollq.store.summaries)
+  -- A big rollout is not an argument (Lua would get a copy of it): the caller SET it at this key just before
+  -- (rollq.store.payloads), rollout_json is then ''. Published, the entry names the key, which loses its expiry and
+  -- goes with the entry (trim_results); refused, the key is deleted.
+  local ref = a[16]
+  local size = #rollout_id + #rollout_json
+  if ref ~= '' then
+    local length = redis.call('STRLEN', ref)
+    if length == 0 then
+      return redis.error_reply('ERR the payload ' .. ref .. ' of rollout ' .. rollout_id .. ' is missing')
+    end
+    size = #rollout_id + length
+  end
+  local function drop_payload()
+    if ref ~= '' then
+      redis.call('DEL', ref)
+    end
+  end
 
   local t = redis.call('HMGET', task_key, F.state, F.attempt, F.mode, F.resources_id, F.result)
   if t[1] == STATE.cancelled then
+    drop_payload()
     tally(STATS_DROPPED_CANCELLED, 1)
     return {REPLY.cancelled}
   end
@@ -67,27 +85,41 @@ local function finish_one(task_key, a)
     if stale_before == '' and t[2] == attempt and t[5] then
       -- This attempt already published: if it was this very rollout (sent again because a
       -- connection drop swallowed the reply), answer as the first time did.
+      -- (A payload key is the publication's own: the same key is the same rollout, kept now as the first time.)
       local entry = redis.call('XRANGE', results, t[5], t[5])
-      if entry[1] and entry[1][2][4] == rollout_json then
+      if entry[1] and entry[1][2][4] == (ref ~= '' and ref or rollout_json) then
+        if ref ~= '' then
+          redis.call('PERSIST', ref)
+        end
         return {REPLY.published, t[5]}
       end
     end
     if stale_before == '' then
+      -- Rare: a big rollout is copied into Lua here, to keep the superseded stream's one format.
       redis.call('XADD', superseded, 'MAXLEN', '~', maxlen, '*', S.rollout_id, rollout_id, S.attempt, attempt,
-        S.rollout, rollout_json)
+        S.rollout, ref ~= '' and redis.call('GET', ref) or rollout_json)
       tally(STATS_SUPERSEDED, 1)
     end
+    drop_payload()
     return {REPLY.superseded}
   end
   local running = member(rollout_id, attempt)
   if stale_before ~= '' then
     local deadline = redis.call('ZSCORE', inflight, running)
     if deadline and tonumber(deadline) > tonumber(stale_before) then
+      drop_payload()
       return {REPLY.alive}
     end
   end
-  -- The rollout is the second field of the entry: the idempotency check above reads it at index 4.
-  local id = redis.call('XADD', results, '*', S.rollout_id, rollout_id, S.rollout, rollout_json)
+  -- The rollout (or its payload key) is the second field of the entry: the idempotency check above reads it at
+  -- index 4.
+  local id
+  if ref ~= '' then
+    id = redis.call('XADD', results, '*', S.rollout_id, rollout_id, S.ref, ref)
+    redis.call('PERSIST', ref)
+  else
+    id = redis.call('XADD', results, '*', S.rollout_id, rollout_id, S.rollout, rollout_json)
+  end
   redis.call('HSET', task_key, F.state, status, F.result, id, F.ended, now, end_field(attempt), history(status, now))
   redis.call('ZREM', inflight, running)
   if t[4] and t[4] ~= '' then
@@ -114,7 +146,7 @@ local function finish_one(task_key, a)
   if keep_seconds ~= '0' and status == STATE.succeeded then
     redis.call('EXPIRE', task_key, keep_seconds)
   end
-  return {REPLY.published, id}, {id, #rollout_id + #rollout_json, summary, t[3]}
+  return {REPLY.published, id}, {id, size, summary, t[3], ref}
 end
 
 local replies = {}
@@ -125,16 +157,16 @@ for i, task_key in ipairs(task_keys) do
   local reply, published = guarded(finish_one, task_key, list_from(task_args, 1 + PER_TASK * (i - 1), PER_TASK * i))
   if published then
     if newest then
-      add_summary(summaries, maxlen, newest[1], newest[2], newest[3], newest[4], newest[5])
+      add_summary(summaries, maxlen, newest[1], newest[2], newest[3], newest[4], newest[5], newest[6])
     end
-    newest = {task_args[1 + PER_TASK * (i - 1)], published[3], published[4], published[1], published[2]}
+    newest = {task_args[1 + PER_TASK * (i - 1)], published[3], published[4], published[1], published[2], published[5]}
     added, added_bytes = added + 1, added_bytes + published[2]
   end
   replies[i] = reply
 end
 if newest then
   trim_results(results, stats, results_trim, maxlen, max_bytes, newest[4], added_bytes, summaries, added)
-  add_summary(summaries, maxlen, newest[1], newest[2], newest[3], newest[4], newest[5])
+  add_summary(summaries, maxlen, newest[1], newest[2], newest[3], newest[4], newest[5], newest[6])
 end
 for _, field in ipairs(count_order) do
   count(stats, field, counts[field])

@@ -81,9 +81,21 @@ local function needed_by(need, id)
   return id_lt(need.delivered, id) or (need.first_pending ~= nil and not id_lt(id, need.first_pending))
 end
 
--- A results entry's payload bytes (rollout id + rollout JSON), what STATS_RESULTS_BYTES counts.
+-- A results entry's payload bytes (rollout id + rollout JSON, in the entry or at the payload key it names instead:
+-- rollq.store.payloads), what STATS_RESULTS_BYTES counts; and that payload key, or nil.
 local function entry_size(e)
-  return #e[2][2] + #e[2][4]
+  local f = e[2]
+  if f[3] == S.ref then
+    return #f[2] + redis.call('STRLEN', f[4]), f[4]
+  end
+  return #f[2] + #f[4], nil
+end
+
+-- Delete the payload keys of removed entries, a few hundred a call (unpack has a limit).
+local function delete_payloads(refs)
+  for i = 1, #refs, 500 do
+    redis.call('DEL', unpack(refs, i, math.min(#refs, i + 499)))
+  end
 end
 
 -- A summary's fields by name.
@@ -95,7 +107,7 @@ local function summary_fields(flat)
   return f
 end
 
--- The results stream's entries, oldest first, n at a time as {id, size, summary_id} lists. The ids and sizes come
+-- The results stream's entries, oldest first, n at a time as {id, size, summary_id, payload key or nil} lists. The ids and sizes come
 -- from the summaries stream (one small entry per result, XADDed by the same script, its SIZE field the result's
 -- payload bytes), not from the results themselves: reading a big rollout back into Lua only to measure it cost Redis
 -- as much CPU as publishing it. The walk starts where the last trim stopped (SUMMARIES_FROM in the trim hash), and
@@ -133,14 +145,15 @@ local function entry_reader(stream, summaries, trim)
           reader.from_results = true
           break
         end
-        out[#out + 1] = {id, size, e[1]}
+        out[#out + 1] = {id, size, e[1], f[S.ref]}
         reader.last, scursor = id, '(' .. e[1]
       end
     end
     if reader.from_results and #out < n then
       local from = reader.last and ('(' .. reader.last) or '-'
       for _, e in ipairs(redis.call('XRANGE', stream, from, '+', 'COUNT', n - #out)) do
-        out[#out + 1] = {e[1], entry_size(e), nil}
+        local size, ref = entry_size(e)
+        out[#out + 1] = {e[1], size, nil, ref}
         reader.last = e[1]
       end
     end
@@ -203,6 +216,7 @@ local function trim_results(stream, stats, trim, maxlen, max_bytes, newest, adde
   local removed, removed_bytes, cut, first_removed = 0, 0, nil, nil
   local cut_summary, last_summary = nil, nil  -- where the next trim's walk of the summaries starts
   local lost_now = {}  -- group -> {count, from}: entries it was never delivered
+  local refs = {}  -- the payload keys of removed entries
   local reader = entry_reader(stream, summaries, trim)
   while true do
     -- Read about as many entries as the bounds need gone (ids and sizes), at most 100 at a time.
@@ -238,6 +252,7 @@ local function trim_results(stream, stats, trim, maxlen, max_bytes, newest, adde
       first_removed = first_removed or id
       local size = e[2]
       removed, removed_bytes = removed + 1, removed_bytes + size
+      refs[#refs + 1] = e[4]
       len, bytes = len - 1, bytes - size
       last_summary = e[3] or last_summary
     end
@@ -249,6 +264,7 @@ local function trim_results(stream, stats, trim, maxlen, max_bytes, newest, adde
     return
   end
   cut = cut or newest
+  delete_payloads(refs)
   if redis.call('XTRIM', stream, 'MINID', cut) == removed then
     redis.call('HINCRBY', stats, STATS_RESULTS_BYTES, -removed_bytes)
   else

@@ -1,0 +1,101 @@
+"""Big rollouts kept beside the results stream: the one rule for writing and reading them.
+
+A rollout whose JSON is longer than :data:`PAYLOAD_THRESHOLD` is not handed to ``lua/finish.lua`` as an argument:
+the same pipeline first SETs it at a key of its own (:meth:`~rollq.store.keys.Keys.payload`, with an expiry of
+:data:`UNPUBLISHED_SECONDS`), and the script is passed that key's name. On acceptance the results entry is
+``rollout_id, <id>, ref, <payload key>`` (``StreamField.REF`` where a small rollout's entry has ``StreamField.ROLLOUT``)
+and the key loses its expiry: it lives exactly as long as its entry, and the trim that removes the entry deletes it
+(``lua/trim_results.lua``). A refused finish (superseded, cancelled, a live attempt) deletes it; a superseded rollout
+is copied onto the superseded stream as before.
+
+Why: a script gets its arguments copied into Lua's heap. Measured on 1 MB (bench/big.py): handing it to a script
+that only takes its length cost Redis 1,307 us, the whole finish 2,238 us, where a SET of the same bytes costs 4 us
+(Redis keeps the argument it read). Small rollouts keep the one-entry format: for them the extra key and the
+reader's extra MGET cost about what the copy does.
+
+Readers call :func:`load_payloads` (or :func:`aload_payloads`) on each batch of entries they read: one ``MGET`` for
+the batch puts every referenced rollout where an inline one is, so :func:`rollq.producer.results.parse_entry` and
+everything after it read both formats alike. A payload gone by then (its entry trimmed between the two reads) leaves
+the entry without a rollout; :func:`missing_payload` says so.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Iterable, MutableMapping
+from typing import Any
+
+import redis
+import redis.asyncio
+
+from .keys import StreamField
+
+__all__ = [
+    "PAYLOAD_THRESHOLD",
+    "UNPUBLISHED_SECONDS",
+    "aload_payloads",
+    "load_payloads",
+    "goes_to_payload",
+    "missing_payload",
+    "payload_token",
+]
+
+PAYLOAD_THRESHOLD = 32 * 1024
+"""Rollout JSON longer than this (bytes) goes to a payload key. Measured by bench/payload_threshold.py (Redis's own
+time for the finish, the SET, the trainer's XREADGROUP, MGET and XACK, per rollout, 500 rollouts one at a time),
+inline / by reference: 4.7 KB 141 / 147 us; 10 KB 172 / 139; 22 KB 217 / 135; 45 KB 270 / 159; 0.2 MB 888 / 253;
+0.9 MB 2,931 / 1,144. Below ~10 KB the copy into Lua costs less than the key; from a few tens of KB the reference saves
+Redis more than a reader's one MGET per batch costs it, and a key's ~100 bytes of memory are nothing beside the
+rollout."""
+
+UNPUBLISHED_SECONDS = 24 * 3600
+"""The expiry of a payload key until its finish accepts it (which removes the expiry) or refuses it (which deletes
+the key): only a key whose script never ran (a pipeline cut between the SET and the script, a script error) lives
+this long. A published payload has no expiry: the results stream has no retention in time, only its bounds."""
+
+_ROLLOUT = StreamField.ROLLOUT.encode()
+_REF = StreamField.REF.encode()
+
+Fields = MutableMapping[bytes, bytes]
+
+
+def goes_to_payload(rollout_json: bytes | str) -> bool:
+    """Whether a finish puts ``rollout_json`` at a payload key rather than in its results entry."""
+    return len(rollout_json) > PAYLOAD_THRESHOLD
+
+
+def payload_token() -> str:
+    """A new publication's part of its payload key's name (:meth:`~rollq.store.keys.Keys.payload`)."""
+    return secrets.token_hex(8)
+
+
+def _refs(batch: Iterable[Fields]) -> list[tuple[Fields, bytes]]:
+    return [(fields, fields[_REF]) for fields in batch if _REF in fields and _ROLLOUT not in fields]
+
+
+def _fill(refs: list[tuple[Fields, bytes]], values: list[Any]) -> None:
+    for (fields, _), value in zip(refs, values, strict=True):
+        if value is not None:
+            fields[_ROLLOUT] = value
+
+
+def load_payloads(connection: redis.Redis, batch: Iterable[Fields]) -> None:
+    """Put the rollout of each referenced entry of ``batch`` (entry fields, as read) in its ``rollout`` field: one
+    ``MGET`` for the batch, none when no entry refers to a payload."""
+    refs = _refs(batch)
+    if refs:
+        _fill(refs, list(connection.mget([ref for _, ref in refs])))
+
+
+async def aload_payloads(connection: redis.asyncio.Redis, batch: Iterable[Fields]) -> None:
+    """:func:`load_payloads` on an asyncio connection."""
+    refs = _refs(batch)
+    if refs:
+        _fill(refs, list(await connection.mget([ref for _, ref in refs])))
+
+
+def missing_payload(fields: Fields) -> bytes | None:
+    """The payload key an entry names but whose rollout could not be read (gone: the entry was trimmed meanwhile)."""
+    if _ROLLOUT in fields:
+        return None
+    return fields.get(_REF)
