@@ -49,7 +49,9 @@ class Snapshot:
     workers: list[dict[str, Any]]
     counters: dict[str, float] = field(default_factory=dict)
     results_stream_memory_bytes: int | None = None
-    """MEMORY USAGE of the results stream; None where the server has no such command (the embedded one)."""
+    """``MEMORY USAGE`` of the results stream key alone (a big rollout's JSON is in a payload key of its own,
+    rollq.store.payloads: counted in ``results_stream_bytes``, not here); None where the server has no such command
+    (the embedded one)."""
     memory: MemoryState | None = None
     """Redis's memory limit, use and eviction policy; None where ``INFO`` is not available."""
     reward_missing: int = 0
@@ -235,7 +237,8 @@ def render_text(s: Snapshot) -> str:
         f"  results stream    {s.results_stream_length} entries, {_size(s.results_stream_bytes)}"
         + (f", oldest {s.results_oldest_age_seconds:.0f}s old" if s.results_oldest_age_seconds is not None else "")
         + (
-            f", {_size(s.results_stream_memory_bytes)} of Redis memory"
+            f", {_size(s.results_stream_memory_bytes)} of Redis memory in the stream key"
+            " (big rollouts' payload keys beside it count in the size, not here)"
             if s.results_stream_memory_bytes is not None
             else ""
         ),
