@@ -1089,8 +1089,20 @@ def targets_section(docs: dict[str, Doc]) -> str:
     return (
         "## Targets\n\nEach checked against the figure of the section below that measures it (\"not measured\": "
         "no benchmark here measures it yet). The figures come from different runs: see each section's date, "
-        "commit and load.\n\n" + render_table(table, {})
+        "commit and load.\n\n" + render_table(table, {}) + "\n\n" + MACHINES_NOTE
     )
+
+
+MACHINES_NOTE = (
+    "**Compare within a run, not across days.** Each session runs on a fresh machine of the same kind (2 cores), "
+    "and they differ: the sections measured on 2026-12-02 from 05:20 UTC ran on one 1.7-3.5x slower than the "
+    "day before's. The same minimal Redis queue, batched, ran 12,900-18,900 jobs/s there against 44,800 jobs/s; "
+    "the mock-LLM setting's worker CPU at 1000 in flight was 2.43 ms per rollout at `eb07806` "
+    "where the same worker code (`4dac21d`) measured 1.41 ms the day before, and the "
+    "1000-in-flight setting, CPU-bound, fell with it "
+    "(AL 0.1.2 fell alike: 38.0% -> 20.4% of the ideal rate). What such a change did is in the ratios measured "
+    "side by side in one run (`--base`, before/after sections)."
+)
 
 
 # fmt: on
