@@ -43,7 +43,7 @@ from rollq.models.coerce import coerce
 from rollq.models.contract import ResourcesUpdate, Rollout, Task
 from rollq.models.errors import AttemptTokenError, InvalidTaskError, UnknownResourcesError
 from rollq.models.policy import RolloutPolicy
-from rollq.store.jobs import read_rollq_jobs, rollout_id_of
+from rollq.store.jobs import read_rollq_jobs, rollout_ids_of
 from rollq.store.keys import Keys, inflight_member
 from rollq.store.records import parse_task
 from rollq.store.replies import ClaimRefused, Requeued
@@ -254,7 +254,18 @@ class Gateway:
             log.error("set job %s of queue %s aside: %s", job_id, k.queue_name, job or "it has no hash")
             self.lifecycle.quarantine(k.rq_intermediate, job_id)
             return None
-        rollout_id = rollout_id_of(job)
+        ids = rollout_ids_of(job)
+        if len(ids) != 1:
+            # A pack (tasks_per_job > 1) is for RolloutWorkers; set aside here, its tasks are queued again one job
+            # each by the reapers' lost-job sweep (lua/reissue.lua: the job is on none of RQ's lists).
+            log.error(
+                "set pack job %s of queue %s aside: this gateway runs jobs of one task (queue with tasks_per_job=1)",
+                job_id,
+                k.queue_name,
+            )
+            self.lifecycle.quarantine(k.rq_intermediate, job_id)
+            return None
+        (rollout_id,) = ids
         claim = self.lifecycle.claim(rollout_id, job_id, self.name)
         if isinstance(claim, ClaimRefused):
             self.attempts.refused(rollout_id, job_id, claim, self.name)

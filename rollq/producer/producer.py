@@ -26,6 +26,7 @@ from rollq.models.policy import RolloutPolicy, TaskState
 from rollq.store.connection import connect, process_client_name
 from rollq.store.control import CancelResult, cancel_call, cancel_script_source, parse_cancel
 from rollq.store.eviction import warn_if_evicting
+from rollq.store.jobs import MAX_PACK
 from rollq.store.keys import DEFAULT_NAMESPACE, Keys
 from rollq.store.llm_gate import GateStatus, LLMGate, PauseReport
 from rollq.store.queries import AttemptInfo, TaskInfo, TaskPage, query_tasks, read_attempts
@@ -33,6 +34,7 @@ from rollq.store.reaper import ReapReport, reap
 from rollq.store.records import read_record, read_records
 from rollq.store.replies import Enqueued
 from rollq.store.resources import ResourceStore
+from rollq.store.settings import Settings
 from rollq.store.transitions import DEFAULT_RESULTS_MAX_BYTES, Lifecycle
 
 from .batches import BatchReader
@@ -68,8 +70,11 @@ class Producer:
         max_task_bytes: int = 1024 * 1024,
         wait_replicas: int | None = None,
         wait_timeout_ms: int = 1000,
+        tasks_per_job: int | None = None,
     ) -> None:
         self.connection = connection
+        # None: ROLLQ_TASKS_PER_JOB (1 unless set). Checked here, so that a bad value fails at construction.
+        self.tasks_per_job = _checked_pack(Settings().tasks_per_job if tasks_per_job is None else tasks_per_job)
         self.keys = Keys(namespace)
         self.policy = policy or RolloutPolicy()
         self.results_maxlen = results_maxlen
@@ -132,6 +137,7 @@ class Producer:
         group_size: int | None = None,
         max_pending: int | None = None,
         pending_timeout: float | None = None,
+        tasks_per_job: int | None = None,
     ) -> list[Task]:
         """Queue a batch of tasks in pipelined round trips (one per 2000 tasks) and return them.
 
@@ -149,8 +155,15 @@ class Producer:
         resources version start when claimed, so with N = (k + 1) x the rollouts one training step consumes, no
         task is claimed more than about k versions before the step that trains on it: the bound that keeps a
         ``batches(max_staleness=k)`` trainer from dropping work.
+
+        ``tasks_per_job=K`` (default: the producer's, from ``ROLLQ_TASKS_PER_JOB``, 1 unless set) queues the
+        tasks in packs of up to K per RQ job: N tasks make ceil(N/K) RQ jobs (with groups, K = ``group_size``
+        makes each group one job). Each task keeps its own record, attempts and outcome; a worker runs a pack's
+        tasks side by side, one slot each, and RQ's per-job bookkeeping is paid once per pack (docs/rq.md,
+        "Packs"). A task that goes back to the queue (retry, hand-back, reaper) goes as a job of its own.
         """
         policy = policy or self.policy
+        per_job = self.tasks_per_job if tasks_per_job is None else _checked_pack(tasks_per_job)
         now = time.time()
         inputs = list(inputs)
         per_task: list[dict[str, Any]] | None = None
@@ -188,6 +201,8 @@ class Producer:
         if max_pending is not None and max_pending < 1:
             raise ValueError("max_pending must be at least 1")
         step = _ENQUEUE_CHUNK if max_pending is None else min(_ENQUEUE_CHUNK, max_pending)
+        if step >= per_job:  # whole packs per chunk (a pack is made within one chunk)
+            step -= step % per_job
         outcomes: list[Enqueued] = []
         for start in range(0, len(serialized), step):
             chunk = serialized[start : start + step]
@@ -195,7 +210,7 @@ class Producer:
                 self._wait_for_room(len(chunk), max_pending, pending_timeout, queued=start)
             try:
                 # One transaction per chunk: Redis queues all of it or none (a full Redis refuses it whole).
-                chunk_outcomes, position = self.lifecycle.enqueue_many_after(chunk, policy)
+                chunk_outcomes, position = self.lifecycle.enqueue_many_after(chunk, policy, tasks_per_job=per_job)
                 # The enqueue script checks the pinned version atomically and queues none of a batch without it.
                 if Enqueued.UNKNOWN_RESOURCES in chunk_outcomes:
                     raise UnknownResourcesError(resources_id, self.namespace)
@@ -482,6 +497,12 @@ class Producer:
     def reap(self) -> ReapReport:
         """Requeue or fail attempts whose worker stopped heartbeating (workers do this too)."""
         return reap(self.lifecycle, results_maxlen=self.results_maxlen)
+
+
+def _checked_pack(tasks_per_job: int) -> int:
+    if isinstance(tasks_per_job, bool) or not isinstance(tasks_per_job, int) or not 1 <= tasks_per_job <= MAX_PACK:
+        raise ValueError(f"tasks_per_job must be a whole number from 1 to {MAX_PACK}, got {tasks_per_job!r}")
+    return tasks_per_job
 
 
 def _task_json(task: Task) -> str:

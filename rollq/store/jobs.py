@@ -17,6 +17,7 @@ import math
 import re
 import uuid
 import zlib
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -134,9 +135,11 @@ class JobTemplate:
         ]
 
     @staticmethod
-    def payload(rollout_id: str) -> bytes:
-        """RQ's ``data`` field for a job at ``rollout_id``: (function, instance, args, kwargs) as compressed JSON."""
-        return zlib.compress(JSONSerializer.dumps((ROLLOUT_FUNC, None, [rollout_id], {})))
+    def payload(rollout_ids: str | Sequence[str]) -> bytes:
+        """RQ's ``data`` field for a job at ``rollout_ids`` (one id, or a pack's ids in order): (function,
+        instance, args, kwargs) as compressed JSON; the args are the rollout ids, nothing else."""
+        args = [rollout_ids] if isinstance(rollout_ids, str) else list(rollout_ids)
+        return zlib.compress(JSONSerializer.dumps((ROLLOUT_FUNC, None, args, {})))
 
     def fields(self, rollout_id: str, description: str) -> list[Any]:
         """The whole job hash for an attempt at ``rollout_id``, flattened for a Lua ``HSET``."""
@@ -147,8 +150,13 @@ _TAGGED_JOB_ID = re.compile(r"\{[A-Za-z0-9_.-]{1,64}\}[A-Za-z0-9_-]+")
 """A cluster namespace's job id: its hash tag, then an id RQ accepts."""
 
 
-def rollout_id_of(job: Job) -> str:
-    """The rollout id a rollq job carries; :class:`InvalidTaskError` for anything else.
+MAX_PACK = 1000
+"""The most tasks one RQ job may carry (``Settings.tasks_per_job``'s bound); a job naming more is refused."""
+
+
+def rollout_ids_of(job: Job) -> list[str]:
+    """The rollout ids a rollq job carries, in order: one, or a pack's (``tasks_per_job`` > 1); distinct, non-empty
+    strings, at most :data:`MAX_PACK`; :class:`InvalidTaskError` for anything else.
 
     Reading ``func_name`` only decodes the job's JSON; nothing is imported.
     """
@@ -158,9 +166,25 @@ def rollout_id_of(job: Job) -> str:
         raise InvalidTaskError(f"job {job.id}: payload is not valid rollq JSON ({type(exc).__name__}: {exc})") from exc
     if func_name != ROLLOUT_FUNC:
         raise InvalidTaskError(f"job {job.id}: refusing to run {func_name!r}; a rollq queue only runs {ROLLOUT_FUNC}")
-    if kwargs or len(args) != 1 or not isinstance(args[0], str):
-        raise InvalidTaskError(f"job {job.id}: expected one rollout id argument, got args={args!r} kwargs={kwargs!r}")
-    return args[0]
+    if (
+        kwargs
+        or not isinstance(args, list | tuple)
+        or not 1 <= len(args) <= MAX_PACK
+        or not all(isinstance(a, str) and a for a in args)
+        or len(set(args)) != len(args)
+    ):
+        raise InvalidTaskError(
+            f"job {job.id}: expected 1 to {MAX_PACK} distinct rollout id arguments, got args={args!r} kwargs={kwargs!r}"
+        )
+    return list(args)
+
+
+def rollout_id_of(job: Job) -> str:
+    """The one rollout id a single-task rollq job carries; :class:`InvalidTaskError` for a pack or anything else."""
+    ids = rollout_ids_of(job)
+    if len(ids) != 1:
+        raise InvalidTaskError(f"job {job.id}: a pack of {len(ids)} tasks where one rollout id was expected")
+    return ids[0]
 
 
 @dataclass(frozen=True)
@@ -387,7 +411,7 @@ def read_rollq_jobs(connection: redis.Redis, job_ids: list[str]) -> dict[str, Jo
         try:
             job.restore(raw)
             job.get_status(refresh=False)
-            rollout_id_of(job)
+            rollout_ids_of(job)
         except InvalidTaskError as exc:
             found[job_id] = exc
             continue

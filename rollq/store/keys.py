@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+import uuid
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -70,6 +71,11 @@ class Keys:
         """:func:`job_id` of this namespace: prefixed with the tag for a cluster namespace, so that RQ's keys of
         the job (``rq:job:<id>``, ``rq:results:<id>``, ...) land in the namespace's slot."""
         return self.job_prefix + job_id(rollout_id, after_attempt, reissue=reissue)
+
+    def pack_job_id(self) -> str:
+        """A new RQ job id for a pack of tasks (``tasks_per_job`` > 1): random, so that a pack never meets another
+        job's id; prefixed like :meth:`job_id`. A task that goes back to the queue gets :meth:`job_id`'s own."""
+        return self.job_prefix + pack_job_id()
 
     @property
     def queue_name(self) -> str:
@@ -369,6 +375,11 @@ def rollout_id_of_task_key(keys: Keys, key: str | bytes) -> str:
 
 
 _JOB_PREFIX = "rollq-"
+
+
+def pack_job_id() -> str:
+    """``rollq-pack-<32 random hex>``: the RQ job id of a pack of tasks (see :meth:`Keys.pack_job_id`)."""
+    return f"{_JOB_PREFIX}pack-{uuid.uuid4().hex}"
 
 
 def job_id(rollout_id: str, after_attempt: int = 0, *, reissue: bool = False) -> str:

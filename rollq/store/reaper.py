@@ -39,7 +39,7 @@ from rollq.models.outcomes import failed_rollout
 from rollq.models.policy import RolloutStatus, TaskState
 from rollq.models.wire import rollout_json
 
-from .jobs import read_rollq_jobs, rollout_id_of
+from .jobs import read_rollq_jobs, rollout_ids_of
 from .keys import Keys, TaskField, parse_inflight_member
 from .records import TaskRecord, read_records_or_errors
 from .replies import Clock, JobTaken, Published, Requeued
@@ -223,9 +223,10 @@ def _restore_stranded(lifecycle: Lifecycle, *, now: float, limit: int) -> tuple[
                     job,
                 )
             continue
-        rid = rollout_id_of(job) if job is not None else ""
+        ids = rollout_ids_of(job) if job is not None else [""]
+        rid = ids[0] if len(ids) == 1 else f"pack {ids[0]} .. {ids[-1]}"
         try:
-            put_back = lifecycle.restore(rid, job_id, now)
+            put_back = lifecycle.restore(ids, job_id, now)
         except redis.ResponseError as exc:
             log.error("could not check job %s of %s in RQ's intermediate list: %s", job_id, rid, exc)
             continue

@@ -54,6 +54,11 @@ class Settings(BaseSettings):
     """Resources versions ``/metrics`` labels one by one (the newest, in numeric order); older ones are folded
     into ``resources_id="older"`` so that the series do not grow with every weight update."""
 
+    tasks_per_job: int = Field(default=1, ge=1, le=1000)
+    """Tasks one RQ job carries ("packs", issue 24): a producer queues a batch of N tasks as ceil(N/K) RQ jobs, and
+    a worker dequeues a job only when this many of its slots (at most its concurrency) are free. 1: one RQ job per
+    task, as before packs. Give producers and workers the same value (docs/rq.md, "Packs")."""
+
     @field_validator("log_level", mode="before")
     @classmethod
     def _any_case(cls, value: object) -> object:

@@ -23,7 +23,7 @@ from rollq.models.errors import JobIdTakenError
 from rollq.models.policy import RolloutPolicy, RolloutStatus
 
 from .connection import transient_refusal
-from .jobs import JobTemplate
+from .jobs import MAX_PACK, JobTemplate
 from .keys import Keys
 from .payloads import UNPUBLISHED_SECONDS, goes_to_payload, payload_token
 from .replication import ReplicaWait
@@ -249,42 +249,72 @@ class Lifecycle:
     def _description(task: Task) -> str:
         return f"rollout {task.rollout_id} ({task.mode or 'no mode'})"
 
-    def enqueue_many(self, tasks: Sequence[tuple[Task, str]], policy: RolloutPolicy) -> list[Enqueued]:
+    @staticmethod
+    def _pack_description(tasks: Sequence[Task]) -> str:
+        if len(tasks) == 1:
+            return f"pack of 1: rollout {tasks[0].rollout_id} ({tasks[0].mode or 'no mode'})"
+        return (
+            f"pack of {len(tasks)}: rollouts {tasks[0].rollout_id} .. {tasks[-1].rollout_id} "
+            f"({tasks[0].mode or 'no mode'})"
+        )
+
+    def enqueue_many(
+        self, tasks: Sequence[tuple[Task, str]], policy: RolloutPolicy, *, tasks_per_job: int = 1
+    ) -> list[Enqueued]:
         """Queue each ``(task, task_json)`` unless its rollout id is known, in one transaction (all or none).
 
         Tasks that share a mode and a resources pin go in Lua calls of up to
         100, the job template sent once per call. Returns what happened to each task.
+
+        ``tasks_per_job=K`` > 1 queues them in packs: each run of up to K consecutive tasks that share a mode and a
+        resources pin is one RQ job (:meth:`~rollq.store.keys.Keys.pack_job_id`) whose payload lists their rollout
+        ids, and each task's record names it as its job. A pack never spans two script calls, so its job is
+        written and pushed once (docs/rq.md, "Packs").
         """
-        return self._enqueue_many(tasks, policy, None)[0]
+        return self._enqueue_many(tasks, policy, None, tasks_per_job)[0]
 
     def enqueue_many_after(
-        self, tasks: Sequence[tuple[Task, str]], policy: RolloutPolicy
+        self, tasks: Sequence[tuple[Task, str]], policy: RolloutPolicy, *, tasks_per_job: int = 1
     ) -> tuple[list[Enqueued], bytes | None]:
         """:meth:`enqueue_many`, and the results stream's newest entry id read in the same pipeline before the
         tasks were queued (``b"0-0"`` for an empty stream; None when it could not be read): every rollout of a
         task queued here is published after it, so a reader that reads the stream from there needs no look at
         the tasks' records (``rollq.producer.results``; issue 24)."""
-        return self._enqueue_many(tasks, policy, [])
+        return self._enqueue_many(tasks, policy, [], tasks_per_job)
 
     def _enqueue_many(
-        self, tasks: Sequence[tuple[Task, str]], policy: RolloutPolicy, head: list[Any] | None
+        self, tasks: Sequence[tuple[Task, str]], policy: RolloutPolicy, head: list[Any] | None, tasks_per_job: int
     ) -> tuple[list[Enqueued], bytes | None]:
+        if not 1 <= tasks_per_job <= MAX_PACK:
+            raise ValueError(f"tasks_per_job must be between 1 and {MAX_PACK}, got {tasks_per_job}")
         k = self.keys
         template = self._template(policy)
         shared = [policy.model_dump_json(), policy.unresponsive_seconds]
         calls: list[ScriptCall] = []
         sizes = []
+        # Whole packs per script call: a pack split over two calls would be pushed twice.
+        per_call = max(tasks_per_job, _ENQUEUE_BATCH - _ENQUEUE_BATCH % tasks_per_job)
         for (mode, pinned), group in itertools.groupby(tasks, key=lambda t: (t[0].mode or "", t[0].resources_id or "")):
             items = list(group)
-            for start in range(0, len(items), _ENQUEUE_BATCH):
-                batch = items[start : start + _ENQUEUE_BATCH]
+            for start in range(0, len(items), per_call):
+                batch = items[start : start + per_call]
                 keys = [k.rq_queue, k.rq_queues(), k.resources_refs, k.resources(pinned) if pinned else k.rq_queue]
                 keys.append(k.queued_tasks)
                 args = [*shared, pinned, mode, len(template.shared), *template.shared]
-                for task, task_json in batch:
-                    jid = k.job_id(task.rollout_id)
-                    keys += [k.task(task.rollout_id), k.rq_job(jid)]
-                    args += [task_json, jid, template.payload(task.rollout_id), self._description(task)]
+                if tasks_per_job == 1:
+                    for task, task_json in batch:
+                        jid = k.job_id(task.rollout_id)
+                        keys += [k.task(task.rollout_id), k.rq_job(jid)]
+                        args += [task_json, jid, template.payload(task.rollout_id), self._description(task)]
+                else:
+                    for at in range(0, len(batch), tasks_per_job):
+                        pack = batch[at : at + tasks_per_job]
+                        jid = k.pack_job_id()
+                        payload = template.payload([task.rollout_id for task, _ in pack])
+                        description = self._pack_description([task for task, _ in pack])
+                        for task, task_json in pack:
+                            keys += [k.task(task.rollout_id), k.rq_job(jid)]
+                            args += [task_json, jid, payload, description]
                 calls.append(ScriptCall(self._enqueue, keys, args))
                 sizes.append(len(batch))
         settled, confirmed = self._run(calls, atomic=True, head=head)
@@ -501,13 +531,16 @@ class Lifecycle:
             raise JobIdTakenError(jid, task.rollout_id)
         return bool(reply)
 
-    def restore(self, rollout_id: str, job_id: str, now: float) -> bool:
+    def restore(self, rollout_id: str | Sequence[str], job_id: str, now: float) -> bool:
         """Push ``job_id`` back on the queue if it has been stranded in RQ's intermediate list for
-        ``unresponsive_seconds`` while its task waits for it (see ``lua/restore.lua``); True if it was.
-        A leftover whose task no longer waits for it is dropped from the list after 30 s."""
+        ``unresponsive_seconds`` while its task (any task of a pack: ``rollout_id`` lists them) waits for it (see
+        ``lua/restore.lua``); True if it was. A leftover whose tasks no longer wait for it is dropped from the list
+        after 30 s."""
         k = self.keys
+        first, *others = [rollout_id] if isinstance(rollout_id, str) else list(rollout_id)
         reply = self._restore(
-            keys=[k.task(rollout_id), k.rq_intermediate, k.rq_queue, k.stranded(job_id), k.stats], args=[job_id, now]
+            keys=[k.task(first), k.rq_intermediate, k.rq_queue, k.stranded(job_id), k.stats, *map(k.task, others)],
+            args=[job_id, now],
         )
         return reply == 1
 

@@ -10,9 +10,9 @@ from __future__ import annotations
 from typing import Any
 
 
-def run_rollout(rollout_id: str) -> Any:
-    """Refuse to run outside :class:`rollq.worker.RolloutWorker`."""
+def run_rollout(*rollout_ids: str) -> Any:
+    """Refuse to run outside :class:`rollq.worker.RolloutWorker` (a job carries one rollout id, a pack several)."""
     raise RuntimeError(
-        f"rollq job for {rollout_id!r} must be run by rollq.worker.RolloutWorker: "
+        f"rollq job for {', '.join(map(repr, rollout_ids))} must be run by rollq.worker.RolloutWorker: "
         "rq worker -w rollq.worker.RolloutWorker --url URL NAMESPACE"
     )

@@ -18,7 +18,8 @@ write nothing new (a second HSET of the same fields, an EXPIRE of a key a rollq 
   ``Job._handle_success`` (saved hash, result, finished registry) or the failed status + ``Job._handle_failure``
   (failed registry), ``Execution.delete``; the worker's counters and working time once per batch.
 
-Every job ends here exactly once and frees its slot then (see :mod:`.slots`).
+Every task ends here exactly once and frees its slot then (see :mod:`.slots`); a job's RQ end is written
+when its last task ended (:mod:`.packs`).
 """
 
 from __future__ import annotations
@@ -42,46 +43,44 @@ from rollq.store.scripts import replied
 from .attempt import Publication
 from .bookkeeping import Batcher
 from .faults import armed, crash_point
+from .packs import Pack, TaskEnd, failure_text, pack_outcome
 from .runner import AgentRunner, AttemptResult, AttemptStatus, Pending
 from .slots import Slots
 
 log = logging.getLogger(__name__)
 
 
-@dataclass
+@dataclass(frozen=True)
 class Start:
-    """A dequeued job waiting for its claim and RQ's start bookkeeping."""
+    """A dequeued job waiting for its tasks' claims and RQ's start bookkeeping."""
 
-    job: Job
-    queue: Queue
-    rollout_id: str
-    execution: Execution | None = None  # RQ's Execution of the job, once its start is queued
+    pack: Pack
 
 
 @dataclass(frozen=True)
 class Done:
-    """A job whose agent has settled: its attempt waits to be published."""
+    """A task whose agent has settled: its attempt waits to be published."""
 
-    job: Job
-    queue: Queue
-    execution: Execution | None
+    pack: Pack
     pending: Pending
 
 
 @dataclass(frozen=True)
 class Ended:
-    """A job whose attempt is over: RQ's end bookkeeping records ``result``, or ``error`` (a rollq fault)."""
+    """A task whose attempt is over: its pack records ``result``, or ``error`` (a rollq fault)."""
 
-    job: Job
-    queue: Queue
-    execution: Execution | None
+    pack: Pack
+    rollout_id: str
     result: AttemptResult | None = None
     error: str | None = None
 
 
 class RqLifecycle:
     """Starts and ends ``worker``'s jobs in batches: claims and publications via ``runner``, RQ's bookkeeping
-    with the worker's own RQ methods, a slot of ``slots`` freed as each job ends."""
+    with the worker's own RQ methods, a slot of ``slots`` freed as each task ends.
+
+    A job carries one task or a pack of several (:mod:`.packs`): each task is claimed, run and published on its
+    own; RQ's start bookkeeping is written once per job, its end once its last task ended."""
 
     def __init__(self, worker: BaseWorker, runner: AgentRunner, slots: Slots) -> None:
         self.worker = worker
@@ -91,10 +90,11 @@ class RqLifecycle:
         self._finishes: Batcher[Done] = Batcher("rollq-finish", self._finish_batch)
         self._registries: dict[str, JobRegistries] = {}  # by queue name
 
-    def start(self, job: Job, queue: Queue, rollout_id: str) -> None:
-        """Start ``job`` (holding a slot) in the next start batch; it ends, and frees its slot, in a later one."""
-        self.slots.started(job.id)
-        self._starts.put(Start(job, queue, rollout_id))
+    def start(self, job: Job, queue: Queue, rollout_ids: list[str], slots: int = 1) -> None:
+        """Start ``job``'s tasks (``rollout_ids``; the job holding ``slots`` slots) in the next start batch; each
+        ends, and frees its slot, in a later one."""
+        self.slots.started(job.id, len(rollout_ids))
+        self._starts.put(Start(Pack(job, queue, rollout_ids, slots)))
 
     def shutdown(self) -> None:
         """Let both batch threads handle what is queued, then end."""
@@ -102,17 +102,19 @@ class RqLifecycle:
         self._finishes.shutdown()
 
     def _start_batch(self, starts: list[Start]) -> None:
-        """Claim each job's task and do RQ's start bookkeeping, in one pipeline; then launch the agents.
+        """Claim each job's tasks and do RQ's start bookkeeping of each job, in one pipeline; then launch the agents.
 
         The claims come first in the pipeline: each moves its task from ``queued`` (its job still in RQ's
         intermediate list, where reapers look) to ``running`` with a heartbeat deadline (where reapers look
         too); RQ's start bookkeeping after them takes the job out of the intermediate list. Redis runs a
-        pipeline's commands in order, so a worker dying at any point leaves each task where a reaper finds it.
+        pipeline's commands in order, and the claims of a batch are one script call, so a worker dying at any
+        point leaves each task where a reaper finds it (a pack's tasks all queued, or all running).
         """
         runner, worker = self.runner, self.worker
+        tasks = [(start.pack, rollout_id) for start in starts for rollout_id in start.pack.rollout_ids]
         try:
             # One claim call for the whole batch (one EVALSHA, TIME and GET of the latest resources: issue 24).
-            calls = [runner.lifecycle.claim_many_call([(s.rollout_id, s.job.id) for s in starts], worker.name)]
+            calls = [runner.lifecycle.claim_many_call([(rid, pack.job.id) for pack, rid in tasks], worker.name)]
             if armed("claimed"):  # test-only: the state of a pipeline cut short after its claims
                 runner.lifecycle.run_pipelined(calls)
                 crash_point("claimed")
@@ -120,8 +122,8 @@ class RqLifecycle:
             for call in calls:
                 call.queue(pipe)
             for start in starts:
-                start.execution = self._rq_start(start.job, start.queue, pipe)
-            self._worker_busy(starts[0].job, pipe)
+                start.pack.execution = self._rq_start(start.pack.job, start.pack.queue, pipe)
+            self._worker_busy(starts[0].pack.job, pipe)
             waits = runner.lifecycle.queue_wait(pipe)  # the claims reach the replicas before any agent starts
             replies = pipe.execute(raise_on_error=False)
             (settled,) = runner.lifecycle.settle_all(
@@ -130,40 +132,40 @@ class RqLifecycle:
             claimed: list[Any]
             try:
                 claimed = list(runner.lifecycle.read_claims(replied(settled)))
-                if len(claimed) != len(starts):
-                    raise ValueError(f"claim.lua answered {len(claimed)} replies for {len(starts)} claims")
+                if len(claimed) != len(tasks):
+                    raise ValueError(f"claim.lua answered {len(claimed)} replies for {len(tasks)} claims")
             except Exception as exc:  # the call failed as a whole: every claim of it did
-                claimed = [exc] * len(starts)
+                claimed = [exc] * len(tasks)
         except BaseException:
             error = traceback.format_exc()
-            self._end_jobs([Ended(s.job, s.queue, s.execution, error=error) for s in starts])
+            self._end_tasks([Ended(pack, rid, error=error) for pack, rid in tasks])
             return
         crash_point("rq-started")
         ended: list[Ended] = []
         # Every claim is heartbeated from here (runner.claimed), before any start hook runs: the hooks of a
         # batch run one after another, and a slow one must not make the claims behind it look unresponsive.
         answers: list[Claim | AttemptResult | str] = []
-        for start, reply in zip(starts, claimed, strict=True):
+        for (pack, rollout_id), reply in zip(tasks, claimed, strict=True):
             try:
-                answers.append(runner.claimed(start.rollout_id, start.job.id, replied(reply)))
+                answers.append(runner.claimed(rollout_id, pack.job.id, replied(reply)))
             except BaseException:
                 answers.append(traceback.format_exc())
-        for start, claim in zip(starts, answers, strict=True):
+        for (pack, rollout_id), claim in zip(tasks, answers, strict=True):
             try:
                 if isinstance(claim, str):
-                    ended.append(Ended(start.job, start.queue, start.execution, error=claim))
+                    ended.append(Ended(pack, rollout_id, error=claim))
                     continue
-                outcome = claim if isinstance(claim, AttemptResult) else runner.launch(start.rollout_id, claim)
+                outcome = claim if isinstance(claim, AttemptResult) else runner.launch(rollout_id, claim)
             except BaseException:
-                ended.append(Ended(start.job, start.queue, start.execution, error=traceback.format_exc()))
+                ended.append(Ended(pack, rollout_id, error=traceback.format_exc()))
                 continue
             if isinstance(outcome, AttemptResult):
-                ended.append(Ended(start.job, start.queue, start.execution, result=outcome))
+                ended.append(Ended(pack, rollout_id, result=outcome))
                 continue
             crash_point("agent-started")
-            self._finish_when_settled(Done(start.job, start.queue, start.execution, outcome))
+            self._finish_when_settled(Done(pack, outcome))
         if ended:
-            self._end_jobs(ended)
+            self._end_tasks(ended)
 
     def _finish_when_settled(self, done: Done) -> None:
         finishes = self._finishes
@@ -217,13 +219,14 @@ class RqLifecycle:
         ended: list[Ended] = []
         publishing: list[tuple[Done, Publication]] = []
         for item in done:
+            rollout_id = item.pending.task.rollout_id
             try:
                 outcome = runner.conclude(item.pending)
             except BaseException:
-                ended.append(Ended(item.job, item.queue, item.execution, error=traceback.format_exc()))
+                ended.append(Ended(item.pack, rollout_id, error=traceback.format_exc()))
                 continue
             if isinstance(outcome, AttemptResult):
-                ended.append(Ended(item.job, item.queue, item.execution, result=outcome))
+                ended.append(Ended(item.pack, rollout_id, result=outcome))
             else:
                 publishing.append((item, outcome))
         if publishing:
@@ -239,62 +242,81 @@ class RqLifecycle:
             except BaseException as exc:
                 replies = [exc] * len(publishing)
             for (item, publication), reply in zip(publishing, replies, strict=True):
+                rollout_id = item.pending.task.rollout_id
                 try:
-                    ended.append(Ended(item.job, item.queue, item.execution, result=runner.settle(publication, reply)))
+                    ended.append(Ended(item.pack, rollout_id, result=runner.settle(publication, reply)))
                 except BaseException:
-                    ended.append(Ended(item.job, item.queue, item.execution, error=traceback.format_exc()))
-        self._end_jobs(ended)
+                    ended.append(Ended(item.pack, rollout_id, error=traceback.format_exc()))
+        self._end_tasks(ended)
 
-    def _end_jobs(self, ended: list[Ended]) -> None:
-        """RQ's end-of-job bookkeeping (status, finished/failed registry, result, worker stats) for a batch of
-        jobs in one pipeline, then free their slots.
+    def _end_tasks(self, ended: list[Ended]) -> None:
+        """Record the end of each task of ``ended`` with its pack, then RQ's end-of-job bookkeeping (status,
+        finished/failed registry, result, worker stats) of each job whose last task that was, in one pipeline;
+        then free the tasks' slots.
 
         RQ's own ``handle_job_success`` costs two round trips more per job (a WATCH on the job's dependents
         and a SMEMBERS of them): rollq jobs never have dependents, so neither is needed here.
         """
         worker = self.worker
-        finished_at = now()
-        still_running = self.slots.leaving([item.job.id for item in ended])
+        freed = 0
+        over: list[Pack] = []
+        for item in ended:
+            slots, last = item.pack.task_ended(TaskEnd(item.rollout_id, item.result, item.error))
+            freed += slots
+            if last:
+                over.append(item.pack)
         try:
-            pipe = worker.connection.pipeline(transaction=False)
-            tally = _Tally()
-            for item in ended:
-                item.job.ended_at = finished_at
-                self._rq_end(item, pipe, tally)
-            tally.queue(worker.key, pipe)
-            worker.set_current_job_id(still_running, pipeline=pipe)
-            pipe.execute()
+            if over:
+                finished_at = now()
+                still_running = self.slots.leaving([pack.job.id for pack in over])
+                pipe = worker.connection.pipeline(transaction=False)
+                tally = _Tally()
+                for pack in over:
+                    pack.job.ended_at = finished_at
+                    self._rq_end(pack, pipe, tally)
+                tally.queue(worker.key, pipe)
+                worker.set_current_job_id(still_running, pipeline=pipe)
+                pipe.execute()
         except Exception:
-            worker.log.exception("RQ bookkeeping of %d job(s) failed", len(ended))
+            worker.log.exception("RQ bookkeeping of %d job(s) failed", len(over))
         finally:
-            if self.slots.ended(len(ended)):
+            if self.slots.ended(len(ended), freed):
                 try:
                     worker.set_state(WorkerStatus.IDLE)
                 except Exception as exc:
                     worker.log.debug("could not mark the worker idle: %s", exc)
 
-    def _rq_end(self, item: Ended, pipe: Any, tally: _Tally) -> None:
+    def _rq_end(self, pack: Pack, pipe: Any, tally: _Tally) -> None:
         """One job's part of RQ's end bookkeeping (``handle_job_success``/``handle_job_failure`` of RQ 2.12), less
         the commands that write nothing new for a rollq job (issue 24):
 
         - ``Job._handle_success`` sets the status with an HSET of its own, then saves the whole hash, status
           included, with another: the save's is enough; a failed job's status and meta go in one HSET;
         - ``Job.cleanup`` also EXPIREs the job's dependents and dependencies sets, which a rollq job never has
-          (rollq drops RQ's dependents handling already, see :meth:`_end_jobs`);
+          (rollq drops RQ's dependents handling already, see :meth:`_end_tasks`);
         - the worker's counters and working time are added once per batch (``tally``), not once per job.
+
+        A job of one task records that task's outcome; a pack's reads as :func:`~.packs.pack_outcome` says.
         """
         worker = self.worker
-        job, result, error, execution = item.job, item.result, item.error, item.execution
-        meta = record_outcome(job, result, error)
-        if error is None and result is not None and result.status == AttemptStatus.FAILED:
-            # A failed rollout is a failed job for RQ too: its failed registry, `rq info`
-            # and rq-dashboard count it, and the job page shows the error.
-            error = failure_text(result)
+        job, execution = pack.job, pack.execution
+        value: Any
+        if pack.single:
+            (end,) = pack.ends
+            result, error = end.result, end.error
+            meta = record_outcome(job, result, error)
+            if error is None and result is not None and result.status == AttemptStatus.FAILED:
+                # A failed rollout is a failed job for RQ too: its failed registry, `rq info`
+                # and rq-dashboard count it, and the job page shows the error.
+                error = failure_text(result)
+            value = result.to_json() if result is not None else None
+        else:
+            value, error, meta = pack_outcome(job, pack.ends)
         started = job.started_at or job.ended_at
         execution_id = execution.id if execution is not None else None
         execution_started_at = execution.created_at if execution is not None else None
         if error is None:
-            job._result = result.to_json() if result is not None else None
+            job._result = value
             job._status = JobStatus.FINISHED
             tally.succeeded += 1
             result_ttl = job.get_result_ttl(worker.default_result_ttl)
@@ -354,18 +376,6 @@ class _Tally:
             pipe.hincrby(worker_key, "failed_job_count", self.failed)
         if self.succeeded or self.failed:
             pipe.hincrbyfloat(worker_key, "total_working_time", self.working_seconds)
-
-
-def failure_text(result: AttemptResult) -> str:
-    """The exception info RQ keeps for a failed rollout (what rq-dashboard shows): the agent's traceback when it
-    raised (else the error's type and message), then the attempt."""
-    error = result.error or {}
-    trace = error.get("traceback")
-    return (
-        (trace.rstrip() + "\n" if trace else f"{error.get('type', 'RolloutFailed')}: {error.get('message', '')}\n")
-        + f"(rollout {result.rollout_id} attempt {result.attempt} failed; "
-        "the published Rollout's metadata has the same error)"
-    )
 
 
 def record_outcome(job: Job, result: AttemptResult | None, error: str | None) -> bytes | str | None:

@@ -6,7 +6,8 @@ Start it like any RQ worker, naming the rollq namespace as the queue::
 
 It differs from RQ's ``SimpleWorker`` in these ways:
 
-- up to ``concurrency`` jobs run at once, each holding a slot (:mod:`.slots`).
+- up to ``concurrency`` tasks run at once, each holding a slot (:mod:`.slots`); a job carries one task, or a
+  pack of several (``tasks_per_job``, :mod:`.packs`).
   The main thread keeps RQ's loop (dequeue, maintenance, signals); each job's
   claim, publication and RQ start and end bookkeeping (started/finished
   registries, status, result) run in batches on two threads
@@ -62,7 +63,7 @@ from rollq.store.jobs import (
     fence_worker,
     install_rq_fast_paths,
     read_rollq_jobs,
-    rollout_id_of,
+    rollout_ids_of,
     suspended,
 )
 from rollq.store.keys import DEFAULT_NAMESPACE, Keys
@@ -234,6 +235,10 @@ class RolloutWorker(SimpleWorker):
         self._capture: OnDemandCapture | None = None
         self._pause: PauseFollower | None = None
         self.slots = Slots(self.settings.concurrency)
+        # Slots taken before each dequeue: a job may be a pack of up to tasks_per_job tasks, one slot each (a pack
+        # larger than the concurrency takes them all and runs alone; see execute_job and docs/rq.md, "Packs").
+        self._per_job = min(self.settings.tasks_per_job, self.settings.concurrency)
+        self._held: dict[str, int] = {}  # slots each dequeued job not started yet holds, by job id
         self.rq_lifecycle: RqLifecycle | None = None
         self._dequeuing = False
         self._taken: deque[tuple[Job, Queue]] = deque()  # dequeued with a slot held, not started yet
@@ -469,31 +474,43 @@ class RolloutWorker(SimpleWorker):
     ) -> tuple[Job, Queue] | None:
         if self._taken:
             return self._taken.popleft()
-        # Take a slot before taking a job, so a job never waits inside a busy worker.
+        # Take the slots before taking a job, so a job never waits inside a busy worker.
         self._dequeuing = True
         try:
-            while not self.slots.take(timeout=1.0):
-                if self._stop_requested:
-                    return None
+            if not self._take_slots(self._per_job):
+                return None
             if self._stop_requested:
-                self.slots.free()
+                self.slots.free(self._per_job)
                 return None
             try:
                 result = self._dequeue_well_formed(timeout, max_idle_time)
             except BaseException:
-                self.slots.free()
+                self.slots.free(self._per_job)
                 raise
             if result is None:
-                self.slots.free()
-            elif self._stop_requested:  # brought back by a pop that a stop request let finish: not started here
+                self.slots.free(self._per_job)
+                return None
+            self._held[result[0].id] = self._per_job
+            if self._stop_requested:  # brought back by a pop that a stop request let finish: not started here
                 self._taken.appendleft(result)
                 self._give_back_taken()
                 return None
-            else:
-                self._take_ahead(result[1])
+            self._take_ahead(result[1])
             return result
         finally:
             self._dequeuing = False
+
+    def _take_slots(self, count: int) -> bool:
+        """Take ``count`` slots, waiting for them; False (holding none) when a stop request came first."""
+        held = 0
+        while held < count:
+            if self.slots.take(timeout=1.0):
+                held += 1
+            elif self._stop_requested:
+                if held:
+                    self.slots.free(held)
+                return False
+        return True
 
     def _dequeue_well_formed(self, timeout: int | None, max_idle_time: int | None) -> tuple[Job, Queue] | None:
         """RQ's dequeue, moving aside any job RQ cannot read (bad status, created_at, dependency_ids) instead of
@@ -562,15 +579,19 @@ class RolloutWorker(SimpleWorker):
         list as RQ's own dequeue moves them, so a worker killed now leaves them
         where the reaper puts stranded jobs back.
         """
+        per_job = self._per_job
         free = 0
-        while free < _TAKE_AHEAD and self.slots.take(blocking=False):
+        while free < _TAKE_AHEAD * per_job and self.slots.take(blocking=False):
             free += 1
+        if free % per_job:  # whole jobs' worth of slots only
+            self.slots.free(free % per_job)
+            free -= free % per_job
         if not free:
             return
         try:
             pipe = self.connection.pipeline(transaction=False)
             reliable = get_version(self.connection) >= (6, 2, 0)  # the test RQ's dequeue makes
-            for _ in range(free):
+            for _ in range(free // per_job):
                 if reliable:
                     pipe.lmove(queue.key, queue.intermediate_queue_key, "LEFT", "RIGHT")
                 else:
@@ -585,11 +606,12 @@ class RolloutWorker(SimpleWorker):
         for job_id, job in read.items():
             if isinstance(job, Job):
                 taken.append((job, queue))
+                self._held[job.id] = per_job
             elif isinstance(job, InvalidTaskError):
                 self._quarantine(job_id, str(job))
         self._taken.extend(taken)
-        if free > len(taken):
-            self.slots.free(free - len(taken))
+        if free > len(taken) * per_job:
+            self.slots.free(free - len(taken) * per_job)
 
     def _give_back_taken(self) -> None:
         """Put jobs taken ahead but not started back at the head of their queue."""
@@ -601,7 +623,7 @@ class RolloutWorker(SimpleWorker):
             pipe.lpush(queue.key, job.id)
         pipe.execute()
         self.log.info("put %d job(s) taken ahead back on the queue", len(self._taken))
-        self.slots.free(len(self._taken))
+        self.slots.free(sum(self._held.pop(job.id, 1) for job, _ in self._taken))
         self._taken.clear()
 
     def execute_job(self, job: Job, queue: Queue) -> None:
@@ -612,13 +634,25 @@ class RolloutWorker(SimpleWorker):
             self._give_back_taken()
             return
         try:
-            rollout_id = rollout_id_of(job)
+            rollout_ids = rollout_ids_of(job)
         except InvalidTaskError as exc:
             self._refuse(job, queue, exc)
-            self.slots.free()
+            self.slots.free(self._held.pop(job.id, 1))
             return
+        # A pack holds one slot per task, at most the whole concurrency (a larger pack runs alone). Usually it
+        # holds those already (tasks_per_job the producers'); a shorter one gives the rest back, a longer one (a
+        # producer with a larger tasks_per_job) waits for rollouts here to end.
+        held, need = self._held.pop(job.id, 1), min(len(rollout_ids), self.slots.capacity)
+        if held > need:
+            self.slots.free(held - need)
+        elif held < need:
+            if not self._take_slots(need - held):
+                self._held[job.id] = held
+                self._taken.appendleft((job, queue))
+                self._give_back_taken()
+                return
         assert self.rq_lifecycle is not None
-        self.rq_lifecycle.start(job, queue, rollout_id)
+        self.rq_lifecycle.start(job, queue, rollout_ids, need)
 
     def _on_loop_wedged(self, blocker: str, stalled_for: float) -> None:
         """The agent event loop has been blocked past the time limit of every attempt it held: no async rollout

@@ -1,4 +1,4 @@
-"""Every job a RolloutWorker takes frees exactly one slot, whatever path it ends on.
+"""Every task a RolloutWorker takes frees exactly one slot, whatever path it ends on, one task a job or in packs.
 
 The slots are counted in ``rollq/worker/slots.py``: taken when a job is dequeued (or taken ahead), freed when
 its end is recorded in RQ (``rq_lifecycle.RqLifecycle._end_jobs``) or, for a job that never starts, when it is
@@ -165,14 +165,20 @@ def _expect(got: Any, wanted: Any) -> None:
     assert got == wanted
 
 
+@pytest.mark.parametrize("tasks_per_job", [1, 2], ids=["one task a job", "packs of 2"])
 @pytest.mark.parametrize("path", sorted(PATHS))
-def test_every_job_frees_exactly_one_slot_whatever_path_it_ends_on(
-    redis_server: RedisServer, namespace: str, path: str
+def test_every_task_frees_exactly_one_slot_whatever_path_it_ends_on(
+    redis_server: RedisServer, namespace: str, path: str, tasks_per_job: int
 ) -> None:
     arrange, overrides = PATHS[path]
-    producer = Producer(redis_server.client(), namespace)
+    producer = Producer(redis_server.client(), namespace, tasks_per_job=tasks_per_job)
     check = arrange(producer)
-    settings = WorkerSettings(concurrency=CONCURRENCY, heartbeat_seconds=0.2, **{"grace_seconds": 10, **overrides})
+    settings = WorkerSettings(
+        concurrency=CONCURRENCY,
+        heartbeat_seconds=0.2,
+        tasks_per_job=tasks_per_job,
+        **{"grace_seconds": 10, **overrides},
+    )
     worker = RolloutWorker([namespace], connection=redis_server.client(), agent=FaultAgent(), settings=settings)
     worker.work(burst=True, logging_level="WARNING")
 
@@ -184,6 +190,22 @@ def test_every_job_frees_exactly_one_slot_whatever_path_it_ends_on(
     assert producer.connection.zcard(producer.keys.inflight) == 0
     started = StartedJobRegistry(namespace, connection=producer.connection, serializer=JSONSerializer)
     assert started.get_job_ids(cleanup=False) == []
+    assert producer.connection.llen(producer.keys.rq_intermediate) == 0
+
+
+def test_a_pack_larger_than_the_concurrency_holds_every_slot_runs_alone_and_frees_them_all(
+    redis_server: RedisServer, namespace: str
+) -> None:
+    producer = Producer(redis_server.client(), namespace, tasks_per_job=5)
+    ids = [t.rollout_id for t in producer.enqueue_many([{"sleep": 0.2}] * 6, policy=ONE_ATTEMPT)]
+    settings = WorkerSettings(concurrency=CONCURRENCY, heartbeat_seconds=0.2, tasks_per_job=5)
+    worker = RolloutWorker([namespace], connection=redis_server.client(), agent=FaultAgent(), settings=settings)
+    worker.work(burst=True, logging_level="WARNING")
+
+    slots = worker.slots
+    assert (slots.held, slots.busy, slots.over_freed) == (0, 0, 0)
+    assert slots.most_held == CONCURRENCY
+    assert _states(producer, ids) == [TaskState.SUCCEEDED] * 6
     assert producer.connection.llen(producer.keys.rq_intermediate) == 0
 
 

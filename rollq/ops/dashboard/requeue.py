@@ -21,7 +21,7 @@ from rq.serializers import JSONSerializer
 
 from rollq.models.errors import InvalidTaskError, RollqError
 from rollq.producer import Producer
-from rollq.store.jobs import rollout_id_of
+from rollq.store.jobs import rollout_ids_of
 from rollq.store.records import read_records
 
 
@@ -32,7 +32,7 @@ def requeue(connection: redis.Redis, job_id: str) -> dict[str, Any]:
     except NoSuchJobError:
         return {"status": "ERROR", "message": f"no job {job_id}"}
     try:
-        rollout_id = rollout_id_of(job)
+        rollout_ids = rollout_ids_of(job)
     except InvalidTaskError:  # not a rollq job: what rq-dashboard does
         job.requeue()
         return {"status": "OK"}
@@ -40,14 +40,18 @@ def requeue(connection: redis.Redis, job_id: str) -> dict[str, Any]:
         producer = Producer(connection, job.origin)
     except (RollqError, ValueError) as exc:
         return {"status": "ERROR", "message": str(exc)}
-    if producer.requeue_dead([rollout_id]):
+    requeued = producer.requeue_dead(rollout_ids)
+    if requeued:
         FailedJobRegistry(job.origin, connection=connection, serializer=JSONSerializer).remove(job, delete_job=True)
-        return {"status": "OK", "message": f"task {rollout_id} queued again (rollq dead-letter requeue)"}
-    record = read_records(connection, producer.keys, [rollout_id]).get(rollout_id)
-    state = record.state.value if record else "gone (its record expired)"
+        named = requeued[0] if len(requeued) == 1 else f"{len(requeued)} tasks of the pack"
+        return {"status": "OK", "message": f"task {named} queued again (rollq dead-letter requeue)"}
+    records = read_records(connection, producer.keys, rollout_ids)
+    states = ", ".join(
+        f"{rid} is {records[rid].state.value if rid in records else 'gone (its record expired)'}" for rid in rollout_ids
+    )
     return {
         "status": "ERROR",
-        "message": f"task {rollout_id} is {state}, not in the dead-letter set: nothing to re-run "
+        "message": f"task {states}, not in the dead-letter set: nothing to re-run "
         "(rollq requeues failed tasks itself; `rollq dead-letter requeue` re-runs dead-lettered ones)",
     }
 

@@ -20,7 +20,9 @@ local task_args = list_from(ARGV, 6 + template_size)  -- per task: task_json, jo
 if pinned ~= '' and redis.call('EXISTS', resources_version) == 0 then
   return ENQUEUED.unknown_resources
 end
-local codes, pushed = {}, {}
+-- A pack (tasks_per_job > 1) lists the same job for each of its tasks, in a row: its job is written and pushed
+-- once, with its first task that is queued; a pack never spans two calls (rollq.store.transitions).
+local codes, pushed, written = {}, {}, {}
 for i = 1, #task_keys / 2 do
   local task_key, job_key = task_keys[2 * i - 1], task_keys[2 * i]
   local a = 4 * (i - 1)
@@ -28,23 +30,33 @@ for i = 1, #task_keys / 2 do
   -- One EXISTS of both keys answers the usual case, a new task with a fresh job id (issue 24: one command, where an
   -- EXISTS of the task and an HGET of the job were two); only when either exists are they looked at one by one.
   local held = nil
-  local fresh = redis.call('EXISTS', task_key, job_key) == 0
-  if not fresh then
-    held = redis.call('HGET', job_key, 'data')
+  local fresh, known
+  if written[job_id] then
+    known = redis.call('EXISTS', task_key) == 1
+    fresh = not known
+  else
+    fresh = redis.call('EXISTS', task_key, job_key) == 0
+    if not fresh then
+      held = redis.call('HGET', job_key, 'data')
+      known = redis.call('EXISTS', task_key) == 1
+    end
   end
-  if not fresh and redis.call('EXISTS', task_key) == 1 then
+  if not fresh and known then
     codes[i] = ENQUEUED.known
   elseif held and held ~= payload then
     codes[i] = ENQUEUED.job_taken
   else
     redis.call('HSET', task_key, F.task, task_json, F.policy, policy_json, F.unresponsive, unresponsive_seconds,
       F.job, job_id, F.resources_id, pinned, F.mode, mode, F.state, STATE.queued, F.claims, 0, F.attempts, 0)
-    redis.call('HSET', job_key, 'data', payload, 'description', description, unpack(template))
+    if not written[job_id] then
+      redis.call('HSET', job_key, 'data', payload, 'description', description, unpack(template))
+      pushed[#pushed + 1] = job_id
+      written[job_id] = true
+    end
     if pinned ~= '' then
       count(resources_refs, pinned, 1)
     end
     redis.call('SADD', queued_tasks, task_key)
-    pushed[#pushed + 1] = job_id
     codes[i] = ENQUEUED.queued
   end
 end

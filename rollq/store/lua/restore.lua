@@ -12,14 +12,21 @@ local rq_intermediate = KEYS[2]
 local rq_queue = KEYS[3]
 local marker = KEYS[4]  -- when a pass first saw the job stranded
 local stats = KEYS[5]
+local pack_keys = list_from(KEYS, 6)  -- a pack's other tasks (tasks_per_job > 1): the job waits if any waits
 local job_id = ARGV[1]
 local now = ARGV[2]
 
-local t = redis.call('HMGET', task_key, F.state, F.job, F.unresponsive)
-local waiting = t[1] == STATE.queued and t[2] == job_id
-local grace = 30
-if waiting then
-  grace = math.min(tonumber(t[3]) or 30, 30)
+local waiting, grace = false, 30
+local function look(key)
+  local t = redis.call('HMGET', key, F.state, F.job, F.unresponsive)
+  if t[1] == STATE.queued and t[2] == job_id then
+    waiting = true
+    grace = math.min(grace, tonumber(t[3]) or 30)
+  end
+end
+look(task_key)
+for _, key in ipairs(pack_keys) do
+  look(key)
 end
 local seen = redis.call('GET', marker)
 if not seen or not tonumber(seen) then
