@@ -18,6 +18,9 @@ round after round, so drift hits both alike:
   no-op agent, burst): Redis round trips and commands per rollout at
   concurrency 1, 16 and 256.
 
+``--tasks-per-job K`` (or ``ROLLQ_TASKS_PER_JOB``) runs this tree's producers and workers with packs of K tasks
+per RQ job; the base runs without (it ignores the setting anyway).
+
 Each tree runs with its own code only (``PYTHONPATH`` puts its root first, and
 its bench scripts start their workers with it). Writes bench/results/before_after.json (``--name`` for another
 file).
@@ -75,8 +78,13 @@ print("ROW " + json.dumps(row))
 """
 
 
+# ROLLQ_TASKS_PER_JOB (packs, docs/rq.md) for this tree's producers and workers only: the other tree runs without it.
+TREE_ENV: dict[Path, dict[str, str]] = {}
+
+
 def in_tree(tree: Path, argv: list[str]) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PYTHONPATH": str(tree)}
+    base = {k: v for k, v in os.environ.items() if k != "ROLLQ_TASKS_PER_JOB"}
+    env = {**base, **TREE_ENV.get(tree, {}), "PYTHONPATH": str(tree)}
     return subprocess.run(argv, cwd=tree, env=env, capture_output=True, text=True, check=True, timeout=900)
 
 
@@ -116,7 +124,17 @@ def main() -> None:
     parser.add_argument("--jobs", type=int, default=1000, help="no-op jobs per round-trip count")
     parser.add_argument("--e2e-jobs", type=int, default=1000, help="no-op rollouts per end-to-end round")
     parser.add_argument("--name", default="before_after", help="results file name (bench/results/NAME.json)")
+    parser.add_argument(
+        "--tasks-per-job",
+        type=int,
+        default=None,
+        help="tasks per RQ job (packs) for this tree only; default ROLLQ_TASKS_PER_JOB if set, else 1",
+    )
     args = parser.parse_args()
+    packs = args.tasks_per_job or int(os.environ.get("ROLLQ_TASKS_PER_JOB", "1"))
+    if packs > 1:
+        TREE_ENV[ROOT] = {"ROLLQ_TASKS_PER_JOB": str(packs)}
+        args.tasks_per_job = packs
     if not (shutil.which("py-spy") or (Path(sys.executable).parent / "py-spy").exists()):
         sys.exit("py-spy is not installed: pip install py-spy")
     with base_tree(args.base) as base:

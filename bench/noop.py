@@ -101,6 +101,10 @@ def rq_wait(connection: redis.Redis, queue: Queue, job_ids: list[str], timeout: 
     return values
 
 
+PACK = 16
+"""Tasks per RQ job of the packs configuration (``tasks_per_job``, docs/rq.md "Packs")."""
+
+
 @dataclass
 class Setup:
     """One configuration of the end-to-end run: its workers, its queue, how its producer talks to it."""
@@ -110,6 +114,7 @@ class Setup:
     workers: Workers
     kind: Literal["rq", "rollq", "minimal"]
     jobs: int
+    tasks_per_job: int | None = None  # rollq's packs (None: ROLLQ_TASKS_PER_JOB, 1 unless set)
     rounds: list[dict[str, float]] = field(default_factory=list)
     commands: dict[str, int] = field(default_factory=dict)
 
@@ -118,7 +123,7 @@ class Setup:
         if self.kind == "minimal":
             minimal_queue.run_batch(connection, self.queue_name, n)
         elif self.kind == "rollq":
-            producer = Producer(connection, self.queue_name)
+            producer = Producer(connection, self.queue_name, tasks_per_job=self.tasks_per_job)
             tasks = producer.enqueue_many([{"i": i} for i in range(n)], mode="train")
             producer.wait([t.rollout_id for t in tasks], timeout=600)
         else:
@@ -202,6 +207,22 @@ def run_end_to_end(
                 jobs=jobs,
             )
             for c in concurrencies
+        ),
+        Setup(
+            f"rollq, concurrency 16, packs of {PACK}",
+            "rollq-c16-packs",
+            rollq_workers(
+                url,
+                "rollq-c16-packs",
+                2,
+                agent=NOOP_AGENT,
+                concurrency=16,
+                log_dir=log_dir,
+                extra_env={"ROLLQ_TASKS_PER_JOB": str(PACK)},
+            ),
+            kind="rollq",
+            jobs=jobs,
+            tasks_per_job=PACK,
         ),
         Setup(
             "rollq, sync agent, concurrency 1",
