@@ -1,7 +1,7 @@
 """Every task a RolloutWorker takes frees exactly one slot, whatever path it ends on, one task a job or in packs.
 
 The slots are counted in ``rollq/worker/slots.py``: taken when a job is dequeued (or taken ahead), freed when
-its end is recorded in RQ (``rq_lifecycle.RqLifecycle._end_jobs``) or, for a job that never starts, when it is
+its end is recorded (``rq_lifecycle.RqLifecycle._end_tasks``) or, for a job that never starts, when it is
 refused or given back (``rq_worker.RolloutWorker``). A path that freed twice would let the worker run more
 rollouts than its concurrency (and is refused and counted in ``over_freed``); one that never freed would shrink
 the worker for good (``held`` stays above zero). Each path runs on its own, on a real redis-server, with two
