@@ -251,14 +251,18 @@ class Producer:
 
     def pending(self) -> int:
         """Tasks queued or running in this namespace (one round trip): RQ's queue, RQ's intermediate list (taken
-        off the queue by a worker, not claimed yet) and the running set. A task moving from the list to the set
+        off the queue by a worker, not claimed yet), or the queued-task index where that counts more (packs), and
+        the running set. A task moving from the list to the set
         may count twice for a moment, never zero times: back-pressure errs on the side of waiting."""
         pipe = self.connection.pipeline(transaction=False)
         pipe.llen(self.keys.rq_queue)
         pipe.llen(self.keys.rq_intermediate)
         pipe.zcard(self.keys.inflight)
-        queued, taken, running = pipe.execute()
-        return int(queued) + int(taken) + int(running)
+        pipe.scard(self.keys.queued_tasks)
+        queued, taken, running, tasks = pipe.execute()
+        # A pack (tasks_per_job > 1) is one entry on RQ's lists for several queued tasks: the index of queued tasks
+        # counts them all; never fewer than the lists hold.
+        return max(int(queued) + int(taken), int(tasks)) + int(running)
 
     def _wait_for_room(self, wanted: int, max_pending: int, timeout: float | None, *, queued: int) -> None:
         deadline = None if timeout is None else time.monotonic() + timeout

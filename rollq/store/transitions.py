@@ -310,8 +310,10 @@ class Lifecycle:
                     for at in range(0, len(batch), tasks_per_job):
                         pack = batch[at : at + tasks_per_job]
                         jid = k.pack_job_id()
-                        payload = template.payload([task.rollout_id for task, _ in pack])
-                        description = self._pack_description([task for task, _ in pack])
+                        # A rollout id given twice is listed once (its second entry is answered 'known').
+                        distinct = list({task.rollout_id: task for task, _ in pack}.values())
+                        payload = template.payload([task.rollout_id for task in distinct])
+                        description = self._pack_description(distinct)
                         for task, task_json in pack:
                             keys += [k.task(task.rollout_id), k.rq_job(jid)]
                             args += [task_json, jid, payload, description]

@@ -646,6 +646,9 @@ class RolloutWorker(SimpleWorker):
         if held > need:
             self.slots.free(held - need)
         elif held < need:
+            # The slots it lacks may be held by jobs taken ahead, which start only after this one: waiting for them
+            # would wait forever. Those go back to the queue; the running rollouts free the rest.
+            self._give_back_taken()
             if not self._take_slots(need - held):
                 self._held[job.id] = held
                 self._taken.appendleft((job, queue))

@@ -249,3 +249,37 @@ def test_cancels_inside_a_pack_end_those_tasks_and_the_others_run(redis_server, 
         timeout=30,
     )
     assert TaskState(states(producer, [ids[1]])[0]) == TaskState.CANCELLED
+
+
+def test_a_worker_with_smaller_packs_than_the_producer_gives_back_jobs_taken_ahead_instead_of_deadlocking(
+    redis_server, namespace, workers
+):
+    # The worker takes 1 slot per job (its tasks_per_job 1): it dequeues the pack with one slot and takes the three
+    # single tasks behind it ahead, holding every other slot. The pack needs four: waiting for slots that only the
+    # jobs taken ahead hold would wait forever; those go back to the queue instead.
+    producer = Producer.from_url(redis_server.url, namespace, policy=QUICK)
+    ids = [t.rollout_id for t in producer.enqueue_many([{"sleep": 0.05}] * 4, tasks_per_job=4)]
+    ids += [t.rollout_id for t in producer.enqueue_many([{"sleep": 0.05}] * 6)]
+    worker = workers(redis_server.url, namespace, env=packs(1, 4), args=["--burst"])
+    assert worker.wait(60) == 0
+    assert states(producer, ids) == ["succeeded"] * 10
+    assert_exactly_once(producer.connection, namespace, ids)
+
+
+def test_a_rollout_id_given_twice_in_one_packed_call_is_queued_and_run_once(redis_server, namespace, workers):
+    producer = Producer.from_url(redis_server.url, namespace, policy=QUICK, tasks_per_job=4)
+    tasks = producer.enqueue_many([{"sleep": 0.05}] * 4, rollout_ids=["a", "b", "a", "c"])
+    assert [t.rollout_id for t in tasks] == ["a", "b", "a", "c"]
+    assert job_of(producer, "a") == job_of(producer, "c")  # one pack, listing "a" once
+    workers(redis_server.url, namespace, env=packs(4, 4))
+    producer.wait(["a", "b", "c"], timeout=30)
+    assert_exactly_once(producer.connection, namespace, ["a", "b", "c"])
+    assert producer.connection.llen(producer.keys.quarantine) == 0
+    assert FailedJobRegistry(namespace, connection=producer.connection, serializer=JSONSerializer).count == 0
+    assert [len(producer.attempts(rid)) for rid in "abc"] == [1, 1, 1]
+
+
+def test_back_pressure_counts_the_tasks_of_queued_packs_not_the_jobs(redis_server, namespace):
+    producer = Producer.from_url(redis_server.url, namespace, tasks_per_job=8)
+    producer.enqueue_many([{}] * 16)
+    assert producer.pending() == 16
