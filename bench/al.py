@@ -184,10 +184,13 @@ def run_rollq(
     log_dir: Path,
     extra_env: dict[str, str] | None = None,
     processes: int = WORKER_PROCESSES,
+    tasks_per_job: int = 1,
 ) -> dict[str, Any]:
+    if tasks_per_job > 1:  # packs (docs/rq.md): the producer's and the workers' setting
+        extra_env = {**(extra_env or {}), "ROLLQ_TASKS_PER_JOB": str(tasks_per_job)}
     with private_redis() as server:
         namespace = f"al-{scenario}-{in_flight}"
-        producer = Producer.from_url(server.url, namespace)
+        producer = Producer.from_url(server.url, namespace, tasks_per_job=tasks_per_job)
         feeder = Feeder(
             server.client(),
             f"rq:queue:{namespace}",
@@ -312,7 +315,11 @@ def main() -> None:
         help="queue AL's tasks without resources_id (each rollout then fetches the latest resources)",
     )
     parser.add_argument("--out", default="al", help="results name: bench/results/<out>.json")
+    parser.add_argument(
+        "--tasks-per-job", type=int, default=1, help="rollq's tasks per RQ job (packs, docs/rq.md); 1: one job a task"
+    )
     args = parser.parse_args()
+    rollq_run = functools.partial(run_rollq, tasks_per_job=args.tasks_per_job)
     al = functools.partial(run_al, with_resources_id=args.al_resources_id)
     levels = [int(n) for n in args.in_flight.split(",")]
     al_version = None if args.skip_al else ensure_al_venv()
@@ -320,7 +327,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="rollq-bench-al-") as logs:
         for round_ in range(args.rounds):
             for scenario, in_flight in settings_for(args.scenarios.split(","), levels):
-                systems = [("rollq", run_rollq)] + ([] if args.skip_al else [("agentlightning", al)])
+                systems = [("rollq", rollq_run)] + ([] if args.skip_al else [("agentlightning", al)])
                 if round_ % 2:
                     systems.reverse()
                 for system, run in systems:
