@@ -20,6 +20,7 @@ local worker = ARGV[1]
 local task_args = list_from(ARGV, 2)  -- per task: rollout_id, job_id
 
 local now, now_text, latest = nil, nil, nil
+local unindexed = {}  -- claimed tasks' keys: out of the queued-task index in one SREM (issue 24)
 local function clock()
   if not now then
     local time = redis.call('TIME')
@@ -62,7 +63,7 @@ local function claim_one(task_key, rollout_id, job_id)
   -- Both counters were checked above: they are set in the one HSET (two HINCRBYs cost two more commands a claim).
   local attempt = (tonumber(t[9]) or 0) + 1
   local used = (tonumber(t[8]) or 0) + 1
-  redis.call('SREM', queued_tasks, task_key)
+  unindexed[#unindexed + 1] = task_key
   redis.call('HSET', task_key, F.state, STATE.running, F.attempt, attempt, F.claims, attempt, F.attempts, used,
     F.last_claim, at_text, F.worker, worker, claim_field(attempt), history(worker, at_text))
   if attempt > HISTORY_LIMIT then
@@ -75,5 +76,8 @@ end
 local replies = {}
 for i, task_key in ipairs(task_keys) do
   replies[i] = guarded(claim_one, task_key, task_args[2 * i - 1], task_args[2 * i])
+end
+if #unindexed > 0 then
+  redis.call('SREM', queued_tasks, unpack(unindexed))
 end
 return replies

@@ -22,7 +22,7 @@ if pinned ~= '' and redis.call('EXISTS', resources_version) == 0 then
 end
 -- A pack (tasks_per_job > 1) lists the same job for each of its tasks, in a row: its job is written and pushed
 -- once, with its first task that is queued; a pack never spans two calls (rollq.store.transitions).
-local codes, pushed, written = {}, {}, {}
+local codes, pushed, written, indexed = {}, {}, {}, {}
 for i = 1, #task_keys / 2 do
   local task_key, job_key = task_keys[2 * i - 1], task_keys[2 * i]
   local a = 4 * (i - 1)
@@ -56,11 +56,13 @@ for i = 1, #task_keys / 2 do
     if pinned ~= '' then
       count(resources_refs, pinned, 1)
     end
-    redis.call('SADD', queued_tasks, task_key)
+    indexed[#indexed + 1] = task_key
     codes[i] = ENQUEUED.queued
   end
 end
 if #pushed > 0 then
+  -- One SADD of the call's queued tasks, as one RPUSH of its jobs (issue 24: a command a task less).
+  redis.call('SADD', queued_tasks, unpack(indexed))
   redis.call('RPUSH', rq_queue, unpack(pushed))
   redis.call('SADD', rq_queues, rq_queue)
 end
