@@ -8,6 +8,7 @@ a retry and a cancel inside a pack, and what RQ (``rq info``, rq-dashboard) coun
 
 from __future__ import annotations
 
+import asyncio
 import math
 import signal
 import subprocess
@@ -20,6 +21,7 @@ from rq.registry import FailedJobRegistry, FinishedJobRegistry
 from rq.serializers import JSONSerializer
 
 from rollq.models.policy import RolloutPolicy, TaskState
+from rollq.producer.aio import AsyncProducer
 from rollq.producer.producer import Producer
 from rollq.store.jobs import read_rollq_jobs, rollout_ids_of
 from rollq.store.keys import TaskField, job_id
@@ -283,3 +285,15 @@ def test_back_pressure_counts_the_tasks_of_queued_packs_not_the_jobs(redis_serve
     producer = Producer.from_url(redis_server.url, namespace, tasks_per_job=8)
     producer.enqueue_many([{}] * 16)
     assert producer.pending() == 16
+
+
+def test_the_async_producer_queues_packs_too(redis_server, namespace):
+    async def main() -> list[str]:
+        async with AsyncProducer.from_url(redis_server.url, namespace) as producer:
+            tasks = await producer.enqueue_many([{"n": i} for i in range(6)], tasks_per_job=3)
+            return [t.rollout_id for t in tasks]
+
+    ids = asyncio.run(main())
+    producer = Producer.from_url(redis_server.url, namespace)
+    assert producer.connection.llen(producer.keys.rq_queue) == 2
+    assert len({job_of(producer, rid) for rid in ids}) == 2
