@@ -72,11 +72,6 @@ class Keys:
         the job (``rq:job:<id>``, ``rq:results:<id>``, ...) land in the namespace's slot."""
         return self.job_prefix + job_id(rollout_id, after_attempt, reissue=reissue)
 
-    def pack_job_id(self) -> str:
-        """A new RQ job id for a pack of tasks (``tasks_per_job`` > 1): random, so that a pack never meets another
-        job's id; prefixed like :meth:`job_id`. A task that goes back to the queue gets :meth:`job_id`'s own."""
-        return self.job_prefix + pack_job_id()
-
     @property
     def queue_name(self) -> str:
         """The RQ queue that holds this namespace's tasks."""
@@ -378,7 +373,9 @@ _JOB_PREFIX = "rollq-"
 
 
 def pack_job_id() -> str:
-    """``rollq-pack-<32 random hex>``: the RQ job id of a pack of tasks (see :meth:`Keys.pack_job_id`)."""
+    """``rollq-pack-<32 random hex>``: the RQ job id of a pack of tasks (``tasks_per_job`` > 1), random so that a
+    pack never meets another job's id; a namespace prefixes it with :attr:`Keys.job_prefix`, as :meth:`Keys.job_id`.
+    A task that goes back to the queue gets :func:`job_id`'s own."""
     return f"{_JOB_PREFIX}pack-{uuid.uuid4().hex}"
 
 

@@ -24,7 +24,7 @@ from rollq.models.policy import RolloutPolicy, RolloutStatus
 
 from .connection import transient_refusal
 from .jobs import MAX_PACK, JobTemplate
-from .keys import Keys
+from .keys import Keys, pack_job_id
 from .payloads import UNPUBLISHED_SECONDS, goes_to_payload, payload_token
 from .replication import ReplicaWait
 from .replies import (
@@ -267,7 +267,7 @@ class Lifecycle:
         100, the job template sent once per call. Returns what happened to each task.
 
         ``tasks_per_job=K`` > 1 queues them in packs: each run of up to K consecutive tasks that share a mode and a
-        resources pin is one RQ job (:meth:`~rollq.store.keys.Keys.pack_job_id`) whose payload lists their rollout
+        resources pin is one RQ job (:func:`~rollq.store.keys.pack_job_id`) whose payload lists their rollout
         ids, and each task's record names it as its job. A pack never spans two script calls, so its job is
         written and pushed once (docs/rq.md, "Packs").
         """
@@ -309,7 +309,7 @@ class Lifecycle:
                 else:
                     for at in range(0, len(batch), tasks_per_job):
                         pack = batch[at : at + tasks_per_job]
-                        jid = k.pack_job_id()
+                        jid = k.job_prefix + pack_job_id()
                         # A rollout id given twice is listed once (its second entry is answered 'known').
                         distinct = list({task.rollout_id: task for task, _ in pack}.values())
                         payload = template.payload([task.rollout_id for task in distinct])
