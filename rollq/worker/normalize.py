@@ -28,8 +28,10 @@ from collections.abc import Iterable
 from datetime import UTC, datetime
 from typing import Any
 
+from opentelemetry.attributes import BoundedAttributes
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.sdk.util import BoundedList
 from opentelemetry.trace import DEFAULT_TRACE_STATE, SpanContext, SpanKind, StatusCode
 
 from rollq.models.coerce import coerce, is_model_like
@@ -56,6 +58,17 @@ def _plain(attributes: Any) -> dict[str, Any] | None:
     for key, value in plain.items():
         if isinstance(value, tuple):
             plain[key] = list(value)
+    return plain
+
+
+def _sdk_plain(kept: dict[str, Any]) -> dict[str, Any]:
+    """``_plain`` of the dict inside an SDK span's ``BoundedAttributes``, whose sequences the SDK stored as tuples
+    (``tuple(value)``, never a subclass): one C-level look for a tuple, where most spans hold none."""
+    plain = kept.copy()
+    if tuple in set(map(type, plain.values())):
+        for key, value in plain.items():
+            if type(value) is tuple:
+                plain[key] = list(value)
     return plain
 
 
@@ -142,10 +155,21 @@ def _span_json(span: ReadableSpan, trace_ids: dict[int, str]) -> dict[str, Any]:
         name, context, kind, parent = fields["_name"], fields["_context"], fields["_kind"], fields["_parent"]
         start, end, state, resource = fields["_start_time"], fields["_end_time"], fields["_status"], fields["_resource"]
         events, links = fields["_events"], fields["_links"]
+        bounded = fields["_attributes"]
+        # An empty BoundedList is seen by its deque, not through its Python-level __len__ (two calls a span).
+        if type(bounded) is BoundedAttributes and type(bounded._dict) is dict:
+            attributes: dict[str, Any] | None = _sdk_plain(bounded._dict)
+        else:
+            attributes = _plain(attributes_of(span))
+        if type(events) is BoundedList and not events._dq:
+            events = None
+        if type(links) is BoundedList and not links._dq:
+            links = None
     else:
         name, context, kind, parent = span.name, span.context, span.kind, span.parent
         start, end, state, resource = span.start_time, span.end_time, span.status, span.resource
         events, links = span.events, span.links
+        attributes = _plain(attributes_of(span))
     status: dict[str, Any] = {"status_code": _STATUS_NAMES[state.status_code]}
     if state.description:
         status["description"] = state.description
@@ -157,7 +181,7 @@ def _span_json(span: ReadableSpan, trace_ids: dict[int, str]) -> dict[str, Any]:
         "start_time": iso_time(start) if start else None,
         "end_time": iso_time(end) if end else None,
         "status": status,
-        "attributes": _plain(attributes_of(span)),
+        "attributes": attributes,
         "events": [
             {"name": e.name, "timestamp": iso_time(e.timestamp), "attributes": _plain(e.attributes)} for e in events
         ]
