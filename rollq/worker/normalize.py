@@ -161,9 +161,9 @@ def _span_json(span: ReadableSpan, trace_ids: dict[int, str]) -> dict[str, Any]:
             attributes: dict[str, Any] | None = _sdk_plain(bounded._dict)
         else:
             attributes = _plain(attributes_of(span))
-        if type(events) is BoundedList and not events._dq:
+        if type(events) is BoundedList and not events._dq:  # type: ignore[attr-defined]
             events = None
-        if type(links) is BoundedList and not links._dq:
+        if type(links) is BoundedList and not links._dq:  # type: ignore[attr-defined]
             links = None
     else:
         name, context, kind, parent = span.name, span.context, span.kind, span.parent
