@@ -24,28 +24,18 @@ same span, field for field.
 from __future__ import annotations
 
 import threading
-from collections import deque
 from collections.abc import Mapping
 from time import time_ns
 from types import MappingProxyType
 from typing import Any
 
-from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.attributes import BoundedAttributes
 from opentelemetry.context import Context
 from opentelemetry.sdk.trace import ReadableSpan, Span, SpanProcessor, Tracer, _Span
 from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ALWAYS_ON, Decision, ParentBased
 from opentelemetry.sdk.util import BoundedList
-from opentelemetry.trace import (
-    DEFAULT_TRACE_STATE,
-    INVALID_SPAN,
-    INVALID_SPAN_CONTEXT,
-    SpanContext,
-    SpanKind,
-    TraceFlags,
-)
-from opentelemetry.trace.propagation import _SPAN_KEY
+from opentelemetry.trace import INVALID_SPAN_CONTEXT, SpanContext, SpanKind, TraceFlags
 
 # fmt: off
 _PER_SPAN = frozenset({
@@ -63,19 +53,10 @@ _SDK_AS_BUILT_FOR = (
 """Whether the installed SDK makes and ends spans as this module copies it (spans that record end metrics, and
 processors told ``_on_ending``; 1.45 is what the tests hold it to): with an older SDK every span is its own."""
 
+_PLAIN = frozenset({str, bool, int, float})
 _SAMPLED = TraceFlags(TraceFlags.SAMPLED)
 _SAMPLED_RANDOM = TraceFlags(TraceFlags.SAMPLED | TraceFlags.RANDOM_TRACE_ID)
-_new_tuple = tuple.__new__
-_new_list = BoundedList.__new__
-_TRACE_ID_MAX = 2**128 - 1
-_SPAN_ID_MAX = 2**64 - 1
-_CONTEXT_AS_BUILT = (1, 2, False, _SAMPLED, DEFAULT_TRACE_STATE, True)
-_CONTEXT_AS_TUPLE = tuple(SpanContext(*_CONTEXT_AS_BUILT[:5])) == _CONTEXT_AS_BUILT and not SpanContext(1, 0, False)[5]
-"""Whether a SpanContext is the tuple :meth:`LeanTracer.start_span` builds itself (else it asks the constructor)."""
-_LIST_AS_BUILT = list(vars(BoundedList(1))) == ["dropped", "_dq", "_lock"]
-"""Whether a BoundedList holds just the fields :func:`_bounded_list` sets (else it calls the constructor)."""
-
-_PLAIN = frozenset({str, bool, int, float})
+_get_current_span = trace.get_current_span
 
 
 _DECIDING_AS_PARENT_BASED: set[type] = {ParentBased}
@@ -150,9 +131,7 @@ class LeanTracer:
         assert isinstance(tracer, Tracer)
         if not tracer._tracer_config.is_enabled:
             return tracer.start_span(name, context=context, kind=kind, attributes=attributes, start_time=start_time)
-        # trace.get_current_span(context), without its two Python calls
-        current = (context if context is not None else otel_context.get_current()).get(_SPAN_KEY)
-        parent: SpanContext | None = (current if isinstance(current, trace.Span) else INVALID_SPAN).get_span_context()
+        parent: SpanContext | None = _get_current_span(context).get_span_context()
         if parent is None or not parent.is_valid:
             parent = None
             ids = tracer.id_generator
@@ -165,13 +144,9 @@ class LeanTracer:
             state = parent.trace_state
         else:  # dropped by the sampler: the SDK's NonRecordingSpan
             return tracer.start_span(name, context=context, kind=kind, attributes=attributes, start_time=start_time)
-        span_id = tracer.id_generator.generate_span_id()
-        if _CONTEXT_AS_TUPLE:  # what SpanContext.__new__ makes, without its argument handling
-            valid = 0 < trace_id <= _TRACE_ID_MAX and 0 < span_id <= _SPAN_ID_MAX
-            state = DEFAULT_TRACE_STATE if state is None else state
-            span_context = _new_tuple(SpanContext, (trace_id, span_id, False, flags, state, valid))
-        else:
-            span_context = SpanContext(trace_id, span_id, is_remote=False, trace_flags=flags, trace_state=state)
+        span_context = SpanContext(
+            trace_id, tracer.id_generator.generate_span_id(), is_remote=False, trace_flags=flags, trace_state=state
+        )
         record_end_metrics = tracer._tracer_metrics.start_span(parent, Decision.RECORD_AND_SAMPLE)
 
         bounded = BoundedAttributes.__new__(BoundedAttributes)
@@ -189,23 +164,14 @@ class LeanTracer:
         fields["_parent"] = parent
         fields["_resource"] = tracer.resource
         fields["_attributes"] = bounded
-        fields["_events"] = _bounded_list(limits.max_events)
-        fields["_links"] = _bounded_list(limits.max_links)
+        fields["_events"] = BoundedList(limits.max_events)
+        fields["_links"] = BoundedList(limits.max_links)
         fields["_lock"] = threading.Lock()
         fields["_record_end_metrics"] = record_end_metrics
         fields["_kind"] = kind
         fields["_start_time"] = time_ns() if start_time is None else start_time
         tracer.span_processor.on_start(span, parent_context=context)
         return span
-
-
-def _bounded_list(maxlen: int | None) -> BoundedList:
-    """``BoundedList(maxlen)``, its three fields set without its Python-level ``__init__`` (half the time)."""
-    if not _LIST_AS_BUILT:
-        return BoundedList(maxlen)
-    made = _new_list(BoundedList)
-    made.__dict__.update(dropped=0, _dq=deque(maxlen=maxlen), _lock=threading.Lock())
-    return made
 
 
 def end_span(span: trace.Span, end_time: int | None = None) -> None:
