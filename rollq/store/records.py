@@ -65,6 +65,10 @@ RECORD_FIELDS = (
 """The task hash fields a :class:`TaskRecord` is parsed from, in ``HMGET`` order."""
 
 
+_POLICIES: dict[bytes | str, RolloutPolicy] = {}
+"""Policies by their JSON: the tasks of a run share a few, and a RolloutPolicy is frozen, so one read serves all."""
+
+
 def parse_task(
     rollout_id: str, task_json: bytes, policy_json: bytes, *, claims: int, last_claim: float | None
 ) -> tuple[Task, RolloutPolicy]:
@@ -74,7 +78,12 @@ def parse_task(
     """
     try:
         task = _validate(Task, task_json, f"task {rollout_id}")
-        policy = _validate(RolloutPolicy, policy_json, f"task {rollout_id}")
+        policy = _POLICIES.get(policy_json)
+        if policy is None:
+            policy = _validate(RolloutPolicy, policy_json, f"task {rollout_id}")
+            if len(_POLICIES) >= 64:
+                _POLICIES.clear()
+            _POLICIES[policy_json] = policy
     except json.JSONDecodeError as exc:
         raise InvalidTaskError(f"task {rollout_id} is not a valid rollq task: Invalid JSON: {exc}") from exc
     except (ValidationError, ValueError) as exc:

@@ -34,6 +34,7 @@ from rollq.models.outcomes import failed_rollout, stamp
 from rollq.models.policy import RolloutStatus
 from rollq.models.wire import rollout_json
 from rollq.store.keys import TaskField, inflight_member
+from rollq.store.payloads import goes_to_payload, payload_token
 from rollq.store.replies import Cancelled, Claim, ClaimRefused, FinishReply, Published, Superseded
 from rollq.store.summaries import summary_json
 from rollq.store.transitions import Finish, Lifecycle
@@ -229,6 +230,9 @@ class Attempts:
             resources_id=resources_id,
             reward_missing=not failed and rollout.metadata.get(REWARD_MISSING) is True,
             summary=summary_json(rollout, status=status, duration=duration),
+            # Only a rollout kept in a payload key has its key named by the token: drawing one for every rollout
+            # was an os.urandom call, which lets go of the GIL (a hand-off to another thread of the worker).
+            payload_token=payload_token() if goes_to_payload(data) else "",
         )
         return Publication(rollout, attempt, status, finish, task, member)
 

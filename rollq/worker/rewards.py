@@ -94,7 +94,11 @@ def _agentlightning(attributes: dict[str, Any]) -> RewardReading | None:
 
 def read_reward(span: dict[str, Any]) -> RewardReading | None:
     """The reward ``span`` (OTel JSON form) carries, or None when it is not a reward span."""
-    attributes = span.get("attributes") or {}
+    return reward_of(span, span.get("attributes") or {})
+
+
+def reward_of(span: dict[str, Any], attributes: dict[str, Any]) -> RewardReading | None:
+    """:func:`read_reward` of ``span`` whose ``attributes`` the caller has read already."""
     value: float | None = None
     if REWARD_ATTRIBUTE in attributes:
         value = _number(attributes[REWARD_ATTRIBUTE])
@@ -102,7 +106,7 @@ def read_reward(span: dict[str, Any]) -> RewardReading | None:
         value = _number(attributes["reward"])
     elif (reading := _agentlightning(attributes)) is not None:
         return reading
-    else:
+    elif not attributes.keys().isdisjoint(_AGENTOPS_OUTPUTS):  # a set operation in C: most spans hold neither
         value = _agentops(attributes)
     return RewardReading(value) if value is not None else None
 

@@ -432,8 +432,21 @@ def _published(rollout: Rollout, status: AttemptStatus, attempt: int, task: Task
     )
 
 
+_UNRESPONSIVE: dict[bytes, float] = {}
+"""``_unresponsive_of`` by policy JSON: the tasks of a run mostly share a few policies, read once each."""
+
+
 def _unresponsive_of(policy_json: bytes) -> float:
     """The unresponsive_seconds of a claimed task's policy, to heartbeat it before it is parsed in full."""
+    found = _UNRESPONSIVE.get(policy_json)
+    if found is None:
+        if len(_UNRESPONSIVE) >= 64:
+            _UNRESPONSIVE.clear()
+        found = _UNRESPONSIVE[policy_json] = _read_unresponsive(policy_json)
+    return found
+
+
+def _read_unresponsive(policy_json: bytes) -> float:
     try:
         value = json.loads(policy_json).get("unresponsive_seconds")
         return float(value) if isinstance(value, int | float) and value > 0 else RolloutPolicy().unresponsive_seconds

@@ -32,7 +32,7 @@ from typing import Any
 from rollq.models.contract import Triplet
 
 from .capture import spans as names
-from .rewards import RewardReading, check_finite, read_reward
+from .rewards import RewardReading, check_finite, reward_of
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +59,10 @@ def _span_id(span: dict[str, Any]) -> str | None:
 
 
 def is_llm_call(span: dict[str, Any]) -> bool:
-    attributes = _attributes(span)
+    return _is_llm_call(_attributes(span))
+
+
+def _is_llm_call(attributes: dict[str, Any]) -> bool:
     if attributes.get(names.CAPTURED):
         return "error.type" not in attributes  # a refused call produced nothing to train on
     operation = attributes.get("gen_ai.operation.name")
@@ -145,8 +148,7 @@ def _ids(value: Any) -> list[int] | None:
     return list(value) if isinstance(value, (list, tuple)) else None
 
 
-def _triplet(span: dict[str, Any], agent: str | None) -> Triplet:
-    attributes = _attributes(span)
+def _triplet(span: dict[str, Any], attributes: dict[str, Any], agent: str | None) -> Triplet:
     prompt: dict[str, Any] = {}
     response: dict[str, Any] = {}
     if attributes.get(names.CAPTURED):
@@ -167,19 +169,20 @@ def _triplet(span: dict[str, Any], agent: str | None) -> Triplet:
         prompt["token_ids"] = prompt_ids
     if response_ids is not None:
         response["token_ids"] = response_ids
-    finish = attributes.get("gen_ai.response.finish_reasons")
+    get = attributes.get
+    finish = get("gen_ai.response.finish_reasons")
     metadata = {
-        "response_id": attributes.get("gen_ai.response.id"),
-        "model": attributes.get("gen_ai.response.model") or attributes.get("gen_ai.request.model"),
+        "response_id": get("gen_ai.response.id"),
+        "model": get("gen_ai.response.model") or get("gen_ai.request.model"),
         "finish_reason": finish[0] if isinstance(finish, (list, tuple)) and finish else None,
-        "resource": attributes.get(names.RESOURCE),
+        "resource": get(names.RESOURCE),
         "agent": agent,
         "span_id": _span_id(span),
         "name": span.get("name"),
-        "resources_id": attributes.get(names.RESOURCES_ID),
-        "upstream": attributes.get(names.UPSTREAM),
-        "sampling_enforced": _json(attributes.get(names.SAMPLING_ENFORCED)),
-        "sampling_overridden": _json(attributes.get(names.SAMPLING_OVERRIDDEN)),
+        "resources_id": get(names.RESOURCES_ID),
+        "upstream": get(names.UPSTREAM),
+        "sampling_enforced": _json(get(names.SAMPLING_ENFORCED)),
+        "sampling_overridden": _json(get(names.SAMPLING_OVERRIDDEN)),
     }
     if names.RESPONSE_LOGPROBS in attributes:
         logprobs = _ids(attributes[names.RESPONSE_LOGPROBS])
@@ -199,8 +202,10 @@ def _triplet(span: dict[str, Any], agent: str | None) -> Triplet:
     return Triplet(prompt=prompt, response=response, metadata={k: v for k, v in metadata.items() if v is not None})
 
 
-def _reading(span: dict[str, Any], strict: bool, warnings: list[str]) -> RewardReading | None:
-    reading = read_reward(span)
+def _reading(
+    span: dict[str, Any], attributes: dict[str, Any], strict: bool, warnings: list[str]
+) -> RewardReading | None:
+    reading = reward_of(span, attributes)
     if reading is None:
         return None
     where = f"reward span {span.get('name')!r} ({_span_id(span)})"
@@ -225,7 +230,8 @@ def derive(trace: list[dict[str, Any]], *, only_agent: str | None = None, strict
     seen_captured: dict[int, bool] = {}  # id(triplet) -> made from a span the proxy recorded
     missing = 0
     for span in ordered:
-        reading = _reading(span, strict, result.warnings)
+        attributes = span.get("attributes") or {}
+        reading = _reading(span, attributes, strict, result.warnings)
         if reading is not None:
             result.last_reward = reading.value
             if not result.triplets:
@@ -239,14 +245,14 @@ def derive(trace: list[dict[str, Any]], *, only_agent: str | None = None, strict
             if reading.dimensions:
                 target.metadata["rewards"] = dict(reading.dimensions)
             continue
-        if not is_llm_call(span):
+        if not _is_llm_call(attributes):
             continue
         agent = agents.of(span)
         if only_agent is not None and agent != only_agent:
             continue
-        triplet = _triplet(span, agent)
+        triplet = _triplet(span, attributes, agent)
         response_id = triplet.metadata.get("response_id")
-        captured = bool(_attributes(span).get(names.CAPTURED))
+        captured = bool(attributes.get(names.CAPTURED))
         seen = by_response.get(response_id) if response_id else None
         if seen is not None and captured and seen_captured.get(id(seen)):
             # Two calls the proxy recorded with one response id (a backend that reuses ids): two calls, kept apart.

@@ -18,8 +18,8 @@ from opentelemetry.trace import NonRecordingSpan, SpanContext, SpanKind, TraceFl
 
 from rollq.models.contract import Rollout, Triplet
 from rollq.models.errors import UnsupportedResultError
-from rollq.worker.normalize import iso_time, span_json, to_rollout
-from rollq.worker.tracer import REWARD_ATTRIBUTE
+from rollq.worker.normalize import iso_time, span_json, to_rollout, trace_json
+from rollq.worker.tracer import REWARD_ATTRIBUTE, OtelTracer, emit_reward, llm_call_span
 
 RID = "rollout-under-test"
 
@@ -265,3 +265,32 @@ def test_span_json_equals_the_sdk_json_of_spans_with_events_links_and_an_error_w
     assert span_json(ended)["links"][0]["attributes"] == {"why": "retry"} and span_json(ended)["events"][1]["name"]
     # The SDK's to_json reads the subclass's field; span_json asks its property, as it always has.
     assert span_json(renamed) == {**json.loads(renamed.to_json()), "name": "renamed"}
+
+
+def test_trace_json_of_a_rollouts_lean_spans_equals_the_sdk_json_of_each_span() -> None:
+    # rollq's own spans (root, llm_call_span, emit_reward) are read field by field, not through their properties;
+    # what a rollout's trace holds must still be the SDK's JSON of each, tuples as lists, events and links kept.
+    provider = TracerProvider()
+    tracer = OtelTracer(provider)
+    previous = trace._TRACER_PROVIDER
+    trace._TRACER_PROVIDER = provider  # the agent helpers' spans go through the global provider
+    try:
+        rollout = tracer.start_rollout("r", 1)
+
+        def agent() -> None:
+            with llm_call_span("m", "prompt") as span:
+                span.set_attribute("gen_ai.completion", "answer")
+                span.set_attribute("gen_ai.response.finish_reasons", ("stop", "length"))
+                span.add_event("token", {"n": 1})
+            emit_reward(0.5)
+            with provider.get_tracer("t").start_as_current_span(
+                "linked", links=[trace.Link(rollout.root.get_span_context(), {"k": (1, 2)})]
+            ):
+                pass
+
+        rollout.context.run(agent)
+        spans = rollout.finish(error=ValueError("no"))
+    finally:
+        trace._TRACER_PROVIDER = previous
+    assert len(spans) == 4
+    assert trace_json(spans) == [json.loads(span.to_json()) for span in spans]
