@@ -28,6 +28,7 @@ reuses the same few megabytes (4-5 faults per rollout).
 
 from __future__ import annotations
 
+import asyncio
 import secrets
 from collections.abc import AsyncIterator, Iterable, Iterator, MutableMapping, Sequence
 from typing import Any, TypeVar
@@ -111,8 +112,8 @@ async def aload_payloads(connection: redis.asyncio.Redis, batch: Iterable[Fields
 
 
 class ReadAhead:
-    """Sans-IO: which of a batch's entries the next ``MGET`` reads, sized to about :data:`READ_AHEAD_BYTES` by the
-    payloads read so far (the first read takes one)."""
+    """Sans-IO: how a batch's payloads are read, in batch order, in chunks of about :data:`READ_AHEAD_BYTES` sized by
+    the payloads read so far (the first chunk is one payload)."""
 
     def __init__(self, batch: Sequence[Fields], budget: int | None = None) -> None:
         self.budget = READ_AHEAD_BYTES if budget is None else budget
@@ -121,17 +122,14 @@ class ReadAhead:
         self._read_bytes = 0
         self._read = 0
 
-    def due(self, fields: Fields) -> list[tuple[Fields, bytes]]:
-        """The references to read before ``fields`` is handed over: none when it needs none or was read already,
-        else it and the next few after it."""
-        if self._next >= len(self._pending) or self._pending[self._next] is not fields:
-            return []
+    def next_chunk(self) -> list[tuple[Fields, bytes]]:
+        """The entries (and their payload keys) the next ``MGET`` reads; empty when every one was read."""
         count = 1
         if self._read:
             count = max(1, self.budget * self._read // max(1, self._read_bytes))
         chunk = self._pending[self._next : self._next + count]
         self._next += len(chunk)
-        return [(f, f[_REF]) for f in chunk]
+        return [(fields, fields[_REF]) for fields in chunk]
 
     def took(self, refs: list[tuple[Fields, bytes]], values: list[Any]) -> None:
         """Put ``values`` (the MGET's reply for ``refs``) in their entries, and count their size."""
@@ -142,6 +140,50 @@ class ReadAhead:
                 self._read_bytes += len(value)
 
 
+class _SentAhead:
+    """One ``MGET`` sent before its reply is wanted, on a connection of its own taken from the client's pool, so that
+    Redis prepares and sends the next payloads while the reader parses the ones it has. A client without one pool (a
+    cluster client) sends the MGET when its reply is wanted."""
+
+    def __init__(self, client: redis.Redis) -> None:
+        self.client = client
+        self.pool = client.connection_pool if isinstance(client, redis.Redis) else None
+        self._connection: Any = None
+        self._keys: list[bytes] = []
+        self._outstanding = False
+
+    def send(self, keys: list[bytes]) -> None:
+        self._keys = keys
+        if self.pool is None:
+            return
+        if self._connection is None:
+            self._connection = self.pool.get_connection()
+        try:
+            self._connection.send_command("MGET", *keys)
+        except BaseException:
+            self.close()
+            raise
+        self._outstanding = True
+
+    def receive(self) -> list[Any]:
+        if self.pool is None:
+            return list(self.client.mget(self._keys))
+        try:
+            reply = self._connection.read_response()
+        except BaseException:
+            self.close()
+            raise
+        self._outstanding = False
+        return list(reply)
+
+    def close(self) -> None:
+        if self._connection is not None:
+            if self._outstanding:  # a reply nobody will read: the connection must not be reused with it
+                self._connection.disconnect()
+            self.pool.release(self._connection)  # type: ignore[union-attr]
+            self._connection, self._outstanding = None, False
+
+
 def _dropped(fields: Fields) -> None:
     # A referenced entry's rollout is the loaded payload (an inline entry has no reference): back to the entry as read.
     if _REF in fields:
@@ -149,27 +191,53 @@ def _dropped(fields: Fields) -> None:
 
 
 def loaded_one_by_one(connection: redis.Redis, batch: Sequence[F]) -> Iterator[F]:
-    """Each entry of ``batch`` in order, its payload loaded (as :func:`load_payloads` does) just before it is handed
-    over, a few at a time (:class:`ReadAhead`); once the caller moves on, a loaded payload is dropped from its entry
-    again, so that a batch's big rollouts are not all held at once."""
+    """Each entry of ``batch`` in order, its payload loaded (as :func:`load_payloads` does) by the time it is handed
+    over: read in chunks (:class:`ReadAhead`), the next chunk requested as soon as the current one arrived; once the
+    caller moves on, a loaded payload is dropped from its entry again, so a batch's big rollouts are not all held at
+    once. A connection error is raised where the caller asks for the entry whose payload could not be read."""
     plan = ReadAhead(batch)
-    for fields in batch:
-        refs = plan.due(fields)
-        if refs:
-            plan.took(refs, list(connection.mget([ref for _, ref in refs])))
-        yield fields
-        _dropped(fields)
+    ahead = _SentAhead(connection)
+    try:
+        chunk = plan.next_chunk()
+        if chunk:
+            ahead.send([ref for _, ref in chunk])
+        for fields in batch:
+            if chunk and chunk[0][0] is fields:
+                plan.took(chunk, ahead.receive())
+                chunk = plan.next_chunk()
+                if chunk:
+                    ahead.send([ref for _, ref in chunk])
+            yield fields
+            _dropped(fields)
+    finally:
+        ahead.close()
 
 
 async def aloaded_one_by_one(connection: redis.asyncio.Redis, batch: Sequence[F]) -> AsyncIterator[F]:
-    """:func:`loaded_one_by_one` on an asyncio connection."""
+    """:func:`loaded_one_by_one` on an asyncio connection: the next chunk's MGET runs as a task of its own (on another
+    connection of the pool) while the caller handles the current one."""
     plan = ReadAhead(batch)
-    for fields in batch:
-        refs = plan.due(fields)
-        if refs:
-            plan.took(refs, list(await connection.mget([ref for _, ref in refs])))
-        yield fields
-        _dropped(fields)
+
+    def fetch(keys: list[bytes]) -> asyncio.Task[Any]:
+        return asyncio.ensure_future(connection.mget(keys))
+
+    chunk = plan.next_chunk()
+    pending = fetch([ref for _, ref in chunk]) if chunk else None
+    try:
+        for fields in batch:
+            if chunk and chunk[0][0] is fields and pending is not None:
+                plan.took(chunk, list(await pending))
+                pending = None
+                chunk = plan.next_chunk()
+                if chunk:
+                    pending = fetch([ref for _, ref in chunk])
+            yield fields
+            _dropped(fields)
+    finally:
+        if pending is not None and not pending.done():
+            pending.cancel()
+        elif pending is not None and not pending.cancelled():
+            pending.exception()  # retrieved: an error nobody waits for any more is not logged as unhandled
 
 
 def missing_payload(fields: Fields) -> bytes | None:

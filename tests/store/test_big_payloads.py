@@ -3,6 +3,7 @@ reader, never left behind by a refused finish or a trim."""
 
 from __future__ import annotations
 
+import asyncio
 import math
 import time
 import uuid
@@ -15,6 +16,7 @@ from rollq.models.contract import Rollout, Task, Triplet
 from rollq.models.policy import RolloutPolicy, RolloutStatus
 from rollq.models.wire import ORJSON_WRITTEN, rollout_json
 from rollq.producer import Producer
+from rollq.producer.aio import AsyncProducer
 from rollq.store import payloads
 from rollq.store.cluster import cluster_url, tag_slot
 from rollq.store.connection import connect
@@ -202,17 +204,16 @@ def test_ReadAhead_sizes_each_read_by_the_payloads_read_so_far() -> None:
         {b"rollout_id": b"e", b"ref": b"k4"},
     ]
     plan = payloads.ReadAhead(batch, budget=250)
-    first = plan.due(batch[0])
+    first = plan.next_chunk()
     assert [ref for _, ref in first] == [b"k1"]
     plan.took(first, [b"x" * 100])
     assert batch[0][b"rollout"] == b"x" * 100
-    assert plan.due(batch[1]) == []
-    second = plan.due(batch[2])
+    second = plan.next_chunk()
     assert [ref for _, ref in second] == [b"k2", b"k3"]  # 250 bytes / 100 per payload
     plan.took(second, [b"y" * 100, None])  # k3 gone (trimmed meanwhile): its entry stays without a rollout
-    assert plan.due(batch[3]) == []
     assert payloads.missing_payload(batch[3]) == b"k3"
-    assert [ref for _, ref in plan.due(batch[4])] == [b"k4"]
+    assert [ref for _, ref in plan.next_chunk()] == [b"k4"]
+    assert plan.next_chunk() == []
 
 
 def test_a_reader_lets_go_of_each_big_rollouts_json_once_past_it(lc: Lifecycle) -> None:
@@ -237,17 +238,19 @@ def test_a_reader_whose_payload_read_fails_reads_the_rest_of_its_batch_again(
     lc.run_pipelined([lc.finish_many_call([finish_of(r) for r in rollouts])])
     monkeypatch.setattr(payloads, "READ_AHEAD_BYTES", 1)  # one payload per MGET
     producer = Producer.from_url(redis_server.url, lc.keys.namespace)
-    real_mget, calls = producer.connection.mget, []
+    real_receive, calls = payloads._SentAhead.receive, []
 
-    def mget_failing_the_third_time(keys: Any) -> Any:
-        calls.append(keys)
+    def receive_failing_the_third_time(self: Any) -> Any:
+        calls.append(1)
         if len(calls) == 3:
+            self.close()  # as a connection reset leaves it
             raise redis.ConnectionError("connection reset")
-        return real_mget(keys)
+        return real_receive(self)
 
-    monkeypatch.setattr(producer.connection, "mget", mget_failing_the_third_time)
+    monkeypatch.setattr(payloads._SentAhead, "receive", receive_failing_the_third_time)
     got = list(producer.rollouts("trainers", start="0", idle_timeout=1.0))
     assert got == rollouts  # each once, in order: the two handed over are not read again
+    assert len(calls) == 5
     assert lc.connection.xpending(lc.keys.results, "trainers")["pending"] == 0
 
 
@@ -279,3 +282,21 @@ def test_a_big_rollouts_token_ids_beyond_2_53_come_back_exactly_and_nan_logprobs
         assert response["logprobs"] == [-0.25, None, None, None, -1e-300]
     assert got[1].metadata["beyond 64 bits"] == [2**64, -(2**63) - 1]
     assert producer.wait(["fast", "exact"], timeout=5) == got
+
+
+def test_the_async_consumer_group_reader_reads_big_payloads_ahead_in_chunks(
+    lc: Lifecycle, redis_server: RedisServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ids = [f"r{i}" for i in range(5)]
+    claimed(lc, *ids)
+    rollouts = [big_rollout(rid) for rid in ids[:2]] + [Rollout(rollout_id="r2")] + [big_rollout(r) for r in ids[3:]]
+    lc.run_pipelined([lc.finish_many_call([finish_of(r) for r in rollouts])])
+    monkeypatch.setattr(payloads, "READ_AHEAD_BYTES", 1)  # one payload per MGET
+
+    async def main() -> list[Rollout]:
+        async with AsyncProducer.from_url(redis_server.url, lc.keys.namespace) as producer:
+            return [r async for r in producer.rollouts("trainers", start="0", idle_timeout=0.5)]
+
+    lc.connection.config_resetstat()
+    assert asyncio.run(main()) == rollouts
+    assert lc.connection.info("commandstats")["cmdstat_mget"]["calls"] == 4
