@@ -408,14 +408,17 @@ class AsyncProducer:
                 idle_since = time.monotonic()
                 # Big rollouts' payloads are read as the batch is handed over, a few at a time (rollq.store.payloads).
                 loading = aloaded_one_by_one(conn, [fields for _, fields in entries])
-                for entry_id, _ in entries:
-                    fields = await anext(loading)
-                    unacked.append(entry_id)
-                    if missing_payload(fields) is not None:
-                        continue  # trimmed since it was delivered: counted for the group (see ResultReader)
-                    rollout = parse_entry(fields)
-                    if delivered.first(rollout):
-                        yield rollout
+                try:
+                    for entry_id, _ in entries:
+                        fields = await anext(loading)
+                        unacked.append(entry_id)
+                        if missing_payload(fields) is not None:
+                            continue  # trimmed since it was delivered: counted for the group (see ResultReader)
+                        rollout = parse_entry(fields)
+                        if delivered.first(rollout):
+                            yield rollout
+                finally:
+                    await loading.aclose()  # cancels a chunk still being read
         finally:
             if unacked:
                 await conn.xack(stream, group, *unacked)

@@ -484,19 +484,22 @@ class ResultReader:
                 idle_since = time.monotonic()
                 # Big rollouts' payloads are read as the batch is handed over, a few at a time (rollq.store.payloads).
                 loading = loaded_one_by_one(self.connection, [fields for _, fields in entries])
-                for entry_id, _ in entries:
-                    try:
-                        fields = next(loading)
-                    except (redis.ConnectionError, redis.TimeoutError) as exc:
-                        # The rest of the batch is not acknowledged: read again from this reader's own pending entries.
-                        outage.failed(exc, None if self.idle_timeout is None else idle_since + self.idle_timeout)
-                        break
-                    self._unacked.append(entry_id)
-                    if missing_payload(fields) is not None:
-                        continue  # trimmed since it was delivered: counted for the group, raised by _check_lost
-                    rollout = parse_entry(fields)
-                    if self.delivered.first(rollout):  # a second copy is acknowledged, not handed over
-                        yield rollout
+                try:
+                    for entry_id, _ in entries:
+                        try:
+                            fields = next(loading)
+                        except (redis.ConnectionError, redis.TimeoutError) as exc:
+                            # The rest of the batch is not acknowledged: read again from this reader's pending entries.
+                            outage.failed(exc, None if self.idle_timeout is None else idle_since + self.idle_timeout)
+                            break
+                        self._unacked.append(entry_id)
+                        if missing_payload(fields) is not None:
+                            continue  # trimmed since it was delivered: counted for the group, raised by _check_lost
+                        rollout = parse_entry(fields)
+                        if self.delivered.first(rollout):  # a second copy is acknowledged, not handed over
+                            yield rollout
+                finally:
+                    loading.close()  # gives its connection back to the pool
         finally:
             try:
                 self._ack()

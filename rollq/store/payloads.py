@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import secrets
-from collections.abc import AsyncIterator, Iterable, Iterator, MutableMapping, Sequence
+from collections.abc import AsyncGenerator, Generator, Iterable, MutableMapping, Sequence
 from typing import Any, TypeVar
 
 import redis
@@ -190,7 +190,7 @@ def _dropped(fields: Fields) -> None:
         fields.pop(_ROLLOUT, None)
 
 
-def loaded_one_by_one(connection: redis.Redis, batch: Sequence[F]) -> Iterator[F]:
+def loaded_one_by_one(connection: redis.Redis, batch: Sequence[F]) -> Generator[F, None, None]:
     """Each entry of ``batch`` in order, its payload loaded (as :func:`load_payloads` does) by the time it is handed
     over: read in chunks (:class:`ReadAhead`), the next chunk requested as soon as the current one arrived; once the
     caller moves on, a loaded payload is dropped from its entry again, so a batch's big rollouts are not all held at
@@ -213,7 +213,7 @@ def loaded_one_by_one(connection: redis.Redis, batch: Sequence[F]) -> Iterator[F
         ahead.close()
 
 
-async def aloaded_one_by_one(connection: redis.asyncio.Redis, batch: Sequence[F]) -> AsyncIterator[F]:
+async def aloaded_one_by_one(connection: redis.asyncio.Redis, batch: Sequence[F]) -> AsyncGenerator[F, None]:
     """:func:`loaded_one_by_one` on an asyncio connection: the next chunk's MGET runs as a task of its own (on another
     connection of the pool) while the caller handles the current one."""
     plan = ReadAhead(batch)
