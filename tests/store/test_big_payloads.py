@@ -257,7 +257,7 @@ def test_a_reader_whose_payload_read_fails_reads_the_rest_of_its_batch_again(
 def test_a_big_rollouts_token_ids_beyond_2_53_come_back_exactly_and_nan_logprobs_as_null(
     lc: Lifecycle, redis_server: RedisServer
 ) -> None:
-    # The policy (docs/internals.md, "The results stream's wire format"): ints of any size exactly (orjson writes and
+    # The policy (docs/internals.md, the number policy): ints of any size exactly (orjson writes and
     # reads those within 64 bits; a rollout holding a bigger one is written and read by pydantic); NaN and +-Infinity
     # are written as null, as pydantic writes them.
     edge = [2**53 - 1, 2**53, 2**53 + 1, 2**63 - 1, 2**64 - 1, -(2**63)]
