@@ -24,7 +24,7 @@ from rollq.store.connection import connect, connect_async, process_client_name
 from rollq.store.control import CancelResult, cancel_call, cancel_script_source, parse_cancel
 from rollq.store.keys import DEFAULT_NAMESPACE, StreamField, TaskField
 from rollq.store.llm_gate import AsyncLLMGate, GateStatus, PauseReport
-from rollq.store.payloads import aload_payloads, missing_payload
+from rollq.store.payloads import aload_payloads, aloaded_one_by_one, missing_payload
 from rollq.store.queries import (
     ATTEMPT_FIELDS,
     FILTER_FIELDS,
@@ -406,14 +406,19 @@ class AsyncProducer:
                         return
                     continue
                 idle_since = time.monotonic()
-                await aload_payloads(conn, [fields for _, fields in entries])
-                for entry_id, fields in entries:
-                    unacked.append(entry_id)
-                    if missing_payload(fields) is not None:
-                        continue  # trimmed since it was delivered: counted for the group (see ResultReader)
-                    rollout = parse_entry(fields)
-                    if delivered.first(rollout):
-                        yield rollout
+                # Big rollouts' payloads are read as the batch is handed over, a few at a time (rollq.store.payloads).
+                loading = aloaded_one_by_one(conn, [fields for _, fields in entries])
+                try:
+                    for entry_id, _ in entries:
+                        fields = await anext(loading)
+                        unacked.append(entry_id)
+                        if missing_payload(fields) is not None:
+                            continue  # trimmed since it was delivered: counted for the group (see ResultReader)
+                        rollout = parse_entry(fields)
+                        if delivered.first(rollout):
+                            yield rollout
+                finally:
+                    await loading.aclose()  # cancels a chunk still being read
         finally:
             if unacked:
                 await conn.xack(stream, group, *unacked)

@@ -24,7 +24,7 @@ from rollq.models.outcomes import failed_rollout
 from rollq.models.wire import parse_rollout
 from rollq.store.connection import Outage, unrecoverable
 from rollq.store.keys import TRIMMED_TO, Keys, StreamField, TaskField
-from rollq.store.payloads import load_payloads, missing_payload
+from rollq.store.payloads import load_payloads, loaded_one_by_one, missing_payload
 from rollq.store.reaper import reap
 from rollq.store.transitions import Lifecycle
 
@@ -433,7 +433,7 @@ class ResultReader:
         entries = [e for e in claimed[1] if e[1]]
         if entries:
             log.info("took over %d rollout(s) a dead reader of group %r left unacknowledged", len(entries), self.group)
-        return self._loaded(entries)
+        return entries
 
     def _check_lost(self) -> None:
         count, from_id = cast(
@@ -451,17 +451,13 @@ class ResultReader:
         self._check_lost()
         # Our own unacknowledged entries first (a restart under the same name), then those of dead readers.
         mine: Any = self.connection.xreadgroup(self.group, self.consumer, {k.results: "0"}, count=self.batch)
-        entries = self._loaded([e for _, es in mine or [] for e in es if e[1]]) or self._claim_abandoned()
+        entries = [e for _, es in mine or [] for e in es if e[1]] or self._claim_abandoned()
         if entries:
             return entries
         new: Any = self.connection.xreadgroup(
             self.group, self.consumer, {k.results: ">"}, count=self.batch, block=block_ms
         )
-        return self._loaded([e for _, es in new or [] for e in es])
-
-    def _loaded(self, entries: list[tuple[bytes, dict[bytes, bytes]]]) -> list[tuple[bytes, dict[bytes, bytes]]]:
-        load_payloads(self.connection, [fields for _, fields in entries])
-        return entries
+        return [e for _, es in new or [] for e in es]
 
     def __iter__(self) -> Iterator[Rollout]:
         outage = Outage(f"reader {self.consumer} of group {self.group!r}")
@@ -486,13 +482,24 @@ class ResultReader:
                     else:
                         continue
                 idle_since = time.monotonic()
-                for entry_id, fields in entries:
-                    self._unacked.append(entry_id)
-                    if missing_payload(fields) is not None:
-                        continue  # trimmed since it was delivered: counted for the group, raised by _check_lost
-                    rollout = parse_entry(fields)
-                    if self.delivered.first(rollout):  # a second copy is acknowledged, not handed over
-                        yield rollout
+                # Big rollouts' payloads are read as the batch is handed over, a few at a time (rollq.store.payloads).
+                loading = loaded_one_by_one(self.connection, [fields for _, fields in entries])
+                try:
+                    for entry_id, _ in entries:
+                        try:
+                            fields = next(loading)
+                        except (redis.ConnectionError, redis.TimeoutError) as exc:
+                            # The rest of the batch is not acknowledged: read again from this reader's pending entries.
+                            outage.failed(exc, None if self.idle_timeout is None else idle_since + self.idle_timeout)
+                            break
+                        self._unacked.append(entry_id)
+                        if missing_payload(fields) is not None:
+                            continue  # trimmed since it was delivered: counted for the group, raised by _check_lost
+                        rollout = parse_entry(fields)
+                        if self.delivered.first(rollout):  # a second copy is acknowledged, not handed over
+                            yield rollout
+                finally:
+                    loading.close()  # gives its connection back to the pool
         finally:
             try:
                 self._ack()
