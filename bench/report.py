@@ -1150,8 +1150,9 @@ def targets_section(docs: dict[str, Doc]) -> str:
         "## Targets\n\nEach checked against the figure of the section below that measures it (\"not measured\": "
         "no benchmark here measures it yet). The figures come from different runs: see each section's date, "
         "commit and load. Where a run also measured packs (`tasks_per_job`, several tasks per RQ job: opt-in, "
-        "see [rq.md](rq.md#packs-several-tasks-per-rq-job-tasks_per_job) for what they cost), both figures are shown, and \"met (packs)\" says that only "
-        "the packs figure meets the target.\n\n" + render_table(table, {}) + "\n\n" + MACHINES_NOTE
+        "see [rq.md](rq.md#packs-several-tasks-per-rq-job-tasks_per_job) for what they cost), both figures "
+        "are shown, and \"met (packs)\" says that only the packs figure meets the target.\n\n"
+        + render_table(table, {}) + "\n\n" + MACHINES_NOTE
     )
 
 
