@@ -30,6 +30,8 @@ BENCHMARKS: list[tuple[str, list[str]]] = [
     ("noop", ["--rounds", "2", "--jobs", "1000"]),
     ("mock_llm", ["--window", "10"]),
     ("al", ["--window", "8", "--rounds", "2"]),
+    # The same with packs of 16 tasks per RQ job (opt-in; docs/rq.md, "Packs"): its own results file.
+    ("al", ["--window", "8", "--rounds", "2", "--tasks-per-job", "16", "--out", "al_packs"]),
     ("big", ["--window", "10"]),
     ("inflight10k", []),
     ("scaling", ["--window", "8"]),
