@@ -188,6 +188,10 @@ def run_rollq(
 ) -> dict[str, Any]:
     if tasks_per_job > 1:  # packs (docs/rq.md): the producer's and the workers' setting
         extra_env = {**(extra_env or {}), "ROLLQ_TASKS_PER_JOB": str(tasks_per_job)}
+    if scenario == "big":
+        # Room for a backlog, as in bench/big.py: workers can publish big rollouts faster than the one trainer
+        # thread parses them, and a backlog past the default 1 GiB would be trimmed unread (RolloutsTrimmedError).
+        extra_env = {**(extra_env or {}), "ROLLQ_RESULTS_MAX_BYTES": str(4 * 1024**3)}
     with private_redis() as server:
         namespace = f"al-{scenario}-{in_flight}"
         producer = Producer.from_url(server.url, namespace, tasks_per_job=tasks_per_job)
