@@ -953,7 +953,8 @@ SPECS: dict[str, Spec] = {
     "capture": CAPTURE, "enqueue": ENQUEUE, "memory": MEMORY, "startup": STARTUP,
 }
 # The page's order; results files not named here follow in name order.
-ORDER = ["al_own_path", "al", "noop", "mock_llm", "startup", "fleet_startup", "before_after", "profile",
+ORDER = ["al_own_path", "al", "al_packs", "noop", "mock_llm", "startup", "fleet_startup", "before_after",
+         "before_after_packs", "before_after_stop32", "profile",
          "rollout_cpu", "rollout_cpu_before_after", "big", "results_stream", "inflight10k", "scaling", "cluster",
          "cluster_256", "cluster_dead_host", "failover", "soak", "capture", "enqueue", "memory", "idle", "connections",
          "plan_rate", "plan_rate_16", "trainer_api", "embedded_drain"]
@@ -1158,13 +1159,12 @@ def targets_section(docs: dict[str, Doc]) -> str:
 
 MACHINES_NOTE = (
     "**Compare within a run, not across days.** Each session runs on a fresh machine of the same kind (2 cores), "
-    "and they differ: the sections measured on 2026-12-02 from 05:20 UTC ran on one 1.7-3.5x slower than the "
-    "day before's. The same minimal Redis queue, batched, ran 12,900-18,900 jobs/s there against 44,800 jobs/s; "
-    "the mock-LLM setting's worker CPU at 1000 in flight was 2.43 ms per rollout at `eb07806` "
-    "where the same worker code (`4dac21d`) measured 1.41 ms the day before, and the "
-    "1000-in-flight setting, CPU-bound, fell with it "
-    "(AL 0.1.2 fell alike: 38.0% -> 20.4% of the ideal rate). What such a change did is in the ratios measured "
-    "side by side in one run (`--base`, before/after sections)."
+    "and they differ. The same minimal Redis queue, batched, ran 44,800 jobs/s on 2026-12-01, 12,900-18,900 "
+    "jobs/s on 2026-12-02 from 05:20 UTC and 29,100-29,200 jobs/s on 2026-12-02 from 09:00 UTC; the mock-LLM "
+    "setting's worker CPU at 1000 in flight was 2.43 ms per rollout at `eb07806` on the 05:20 machine where the "
+    "same worker code (`4dac21d`) measured 1.41 ms the day before, and the 1000-in-flight setting, CPU-bound, "
+    "moves with it (AL 0.1.2 alike: 38.0%, 20.4%, then 27-32% of the ideal rate). What a change did is in the "
+    "ratios measured side by side in one run (`--base`, before/after sections)."
 )
 
 
