@@ -3,7 +3,7 @@
 Run: python bench/worker_floor.py [--in-flight 1000] [--seconds 15] [--rounds 1] [--with-rollq [--tasks-per-job 1,16]]
 
 What CPython, the OpenTelemetry SDK and redis-py cost per rollout on this machine
-when nothing else runs: each of 2 processes (the mock-LLM setting of
+with nothing of rollq around them: each of 2 processes (the mock-LLM setting of
 ``bench/mock_llm.py``, in flight / 2 each) is one uvloop loop that takes up to its
 free slots of tasks with one BLMPOP, runs each as an asyncio task doing what
 :class:`bench.agents.MockLLMAgent` does (3 turns, each an LLM-call span holding an
