@@ -86,6 +86,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--in-flight", type=int, default=1000)
     parser.add_argument("--seconds", type=int, default=20)
+    parser.add_argument("--keep", type=Path, help="copy py-spy's raw stacks (one file per worker) into this folder")
     args = parser.parse_args()
     py_spy = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
     if not Path(py_spy).exists():
@@ -161,6 +162,11 @@ def main() -> None:
                     if bucket == "other":
                         unmatched[frames[-1]] += int(count)
 
+        if args.keep is not None:
+            args.keep.mkdir(parents=True, exist_ok=True)
+            for out in outputs:
+                shutil.copy(out, args.keep / out.name)
+
     rollouts = c1 - c0
     seconds = t1 - t0
     to_ms = 1000 / RATE_HZ / rollouts
@@ -186,6 +192,11 @@ def main() -> None:
     )
     for name, ms in buckets.items():
         print(f"  {ms:7.3f} ms  {name}")
+    if result["gil_held_ms_per_rollout"] > result["worker_cpu_ms_per_rollout"]:
+        # A thread that holds the GIL while it waits for a core is sampled as holding it: on an oversubscribed
+        # machine the buckets count that waiting too, at whatever line the thread was, and only the CPU is exact.
+        result["oversubscribed"] = True
+        print("  GIL held > CPU used: the machine was oversubscribed; the buckets include waits for a core")
     write_result("profile", result, sys.argv[1:], settings=vars(args))
 
 
