@@ -33,6 +33,8 @@ BENCHMARKS: list[tuple[str, list[str]]] = [
     # The same with packs of 16 tasks per RQ job (opt-in; docs/rq.md, "Packs"): its own results file.
     ("al", ["--window", "8", "--rounds", "2", "--tasks-per-job", "16", "--out", "al_packs"]),
     ("big", ["--window", "10"]),
+    # What the mock agent costs a process with no rollq at all, beside rollq's workers (the worker-CPU target's floor).
+    ("worker_floor", ["--seconds", "12", "--rounds", "2", "--with-rollq"]),
     ("inflight10k", []),
     ("scaling", ["--window", "8"]),
     ("failover", []),
