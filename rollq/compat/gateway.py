@@ -45,7 +45,7 @@ from rollq.models.errors import AttemptTokenError, InvalidTaskError, UnknownReso
 from rollq.models.policy import RolloutPolicy
 from rollq.store.jobs import read_rollq_jobs, rollout_ids_of
 from rollq.store.keys import Keys, inflight_member
-from rollq.store.records import parse_task
+from rollq.store.records import parse_task, read_records_or_errors
 from rollq.store.replies import ClaimRefused, Requeued
 from rollq.store.resources import ResourceStore
 from rollq.store.stats import StatsField
@@ -142,6 +142,7 @@ class Gateway:
         self.results_maxlen = limits.results_maxlen
         self.name = name or f"serve-al-{socket.gethostname()}-{id(self):x}"
         self._held: dict[str, _Held] = {}
+        self._warned_packs = False
         self._lock = threading.Lock()
         self._heartbeat = Heartbeat(
             self.lifecycle, self._members, interval=heartbeat_seconds, results_maxlen=limits.results_maxlen
@@ -256,14 +257,7 @@ class Gateway:
             return None
         ids = rollout_ids_of(job)
         if len(ids) != 1:
-            # A pack (tasks_per_job > 1) is for RolloutWorkers; set aside here, its tasks are queued again one job
-            # each by the reapers' lost-job sweep (lua/reissue.lua: the job is on none of RQ's lists).
-            log.error(
-                "set pack job %s of queue %s aside: this gateway runs jobs of one task (queue with tasks_per_job=1)",
-                job_id,
-                k.queue_name,
-            )
-            self.lifecycle.quarantine(k.rq_intermediate, job_id)
+            self._split(job_id, ids)
             return None
         (rollout_id,) = ids
         claim = self.lifecycle.claim(rollout_id, job_id, self.name)
@@ -299,6 +293,39 @@ class Gateway:
                 "last_claim_time": claim.claimed_at,
             }
         )
+
+    def _split(self, job_id: str, rollout_ids: list[str]) -> None:
+        """A pack (``tasks_per_job`` > 1) is for RolloutWorkers: its tasks go back to the front of the queue as jobs of
+        one task each, in one transition (``lua/split.lua``), and the next polls take them. Set aside as before (the
+        quarantine list; the reapers' lost-job sweep queues its tasks again) only if its records cannot be read or
+        a new job id is taken."""
+        k = self.keys
+        records, errors = read_records_or_errors(self.connection, k, rollout_ids)
+        tasks = [(records[rid].task, records[rid].policy) for rid in rollout_ids if rid in records]
+        split = self.lifecycle.split(job_id, tasks) if tasks and not errors else None
+        if split is None or split == -1:
+            why = next(iter(errors.values()), None) or (
+                "a new job id is taken by another job" if split == -1 else "its tasks have no records"
+            )
+            log.warning("set pack job %s of queue %s aside: could not split it (%s)", job_id, k.queue_name, why)
+            self.lifecycle.quarantine(k.rq_intermediate, job_id)
+            return
+        if not self._warned_packs:
+            self._warned_packs = True
+            log.warning(
+                "queue %s holds packs (tasks_per_job > 1); this gateway splits each into jobs of one task when it "
+                "takes it, which costs more than queueing them one per job: queue with tasks_per_job=1 for serve-al",
+                k.queue_name,
+            )
+        if split == -2:
+            log.info("pack job %s of queue %s was put back by a reaper meanwhile; not split here", job_id, k.queue_name)
+        else:
+            log.info(
+                "split pack job %s of queue %s: %d task(s) queued again at the front, one job each",
+                job_id,
+                k.queue_name,
+                split,
+            )
 
     # -- GET /resources ------------------------------------------------------------------
 

@@ -10,6 +10,7 @@ import logging
 import click
 
 from rollq.store.connection import connect
+from rollq.store.settings import Settings
 
 from .gateway_options import client_limits
 
@@ -65,6 +66,14 @@ def serve_al(
         raise click.UsageError(refused)
     root = ctx.find_root().params
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    found = ctx.find_root().obj
+    per_job = (found if isinstance(found, Settings) else Settings()).tasks_per_job
+    if per_job > 1:
+        logging.getLogger(__name__).warning(
+            "ROLLQ_TASKS_PER_JOB=%d: serve-al runs jobs of one task and splits every pack it takes into jobs of one "
+            "task, which costs more than queueing them so; give the producers feeding it tasks_per_job=1",
+            per_job,
+        )
     gateway = Gateway(
         connect(root["url"]),
         root["namespace"],

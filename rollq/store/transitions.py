@@ -1,4 +1,4 @@
-"""A task's life as atomic Redis transitions: enqueue, claim, finish, requeue, revive, restore, reject, reissue.
+"""A task's life as atomic Redis transitions: enqueue, claim, finish, requeue, revive, restore, reject, reissue, split.
 
 Each transition is one Lua script (``store/lua``, sent by :mod:`rollq.store.scripts`), so producers, workers and
 reapers on any number of machines can race and exactly one of them wins. A task moves
@@ -136,6 +136,7 @@ class Lifecycle:
         self._beat = load_script(connection, "beat")
         self._quarantine = load_script(connection, "quarantine")
         self._reissue = load_script(connection, "reissue")
+        self._split = load_script(connection, "split")
         self._unindex = load_script(connection, "unindex")
 
     @property
@@ -545,6 +546,28 @@ class Lifecycle:
             args=[job_id, now],
         )
         return reply == 1
+
+    def split(self, job_id: str, tasks: Sequence[tuple[Task, RolloutPolicy]]) -> int:
+        """Queue each of ``tasks`` (a pack's, in its order) that still waits for the pack ``job_id`` again as a job of
+        its own at the front of the queue, and drop the pack from RQ's intermediate list and its hash (see
+        ``lua/split.lua``): for a consumer of single-task jobs that took a pack off the queue. All or nothing.
+
+        Each new job is the one enqueue would have made for the task alone (:func:`~rollq.store.keys.job_id`, after
+        attempt 0: a task waiting for a pack was never claimed), from the job template of the first task's policy (a
+        pack's tasks are queued under one policy). The number of tasks queued again (0: none waited, the pack was a
+        leftover and is dropped); -1 nothing written, a new job id holds another job; -2 nothing written, the pack
+        was not in the intermediate list."""
+        if not tasks:
+            raise ValueError("a split needs the pack's tasks")
+        k = self.keys
+        template = self._template(tasks[0][1])
+        keys = [k.rq_intermediate, k.rq_queue, k.rq_queues(), k.rq_job(job_id), k.stats]
+        args: list[Any] = [job_id, len(template.shared), *template.shared]
+        for task, _ in tasks:
+            jid = k.job_id(task.rollout_id)
+            keys += [k.task(task.rollout_id), k.rq_job(jid)]
+            args += [jid, template.payload(task.rollout_id), self._description(task)]
+        return int(replied(self.run_pipelined([ScriptCall(self._split, keys, args)])[0]))
 
     def beat(self, unresponsive: dict[str, float] | None = None, *, within: float = 0) -> Clock:
         """Heartbeat running attempts (``rollout_id|attempt`` -> unresponsive_seconds) and keep the clock.

@@ -378,3 +378,30 @@ def test_a_rollout_id_whose_record_expired_but_job_is_kept_is_queued_again(redis
     lc.connection.delete(lc.keys.task("again"))
     assert _enqueue(lc, "again") is Enqueued.QUEUED
     assert _enqueue(lc, "again") is Enqueued.KNOWN
+
+
+def test_a_pack_split_queues_each_waiting_task_as_its_own_job_at_the_front_all_or_nothing() -> None:
+    lc = Lifecycle(connect(f"memory://{uuid.uuid4().hex}"), Keys("lc"))
+    k, r = lc.keys, lc.connection
+    tasks = [Task(rollout_id=f"p{i}", input={}, create_time=time.time(), num_claims=0) for i in range(3)]
+    policy = RolloutPolicy()
+    lc.enqueue_many([(t, t.model_dump_json()) for t in tasks], policy, tasks_per_job=3)
+    lc.enqueue_many([(Task(rollout_id="later", input={}), "{}")], policy)
+    pack = r.lmove(k.rq_queue, k.rq_intermediate, "LEFT", "RIGHT").decode()
+    r.hset(k.task("p1"), "state", TaskState.CANCELLED.value)  # the middle task no longer waits for the pack
+    pairs = [(t, policy) for t in tasks]
+
+    r.hset(k.rq_job(job_id("p2")), "data", b"another job's")
+    assert lc.split(pack, pairs) == -1  # nothing written
+    assert r.lrange(k.rq_intermediate, 0, -1) == [pack.encode()] and r.exists(k.rq_job(pack))
+    assert r.hget(k.task("p0"), "job") == pack.encode() and r.llen(k.rq_queue) == 1
+
+    r.delete(k.rq_job(job_id("p2")))
+    assert lc.split(pack, pairs) == 2
+    assert [j.decode() for j in r.lrange(k.rq_queue, 0, -1)] == [job_id("p0"), job_id("p2"), job_id("later")]
+    assert [r.hget(k.task(rid), "job").decode() for rid in ("p0", "p1", "p2")] == [job_id("p0"), pack, job_id("p2")]
+    assert r.llen(k.rq_intermediate) == 0 and not r.exists(k.rq_job(pack))
+    jobs = read_rollq_jobs(r, [job_id("p0"), job_id("p2")])
+    assert [j.args for j in jobs.values()] == [["p0"], ["p2"]]  # type: ignore[union-attr]
+    assert lc.claim("p0", job_id("p0"), "w").attempt == 1  # type: ignore[union-attr]
+    assert lc.split(pack, pairs) == -2  # no longer in the intermediate list: nothing to split

@@ -145,3 +145,40 @@ def test_both_clients_follow_a_moved_for_their_slot_to_the_new_primary(cluster: 
             blocking.close()
 
     asyncio.run(main())
+
+
+def test_packs_run_on_a_cluster_namespace_and_serve_al_splits_one_each_task_once_every_key_in_its_slot(
+    cluster: Cluster, workers: Callable[..., WorkerProcess]
+) -> None:
+    from rollq.compat.gateway import Gateway
+
+    (name,) = spread_namespaces(cluster.seeds, f"t-{uuid.uuid4().hex[:8]}", count=1)
+    url = cluster_url(cluster.seeds, name)
+    producer = Producer.from_url(url, name, tasks_per_job=4)
+    k = producer.keys
+
+    # A worker round: 16 tasks in 4 packs, run by a worker taking packs of 4.
+    worked = [t.rollout_id for t in producer.enqueue_many([{"sleep": 0.01}] * 16)]
+    packs = {j.decode() for j in producer.connection.lrange(k.rq_queue, 0, -1)}
+    assert len(packs) == 4 and all(j.startswith(name + "rollq-pack-") for j in packs)
+    worker = workers(url, name, env={**_AGENT, "ROLLQ_CONCURRENCY": "8", "ROLLQ_TASKS_PER_JOB": "4"})
+    assert [r.rollout_id for r in producer.wait(worked, timeout=120)] == worked
+    worker.stop(timeout=30)
+
+    # A pack through the AL 0.1 gateway (in this process): split in the slot, each task handed out once.
+    split = [t.rollout_id for t in producer.enqueue_many([{"sleep": 0.01}] * 4)]
+    gateway = Gateway(connect(url), name, lease_seconds=60)
+    handed = [gateway.next_task() for _ in range(5)]
+    assert handed[-1] is None
+    assert [t.rollout_id.partition("#")[0] for t in handed[:-1] if t is not None] == split
+    for task in handed[:-1]:
+        assert task is not None
+        gateway.post_rollout({"rollout_id": task.rollout_id, "final_reward": 1.0}, "al-client")
+    assert [r.final_reward for r in producer.wait(split, timeout=60)] == [1.0] * 4
+    assert producer.connection.xlen(k.results) == 20
+
+    owner = cluster.owner(name)
+    keys = [key for key in _keys_on(owner) if name in key]
+    jobs = [producer.connection.hget(k.task(rid), "job").decode() for rid in split]  # the split's, tagged
+    assert all(j.startswith(name + "rollq-") and "pack" not in j for j in jobs), jobs
+    assert {owner.client().cluster("keyslot", key) for key in keys} == {tag_slot(name.strip("{}"))}
