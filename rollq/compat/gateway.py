@@ -45,7 +45,7 @@ from rollq.models.errors import AttemptTokenError, InvalidTaskError, UnknownReso
 from rollq.models.policy import RolloutPolicy
 from rollq.store.jobs import read_rollq_jobs, rollout_ids_of
 from rollq.store.keys import Keys, inflight_member
-from rollq.store.records import parse_task, read_records_or_errors
+from rollq.store.records import parse_task
 from rollq.store.replies import ClaimRefused, Requeued
 from rollq.store.resources import ResourceStore
 from rollq.store.stats import StatsField
@@ -300,14 +300,9 @@ class Gateway:
         quarantine list; the reapers' lost-job sweep queues its tasks again) only if its records cannot be read or
         a new job id is taken."""
         k = self.keys
-        records, errors = read_records_or_errors(self.connection, k, rollout_ids)
-        tasks = [(records[rid].task, records[rid].policy) for rid in rollout_ids if rid in records]
-        split = self.lifecycle.split(job_id, tasks) if tasks and not errors else None
-        if split is None or split == -1:
-            why = next(iter(errors.values()), None) or (
-                "a new job id is taken by another job" if split == -1 else "its tasks have no records"
-            )
-            log.warning("set pack job %s of queue %s aside: could not split it (%s)", job_id, k.queue_name, why)
+        split = self.lifecycle.split_pack(job_id, rollout_ids)
+        if isinstance(split, str):
+            log.warning("set pack job %s of queue %s aside: could not split it (%s)", job_id, k.queue_name, split)
             self.lifecycle.quarantine(k.rq_intermediate, job_id)
             return
         if not self._warned_packs:

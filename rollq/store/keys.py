@@ -72,6 +72,10 @@ class Keys:
         the job (``rq:job:<id>``, ``rq:results:<id>``, ...) land in the namespace's slot."""
         return self.job_prefix + job_id(rollout_id, after_attempt, reissue=reissue)
 
+    def is_pack_job(self, job_id: str) -> bool:
+        """Whether ``job_id`` is one of this namespace's packs (:func:`pack_job_id`), by its id alone."""
+        return job_id.startswith(self.job_prefix + _PACK_PREFIX)
+
     @property
     def queue_name(self) -> str:
         """The RQ queue that holds this namespace's tasks."""
@@ -370,13 +374,14 @@ def rollout_id_of_task_key(keys: Keys, key: str | bytes) -> str:
 
 
 _JOB_PREFIX = "rollq-"
+_PACK_PREFIX = f"{_JOB_PREFIX}pack-"
 
 
 def pack_job_id() -> str:
     """``rollq-pack-<32 random hex>``: the RQ job id of a pack of tasks (``tasks_per_job`` > 1), random so that a
     pack never meets another job's id; a namespace prefixes it with :attr:`Keys.job_prefix`, as :meth:`Keys.job_id`.
     A task that goes back to the queue gets :func:`job_id`'s own."""
-    return f"{_JOB_PREFIX}pack-{uuid.uuid4().hex}"
+    return f"{_PACK_PREFIX}{uuid.uuid4().hex}"
 
 
 def job_id(rollout_id: str, after_attempt: int = 0, *, reissue: bool = False) -> str:

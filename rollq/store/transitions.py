@@ -26,6 +26,7 @@ from .connection import transient_refusal
 from .jobs import MAX_PACK, JobTemplate
 from .keys import Keys, pack_job_id
 from .payloads import UNPUBLISHED_SECONDS, goes_to_payload, payload_token
+from .records import read_records_or_errors
 from .replication import ReplicaWait
 from .replies import (
     Claim,
@@ -547,21 +548,36 @@ class Lifecycle:
         )
         return reply == 1
 
-    def split(self, job_id: str, tasks: Sequence[tuple[Task, RolloutPolicy]]) -> int:
+    def split_pack(self, job_id: str, rollout_ids: Sequence[str], *, taken_from: str | None = None) -> int | str:
+        """:meth:`split` the pack ``job_id`` of ``rollout_ids``, reading their records first: the number of tasks
+        queued again, -2 when the pack was not on ``taken_from``, or why it could not be split (a record that cannot
+        be read, no record, a new job id taken by another job) with nothing written."""
+        records, errors = read_records_or_errors(self.connection, self.keys, list(rollout_ids))
+        if errors:
+            return str(next(iter(errors.values())))
+        tasks = [(records[rid].task, records[rid].policy) for rid in rollout_ids if rid in records]
+        if not tasks:
+            return "its tasks have no records"
+        split = self.split(job_id, tasks, taken_from=taken_from)
+        return "a new job id is taken by another job" if split == -1 else split
+
+    def split(self, job_id: str, tasks: Sequence[tuple[Task, RolloutPolicy]], *, taken_from: str | None = None) -> int:
         """Queue each of ``tasks`` (a pack's, in its order) that still waits for the pack ``job_id`` again as a job of
-        its own at the front of the queue, and drop the pack from RQ's intermediate list and its hash (see
-        ``lua/split.lua``): for a consumer of single-task jobs that took a pack off the queue. All or nothing.
+        its own at the front of the queue, and drop the pack from ``taken_from`` (RQ's intermediate list unless told)
+        and its hash (see ``lua/split.lua``): for a consumer of single-task jobs that took a pack off the queue (the AL
+        0.1 gateway), or that claims one task of a queued pack by its id (AL 1.0's runners, ``taken_from`` the queue).
+        All or nothing.
 
         Each new job is the one enqueue would have made for the task alone (:func:`~rollq.store.keys.job_id`, after
         attempt 0: a task waiting for a pack was never claimed), from the job template of the first task's policy (a
         pack's tasks are queued under one policy). The number of tasks queued again (0: none waited, the pack was a
         leftover and is dropped); -1 nothing written, a new job id holds another job; -2 nothing written, the pack
-        was not in the intermediate list."""
+        was not on ``taken_from``."""
         if not tasks:
             raise ValueError("a split needs the pack's tasks")
         k = self.keys
         template = self._template(tasks[0][1])
-        keys = [k.rq_intermediate, k.rq_queue, k.rq_queues(), k.rq_job(job_id), k.stats]
+        keys = [taken_from or k.rq_intermediate, k.rq_queue, k.rq_queues(), k.rq_job(job_id), k.stats]
         args: list[Any] = [job_id, len(template.shared), *template.shared]
         for task, _ in tasks:
             jid = k.job_id(task.rollout_id)

@@ -336,3 +336,29 @@ def test_an_agent_process_does_not_outlive_a_worker_killed_with_sigkill(tmp_path
     finally:
         if worker.poll() is None:
             worker.kill()
+
+
+def test_a_runner_claiming_one_task_of_a_pack_leaves_the_packs_other_tasks_queued_each_on_a_job_of_its_own(
+    redis_server: RedisServer, namespace: str
+) -> None:
+    # serve-agl's producer under ROLLQ_TASKS_PER_JOB=3: the three rollouts of one create are one RQ job.
+    store = Agl1Store(Producer(connect(redis_server.url), namespace, tasks_per_job=3), ProxySettings(model_name=MODEL))
+    api = Running(store)
+    try:
+        _create(api, *({"input": i, "rollout_id": f"k{i}"} for i in range(3)))
+        connection, k = store.connection, store.keys
+        assert connection.llen(k.rq_queue) == 1
+        _claim(api, "k1")
+        # k0 and k2 still wait, each for a job on the queue that names it: a rollq worker or a runner can take them.
+        queued = [j.decode() for j in connection.lrange(k.rq_queue, 0, -1)]
+        assert len(queued) == 2
+        for rid in ("k0", "k2"):
+            job = connection.hget(k.task(rid), "job").decode()
+            assert job in queued and connection.exists(k.rq_job(job))
+        _claim(api, "k2")
+        _claim(api, "k0")
+        assert connection.llen(k.rq_queue) == 0
+        states = api.client.get("/api/rollouts", params={"state_in": "running"}).json()
+        assert sorted(r["rollout_id"].rpartition(".")[0] for r in states) == ["k0", "k1", "k2"]
+    finally:
+        api.stop()

@@ -20,12 +20,13 @@ import redis
 
 from rollq.models.contract import LLM, Triplet
 from rollq.models.contract import Rollout as RollqRollout
-from rollq.models.errors import RolloutTrimmedError, UnknownTaskError
+from rollq.models.errors import InvalidTaskError, RolloutTrimmedError, UnknownTaskError
 from rollq.models.outcomes import stamp
 from rollq.models.policy import RolloutStatus, TaskState
 from rollq.models.wire import rollout_json
 from rollq.producer.producer import Producer
 from rollq.producer.results import fetch_rollouts
+from rollq.store.jobs import read_rollq_jobs, rollout_ids_of
 from rollq.store.keys import StreamField, TaskField
 from rollq.store.queries import read_attempts
 from rollq.store.records import TaskRecord, read_record, read_records
@@ -255,7 +256,18 @@ class Agl1Store:
         if job is None:
             raise InvalidTransition(f"Rollout {rid}: it has no queued job to claim")
         job_id = job.decode()
-        # Off RQ's queue first, so no worker takes it; the claim script then decides (a worker may have won).
+        if self.keys.is_pack_job(job_id):
+            # A pack (tasks_per_job > 1): its tasks first each on a job of their own, so that taking this task's job
+            # off the queue leaves the others queued (a worker that took the pack meanwhile runs them all).
+            pack = read_rollq_jobs(self.connection, [job_id])[job_id]
+            if pack is None or isinstance(pack, InvalidTaskError):
+                raise InvalidTransition(f"Rollout {rid}: its pack {job_id} cannot be read ({pack or 'no job hash'})")
+            split = self.producer.lifecycle.split_pack(job_id, rollout_ids_of(pack), taken_from=self.keys.rq_queue)
+            if isinstance(split, str):
+                raise InvalidTransition(f"Rollout {rid}: its pack {job_id} cannot be split ({split})")
+            if split == -2:
+                raise InvalidTransition(f"Rollout {rid}: a rollq worker took its pack {job_id} meanwhile")
+            job_id = self.keys.job_id(rid)
         pipe = self.connection.pipeline(transaction=False)
         pipe.lrem(self.keys.rq_queue, 1, job_id)
         pipe.delete(self.keys.rq_job(job_id))

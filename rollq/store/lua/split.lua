@@ -1,13 +1,14 @@
--- Split a pack (an RQ job of several tasks, tasks_per_job > 1) that a consumer of single-task jobs (the Agent
--- Lightning gateway) took off the queue into RQ's intermediate list: each of its tasks that still waits for it is
+-- Split a pack (an RQ job of several tasks, tasks_per_job > 1) that a consumer of single-task jobs took off the queue
+-- into RQ's intermediate list (the Agent Lightning 0.1 gateway), or that still waits on the queue for a task AL 1.0's
+-- runners claim by its id (taken_from is then the queue itself): each of its tasks that still waits for it is
 -- queued again as a job of its own at the front of the queue, in the pack's order, and the pack's job is dropped.
 -- The new jobs are built as requeue.lua's and reissue.lua's are (the caller's job template); the task stays queued,
 -- its record names its new job, so only that job may claim it. All or nothing: nothing is written when a new job id
--- holds a job hash that stands for something else, or when the pack is no longer in the intermediate list (a
--- reaper put it back: the next taker splits it).
+-- holds a job hash that stands for something else, or when the pack is no longer on taken_from (a reaper put it
+-- back, or a worker took it: the next taker splits it, or the worker runs it).
 -- Returns the number of tasks queued again (0: none waited, the pack was a leftover and is dropped); -1 a new job
--- id is taken; -2 the pack was not in the intermediate list.
-local rq_intermediate = KEYS[1]
+-- id is taken; -2 the pack was not on taken_from.
+local taken_from = KEYS[1]  -- the list the pack is on: RQ's intermediate list, or the queue
 local rq_queue = KEYS[2]
 local rq_queues = KEYS[3]
 local pack_job_key = KEYS[4]
@@ -29,7 +30,7 @@ for i = 1, #task_keys / 2 do
     waiting[#waiting + 1] = i
   end
 end
-if redis.call('LREM', rq_intermediate, 1, pack_job_id) == 0 then
+if redis.call('LREM', taken_from, 1, pack_job_id) == 0 then
   return -2
 end
 redis.call('DEL', pack_job_key)
