@@ -172,9 +172,23 @@ def _start(
     return Child(proc, line, int(tid) if tid else None)
 
 
-async def _round(session: aiohttp.ClientSession, base: str, calls: int, concurrency: int) -> list[float]:
+async def _round(
+    session: aiohttp.ClientSession,
+    base: str,
+    calls: int,
+    concurrency: int,
+    prompt_chars: int = 0,
+    token_ids: bool = False,
+) -> list[float]:
+    """``calls`` calls, ``concurrency`` in flight; the user message padded to ``prompt_chars`` (the simulated LLM
+    answers with a token id per byte of the prompt); ``token_ids``: every call asks for them itself (so that a
+    forwarder that does not add ``return_token_ids`` gets the answers the capture proxy gets)."""
     gate = asyncio.Semaphore(concurrency)
-    body = {"model": "sim", "messages": [{"role": "user", "content": "Compute 2 + 3."}], "temperature": 0.0}
+    content = "Compute 2 + 3."
+    content += " and so on" * max(0, (prompt_chars - len(content)) // 10)
+    body: dict[str, Any] = {"model": "sim", "messages": [{"role": "user", "content": content}], "temperature": 0.0}
+    if token_ids:
+        body["return_token_ids"] = True
     latencies: list[float] = []
 
     async def one() -> None:

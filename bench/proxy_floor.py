@@ -16,13 +16,19 @@ reported per round:
 - ``httptools_raw``: the same server, the upstream over bare protocols (below): what the client side costs;
 - ``raw``: both sides over bare asyncio protocols on uvloop, HTTP read by hand for exactly what the simulated LLM
   and aiohttp's client send (a ``Content-Length`` body, keep-alive, no chunking, no TLS). Not a usable proxy: it
-  only says what is left once no HTTP library runs in Python at all.
+  only says what is left once no HTTP library runs in Python at all;
+- ``rollq_http``: the capture proxy's own server and client (rollq/worker/capture/httpserver.py, httpclient.py)
+  with a handler that forwards and answers, nothing read or recorded: the proxy less its capture.
 
-The gap between ``capture`` and ``httptools`` is rollq's own work per call (parsing the request and the answer,
-the record, the span); the gaps between ``httptools``, ``httptools_raw`` and ``raw`` are the HTTP libraries'.
+The gap between ``capture`` and ``rollq_http`` is rollq's capture per call (parsing the request and the answer,
+the record, the span); between ``rollq_http`` and ``httptools_raw``, rollq's HTTP server and client over the bench's
+bare ones; the gaps between ``httptools``, ``httptools_raw`` and ``raw`` are the HTTP libraries'.
+``--prompt-chars N`` pads the user message to N characters: the simulated LLM's answer then carries N prompt token
+ids, as a real backend's does for a prompt of N tokens (the default message gives a 0.4 kB answer). Every call
+asks for token ids itself (``return_token_ids``), so that every forwarder gets the answers the capture proxy gets.
 
     python bench/proxy_floor.py [--calls 3072] [--concurrency 256] [--rounds 3] [--latency 0.5] [--base COMMIT]
-                                [--only aiohttp httptools ...]
+                                [--only aiohttp httptools ...] [--prompt-chars N]
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ import argparse
 import asyncio
 import functools
 import json
+import socket
 import sys
 from pathlib import Path
 from typing import Any
@@ -186,6 +193,41 @@ def serve_httptools(backend: str, upstream: str = "aiohttp") -> None:
     new_event_loop().run_until_complete(main())
 
 
+def serve_rollq_http(backend: str) -> None:
+    """rollq's own server and client (rollq/worker/capture/httpserver.py and httpclient.py) with a handler that
+    forwards the body and answers with the backend's answer, nothing read or recorded: the capture proxy less its
+    capture."""
+    from rollq.worker.capture.httpclient import Client
+    from rollq.worker.capture.httpserver import Request, Response, Server
+    from rollq.worker.event_loop import new_event_loop
+
+    dropped = {"content-length", "content-encoding", "transfer-encoding", "connection", "keep-alive"}
+
+    async def main() -> None:
+        client = Client(connect_timeout=30, read_timeout=600)
+        url = backend + "/chat/completions"
+
+        async def handle(request: Request) -> Response:
+            upstream = await client.post(url, data=await request.read(), headers={"content-type": "application/json"})
+            try:
+                data = await upstream.read()
+            finally:
+                upstream.release()
+            kept = [(k, v) for k, v in upstream.header_list if k.lower() not in dropped]
+            return Response(body=data, status=upstream.status, headers=kept)
+
+        server = Server(handle, max_body_bytes=32 * 1024 * 1024)
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.bind(("127.0.0.1", 0))
+        await server.start(sock)
+        print(f"http://127.0.0.1:{sock.getsockname()[1]}/v1", flush=True)
+        await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)
+        await server.close()
+        await client.close()
+
+    new_event_loop().run_until_complete(main())
+
+
 def _message_end(buffer: bytearray) -> int:
     """Where the first whole Content-Length message in ``buffer`` ends, or -1 (measurement only: see above)."""
     head_end = buffer.find(b"\r\n\r\n")
@@ -277,6 +319,7 @@ SERVE = {
     "httptools": serve_httptools,
     "httptools_raw": functools.partial(serve_httptools, upstream="raw"),
     "raw": serve_raw,
+    "rollq_http": serve_rollq_http,
 }
 FORWARDERS = tuple(SERVE)
 
@@ -287,7 +330,7 @@ async def measure(proxies: dict[str, Child], args: argparse.Namespace) -> dict[s
     cpu = dict.fromkeys(proxies, 0.0)
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
         for child in proxies.values():
-            await _round(session, child.line, args.concurrency, args.concurrency)  # warm the connections
+            await _round(session, child.line, args.concurrency, args.concurrency, args.prompt_chars, True)  # warm
         per_round = args.calls // args.rounds
         for n in range(args.rounds):
             row: dict[str, Any] = {"round": n + 1}
@@ -295,7 +338,9 @@ async def measure(proxies: dict[str, Child], args: argparse.Namespace) -> dict[s
             for name in names[n % len(names) :] + names[: n % len(names)]:
                 process = psutil.Process(proxies[name].proc.pid)
                 before = sum(process.cpu_times()[:2])
-                values = await _round(session, proxies[name].line, per_round, args.concurrency)
+                values = await _round(
+                    session, proxies[name].line, per_round, args.concurrency, args.prompt_chars, token_ids=True
+                )
                 used = sum(process.cpu_times()[:2]) - before
                 cpu[name] += used
                 latencies[name] += values
@@ -315,6 +360,12 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=256, help="calls in flight (default 256)")
     parser.add_argument("--rounds", type=int, default=3, help="alternating rounds (default 3)")
     parser.add_argument("--latency", type=float, default=0.5, help="mean backend latency per call, s (default 0.5)")
+    parser.add_argument(
+        "--prompt-chars",
+        type=int,
+        default=0,
+        help="the user message padded to this many characters; the answer has a prompt token id per byte",
+    )
     parser.add_argument("--only", nargs="*", choices=FORWARDERS, help="forwarders beside capture (default all)")
     parser.add_argument("--base", help="also the capture proxy of this commit (a temporary git worktree)")
     parser.add_argument("--serve", choices=FORWARDERS, help=argparse.SUPPRESS)

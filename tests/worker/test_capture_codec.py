@@ -17,6 +17,8 @@ BIG = 2**70
     [
         b'{"seed": 1180591620717411303424, "n": 1}',  # beyond 64 bits: orjson would read a float
         b'{"seed": -9223372036854775809}',  # below -2**63, 19 digits
+        b'{"ids": [1, 18446744073709551616], "t": "x"}',  # 2**64: the run of digits after other numbers
+        b'{"ids": [9223372036854775807, 18446744073709551615]}',  # the largest orjson reads exactly, 19/20 digits
         b'{"logprob": NaN, "x": [Infinity, -Infinity]}',  # not JSON, but json reads it
         b'{"content": "\\ud800"}',  # a lone surrogate
         b'{"a": [1, 2.5, "\\u00e9", null, true], "a": {"b": []}}',  # a key twice: the last one wins in both

@@ -20,19 +20,21 @@ from __future__ import annotations
 
 import json
 import math
-import re
 from typing import Any
 
 import orjson
 
-_LONG_NUMBER = re.compile(rb"\d{19}")
-"""A run of digits long enough to be an int orjson would read as a float (beyond -2**63 .. 2**64-1)."""
+_DIGITS_AS_ZERO = bytes.maketrans(b"123456789", b"000000000")
+_LONG_NUMBER = b"0" * 19
+"""A run of digits long enough to be an int orjson would read as a float (beyond -2**63 .. 2**64-1), once every
+digit is a ``0``: looked for with ``bytes.translate`` and ``in`` (both in C), as ``re``'s ``\\d{19}`` took three
+times orjson's own parse on an answer of token ids."""
 
 
 def loads(data: bytes) -> Any:
     """The JSON value in ``data``, as ``json.loads`` reads it (``ValueError`` or ``RecursionError`` when it is not
     JSON)."""
-    if _LONG_NUMBER.search(data) is None:
+    if _LONG_NUMBER not in data.translate(_DIGITS_AS_ZERO):
         try:
             return orjson.loads(data)
         except orjson.JSONDecodeError:
