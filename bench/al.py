@@ -59,6 +59,7 @@ from bench.common import (  # noqa: E402
 )
 from bench.mock_llm import MEAN_ROLLOUT_SECONDS, Feeder  # noqa: E402
 from rollq.producer import Producer  # noqa: E402
+from rollq.store.stats import outcome_stat  # noqa: E402
 
 AL_VERSION = "0.1.2"
 AL_VENV = ROOT / "bench" / ".venv-al"
@@ -125,8 +126,13 @@ def steady_state(
     in_flight: int,
     window: float,
     check: Callable[[], None],
+    published: Callable[[], int] | None = None,
 ) -> dict[str, Any]:
-    """Warm up, then count completions and CPU over ``window`` seconds."""
+    """Warm up, then count completions and CPU over ``window`` seconds.
+
+    ``published``: rollouts the workers published so far. Where they publish faster than the trainer reads (a
+    backlog grows on the results stream), CPU per rollout read overstates what a rollout costs them: the row then
+    also gives the workers' CPU per rollout published."""
     started = time.monotonic()
     # Warm: slots filled once over (capped, so that 10,000 in flight does not take minutes to warm).
     while time.monotonic() - started < WARMUP_SECONDS or completions() < min(in_flight, 2000):
@@ -147,8 +153,10 @@ def steady_state(
         psutil.cpu_times().idle,
         time.monotonic(),
     )
+    p0 = published() if published else 0
     time.sleep(window)
     check()
+    p1 = published() if published else 0
     n1, w1, c1, m1, idle1, t1 = (
         completions(),
         cpu(workers),
@@ -161,7 +169,7 @@ def steady_state(
     done, elapsed = n1 - n0, t1 - t0
     busy = psutil.cpu_count() - (idle1 - idle0) / elapsed
     ours = (w1 - w0 + c1 - c0 + m1 - m0) / elapsed
-    return {
+    row = {
         "rollouts": done,
         "seconds": round(elapsed, 2),
         "rollouts_per_s": rate(done, elapsed),
@@ -175,6 +183,10 @@ def steady_state(
         "worker_rss_mb": round(rss / 2**20, 1),
         "other_processes_cpu_cores": round(busy - ours, 2),
     }
+    if published:
+        row["published_per_s"] = rate(p1 - p0, elapsed)
+        row["worker_cpu_ms_per_published"] = round(1000 * (w1 - w0) / max(p1 - p0, 1), 3)
+    return row
 
 
 def run_rollq(
@@ -185,7 +197,10 @@ def run_rollq(
     extra_env: dict[str, str] | None = None,
     processes: int = WORKER_PROCESSES,
     tasks_per_job: int = 1,
+    ahead: int = 0,
 ) -> dict[str, Any]:
+    """``ahead``: queue no more than this many tasks ahead of what the trainer has read (0: keep ``in_flight`` queued
+    whatever the trainer reads; see Feeder)."""
     if tasks_per_job > 1:  # packs (docs/rq.md): the producer's and the workers' setting
         extra_env = {**(extra_env or {}), "ROLLQ_TASKS_PER_JOB": str(tasks_per_job)}
     if scenario == "big":
@@ -195,13 +210,15 @@ def run_rollq(
     with private_redis() as server:
         namespace = f"al-{scenario}-{in_flight}"
         producer = Producer.from_url(server.url, namespace, tasks_per_job=tasks_per_job)
+        trainer = Trainer(Producer.from_url(server.url, namespace))
         feeder = Feeder(
             server.client(),
             f"rq:queue:{namespace}",
             in_flight,
             lambda n: producer.enqueue_many([{"question": i} for i in range(n)], mode="train"),
+            ahead=(lambda: trainer.received, ahead) if ahead else None,
         )
-        trainer = Trainer(Producer.from_url(server.url, namespace))
+        stats = server.client()
         workers = rollq_workers(
             server.url,
             namespace,
@@ -229,6 +246,7 @@ def run_rollq(
                 in_flight,
                 window,
                 check,
+                published=lambda: int(stats.hget(producer.keys.stats, outcome_stat("succeeded", "train")) or 0),
             )
         finally:
             feeder.stop()

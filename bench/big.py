@@ -1,6 +1,6 @@
 """Big token-id rollouts (0.23 MB and ~1 MB of JSON): rollq beside raw redis-py XADD/XREAD pipes, and where time goes.
 
-Run: python bench/big.py [--window 10] [--sizes 8,35] [--rounds 2] [--replay 200]
+Run: python bench/big.py [--window 10] [--sizes 8,35] [--rounds 2] [--replay 200] [--ahead 0]
 
 A rollout is N triplets of 4096 prompt + 512 response token ids (N = 8: ~0.23 MB of JSON; N = 35: ~1 MB),
 what an RL trainer needs back from an agent (bench/agents.py: BigTokenAgent).
@@ -11,7 +11,12 @@ what an RL trainer needs back from an agent (bench/agents.py: BigTokenAgent).
 2. rollq end to end, as in bench/al.py: 2 worker processes at concurrency 16 returning the triplets,
    a producer keeping tasks queued, a trainer thread reading every rollout through a consumer group.
    Per size and round the three run one after the other (the order rotates every round); the ratios
-   rollq / json pipe and rollq / orjson pipe are reported for every round.
+   rollq / json pipe and rollq / orjson pipe are reported for every round. The producer keeps 32 tasks queued
+   whatever the trainer reads, so the workers publish faster than the one trainer thread reads (about 2x at 0.23 MB)
+   and a backlog grows on the stream: each round also gives the rollouts published per second and the workers'
+   CPU per rollout published (their CPU per rollout read counts the backlog's too). ``--ahead N`` queues no more
+   than N tasks ahead of what the trainer has read, as a trainer queueing work as it consumes it would; the pipes
+   make one rollout per rollout read by construction.
 3. Where the time goes: the exact functions a rollout passes through, replayed one after the other in
    this process under cProfile for ``--replay`` rollouts on a private redis-server (the agent's triplets
    -> ``to_rollout`` -> ``stamp`` -> ``rollout_json`` -> ``Lifecycle.finish`` (finish.lua) -> the
@@ -290,6 +295,13 @@ def main() -> None:
     parser.add_argument("--sizes", default="8,35", help="triplets per rollout, comma-separated (8: ~0.23 MB)")
     parser.add_argument("--rounds", type=int, default=2, help="rounds per size; the order rotates every round")
     parser.add_argument("--replay", type=int, default=200, help="rollouts in the cProfile replay")
+    parser.add_argument(
+        "--ahead",
+        type=int,
+        default=0,
+        help="queue no more than this many tasks ahead of the rollouts the trainer has read (0: no bound, the "
+        "workers publish as fast as they can and a backlog grows on the stream)",
+    )
     args = parser.parse_args()
     rows = []
     in_flight = PER_WORKER_FAST * WORKER_PROCESSES
@@ -308,7 +320,9 @@ def main() -> None:
                 got: dict[str, Any] = {"load_1min_before": round(os.getloadavg()[0], 2)}
                 for name in order[number % 3 :] + order[: number % 3]:
                     if name == "rollq":
-                        got[name] = run_rollq("big", in_flight, args.window, Path(logs), extra_env=env)
+                        got[name] = run_rollq(
+                            "big", in_flight, args.window, Path(logs), extra_env=env, ahead=args.ahead
+                        )
                     else:
                         got[name] = raw_pipe(turns, args.window, name)
                 got["load_1min_after"] = round(os.getloadavg()[0], 2)
@@ -317,7 +331,10 @@ def main() -> None:
                 print(
                     f"  {turns} turns, round {number + 1}: json pipe {got['json']['rollouts_per_s']:.1f}/s, "
                     f"orjson pipe {got['orjson']['rollouts_per_s']:.1f}/s, rollq {got['rollq']['rollouts_per_s']:.1f}/s"
-                    f" = {got['rollq_over_json']:.2f}x json, {got['rollq_over_orjson']:.2f}x orjson "
+                    f" = {got['rollq_over_json']:.2f}x json, {got['rollq_over_orjson']:.2f}x orjson; rollq workers "
+                    f"published {got['rollq']['published_per_s']:.1f}/s at "
+                    f"{got['rollq']['worker_cpu_ms_per_published']} ms CPU each, trainer side "
+                    f"{got['rollq']['trainer_side_cpu_ms_per_rollout']} ms per rollout read "
                     f"(load {got['load_1min_before']} -> {got['load_1min_after']})",
                     flush=True,
                 )

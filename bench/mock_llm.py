@@ -93,21 +93,38 @@ class Processes:
 
 
 class Feeder(threading.Thread):
-    """Keeps at least ``depth`` tasks queued, topping up in batches of ``depth``."""
+    """Keeps at least ``depth`` tasks queued, topping up in batches of ``depth``.
 
-    def __init__(self, connection: redis.Redis, queue_key: str, depth: int, enqueue: Callable[[int], object]) -> None:
+    ``ahead=(read, n)``: and no more than ``n`` tasks ahead of ``read()``, the rollouts the trainer has read, as a
+    trainer that queues work as it consumes it would; without it, workers that publish faster than the trainer reads
+    grow a backlog on the results stream, on CPU the trainer then does not get (bench/big.py ``--ahead``)."""
+
+    def __init__(
+        self,
+        connection: redis.Redis,
+        queue_key: str,
+        depth: int,
+        enqueue: Callable[[int], object],
+        ahead: tuple[Callable[[], int], int] | None = None,
+    ) -> None:
         super().__init__(daemon=True, name="feeder")
         self.connection, self.queue_key, self.depth, self.enqueue = connection, queue_key, depth, enqueue
+        self.ahead = ahead
+        self.enqueued = 0
         self.stop_event = threading.Event()
         self.error: BaseException | None = None
+
+    def _room(self) -> bool:
+        return self.ahead is None or self.enqueued - self.ahead[0]() < self.ahead[1]
 
     def run(self) -> None:
         try:
             while not self.stop_event.is_set():
-                if self.connection.llen(self.queue_key) < self.depth:
+                if self._room() and self.connection.llen(self.queue_key) < self.depth:
                     self.enqueue(self.depth)
+                    self.enqueued += self.depth
                 else:
-                    self.stop_event.wait(0.02)
+                    self.stop_event.wait(0.02 if self.ahead is None else 0.005)
         except BaseException as exc:
             self.error = exc
 
