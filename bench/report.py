@@ -1112,8 +1112,8 @@ def _fleet(docs: dict[str, Doc]) -> tuple[str, bool] | None:
 
 def _big(docs: dict[str, Doc]) -> tuple[str, bool]:
     """Every size measured: the target holds only if it holds at each."""
-    rows = docs["big"]["rows"]
-    value = ", ".join(
+    rows, ahead = docs["big"]["rows"], (docs["big"].get("settings") or {}).get("ahead") or 0
+    value = ("" if not ahead else f"feeder at most {ahead} tasks ahead of the trainer: ") + ", ".join(
         f"{r['rollq_over_orjson']:.2f}x at {r['mb_per_rollout']:.2f} MB "
         f"(per round {ratios(r['rollq_over_orjson_per_round'])})"
         for r in rows

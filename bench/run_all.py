@@ -32,7 +32,9 @@ BENCHMARKS: list[tuple[str, list[str]]] = [
     ("al", ["--window", "8", "--rounds", "2"]),
     # The same with packs of 16 tasks per RQ job (opt-in; docs/rq.md, "Packs"): its own results file.
     ("al", ["--window", "8", "--rounds", "2", "--tasks-per-job", "16", "--out", "al_packs"]),
-    ("big", ["--window", "10"]),
+    # The feeder at most 512 tasks ahead of the trainer, as a trainer queueing work as it reads it (unbounded, the
+    # workers publish twice what the trainer reads on 2 cores and take the CPU it needs; bench/big.py, --ahead).
+    ("big", ["--window", "10", "--ahead", "512"]),
     # What the mock agent costs a process with no rollq at all, beside rollq's workers (the worker-CPU target's floor).
     ("worker_floor", ["--seconds", "12", "--rounds", "2", "--with-rollq"]),
     ("inflight10k", []),
