@@ -49,7 +49,7 @@ import psutil
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.capture import Child, _child, _round, _start, _summary  # noqa: E402
-from bench.common import base_tree, commit_of  # noqa: E402
+from bench.common import base_tree, commit_of, write_result  # noqa: E402
 
 
 def serve_aiohttp(backend: str) -> None:
@@ -368,6 +368,7 @@ def main() -> None:
     )
     parser.add_argument("--only", nargs="*", choices=FORWARDERS, help="forwarders beside capture (default all)")
     parser.add_argument("--base", help="also the capture proxy of this commit (a temporary git worktree)")
+    parser.add_argument("--out", default="", help="also write bench/results/<out>.json (default: print only)")
     parser.add_argument("--serve", choices=FORWARDERS, help=argparse.SUPPRESS)
     parser.add_argument("--backend", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -391,6 +392,8 @@ def main() -> None:
     if args.base:
         data["base_commit"] = commit_of(args.base)
     print(json.dumps(data, indent=2))
+    if args.out:
+        write_result(args.out, data, sys.argv[1:], settings=vars(args))
 
 
 if __name__ == "__main__":
