@@ -268,6 +268,7 @@ class Agl1Store:
             if split == -2:
                 raise InvalidTransition(f"Rollout {rid}: a rollq worker took its pack {job_id} meanwhile")
             job_id = self.keys.job_id(rid)
+        # Off RQ's queue first, so no worker takes it; the claim script then decides (a worker may have won).
         pipe = self.connection.pipeline(transaction=False)
         pipe.lrem(self.keys.rq_queue, 1, job_id)
         pipe.delete(self.keys.rq_job(job_id))
