@@ -72,10 +72,6 @@ class Keys:
         the job (``rq:job:<id>``, ``rq:results:<id>``, ...) land in the namespace's slot."""
         return self.job_prefix + job_id(rollout_id, after_attempt, reissue=reissue)
 
-    def is_pack_job(self, job_id: str) -> bool:
-        """Whether ``job_id`` is one of this namespace's packs (:func:`pack_job_id`), by its id alone."""
-        return job_id.startswith(self.job_prefix + _PACK_PREFIX)
-
     @property
     def queue_name(self) -> str:
         """The RQ queue that holds this namespace's tasks."""
@@ -382,6 +378,11 @@ def pack_job_id() -> str:
     pack never meets another job's id; a namespace prefixes it with :attr:`Keys.job_prefix`, as :meth:`Keys.job_id`.
     A task that goes back to the queue gets :func:`job_id`'s own."""
     return f"{_PACK_PREFIX}{uuid.uuid4().hex}"
+
+
+def is_pack_job(keys: Keys, job_id: str) -> bool:
+    """Whether ``job_id`` is one of the packs (:func:`pack_job_id`) of ``keys``' namespace, by its id alone."""
+    return job_id.startswith(keys.job_prefix + _PACK_PREFIX)
 
 
 def job_id(rollout_id: str, after_attempt: int = 0, *, reissue: bool = False) -> str:

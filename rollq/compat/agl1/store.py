@@ -27,7 +27,7 @@ from rollq.models.wire import rollout_json
 from rollq.producer.producer import Producer
 from rollq.producer.results import fetch_rollouts
 from rollq.store.jobs import read_rollq_jobs, rollout_ids_of
-from rollq.store.keys import StreamField, TaskField
+from rollq.store.keys import StreamField, TaskField, is_pack_job
 from rollq.store.queries import read_attempts
 from rollq.store.records import TaskRecord, read_record, read_records
 from rollq.store.replies import ClaimRefused, Published
@@ -256,7 +256,7 @@ class Agl1Store:
         if job is None:
             raise InvalidTransition(f"Rollout {rid}: it has no queued job to claim")
         job_id = job.decode()
-        if self.keys.is_pack_job(job_id):
+        if is_pack_job(self.keys, job_id):
             # A pack (tasks_per_job > 1): its tasks first each on a job of their own, so that taking this task's job
             # off the queue leaves the others queued (a worker that took the pack meanwhile runs them all).
             pack = read_rollq_jobs(self.connection, [job_id])[job_id]
