@@ -239,9 +239,12 @@ def measure(
     return row
 
 
-def run_rollq(server: RedisServer, in_flight: int, window: float, log_dir: Path) -> dict[str, Any]:
+def run_rollq(
+    server: RedisServer, in_flight: int, window: float, log_dir: Path, tasks_per_job: int | None = None
+) -> dict[str, Any]:
+    """``tasks_per_job``: the producer's and the workers' packs (docs/rq.md); None: ``ROLLQ_TASKS_PER_JOB``, as set."""
     namespace = f"rollq-{in_flight}"
-    producer = Producer.from_url(server.url, namespace)
+    producer = Producer.from_url(server.url, namespace, tasks_per_job=tasks_per_job)
     connection = server.client()
 
     def enqueue(n: int) -> None:
@@ -257,6 +260,7 @@ def run_rollq(server: RedisServer, in_flight: int, window: float, log_dir: Path)
         agent="bench.agents:MockLLMAgent",
         concurrency=in_flight // WORKER_PROCESSES,
         log_dir=log_dir,
+        extra_env=None if tasks_per_job is None else {"ROLLQ_TASKS_PER_JOB": str(tasks_per_job)},
     )
     return measure(
         server,

@@ -194,15 +194,7 @@ def run_rollq_packed(server: Any, in_flight: int, window: float, log_dir: Path, 
     """bench/mock_llm.py's rollq run, its producer and workers with packs of ``tasks_per_job`` tasks."""
     from bench.mock_llm import run_rollq
 
-    saved = os.environ.get("ROLLQ_TASKS_PER_JOB")
-    os.environ["ROLLQ_TASKS_PER_JOB"] = str(tasks_per_job)  # read by the Producer and passed on to the workers
-    try:
-        row = run_rollq(server, in_flight, window, log_dir)
-    finally:
-        if saved is None:
-            del os.environ["ROLLQ_TASKS_PER_JOB"]
-        else:
-            os.environ["ROLLQ_TASKS_PER_JOB"] = saved
+    row = run_rollq(server, in_flight, window, log_dir, tasks_per_job=tasks_per_job)
     row["system"] = f"rollq, {tasks_per_job} task(s) per job"
     row["tasks_per_job"] = tasks_per_job
     return row
