@@ -338,7 +338,7 @@ async def measure(proxies: dict[str, Child], args: argparse.Namespace) -> dict[s
             for name in names[n % len(names) :] + names[: n % len(names)]:
                 process = psutil.Process(proxies[name].proc.pid)
                 before = sum(process.cpu_times()[:2])
-                values = await _round(
+                values, _ = await _round(
                     session, proxies[name].line, per_round, args.concurrency, args.prompt_chars, token_ids=True
                 )
                 used = sum(process.cpu_times()[:2]) - before
