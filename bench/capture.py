@@ -27,11 +27,16 @@ With ``--agent-load F`` a thread in each proxy's process runs Python for F of ev
 do beside its proxy thread: the proxy then waits for the GIL as in a busy worker (its CPU is left out of the
 proxy's CPU per call).
 
+With ``--load-elsewhere`` that thread runs in a process of its own instead, for every path alike: what a proxy in a
+process of its own (not sharing a GIL with the agents) would see beside busy agents. Results go to
+``--out`` (``capture`` by default).
+
 With ``--base COMMIT`` a second proxy, rollq as of that commit (a temporary ``git worktree``), takes its turn in
 every round beside this tree's (their order swapped every round): before and after in one run, per round.
 
     python bench/capture.py [--calls 4096] [--concurrency 256] [--rounds 4] [--latency 0.5]
-                            [--rollout-rounds 2] [--window 20] [--agent-load 0.5] [--base COMMIT]
+                            [--rollout-rounds 2] [--window 20] [--agent-load 0.5] [--load-elsewhere]
+                            [--base COMMIT] [--out capture]
 """
 
 from __future__ import annotations
@@ -93,8 +98,19 @@ def serve_proxy(backend: str) -> None:
 # proxy's thread spent about 0.1 ms a call collecting, 0.02 ms at a worker's 5000), and, with agent load, a thread
 # that runs Python for ``load`` of every 10 ms, as a worker's agents do beside its proxy thread, sharing its GIL.
 # Its thread id goes to a file, so that its CPU is left out of the proxy's.
-_AGENT_LOAD = """
-import os, runpy, sys, threading, time
+_SPIN = """
+import time
+def spin(load):
+    while True:
+        started = time.perf_counter()
+        while time.perf_counter() - started < load * 0.01:
+            sum(i * i for i in range(200))
+        time.sleep(max(0.0, 0.01 - (time.perf_counter() - started)))
+"""
+_AGENT_LOAD = (
+    _SPIN
+    + """
+import os, runpy, sys, threading
 if os.environ.get("ROLLQ_BENCH_WORKER_GC"):
     from rollq.worker.collector import widen_young_generation
     widen_young_generation()
@@ -103,11 +119,7 @@ def agents(load):
     with open(os.environ["ROLLQ_BENCH_AGENT_TID"], "w") as f:
         f.write(str(threading.get_native_id()))
     ready.set()
-    while True:
-        started = time.perf_counter()
-        while time.perf_counter() - started < load * 0.01:
-            sum(i * i for i in range(200))
-        time.sleep(max(0.0, 0.01 - (time.perf_counter() - started)))
+    spin(load)
 load = float(os.environ.get("ROLLQ_BENCH_AGENT_LOAD") or 0)
 if load > 0:
     threading.Thread(target=agents, args=(load,), daemon=True, name="agents").start()
@@ -115,6 +127,15 @@ if load > 0:
 sys.argv = sys.argv[1:]
 runpy.run_path(sys.argv[0], run_name="__main__")
 """
+)
+# With --load-elsewhere: the same load in a process of its own, beside the proxy's rather than in it.
+_LOAD_ELSEWHERE = (
+    _SPIN
+    + """
+import sys
+spin(float(sys.argv[1]))
+"""
+)
 
 
 @dataclass
@@ -359,7 +380,13 @@ def main() -> None:
         default=0.0,
         help="fraction of each 10 ms a thread in each proxy's process runs Python, as a worker's agents do (0-1)",
     )
+    parser.add_argument(
+        "--load-elsewhere",
+        action="store_true",
+        help="run the --agent-load thread in a process of its own, not in the proxy's (a proxy process of its own)",
+    )
     parser.add_argument("--base", help="a commit whose proxy takes its turn in every round too (before/after)")
+    parser.add_argument("--out", default="capture", help="results name: bench/results/<out>.json")
     parser.add_argument("--serve", choices=("backend", "proxy"), help=argparse.SUPPRESS)
     parser.add_argument("--backend", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -367,16 +394,18 @@ def main() -> None:
         return serve_backend(args.latency)
     if args.serve == "proxy":
         return serve_proxy(args.backend)
+    in_proxy = 0.0 if args.load_elsewhere else args.agent_load
     with base_tree(args.base) as tree:
         backend, direct = _child("--serve", "backend", "--latency", str(args.latency))
         children = [backend]
+        loader = None
+        if args.load_elsewhere and args.agent_load:
+            loader = subprocess.Popen([sys.executable, "-c", _LOAD_ELSEWHERE, str(args.agent_load)])
         try:
-            proxies = {"proxy": _start("--serve", "proxy", "--backend", direct, agent_load=args.agent_load)}
+            proxies = {"proxy": _start("--serve", "proxy", "--backend", direct, agent_load=in_proxy)}
             children.append(proxies["proxy"].proc)
             if tree is not None:
-                proxies["proxy_base"] = _start(
-                    "--serve", "proxy", "--backend", direct, tree=tree, agent_load=args.agent_load
-                )
+                proxies["proxy_base"] = _start("--serve", "proxy", "--backend", direct, tree=tree, agent_load=in_proxy)
                 children.append(proxies["proxy_base"].proc)
             try:
                 data = asyncio.run(measure(direct, proxies, args))
@@ -384,6 +413,9 @@ def main() -> None:
                 for child in proxies.values():
                     psutil.Process(child.proc.pid).resume()  # a stopped process would not read its stdin's end
         finally:
+            if loader is not None:
+                loader.kill()
+                loader.wait(10)
             for proc in reversed(children):
                 assert proc.stdin is not None
                 proc.stdin.close()
@@ -393,12 +425,14 @@ def main() -> None:
     argv = [f"--calls={args.calls}", f"--concurrency={args.concurrency}", f"--rounds={args.rounds}"]
     argv += [f"--latency={args.latency}", f"--rollout-rounds={args.rollout_rounds}", f"--window={args.window}"]
     argv += [f"--agent-load={args.agent_load}"] if args.agent_load else []
+    argv += ["--load-elsewhere"] if args.load_elsewhere else []
     argv += [f"--base={args.base}"] if args.base else []
+    argv += [f"--out={args.out}"] if args.out != "capture" else []
     if args.rollout_rounds:
         data["rollouts"] = rollouts_on_and_off(args)
         print(json.dumps(data["rollouts"], indent=2))
-    settings = {k: v for k, v in vars(args).items() if k not in ("serve", "backend", "base")}
-    path = write_result("capture", data, argv, settings=settings)
+    settings = {k: v for k, v in vars(args).items() if k not in ("serve", "backend", "base", "out")}
+    path = write_result(args.out, data, argv, settings=settings)
     print(json.dumps(data, indent=2))
     print(f"wrote {path}")
 
