@@ -13,6 +13,7 @@ from typing import Any
 
 from rollq.models.contract import Triplet
 from rollq.worker import LitAgent, emit_reward, llm_call_span
+from rollq.worker.sample_agent import SampleAgent
 
 TURNS = 3
 TURN_SECONDS = (0.1, 0.5)
@@ -128,3 +129,9 @@ class GroupMemberAgent(LitAgent):
     async def training_rollout_async(self, task_input: Any, rollout_id: str, resources: Any) -> float:
         await asyncio.sleep(random.uniform(0.2, 0.6))
         return random.random()
+
+
+class OneClientSampleAgent(SampleAgent):
+    """rollq's sample agent with a single ``openai`` client for all its rollouts (bench/sample_clients.py)."""
+
+    clients = 1

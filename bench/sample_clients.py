@@ -1,0 +1,86 @@
+"""The sample agent with one ``openai`` client for all its rollouts beside the same agent with several, in one run.
+
+Run: python bench/sample_clients.py [--rounds 2] [--window 15] [--in-flight 256]
+
+Sample-agent rollouts (the ``openai`` client, 1-2 calls of 0.1-0.5 s to the demo's simulated LLM, capture on) on 2
+worker processes, ``bench.agents:OneClientSampleAgent`` (one client) and ``rollq.worker.sample_agent:SampleAgent``
+(``SampleAgent.clients``) taking turns, their order swapped every round: rollouts/s and worker CPU per rollout over each
+round's measurement window (``bench/mock_llm.py``'s). The client's connection pool looks at every connection it
+holds whenever a request starts or ends (docs/workers.md, "Many rollouts, one openai client"). Writes
+bench/results/sample_clients.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.common import outcomes, private_redis, rollq_workers, write_result  # noqa: E402
+from bench.mock_llm import WORKER_PROCESSES, measure  # noqa: E402
+from rollq.ops.sim_llm import SimulatedLLM  # noqa: E402
+from rollq.producer import Producer  # noqa: E402
+from rollq.store.keys import Keys  # noqa: E402
+from rollq.worker.sample_agent import SampleAgent, sample_inputs, sample_resources  # noqa: E402
+
+AGENTS = {
+    "1 client": "bench.agents:OneClientSampleAgent",
+    f"{SampleAgent.clients} clients": "rollq.worker.sample_agent:SampleAgent",
+}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=2, help="alternating rounds (default 2)")
+    parser.add_argument("--window", type=float, default=15.0, help="seconds measured per setting (default 15)")
+    parser.add_argument("--in-flight", type=int, default=256, help="rollouts in flight, over 2 workers (default 256)")
+    args = parser.parse_args()
+    rows: list[dict[str, Any]] = []
+    with private_redis() as server, SimulatedLLM(latency=(0.1, 0.5)) as llm:
+        log_dir = Path(tempfile.mkdtemp(prefix="rollq-bench-sample-clients-"))
+        for round_ in range(args.rounds):
+            for system, agent in list(AGENTS.items())[:: -1 if round_ % 2 else 1]:  # order swapped every round
+                namespace = f"clients-{round_}-{system.split()[0]}"
+                producer = Producer.from_url(server.url, namespace)
+                producer.update_resources(sample_resources(temperature=0.5, endpoint=llm.url))
+                connection = server.client()
+
+                def enqueue(n: int, producer: Producer = producer) -> None:
+                    producer.enqueue_many(sample_inputs(n), mode="train")
+
+                def completions(namespace: str = namespace, connection: Any = connection) -> tuple[int, int]:
+                    return outcomes(connection, namespace)
+
+                workers = rollq_workers(
+                    server.url,
+                    namespace,
+                    WORKER_PROCESSES,
+                    agent=agent,
+                    concurrency=args.in_flight // WORKER_PROCESSES,
+                    log_dir=log_dir,
+                )
+                row = measure(
+                    server,
+                    system=system,
+                    in_flight=args.in_flight,
+                    processes=WORKER_PROCESSES,
+                    workers=workers,
+                    queue_name=namespace,
+                    running_key=Keys(namespace).inflight,
+                    enqueue=enqueue,
+                    completions=completions,
+                    window=args.window,
+                )
+                keep = ("system", "rollouts", "failed", "seconds", "rollouts_per_s", "worker_cpu_ms_per_rollout")
+                rows.append({"round": round_ + 1, **{k: row[k] for k in keep}})
+    argv = [f"--rounds={args.rounds}", f"--window={args.window}", f"--in-flight={args.in_flight}"]
+    path = write_result("sample_clients", {"rows": rows}, argv, settings=vars(args))
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()
