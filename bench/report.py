@@ -964,17 +964,45 @@ settings model) and rollq's own modules.""",
 )
 
 
+def _sample_clients_rows(doc: Doc) -> list[Doc]:
+    """Each round's two settings, the second of a round with its worker CPU and rate over the first's."""
+    rows = doc.get("rows", [])
+    out = []
+    for i, row in enumerate(rows):
+        other = rows[i - 1] if i % 2 else rows[i + 1] if i + 1 < len(rows) else None
+        many = row if row["system"] != "1 client" else other
+        one = other if many is row else row
+        both = many is not None and one is not None
+        out.append({**row, "cpu_ratio": ratio(many["worker_cpu_ms_per_rollout"], one["worker_cpu_ms_per_rollout"])
+                    if both and i % 2 else None})
+    return out
+
+
+SAMPLE_CLIENTS = Spec(
+    title="The sample agent: one openai client for all its rollouts, or several",
+    about="""Sample-agent rollouts (the `openai` client, 1-2 calls of 0.1-0.5 s to the demo's simulated LLM, capture
+on) at {settings[in_flight]} in flight on 2 worker processes, one client and `SampleAgent.clients` taking turns,
+order swapped every round, {settings[window]:g} s measured each. The client's connection pool looks at every
+connection it holds whenever a request starts or ends ([workers.md](workers.md#writing-an-agent)).""",
+    tables=[Table(_sample_clients_rows, [
+        ("round", "round"), ("system", "clients"), ("rollouts", "rollouts"), ("failed", "failed"),
+        ("rollouts_per_s", "rollouts/s", ",.1f"), ("worker_cpu_ms_per_rollout", "worker CPU ms/rollout", ".2f"),
+        Col("CPU, several / one, this round", "cpu_ratio", x),
+    ])],
+)
+
+
 SPECS: dict[str, Spec] = {
     "al": AL, "noop": NOOP, "mock_llm": MOCK, "before_after": BEFORE_AFTER, "profile": PROFILE, "big": BIG,
     "inflight10k": K10, "scaling": SCALING, "cluster": CLUSTER, "failover": FAILOVER, "soak": SOAK,
-    "capture": CAPTURE, "enqueue": ENQUEUE, "memory": MEMORY, "startup": STARTUP,
+    "capture": CAPTURE, "enqueue": ENQUEUE, "memory": MEMORY, "startup": STARTUP, "sample_clients": SAMPLE_CLIENTS,
 }
 # The page's order; results files not named here follow in name order.
 ORDER = ["al_own_path", "al", "al_packs", "noop", "mock_llm", "startup", "fleet_startup", "before_after",
          "before_after_packs", "before_after_stop32", "profile", "worker_floor",
          "rollout_cpu", "rollout_cpu_before_after", "big", "results_stream", "inflight10k", "scaling", "cluster",
          "cluster_256", "cluster_dead_host", "failover", "soak", "capture", "capture_load_elsewhere",
-         "enqueue", "memory", "idle", "connections",
+         "sample_clients", "enqueue", "memory", "idle", "connections",
          "plan_rate", "plan_rate_16", "trainer_api", "embedded_drain"]
 
 
