@@ -306,57 +306,83 @@ async def measure(direct: str, proxies: dict[str, Child], args: argparse.Namespa
     return summary
 
 
-def rollouts_on_and_off(args: argparse.Namespace) -> dict[str, Any]:
-    """Sample-agent rollouts (the ``openai`` client against the simulated LLM), capture off vs on, interleaved."""
-    import tempfile
-
-    from bench.common import outcomes, private_redis, rollq_workers
+def sample_rollouts(
+    server: Any,
+    llm_url: str,
+    namespace: str,
+    *,
+    system: str,
+    agent: str,
+    in_flight: int,
+    window: float,
+    log_dir: Path,
+    extra_env: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    """Sample-agent rollouts (``agent``: the sample agent or a subclass) against ``llm_url`` at ``in_flight`` on 2
+    worker processes, measured over ``window`` s (``bench/mock_llm.py``'s measurement): the row's rate and CPU."""
+    from bench.common import outcomes, rollq_workers
     from bench.mock_llm import WORKER_PROCESSES, measure
-    from rollq.ops.sim_llm import SimulatedLLM
     from rollq.producer import Producer
     from rollq.store.keys import Keys
     from rollq.worker.sample_agent import sample_inputs, sample_resources
+
+    producer = Producer.from_url(server.url, namespace)
+    producer.update_resources(sample_resources(temperature=0.5, endpoint=llm_url))
+    connection = server.client()
+
+    def enqueue(n: int) -> None:
+        producer.enqueue_many(sample_inputs(n), mode="train")
+
+    def completions() -> tuple[int, int]:
+        return outcomes(connection, namespace)
+
+    workers = rollq_workers(
+        server.url,
+        namespace,
+        WORKER_PROCESSES,
+        agent=agent,
+        concurrency=in_flight // WORKER_PROCESSES,
+        log_dir=log_dir,
+        extra_env=extra_env,
+    )
+    row = measure(
+        server,
+        system=system,
+        in_flight=in_flight,
+        processes=WORKER_PROCESSES,
+        workers=workers,
+        queue_name=namespace,
+        running_key=Keys(namespace).inflight,
+        enqueue=enqueue,
+        completions=completions,
+        window=window,
+    )
+    keep = ("system", "rollouts", "failed", "seconds", "rollouts_per_s", "worker_cpu_ms_per_rollout")
+    return {**{k: row[k] for k in keep}, "other_processes_cpu_cores": row["other_processes_cpu_cores"]}
+
+
+def rollouts_on_and_off(args: argparse.Namespace) -> dict[str, Any]:
+    """Sample-agent rollouts (the ``openai`` client against the simulated LLM), capture off vs on, interleaved."""
+    from bench.common import private_redis
+    from rollq.ops.sim_llm import SimulatedLLM
 
     rows: list[dict[str, Any]] = []
     with private_redis() as server, SimulatedLLM(latency=(0.1, 0.5)) as llm:
         log_dir = Path(tempfile.mkdtemp(prefix="rollq-bench-capture-"))
         for round_ in range(args.rollout_rounds):
             for capture in ("0", "1"):
-                namespace = f"capture-{capture}-{round_}"
-                producer = Producer.from_url(server.url, namespace)
-                producer.update_resources(sample_resources(temperature=0.5, endpoint=llm.url))
-                connection = server.client()
-
-                def enqueue(n: int, producer: Producer = producer) -> None:
-                    producer.enqueue_many(sample_inputs(n), mode="train")
-
-                def completions(namespace: str = namespace, connection: Any = connection) -> tuple[int, int]:
-                    return outcomes(connection, namespace)
-
-                workers = rollq_workers(
-                    server.url,
-                    namespace,
-                    WORKER_PROCESSES,
+                row = sample_rollouts(
+                    server,
+                    llm.url,
+                    f"capture-{capture}-{round_}",
+                    system=f"capture {'on' if capture == '1' else 'off'}",
                     agent="rollq.worker.sample_agent:SampleAgent",
-                    concurrency=args.concurrency // WORKER_PROCESSES,
+                    in_flight=args.concurrency,
+                    window=args.window,
                     log_dir=log_dir,
                     extra_env={"ROLLQ_CAPTURE_LLM": capture},
                 )
-                row = measure(
-                    server,
-                    system=f"capture {'on' if capture == '1' else 'off'}",
-                    in_flight=args.concurrency,
-                    processes=WORKER_PROCESSES,
-                    workers=workers,
-                    queue_name=namespace,
-                    running_key=Keys(namespace).inflight,
-                    enqueue=enqueue,
-                    completions=completions,
-                    window=args.window,
-                )
-                rows.append({k: row[k] for k in ("system", "rollouts", "failed", "seconds", "rollouts_per_s")})
-                rows[-1]["worker_cpu_ms_per_rollout"] = row["worker_cpu_ms_per_rollout"]
-                rows[-1]["other_processes_cpu_cores"] = row["other_processes_cpu_cores"]
+                rows.append(row)
     on = sum(r["rollouts"] for r in rows if r["system"] == "capture on")
     on_s = sum(r["seconds"] for r in rows if r["system"] == "capture on")
     off = sum(r["rollouts"] for r in rows if r["system"] == "capture off")
@@ -390,6 +416,11 @@ def main() -> None:
     parser.add_argument("--serve", choices=("backend", "proxy"), help=argparse.SUPPRESS)
     parser.add_argument("--backend", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if not args.serve and args.calls // args.rounds <= args.concurrency:
+        parser.error(
+            "each round needs more calls than --concurrency: a round's first --concurrency calls are its "
+            "opening burst, left out of the percentiles"
+        )
     if args.serve == "backend":
         return serve_backend(args.latency)
     if args.serve == "proxy":

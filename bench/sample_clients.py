@@ -20,12 +20,10 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import outcomes, private_redis, rollq_workers, write_result  # noqa: E402
-from bench.mock_llm import WORKER_PROCESSES, measure  # noqa: E402
+from bench.capture import sample_rollouts  # noqa: E402
+from bench.common import private_redis, write_result  # noqa: E402
 from rollq.ops.sim_llm import SimulatedLLM  # noqa: E402
-from rollq.producer import Producer  # noqa: E402
-from rollq.store.keys import Keys  # noqa: E402
-from rollq.worker.sample_agent import SampleAgent, sample_inputs, sample_resources  # noqa: E402
+from rollq.worker.sample_agent import SampleAgent  # noqa: E402
 
 AGENTS = {
     "1 client": "bench.agents:OneClientSampleAgent",
@@ -44,39 +42,17 @@ def main() -> None:
         log_dir = Path(tempfile.mkdtemp(prefix="rollq-bench-sample-clients-"))
         for round_ in range(args.rounds):
             for system, agent in list(AGENTS.items())[:: -1 if round_ % 2 else 1]:  # order swapped every round
-                namespace = f"clients-{round_}-{system.split()[0]}"
-                producer = Producer.from_url(server.url, namespace)
-                producer.update_resources(sample_resources(temperature=0.5, endpoint=llm.url))
-                connection = server.client()
-
-                def enqueue(n: int, producer: Producer = producer) -> None:
-                    producer.enqueue_many(sample_inputs(n), mode="train")
-
-                def completions(namespace: str = namespace, connection: Any = connection) -> tuple[int, int]:
-                    return outcomes(connection, namespace)
-
-                workers = rollq_workers(
-                    server.url,
-                    namespace,
-                    WORKER_PROCESSES,
+                row = sample_rollouts(
+                    server,
+                    llm.url,
+                    f"clients-{round_}-{system.split()[0]}",
+                    system=system,
                     agent=agent,
-                    concurrency=args.in_flight // WORKER_PROCESSES,
+                    in_flight=args.in_flight,
+                    window=args.window,
                     log_dir=log_dir,
                 )
-                row = measure(
-                    server,
-                    system=system,
-                    in_flight=args.in_flight,
-                    processes=WORKER_PROCESSES,
-                    workers=workers,
-                    queue_name=namespace,
-                    running_key=Keys(namespace).inflight,
-                    enqueue=enqueue,
-                    completions=completions,
-                    window=args.window,
-                )
-                keep = ("system", "rollouts", "failed", "seconds", "rollouts_per_s", "worker_cpu_ms_per_rollout")
-                rows.append({"round": round_ + 1, **{k: row[k] for k in keep}})
+                rows.append({"round": round_ + 1, **row})
     argv = [f"--rounds={args.rounds}", f"--window={args.window}", f"--in-flight={args.in_flight}"]
     path = write_result("sample_clients", {"rows": rows}, argv, settings=vars(args))
     print(f"wrote {path}")
