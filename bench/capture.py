@@ -297,9 +297,9 @@ async def measure(direct: str, proxies: dict[str, Child], args: argparse.Namespa
         summary[path]["with_opening_burst"] = _summary(values)
     for name in proxies:
         suffix = name[len("proxy") :]  # "" or "_base"
+        burst, direct_burst = summary[name]["with_opening_burst"], summary["direct"]["with_opening_burst"]
         for q in ("p50", "p99"):
             summary[f"added_{q}_ms{suffix}"] = round(summary[name][f"{q}_ms"] - summary["direct"][f"{q}_ms"], 3)
-            burst, direct_burst = summary[name]["with_opening_burst"], summary["direct"]["with_opening_burst"]
             summary[f"added_{q}_ms_with_opening_burst{suffix}"] = round(burst[f"{q}_ms"] - direct_burst[f"{q}_ms"], 3)
         summary[f"proxy_cpu_ms_per_call{suffix}"] = round(cpu[name] * 1000 / len(every[name]), 3)
     summary["rounds"] = rounds
@@ -320,45 +320,23 @@ def sample_rollouts(
 ) -> dict[str, Any]:
     """Sample-agent rollouts (``agent``: the sample agent or a subclass) against ``llm_url`` at ``in_flight`` on 2
     worker processes, measured over ``window`` s (``bench/mock_llm.py``'s measurement): the row's rate and CPU."""
-    from bench.common import outcomes, rollq_workers
-    from bench.mock_llm import WORKER_PROCESSES, measure
-    from rollq.producer import Producer
-    from rollq.store.keys import Keys
+    from bench.mock_llm import run_rollq
     from rollq.worker.sample_agent import sample_inputs, sample_resources
 
-    producer = Producer.from_url(server.url, namespace)
-    producer.update_resources(sample_resources(temperature=0.5, endpoint=llm_url))
-    connection = server.client()
-
-    def enqueue(n: int) -> None:
-        producer.enqueue_many(sample_inputs(n), mode="train")
-
-    def completions() -> tuple[int, int]:
-        return outcomes(connection, namespace)
-
-    workers = rollq_workers(
-        server.url,
-        namespace,
-        WORKER_PROCESSES,
+    row = run_rollq(
+        server,
+        in_flight,
+        window,
+        log_dir,
+        namespace=namespace,
+        system=system,
         agent=agent,
-        concurrency=in_flight // WORKER_PROCESSES,
-        log_dir=log_dir,
+        inputs=sample_inputs,
+        resources=sample_resources(temperature=0.5, endpoint=llm_url),
         extra_env=extra_env,
     )
-    row = measure(
-        server,
-        system=system,
-        in_flight=in_flight,
-        processes=WORKER_PROCESSES,
-        workers=workers,
-        queue_name=namespace,
-        running_key=Keys(namespace).inflight,
-        enqueue=enqueue,
-        completions=completions,
-        window=window,
-    )
-    keep = ("system", "rollouts", "failed", "seconds", "rollouts_per_s", "worker_cpu_ms_per_rollout")
-    return {**{k: row[k] for k in keep}, "other_processes_cpu_cores": row["other_processes_cpu_cores"]}
+    kept = ("system", "rollouts", "failed", "seconds", "rollouts_per_s", "worker_cpu_ms_per_rollout")
+    return {k: row[k] for k in (*kept, "other_processes_cpu_cores")}
 
 
 def rollouts_on_and_off(args: argparse.Namespace) -> dict[str, Any]:

@@ -240,31 +240,48 @@ def measure(
 
 
 def run_rollq(
-    server: RedisServer, in_flight: int, window: float, log_dir: Path, tasks_per_job: int | None = None
+    server: RedisServer,
+    in_flight: int,
+    window: float,
+    log_dir: Path,
+    tasks_per_job: int | None = None,
+    *,
+    namespace: str | None = None,
+    system: str = "rollq",
+    agent: str = "bench.agents:MockLLMAgent",
+    inputs: Callable[[int], list[Any]] | None = None,
+    resources: dict[str, Any] | None = None,
+    extra_env: dict[str, str] | None = None,
 ) -> dict[str, Any]:
-    """``tasks_per_job``: the producer's and the workers' packs (docs/rq.md); None: ``ROLLQ_TASKS_PER_JOB``, as set."""
-    namespace = f"rollq-{in_flight}"
+    """rollq's workers running ``agent`` on ``inputs(n)`` tasks (mock-LLM questions by default) with ``resources``
+    published, measured as :func:`measure` does. ``tasks_per_job``: the producer's and the workers' packs
+    (docs/rq.md); None: ``ROLLQ_TASKS_PER_JOB``, as set."""
+    namespace = namespace or f"rollq-{in_flight}"
     producer = Producer.from_url(server.url, namespace, tasks_per_job=tasks_per_job)
+    if resources is not None:
+        producer.update_resources(resources)
     connection = server.client()
 
     def enqueue(n: int) -> None:
-        producer.enqueue_many([{"question": i} for i in range(n)], mode="train")
+        producer.enqueue_many(inputs(n) if inputs else [{"question": i} for i in range(n)], mode="train")
 
     def completions() -> tuple[int, int]:
         return outcomes(connection, namespace)
 
+    if tasks_per_job is not None:
+        extra_env = {**(extra_env or {}), "ROLLQ_TASKS_PER_JOB": str(tasks_per_job)}
     workers = rollq_workers(
         server.url,
         namespace,
         WORKER_PROCESSES,
-        agent="bench.agents:MockLLMAgent",
+        agent=agent,
         concurrency=in_flight // WORKER_PROCESSES,
         log_dir=log_dir,
-        extra_env=None if tasks_per_job is None else {"ROLLQ_TASKS_PER_JOB": str(tasks_per_job)},
+        extra_env=extra_env,
     )
     return measure(
         server,
-        system="rollq",
+        system=system,
         in_flight=in_flight,
         processes=WORKER_PROCESSES,
         workers=workers,

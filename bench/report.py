@@ -854,6 +854,18 @@ def _load_elsewhere(doc: Doc) -> bool:
     return bool(settings.get("load_elsewhere") and settings.get("agent_load"))
 
 
+def _agent_load_text(doc: Doc) -> str:
+    """What a capture run's agent load was, and where it ran, for the section's text."""
+    load = (doc.get("settings") or {}).get("agent_load")
+    if not load:
+        return ""
+    if _load_elsewhere(doc):
+        return (f", with a thread in another process running Python {load:.0%} of the time, as a worker's agents "
+                "would beside a proxy process of its own (no GIL shared)")
+    return (f", with a thread in it running Python {load:.0%} of the time as a worker's agents do, sharing its GIL; "
+            "that thread's CPU is not counted")
+
+
 CAPTURE = Spec(
     title="LLM calls through the capturing proxy vs straight to the backend{load_where}",
     about="""{settings[concurrency]} calls in flight against the demo's simulated LLM ({settings[latency]:g} s per
@@ -868,12 +880,7 @@ agents' thread holds the GIL each step of a call waits for it (the proxy lowers 
 that: `rollq/worker/capture/gil.py`).""",
     derive=lambda d: {
         "load_where": ", the agents' load in a process of its own" if _load_elsewhere(d) else "",
-        "agent_load_text": (f", with a thread in it running Python {d['settings']['agent_load']:.0%} of the time as "
-                            "a worker's agents do, sharing its GIL; that thread's CPU is not counted")
-        if (d.get("settings") or {}).get("agent_load") and not _load_elsewhere(d)
-        else (f", with a thread in another process running Python {d['settings']['agent_load']:.0%} of the time, as "
-              "a worker's agents would beside a proxy process of its own (no GIL shared)")
-        if _load_elsewhere(d) else "",
+        "agent_load_text": _agent_load_text(d),
         "burst_text": (f" Counting the opening bursts too, the added latency is p50 "
                        f"{d['added_p50_ms_with_opening_burst']:+.1f} ms, "
                        f"p99 {d['added_p99_ms_with_opening_burst']:+.1f} ms: those calls queue behind one another "
@@ -965,17 +972,12 @@ settings model) and rollq's own modules.""",
 
 
 def _sample_clients_rows(doc: Doc) -> list[Doc]:
-    """Each round's two settings, the second of a round with its worker CPU and rate over the first's."""
-    rows = doc.get("rows", [])
-    out = []
-    for i, row in enumerate(rows):
-        other = rows[i - 1] if i % 2 else rows[i + 1] if i + 1 < len(rows) else None
-        many = row if row["system"] != "1 client" else other
-        one = other if many is row else row
-        both = many is not None and one is not None
-        out.append({**row, "cpu_ratio": ratio(many["worker_cpu_ms_per_rollout"], one["worker_cpu_ms_per_rollout"])
-                    if both and i % 2 else None})
-    return out
+    """The rows, the second of each round with the worker CPU of several clients over one client's."""
+    rows = [dict(row) for row in doc.get("rows", [])]
+    for first, second in zip(rows[::2], rows[1::2], strict=False):
+        one, several = (first, second) if first["system"] == "1 client" else (second, first)
+        second["cpu_ratio"] = ratio(several["worker_cpu_ms_per_rollout"], one["worker_cpu_ms_per_rollout"])
+    return rows
 
 
 SAMPLE_CLIENTS = Spec(
