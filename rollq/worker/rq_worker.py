@@ -641,21 +641,40 @@ class RolloutWorker(SimpleWorker):
             return
         # A pack holds one slot per task, at most the whole concurrency (a larger pack runs alone). Usually it
         # holds those already (tasks_per_job the producers'); a shorter one gives the rest back, a longer one (a
-        # producer with a larger tasks_per_job) waits for rollouts here to end.
+        # producer with a larger tasks_per_job) goes back to the queue.
         held, need = self._held.pop(job.id, 1), min(len(rollout_ids), self.slots.capacity)
         if held > need:
             self.slots.free(held - need)
         elif held < need:
-            # The slots it lacks may be held by jobs taken ahead, which start only after this one: waiting for them
-            # would wait forever. Those go back to the queue; the running rollouts free the rest.
-            self._give_back_taken()
-            if not self._take_slots(need - held):
-                self._held[job.id] = held
-                self._taken.appendleft((job, queue))
-                self._give_back_taken()
-                return
+            self._put_back_larger_pack(job, queue, held, need)
+            return
         assert self.rq_lifecycle is not None
         self.rq_lifecycle.start(job, queue, rollout_ids, need)
+
+    def _put_back_larger_pack(self, job: Job, queue: Queue, held: int, need: int) -> None:
+        """A pack that needs more slots than it was dequeued with (a producer's tasks_per_job larger than this
+        worker's) goes back to the head of the queue, with the jobs taken ahead behind it, and this worker takes
+        ``need`` slots before each dequeue from now on.
+
+        Waiting for the slots instead, with the pack off the queue, left it in RQ's intermediate list for as long as
+        rollouts here ran: past the stranded-job grace a reaper pushed it back while this worker was about to start
+        it, and RQ recorded the job twice (claims kept the tasks to one run each). Slots that only the jobs taken
+        ahead hold would never have come at all. Taken before the next dequeue, they are waited for with no job
+        held, and a worker with free slots meanwhile takes the pack."""
+        if need > self._per_job:
+            self.log.warning(
+                "job %s is a pack of %d tasks but this worker took %d slot(s) per job (its tasks_per_job): put it "
+                "back on the queue; this worker now takes %d slots before each dequeue (give producers and workers "
+                "the same tasks_per_job)",
+                job.id,
+                need,
+                self._per_job,
+                need,
+            )
+            self._per_job = need
+        self._held[job.id] = held
+        self._taken.appendleft((job, queue))
+        self._give_back_taken()
 
     def _on_loop_wedged(self, blocker: str, stalled_for: float) -> None:
         """The agent event loop has been blocked past the time limit of every attempt it held: no async rollout

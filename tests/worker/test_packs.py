@@ -268,6 +268,30 @@ def test_a_worker_with_smaller_packs_than_the_producer_gives_back_jobs_taken_ahe
     assert_exactly_once(producer.connection, namespace, ids)
 
 
+def test_a_pack_larger_than_the_slots_a_worker_held_goes_back_to_the_queue_instead_of_stranding(
+    redis_server, namespace, workers
+):
+    # The worker takes 1 slot per job (its tasks_per_job 1, concurrency 2): it starts a long single task and takes
+    # the pack of 2 behind it ahead with one slot. The pack needs both: waiting for the long task's slot with the
+    # pack off the queue left it in RQ's intermediate list past the stranded-job grace (unresponsive_seconds, 2 s
+    # here), so a reaper pushed it back while this worker was about to start it, and RQ recorded the job twice.
+    # The pack goes back to the queue at once instead, and the worker takes two slots before its next dequeue.
+    producer = Producer.from_url(redis_server.url, namespace, policy=QUICK)
+    ids = [producer.enqueue({"sleep": 6}).rollout_id]
+    ids += [t.rollout_id for t in producer.enqueue_many([{"sleep": 0.05}] * 2, tasks_per_job=2)]
+    worker = workers(redis_server.url, namespace, env=packs(1, 2), args=["--burst"])
+    assert worker.wait(60) == 0
+    assert states(producer, ids) == ["succeeded"] * 3
+    assert_exactly_once(producer.connection, namespace, ids)
+    assert producer.connection.hget(producer.keys.stats, "requeued:stranded") is None
+    pack = job_of(producer, ids[1])
+    finished = FinishedJobRegistry(namespace, connection=producer.connection, serializer=JSONSerializer)
+    assert pack in finished.get_job_ids()
+    assert Job.fetch(pack, connection=producer.connection, serializer=JSONSerializer).get_status() == "finished"
+    assert producer.connection.llen(producer.keys.rq_queue) == 0
+    assert producer.connection.llen(producer.keys.rq_intermediate) == 0
+
+
 def test_a_rollout_id_given_twice_in_one_packed_call_is_queued_and_run_once(redis_server, namespace, workers):
     producer = Producer.from_url(redis_server.url, namespace, policy=QUICK, tasks_per_job=4)
     tasks = producer.enqueue_many([{"sleep": 0.05}] * 4, rollout_ids=["a", "b", "a", "c"])
