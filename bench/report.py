@@ -13,6 +13,7 @@ that measure them (bench/mock_llm.py, bench/scaling.py).
 
 from __future__ import annotations
 
+import argparse
 import json
 import re
 import sys
@@ -1273,6 +1274,7 @@ figures is [scaling.md](scaling.md)."""
 
 
 def main() -> None:
+    argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args()  # --help, and no stray arguments
     docs = load_all()
     if not docs:
         sys.exit("no results in bench/results/: run python bench/run_all.py")
