@@ -1235,13 +1235,21 @@ def targets_section(docs: dict[str, Doc]) -> str:
 
 MACHINES_NOTE = (
     "**Compare within a run, not across days.** Each session runs on a fresh machine of the same kind (2 cores), "
-    "and they differ. The same minimal Redis queue, batched, ran 44,800 jobs/s on 2026-12-01, 12,900-18,900 "
-    "jobs/s on 2026-12-02 from 05:20 UTC, 29,100-29,200 jobs/s on 2026-12-02 from 09:00 UTC and 25,100-26,400 "
-    "jobs/s on 2026-12-02 from 15:30 UTC; the mock-LLM "
-    "setting's worker CPU at 1000 in flight was 2.43 ms per rollout at `eb07806` on the 05:20 machine where the "
-    "same worker code (`4dac21d`) measured 1.41 ms the day before, and the 1000-in-flight setting, CPU-bound, "
-    "moves with it (AL 0.1.2 alike: 38.0%, 20.4%, then 27-32% of the ideal rate). What a change did is in the "
-    "ratios measured side by side in one run (`--base`, before/after sections)."
+    "and they differ. The same minimal Redis queue, batched, ran 44,800 jobs/s on 2026-12-01, 12,900-18,900 jobs/s "
+    "on 2026-12-02 from 05:20 UTC, 29,100-29,200 jobs/s on 2026-12-02 from 09:00 UTC and 25,100-26,400 jobs/s on "
+    "2026-12-02 from 15:30 UTC; the mock-LLM setting's worker CPU at 1000 in flight was 2.43 ms per rollout at "
+    "`eb07806` on the 05:20 machine where the same worker code (`4dac21d`) measured 1.41 ms the day before, and the "
+    "1000-in-flight setting, CPU-bound, moves with it (AL 0.1.2 alike: 38.0%, 20.4%, then 27-32% of the ideal "
+    "rate). The machine of 2026-12-02 from 20:00 UTC was slower still, and more so for rollq than for RQ: one round "
+    "of `python bench/noop.py --rounds 1 --jobs 1000` gave the batched minimal queue 14,700 jobs/s (0.57x the 15:30 "
+    "machine's), RQ's SimpleWorker 243/s (0.46x), rollq at concurrency 16 643/s (0.31x; 4.4% of the minimal queue) "
+    "and with packs of 16 1,313/s (8.9%); `python bench/worker_floor.py --seconds 10 --rounds 1 --with-rollq "
+    "--no-write` gave the floor 0.54 ms per rollout with the sleeps alone and 1.25 ms with the SDK's spans, rollq "
+    "2.11 ms (packs of 16: 1.57 ms), and rollq's 1000 in flight reached 63% of the ideal rate (packs: 81%) where "
+    "the floor with the SDK's spans reached 98.7%. Thread hand-offs were slow there (a round trip between two "
+    "Python threads took 66 us) but explain little of it: a rollq worker at concurrency 16 made 1.4 voluntary "
+    "context switches per no-op rollout, across all its threads. What a change did is in the ratios measured side "
+    "by side in one run (`--base`, before/after sections)."
 )
 
 
