@@ -995,13 +995,30 @@ connection it holds whenever a request starts or ends ([workers.md](workers.md#w
 )
 
 
+
+HANDOFFS = Spec(
+    title="Thread hand-offs: their cost on this machine, and how many a no-op rollout makes",
+    about="""A round trip between two Python threads (a `queue.SimpleQueue` ping-pong, median of 5 runs of 20,000)
+took {round_trip_us} us. Then one rollq worker (concurrency 16, the no-op agent) and one RQ `SimpleWorker` on a private
+redis-server, taking turns: per round, {settings[jobs]:,} no-op jobs enqueued at once and waited for, the worker
+process's CPU and its context switches summed over all its threads (a voluntary one is a thread that blocked and
+was woken again). A rollq worker passes each rollout between threads (RQ's loop, the start batcher, the agents'
+loop, the finish batcher), where RQ's SimpleWorker runs a job on its one thread.""",
+    tables=[Table("workers", [
+        ("label", "worker"), ("jobs_per_second", "jobs/s", ",.1f"), ("cpu_ms_per_job", "CPU ms/job", ".3f"),
+        ("voluntary_per_job", "voluntary switches/job", ".2f"), ("involuntary_per_job", "involuntary/job", ".2f"),
+        Col("per round: jobs/s", "rounds", lambda rs: ", ".join(f"{r['jobs_per_second']:,.1f}" for r in rs)),
+    ])],
+)
+
 SPECS: dict[str, Spec] = {
     "al": AL, "noop": NOOP, "mock_llm": MOCK, "before_after": BEFORE_AFTER, "profile": PROFILE, "big": BIG,
     "inflight10k": K10, "scaling": SCALING, "cluster": CLUSTER, "failover": FAILOVER, "soak": SOAK,
     "capture": CAPTURE, "enqueue": ENQUEUE, "memory": MEMORY, "startup": STARTUP, "sample_clients": SAMPLE_CLIENTS,
+    "handoffs": HANDOFFS,
 }
 # The page's order; results files not named here follow in name order.
-ORDER = ["al_own_path", "al", "al_packs", "noop", "mock_llm", "startup", "fleet_startup", "before_after",
+ORDER = ["al_own_path", "al", "al_packs", "noop", "handoffs", "mock_llm", "startup", "fleet_startup", "before_after",
          "before_after_packs", "before_after_stop32", "profile", "worker_floor",
          "rollout_cpu", "rollout_cpu_before_after", "big", "results_stream", "inflight10k", "scaling", "cluster",
          "cluster_256", "cluster_dead_host", "failover", "soak", "capture", "capture_load_elsewhere",
@@ -1246,10 +1263,11 @@ MACHINES_NOTE = (
     "and with packs of 16 1,313/s (8.9%); `python bench/worker_floor.py --seconds 10 --rounds 1 --with-rollq "
     "--no-write` gave the floor 0.54 ms per rollout with the sleeps alone and 1.25 ms with the SDK's spans, rollq "
     "2.11 ms (packs of 16: 1.57 ms), and rollq's 1000 in flight reached 63% of the ideal rate (packs: 81%) where "
-    "the floor with the SDK's spans reached 98.7%. Thread hand-offs were slow there (a round trip between two "
-    "Python threads took 66 us) but explain little of it: a rollq worker at concurrency 16 made 1.4 voluntary "
-    "context switches per no-op rollout, across all its threads. What a change did is in the ratios measured side "
-    "by side in one run (`--base`, before/after sections)."
+    "the floor with the SDK's spans reached 98.7%. Thread hand-offs explain none of that: on the same machine "
+    "[bench/handoffs.py](#thread-hand-offs-their-cost-on-this-machine-and-how-many-a-no-op-rollout-makes) counted "
+    "1.3-1.4 voluntary context switches per no-op rollout for a rollq worker, across all its threads, and 17.3-17.7 "
+    "per job for RQ's SimpleWorker (it blocks on each of its Redis round trips). What a change did is in the ratios "
+    "measured side by side in one run (`--base`, before/after sections)."
 )
 
 

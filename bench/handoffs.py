@@ -1,0 +1,179 @@
+"""Thread hand-offs: what one costs on this machine, and how many a no-op rollout makes, beside RQ's SimpleWorker.
+
+Run: python bench/handoffs.py [--jobs 4000] [--rounds 2]
+
+A rollq worker passes each rollout between threads (RQ's loop dequeues it, the start batcher claims it, the
+agents' loop runs it, the finish batcher publishes it); RQ's SimpleWorker runs a job on its one thread. Machines of
+the same kind differ in what waking a thread costs, so this measures both sides of it in one run:
+
+- the round trip between two Python threads: one thread puts an item on a ``queue.SimpleQueue``, another takes it
+  and puts it back on a second one (median of 5 runs of 20,000);
+- per no-op job, for one rollq worker (concurrency 16) and one RQ ``SimpleWorker`` on a private redis-server,
+  after a warm-up batch, one batch of ``--jobs`` enqueued at once and waited for: the worker process's CPU (user +
+  system) and its voluntary and involuntary context switches, summed over all its threads
+  (``/proc/<pid>/task/*/status``). The two take turns, ``--rounds`` times.
+
+A voluntary switch is a thread that blocked (on a lock, a queue, the GIL, a socket) and was woken again: each costs
+about half a round trip of wall time, and some CPU. Writes bench/results/handoffs.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import queue
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from rq import Queue  # noqa: E402
+from rq.serializers import JSONSerializer  # noqa: E402
+
+from bench.common import RedisServer, Workers, private_redis, rollq_workers, rq_workers, write_result  # noqa: E402
+from bench.noop import NOOP_AGENT, RQ_NOOP, rq_wait  # noqa: E402
+from rollq.producer import Producer  # noqa: E402
+
+PING_PONGS = 20_000
+WARMUP = 300
+
+
+def round_trip_us() -> float:
+    """Median microseconds for one item to go to another thread and back."""
+    runs = []
+    for _ in range(5):
+        there: queue.SimpleQueue[int | None] = queue.SimpleQueue()
+        back: queue.SimpleQueue[int] = queue.SimpleQueue()
+
+        def echo(there: queue.SimpleQueue[int | None] = there, back: queue.SimpleQueue[int] = back) -> None:
+            while (item := there.get()) is not None:
+                back.put(item)
+
+        thread = threading.Thread(target=echo)
+        thread.start()
+        started = time.perf_counter()
+        for i in range(PING_PONGS):
+            there.put(i)
+            back.get()
+        runs.append((time.perf_counter() - started) / PING_PONGS * 1e6)
+        there.put(None)
+        thread.join()
+    return round(statistics.median(runs), 1)
+
+
+def thread_counts(pid: int) -> tuple[int, int]:
+    """(voluntary, involuntary) context switches of every thread of ``pid`` so far."""
+    voluntary = involuntary = 0
+    for status in Path(f"/proc/{pid}/task").glob("*/status"):
+        try:
+            fields = dict(line.split(":", 1) for line in status.read_text().splitlines() if ":" in line)
+        except FileNotFoundError:  # a thread that ended meanwhile
+            continue
+        voluntary += int(fields["voluntary_ctxt_switches"])
+        involuntary += int(fields["nonvoluntary_ctxt_switches"])
+    return voluntary, involuntary
+
+
+class Side:
+    """One worker process and how to give it a batch of no-op jobs."""
+
+    def __init__(self, label: str, kind: str, server: RedisServer, workers: Workers, name: str) -> None:
+        self.label, self.kind, self.server, self.workers, self.name = label, kind, server, workers, name
+        self.rounds: list[dict[str, float]] = []
+
+    def batch(self, n: int) -> None:
+        connection = self.server.client()
+        if self.kind == "rollq":
+            producer = Producer(connection, self.name)
+            tasks = producer.enqueue_many([{"i": i} for i in range(n)], mode="train")
+            producer.wait([t.rollout_id for t in tasks], timeout=600)
+        else:
+            rq_queue = Queue(self.name, connection=connection, serializer=JSONSerializer)
+            connection.delete(rq_queue.finished_job_registry.key)  # rq_wait counts this registry from zero
+            enqueued = rq_queue.enqueue_many([Queue.prepare_data(RQ_NOOP) for _ in range(n)])
+            rq_wait(connection, rq_queue, [j.id for j in enqueued])
+        connection.close()
+
+    def measure(self, n: int) -> None:
+        process = self.workers.ps[0]
+        cpu0, (vol0, invol0) = self.workers.cpu_seconds(), thread_counts(process.pid)
+        started = time.perf_counter()
+        self.batch(n)
+        seconds = time.perf_counter() - started
+        cpu1, (vol1, invol1) = self.workers.cpu_seconds(), thread_counts(process.pid)
+        self.rounds.append(
+            {
+                "jobs_per_second": round(n / seconds, 1),
+                "cpu_ms_per_job": round((cpu1 - cpu0) / n * 1000, 3),
+                "voluntary_per_job": round((vol1 - vol0) / n, 2),
+                "involuntary_per_job": round((invol1 - invol0) / n, 2),
+                "threads": process.num_threads(),
+            }
+        )
+        last = self.rounds[-1]
+        print(
+            f"  {self.label:<28} {last['jobs_per_second']:8.1f} jobs/s  {last['cpu_ms_per_job']:.3f} ms CPU/job  "
+            f"{last['voluntary_per_job']:.2f} voluntary + {last['involuntary_per_job']:.2f} involuntary switches/job"
+            f"  ({last['threads']} threads)"
+        )
+
+    def summary(self) -> dict[str, Any]:
+        return {"label": self.label, "rounds": self.rounds} | {
+            key: statistics.median(r[key] for r in self.rounds)
+            for key in ("jobs_per_second", "cpu_ms_per_job", "voluntary_per_job", "involuntary_per_job")
+        }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--jobs", type=int, default=4000, help="no-op jobs per round and worker")
+    parser.add_argument("--rounds", type=int, default=2, help="rounds, the two workers taking turns")
+    args = parser.parse_args()
+
+    trip = round_trip_us()
+    print(f"round trip between two Python threads (SimpleQueue): {trip} us")
+    with private_redis() as server, tempfile.TemporaryDirectory(prefix="rollq-bench-logs-") as logs:
+        log_dir = Path(logs)
+        sides = [
+            Side(
+                "rollq, concurrency 16",
+                "rollq",
+                server,
+                rollq_workers(server.url, "h-rollq", 1, agent=NOOP_AGENT, concurrency=16, log_dir=log_dir),
+                "h-rollq",
+            ),
+            Side(
+                "RQ SimpleWorker",
+                "rq",
+                server,
+                rq_workers(server.url, "h-rq", 1, worker_class="rq.worker.SimpleWorker", log_dir=log_dir),
+                "h-rq",
+            ),
+        ]
+        try:
+            for side in sides:
+                side.workers.wait_registered(server.client(), side.name)
+                side.batch(WARMUP)
+            for number in range(1, args.rounds + 1):
+                print(f"round {number}")
+                for side in sides if number % 2 else reversed(sides):
+                    side.measure(args.jobs)
+        finally:
+            for side in sides:
+                side.workers.stop()
+    results = [side.summary() for side in sides]
+    path = write_result(
+        "handoffs",
+        {"round_trip_us": trip, "workers": results},
+        sys.argv[1:],
+        settings=vars(args),
+    )
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()
