@@ -1001,12 +1001,14 @@ HANDOFFS = Spec(
     about="""A round trip between two Python threads (a `queue.SimpleQueue` ping-pong, median of 5 runs of 20,000)
 took {round_trip_us} us. Then one rollq worker (concurrency 16, the no-op agent) and one RQ `SimpleWorker` on a private
 redis-server, taking turns: per round, {settings[jobs]:,} no-op jobs enqueued at once and waited for, the worker
-process's CPU and its context switches summed over all its threads (a voluntary one is a thread that blocked and
-was woken again). A rollq worker passes each rollout between threads (RQ's loop, the start batcher, the agents'
-loop, the finish batcher), where RQ's SimpleWorker runs a job on its one thread.""",
+process's CPU and its context switches summed over all its threads (voluntary: a thread blocked and was woken
+again; the others: the kernel put a ready thread aside; which a wake-up counts as depends on the race for the 2
+cores). A rollq worker passes each rollout between threads (RQ's loop, the start batcher, the agents' loop, the
+finish batcher), where RQ's SimpleWorker runs a job on its one thread. The hypervisor took {steal_percent}% of
+the machine's CPU time during the run (steal, `/proc/stat`): compare the two workers within it.""",
     tables=[Table("workers", [
         ("label", "worker"), ("jobs_per_second", "jobs/s", ",.1f"), ("cpu_ms_per_job", "CPU ms/job", ".3f"),
-        ("voluntary_per_job", "voluntary switches/job", ".2f"), ("involuntary_per_job", "involuntary/job", ".2f"),
+        ("switches_per_job", "context switches/job", ".2f"), ("voluntary_per_job", "of them voluntary", ".2f"),
         Col("per round: jobs/s", "rounds", lambda rs: ", ".join(f"{r['jobs_per_second']:,.1f}" for r in rs)),
     ])],
 )
@@ -1265,9 +1267,10 @@ MACHINES_NOTE = (
     "2.11 ms (packs of 16: 1.57 ms), and rollq's 1000 in flight reached 63% of the ideal rate (packs: 81%) where "
     "the floor with the SDK's spans reached 98.7%. Thread hand-offs explain none of that: on the same machine "
     "[bench/handoffs.py](#thread-hand-offs-their-cost-on-this-machine-and-how-many-a-no-op-rollout-makes) counted "
-    "1.3-1.4 voluntary context switches per no-op rollout for a rollq worker, across all its threads, and 17.3-17.7 "
-    "per job for RQ's SimpleWorker (it blocks on each of its Redis round trips). What a change did is in the ratios "
-    "measured side by side in one run (`--base`, before/after sections)."
+    "1.6-1.9 context switches per no-op rollout for a rollq worker, across all its threads, and 17-18 per job for "
+    "RQ's SimpleWorker (it blocks on each of its Redis round trips). That machine's hypervisor took a fifth of its "
+    "CPU time at moments (steal, 22.5% over the hand-offs run), which moved every figure from one minute to the "
+    "next. What a change did is in the ratios measured side by side in one run (`--base`, before/after sections)."
 )
 
 
