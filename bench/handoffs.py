@@ -4,7 +4,7 @@ Run: python bench/handoffs.py [--jobs 4000] [--rounds 2]
 
 A rollq worker passes each rollout between threads (RQ's loop dequeues it, the start batcher claims it, the
 agents' loop runs it, the finish batcher publishes it); RQ's SimpleWorker runs a job on its one thread. Machines of
-the same kind differ in what waking a thread costs, so this measures both sides of it in one run:
+the same kind differ in what waking a thread costs, so this measures both setups of it in one run:
 
 - the round trip between two Python threads: one thread puts an item on a ``queue.SimpleQueue``, another takes it
   and puts it back on a second one (median of 5 runs of 20,000);
@@ -85,51 +85,33 @@ def thread_counts(pid: int) -> tuple[int, int]:
     return voluntary, involuntary
 
 
-class Side:
-    """One worker process and how to give it a batch of no-op jobs (``bench/noop.py``'s :class:`Setup`)."""
+SWITCHES = ("switches_per_job", "voluntary_per_job", "involuntary_per_job")
 
-    def __init__(self, server: RedisServer, setup: Setup) -> None:
-        self.server, self.setup, self.label, self.workers = server, setup, setup.label, setup.workers
-        self.rounds: list[dict[str, float]] = []
 
-    def batch(self, n: int) -> None:
-        self.setup.batch(self.server, n)
+def measure(server: RedisServer, setup: Setup) -> None:
+    """One round of ``setup`` (``bench/noop.py``'s: rate, worker CPU, Redis commands), with its worker's context
+    switches added to the round."""
+    process = setup.workers.ps[0]
+    before = thread_counts(process.pid)
+    setup.measure(server)
+    after = thread_counts(process.pid)
+    voluntary, involuntary = after[0] - before[0], after[1] - before[1]
+    last = setup.rounds[-1]
+    last.update(
+        voluntary_per_job=round(voluntary / setup.jobs, 2),
+        involuntary_per_job=round(involuntary / setup.jobs, 2),
+        switches_per_job=round((voluntary + involuntary) / setup.jobs, 2),
+        threads=process.num_threads(),
+    )
+    print(
+        f"  {setup.label:<28} {last['jobs_per_s']:8.1f} jobs/s  {last['worker_cpu_ms_per_job']:.3f} ms CPU/job  "
+        f"{last['voluntary_per_job']:.2f} voluntary + {last['involuntary_per_job']:.2f} involuntary switches/job"
+        f"  ({last['threads']} threads)"
+    )
 
-    def measure(self, n: int) -> None:
-        process = self.workers.ps[0]
-        cpu0, (vol0, invol0) = self.workers.cpu_seconds(), thread_counts(process.pid)
-        started = time.perf_counter()
-        self.batch(n)
-        seconds = time.perf_counter() - started
-        cpu1, (vol1, invol1) = self.workers.cpu_seconds(), thread_counts(process.pid)
-        self.rounds.append(
-            {
-                "jobs_per_second": round(n / seconds, 1),
-                "cpu_ms_per_job": round((cpu1 - cpu0) / n * 1000, 3),
-                "voluntary_per_job": round((vol1 - vol0) / n, 2),
-                "involuntary_per_job": round((invol1 - invol0) / n, 2),
-                "switches_per_job": round((vol1 - vol0 + invol1 - invol0) / n, 2),
-                "threads": process.num_threads(),
-            }
-        )
-        last = self.rounds[-1]
-        print(
-            f"  {self.label:<28} {last['jobs_per_second']:8.1f} jobs/s  {last['cpu_ms_per_job']:.3f} ms CPU/job  "
-            f"{last['voluntary_per_job']:.2f} voluntary + {last['involuntary_per_job']:.2f} involuntary switches/job"
-            f"  ({last['threads']} threads)"
-        )
 
-    def summary(self) -> dict[str, Any]:
-        return {"label": self.label, "rounds": self.rounds} | {
-            key: statistics.median(r[key] for r in self.rounds)
-            for key in (
-                "jobs_per_second",
-                "cpu_ms_per_job",
-                "switches_per_job",
-                "voluntary_per_job",
-                "involuntary_per_job",
-            )
-        }
+def summary(setup: Setup) -> dict[str, Any]:
+    return setup.summary() | {key: statistics.median(r[key] for r in setup.rounds) for key in SWITCHES}
 
 
 def main() -> None:
@@ -143,40 +125,34 @@ def main() -> None:
     print(f"round trip between two Python threads (SimpleQueue): {trip} us")
     with private_redis() as server, tempfile.TemporaryDirectory(prefix="rollq-bench-logs-") as logs:
         log_dir = Path(logs)
-        sides = [
-            Side(
-                server,
-                Setup(
-                    "rollq, concurrency 16",
-                    "h-rollq",
-                    rollq_workers(server.url, "h-rollq", 1, agent=NOOP_AGENT, concurrency=16, log_dir=log_dir),
-                    kind="rollq",
-                    jobs=args.jobs,
-                ),
+        setups = [
+            Setup(
+                "rollq, concurrency 16",
+                "h-rollq",
+                rollq_workers(server.url, "h-rollq", 1, agent=NOOP_AGENT, concurrency=16, log_dir=log_dir),
+                kind="rollq",
+                jobs=args.jobs,
             ),
-            Side(
-                server,
-                Setup(
-                    "RQ SimpleWorker",
-                    "h-rq",
-                    rq_workers(server.url, "h-rq", 1, worker_class="rq.worker.SimpleWorker", log_dir=log_dir),
-                    kind="rq",
-                    jobs=args.jobs,
-                ),
+            Setup(
+                "RQ SimpleWorker",
+                "h-rq",
+                rq_workers(server.url, "h-rq", 1, worker_class="rq.worker.SimpleWorker", log_dir=log_dir),
+                kind="rq",
+                jobs=args.jobs,
             ),
         ]
         try:
-            for side in sides:
-                side.workers.wait_registered(server.client(), side.setup.queue_name)
-                side.batch(WARMUP)
+            for setup in setups:
+                setup.workers.wait_registered(server.client(), setup.queue_name)
+                setup.batch(server, WARMUP)
             for number in range(1, args.rounds + 1):
                 print(f"round {number}")
-                for side in sides if number % 2 else reversed(sides):
-                    side.measure(args.jobs)
+                for setup in setups if number % 2 else reversed(setups):
+                    measure(server, setup)
+            results = [summary(setup) for setup in setups]  # while the workers run: it reads their memory
         finally:
-            for side in sides:
-                side.workers.stop()
-    results = [side.summary() for side in sides]
+            for setup in setups:
+                setup.workers.stop()
     ticks1 = cpu_ticks()
     steal = round(100 * (ticks1[1] - ticks0[1]) / max(1, ticks1[0] - ticks0[0]), 1)
     print(f"CPU time stolen by the hypervisor during the run: {steal}%")

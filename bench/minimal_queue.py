@@ -91,9 +91,10 @@ def run_batch(connection: redis.Redis, queue: str, n: int, timeout: float = 600)
 
 
 if __name__ == "__main__":
+    usage = f"usage: python -m bench.minimal_queue REDIS_URL QUEUE [BATCH]\n\n{__doc__}"
     if sys.argv[1:2] in (["-h"], ["--help"]):
-        print(f"usage: python -m bench.minimal_queue REDIS_URL QUEUE [BATCH]\n\n{__doc__}")
+        print(usage)
         sys.exit(0)
     if not 3 <= len(sys.argv) <= 4 or not (len(sys.argv) == 3 or sys.argv[3].isdigit()):
-        sys.exit(f"usage: python -m bench.minimal_queue REDIS_URL QUEUE [BATCH]\n\n{__doc__}")
+        sys.exit(usage)
     work(sys.argv[1], sys.argv[2], int(sys.argv[3]) if len(sys.argv) > 3 else 1)

@@ -1007,9 +1007,10 @@ cores). A rollq worker passes each rollout between threads (RQ's loop, the start
 finish batcher), where RQ's SimpleWorker runs a job on its one thread. The hypervisor took {steal_percent}% of
 the machine's CPU time during the run (steal, `/proc/stat`): compare the two workers within it.""",
     tables=[Table("workers", [
-        ("label", "worker"), ("jobs_per_second", "jobs/s", ",.1f"), ("cpu_ms_per_job", "CPU ms/job", ".3f"),
+        ("label", "worker"), ("jobs_per_s", "jobs/s", ",.1f"), ("worker_cpu_ms_per_job", "CPU ms/job", ".3f"),
         ("switches_per_job", "context switches/job", ".2f"), ("voluntary_per_job", "of them voluntary", ".2f"),
-        Col("per round: jobs/s", "rounds", lambda rs: ", ".join(f"{r['jobs_per_second']:,.1f}" for r in rs)),
+        ("commands_per_job", "Redis commands/job", ".1f"),
+        Col("per round: jobs/s", "rounds", lambda rs: ", ".join(f"{r['jobs_per_s']:,.1f}" for r in rs)),
     ])],
 )
 
@@ -1267,10 +1268,11 @@ MACHINES_NOTE = (
     "2.11 ms (packs of 16: 1.57 ms), and rollq's 1000 in flight reached 63% of the ideal rate (packs: 81%) where "
     "the floor with the SDK's spans reached 98.7%. Thread hand-offs explain none of that: on the same machine "
     "[bench/handoffs.py](#thread-hand-offs-their-cost-on-this-machine-and-how-many-a-no-op-rollout-makes) counted "
-    "1.6-1.9 context switches per no-op rollout for a rollq worker, across all its threads, and 17-18 per job for "
+    "1.6-1.9 context switches per no-op rollout for a rollq worker, across all its threads, and 17-18.2 per job for "
     "RQ's SimpleWorker (it blocks on each of its Redis round trips). That machine's hypervisor took a fifth of its "
-    "CPU time at moments (steal, 22.5% over the hand-offs run), which moved every figure from one minute to the "
-    "next. What a change did is in the ratios measured side by side in one run (`--base`, before/after sections)."
+    "CPU time at moments (steal: 22.5% over one hand-offs run, 1.4% over the one shown below), which moved every "
+    "figure from one minute to the next. What a change did is in the ratios measured side by side in one run "
+    "(`--base`, before/after sections)."
 )
 
 
