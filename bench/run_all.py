@@ -46,6 +46,9 @@ BENCHMARKS: list[tuple[str, list[str]]] = [
     # Beside a thread running Python half the time in the proxy's process, as a worker's agents do (issue 24's
     # condition: the proxy's added latency while the workers themselves load the machine).
     ("capture", ["--agent-load", "0.5"]),
+    # The proxy's CPU per call at call rates from ~100/s to as many as the cores carry, beside a raw forwarder: the
+    # proxy-CPU target's rate and the machine's part of the figure.
+    ("call_rate", []),
     ("startup", ["--rounds", "5"]),
     ("fleet_startup", ["--processes", "64", "--rounds", "2"]),
 ]
