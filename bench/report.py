@@ -1003,8 +1003,9 @@ each burst starts on a thread the kernel has just woken, with caches its last wa
 call therefore depends on how often calls come, and the proxy's CPU target is measured at about 500 calls a second
 (256 in flight, 0.5 s each), where its thread wakes about every millisecond.
 
-First a piece of work like a captured call's record (orjson reads a chat request and an answer, a span's
-attributes are built and written), run back to back and then with a sleep after each run; what the sleeps cost
+First a captured call's record made by the proxy's own functions (`codec.loads` reads a chat request and an
+answer, `tokens.read_response` fills a `CapturedCall`, `spans.attributes` builds the span's attributes, written with
+`codec.dumps`), run back to back and then with a sleep after each run; what the sleeps cost
 the thread with no work between them is measured apart and taken off. Then three forwarders, each in a process of
 its own, taking turns against the demo's simulated LLM at {settings[concurrency]} calls in flight, one mean backend
 latency per row (a call rate each, the last as fast as the 2 cores carry): the capture proxy (a worker's
