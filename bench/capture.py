@@ -13,7 +13,9 @@ backend's random latency. Reports it per path at p50/p99, the added latency
 + system, from psutil, over the proxied rounds only). The percentiles are the
 steady state's: each round sends its first ``--concurrency`` calls at once, and
 that burst (which queues on every path, swamping the proxy's part: p99s 40-90 ms
-apart from run to run) is reported apart, as ``with_opening_burst``.
+apart from run to run) is reported apart, as ``with_opening_burst``. Each round also keeps its own added p50
+and p99 and the share of the machine's CPU time the hypervisor took during each path's turn (steal,
+``/proc/stat``): one round's p99 can be several times another's in the same run.
 
 Then the same at rollout level: sample-agent rollouts (the ``openai`` client
 against the simulated LLM, 1-2 calls of 0.1-0.5 s each) at ``--concurrency`` in
@@ -59,7 +61,7 @@ import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import base_tree, commit_of, write_result  # noqa: E402
+from bench.common import base_tree, commit_of, cpu_ticks, steal_percent, write_result  # noqa: E402
 
 
 def serve_backend(latency: float) -> None:
@@ -274,20 +276,28 @@ async def measure(direct: str, proxies: dict[str, Child], args: argparse.Namespa
         for n in range(args.rounds):
             row: dict[str, Any] = {"round": n + 1}
             proxies["proxy"].only_one_loading(proxies)  # the direct calls see one worker's agent load too
+            ticks = cpu_ticks()
             all_values, direct_values = await _round(session, direct, per_round, args.concurrency)
+            row["direct_steal_percent"] = steal_percent(ticks, cpu_ticks())
             results["direct"] += direct_values
             every["direct"] += all_values
-            row["direct_p50_ms"] = _summary(direct_values)["p50_ms"]
+            direct_summary = _summary(direct_values)
+            row["direct_p50_ms"], row["direct_p99_ms"] = direct_summary["p50_ms"], direct_summary["p99_ms"]
             for name in list(proxies)[:: -1 if n % 2 else 1]:
                 proxies[name].only_one_loading(proxies)
-                before = proxies[name].cpu_seconds()
+                before, ticks = proxies[name].cpu_seconds(), cpu_ticks()
                 all_values, values = await _round(session, proxies[name].line, per_round, args.concurrency)
                 used = proxies[name].cpu_seconds() - before
+                row[f"{name}_steal_percent"] = steal_percent(ticks, cpu_ticks())
                 results[name] += values
                 every[name] += all_values
                 cpu[name] += used
                 row[f"{name}_cpu_ms_per_call"] = round(used * 1000 / len(all_values), 3)
-                row[f"{name}_p50_ms"] = _summary(values)["p50_ms"]
+                summary = _summary(values)
+                row[f"{name}_p50_ms"], row[f"{name}_p99_ms"] = summary["p50_ms"], summary["p99_ms"]
+                suffix = name[len("proxy") :]  # "" or "_base"
+                for q in ("p50", "p99"):  # this round's added latency: a p99 moves more from round to round
+                    row[f"added_{q}_ms{suffix}"] = round(summary[f"{q}_ms"] - direct_summary[f"{q}_ms"], 3)
             row["load_1min"] = round(os.getloadavg()[0], 1)
             if "proxy_base" in proxies:
                 row["cpu_new_over_base"] = round(row["proxy_cpu_ms_per_call"] / row["proxy_base_cpu_ms_per_call"], 3)
@@ -441,7 +451,7 @@ def main() -> None:
         data["rollouts"] = rollouts_on_and_off(args)
         print(json.dumps(data["rollouts"], indent=2))
     settings = {k: v for k, v in vars(args).items() if k not in ("serve", "backend", "base", "out")}
-    path = write_result(args.out, data, argv, settings=settings)
+    path = write_result(args.out, data, argv, script="capture", settings=settings)
     print(json.dumps(data, indent=2))
     print(f"wrote {path}")
 

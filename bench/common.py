@@ -341,6 +341,17 @@ def source_commit() -> dict[str, Any]:
     return {"commit": commit, "dirty": bool(changed)}
 
 
+def cpu_ticks() -> tuple[int, int]:
+    """(all, stolen) CPU ticks of the machine so far (``/proc/stat``): what the hypervisor gave other guests."""
+    fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    return sum(fields[:8]), fields[7]
+
+
+def steal_percent(before: tuple[int, int], after: tuple[int, int]) -> float:
+    """The share of the machine's CPU time between two :func:`cpu_ticks` readings that the hypervisor took."""
+    return round(100 * (after[1] - before[1]) / max(1, after[0] - before[0]), 1)
+
+
 def load_average() -> list[float]:
     """The 1, 5 and 15-minute load averages: how busy the shared machine was (2 cores: 2.0 is saturated)."""
     return [round(x, 2) for x in os.getloadavg()]

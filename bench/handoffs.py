@@ -36,7 +36,15 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import RedisServer, private_redis, rollq_workers, rq_workers, write_result  # noqa: E402
+from bench.common import (  # noqa: E402
+    RedisServer,
+    cpu_ticks,
+    private_redis,
+    rollq_workers,
+    rq_workers,
+    steal_percent,
+    write_result,
+)
 from bench.noop import NOOP_AGENT, Setup  # noqa: E402
 
 PING_PONGS = 20_000
@@ -64,12 +72,6 @@ def round_trip_us() -> float:
         there.put(None)
         thread.join()
     return round(statistics.median(runs), 1)
-
-
-def cpu_ticks() -> tuple[int, int]:
-    """(all, stolen) CPU ticks of the machine so far (``/proc/stat``): what the hypervisor gave other guests."""
-    fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
-    return sum(fields[:8]), fields[7]
 
 
 def thread_counts(pid: int) -> tuple[int, int]:
@@ -154,7 +156,7 @@ def main() -> None:
             for setup in setups:
                 setup.workers.stop()
     ticks1 = cpu_ticks()
-    steal = round(100 * (ticks1[1] - ticks0[1]) / max(1, ticks1[0] - ticks0[0]), 1)
+    steal = steal_percent(ticks0, ticks1)
     print(f"CPU time stolen by the hypervisor during the run: {steal}%")
     path = write_result(
         "handoffs",

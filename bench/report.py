@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import statistics
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -875,13 +876,17 @@ process, its garbage collector set as a worker's{agent_load_text}). Latency is e
 less the backend's reported generation time: the path's own cost, in the steady state: each round opens with
 {settings[concurrency]} calls sent at once, a burst no worker sends, and those are left out of the percentiles (each
 later call starts as an earlier one ends).{burst_text} Added latency p50 {added_p50_ms:+.1f} ms, p99
-{added_p99_ms:+.1f} ms; proxy CPU per call {proxy_cpu_ms_per_call:.2f} ms.{base_text} The proxy is one Python
+{added_p99_ms:+.1f} ms; proxy CPU per call {proxy_cpu_ms_per_call:.2f} ms.{base_text} The per-round table gives each
+round's own added p50 and p99 (over about {per_round_calls:,} steady calls) and the share of the machine's CPU time
+the hypervisor took during each path's turn (steal): a round's p99 can be several times another's in the same run,
+so one run's p99 says little on its own. The proxy is one Python
 thread per worker process: when the machine leaves it less than the calls need, they queue in it, and when the
 agents' thread holds the GIL each step of a call waits for it (the proxy lowers the GIL switch interval to 1 ms for
 that: `rollq/worker/capture/gil.py`).""",
     derive=lambda d: {
         "load_where": ", the agents' load in a process of its own" if _load_elsewhere(d) else "",
         "agent_load_text": _agent_load_text(d),
+        "per_round_calls": d["proxy"]["calls"] // max(1, len(d.get("rounds", []))),
         "burst_text": (f" Counting the opening bursts too, the added latency is p50 "
                        f"{d['added_p50_ms_with_opening_burst']:+.1f} ms, "
                        f"p99 {d['added_p99_ms_with_opening_burst']:+.1f} ms: those calls queue behind one another "
@@ -898,10 +903,12 @@ that: `rollq/worker/capture/gil.py`).""",
             ("added_p99_ms", "added p99 ms", "+.1f"), ("proxy_cpu_ms_per_call", "proxy CPU ms/call", ".3f")]),
         Table("rounds", [
             ("round", "round"), ("direct_p50_ms", "direct p50 ms", ".1f"), ("proxy_p50_ms", "proxy p50 ms", ".1f"),
+            ("added_p50_ms", "added p50 ms", "+.1f"), ("added_p99_ms", "added p99 ms", "+.1f"),
+            ("direct_steal_percent", "steal % direct", ".1f"), ("proxy_steal_percent", "steal % proxy", ".1f"),
             ("proxy_base_p50_ms", "base proxy p50 ms", ".1f"), ("proxy_cpu_ms_per_call", "proxy CPU ms/call", ".3f"),
             ("proxy_base_cpu_ms_per_call", "base proxy CPU ms/call", ".3f"),
             ("cpu_new_over_base", "CPU new / base", ".3f"), ("load_1min", "load (1 min)", ".1f"),
-        ], caption="Per round (with `--base`):"),
+        ], caption="Per round (the base proxy's columns with `--base`):"),
         Table(_capture_rounds, [
             ("system", "capture"), ("rollouts", "rollouts"), ("failed", "failed"),
             ("rollouts_per_s", "rollouts/s", ",.1f"), Col("on / off, this round pair", "on_over_off", x),
@@ -1185,6 +1192,25 @@ def _with_call_rate(target: Callable[[dict[str, Doc]], Any]) -> Callable[[dict[s
     return measure
 
 
+def _added_latency(key: str, limit: float) -> Callable[[dict[str, Doc]], Any]:
+    """A proxy-latency target from bench/capture.py's run, with the same figure per round where the run kept it.
+
+    A p99 over one round's calls moves a lot from round to round (and the pooled one can meet a limit that most
+    rounds miss, when the direct path had the bad round), so the target counts as met only when the pooled figure
+    and the median of the rounds' both meet it."""
+    def measure(docs: dict[str, Doc]) -> Any:
+        if "capture" not in docs:
+            return None
+        doc = docs["capture"]
+        rounds = [r[key] for r in doc.get("rounds", []) if key in r]
+        if not rounds:
+            return f"{doc[key]:+.1f} ms", doc[key] <= limit
+        middle = statistics.median(rounds)
+        per_round = ", ".join(f"{v:+.1f}" for v in rounds)
+        return f"{doc[key]:+.1f} ms (per round {per_round}; median {middle:+.1f})", max(doc[key], middle) <= limit
+    return measure
+
+
 def _with_load_elsewhere(key: str, target: Callable[[dict[str, Doc]], Any]) -> Callable[[dict[str, Doc]], Any]:
     """A proxy-latency target, with the same measure when the agents' load runs in another process
     (bench/capture.py --load-elsewhere: what a proxy process of its own would add; not how the proxy runs now)."""
@@ -1278,9 +1304,9 @@ TARGETS: list[tuple[str, str, Callable[[dict[str, Doc]], tuple[Any, ...] | None]
     ("capturing proxy CPU per LLM call", "<= 0.2 ms",
      _with_call_rate(_field("capture", "proxy_cpu_ms_per_call", "{:.2f} ms", lambda v: v <= 0.2))),
     ("proxy's added latency at 256 calls in flight, p50", "<= +1 ms",
-     _with_load_elsewhere("added_p50_ms", _field("capture", "added_p50_ms", "{:+.1f} ms", lambda v: v <= 1))),
+     _with_load_elsewhere("added_p50_ms", _added_latency("added_p50_ms", 1))),
     ("proxy's added latency at 256 calls in flight, p99", "<= +5 ms",
-     _with_load_elsewhere("added_p99_ms", _field("capture", "added_p99_ms", "{:+.1f} ms", lambda v: v <= 5))),
+     _with_load_elsewhere("added_p99_ms", _added_latency("added_p99_ms", 5))),
     ("no-op rollouts vs Agent Lightning 0.1.2 on its own RL path", ">= 3x", _al_target(_noop_vs_al_of)),
     ("no-op rollouts vs a minimal Redis queue on the same box", ">= 10%", _noop_target(_vs_minimal_queue)),
     ("Redis commands per no-op rollout, concurrency 16", "<= 15", _noop_target(_commands_16)),
@@ -1310,7 +1336,9 @@ def targets_section(docs: dict[str, Doc]) -> str:
         "no benchmark here measures it yet). The figures come from different runs: see each section's date, "
         "commit and load. Where a run also measured packs (`tasks_per_job`, several tasks per RQ job: opt-in, "
         "see [rq.md](rq.md#packs-several-tasks-per-rq-job-tasks_per_job) for what they cost), both figures "
-        "are shown, and \"met (packs)\" says that only the packs figure meets the target.\n\n"
+        "are shown, and \"met (packs)\" says that only the packs figure meets the target. The proxy's added "
+        "latency counts as met only when the run's pooled figure and the median of its rounds' both meet it: one "
+        "round's p99 can be several times another's.\n\n"
         + render_table(table, {}) + "\n\n" + MACHINES_NOTE
     )
 

@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -34,3 +35,19 @@ def test_a_benchmark_answers_help_with_its_usage_and_writes_nothing(script):
     assert done.returncode == 0, done.stderr[-2000:]
     assert "usage" in done.stdout.lower()
     assert [p.stat().st_mtime_ns for p in watched] == before
+
+
+RESULTS = sorted((ROOT / "bench" / "results").glob("*.json"))
+
+
+@pytest.mark.parametrize("path", RESULTS, ids=lambda p: p.name)
+def test_a_results_file_names_the_script_that_reproduces_it(path):
+    # A run written under another name (--out) once recorded "python bench/<that name>.py", a script that does
+    # not exist; docs/benchmarks.md quotes the command and picks the section's text by the script it names.
+    command = json.loads(path.read_text())["command"].split()
+    assert command[0] == "python"
+    if command[1] == "-m":
+        module = ROOT / Path(*command[2].split("."))
+        assert (module / "__main__.py").is_file() or module.with_suffix(".py").is_file(), f"{path.name}: {command[2]}"
+    else:
+        assert (ROOT / command[1]).is_file(), f"{path.name}: {command[1]} is not a script"
