@@ -11,11 +11,12 @@ backend reports (``X-Sim-Seconds``): the time the path itself costs, free of the
 backend's random latency. Reports it per path at p50/p99, the added latency
 (proxy minus direct, per percentile) and the proxy process's CPU per call (user
 + system, from psutil, over the proxied rounds only). The percentiles are the
-steady state's: each round sends its first ``--concurrency`` calls at once, and
-that burst (which queues on every path, swamping the proxy's part: p99s 40-90 ms
-apart from run to run) is reported apart, as ``with_opening_burst``. Each round also keeps its own added p50
-and p99 and the share of the machine's CPU time the hypervisor took during each path's turn (steal,
-``/proc/stat``): one round's p99 can be several times another's in the same run.
+steady state's: each round starts its first ``--concurrency`` calls spread evenly over one mean latency (the
+steady rate from the start), and those are reported apart, as ``with_opening_burst``. Until 2026-12-03 they were
+sent at once: that burst queued on every path, and the calls after it stayed bunched for a few latencies, so that
+most of a round's slowest "steady" proxied calls had started in its first 1.5 s of 2.5 (one round's added p99 up
+to +32 ms where the others' were +5 to +9). Each round also keeps its own added p50 and p99 and the share of the
+machine's CPU time the hypervisor took during each path's turn (steal, ``/proc/stat``).
 
 Then the same at rollout level: sample-agent rollouts (the ``openai`` client
 against the simulated LLM, 1-2 calls of 0.1-0.5 s each) at ``--concurrency`` in
@@ -34,11 +35,13 @@ process of its own (not sharing a GIL with the agents) would see beside busy age
 ``--out`` (``capture`` by default).
 
 With ``--base COMMIT`` a second proxy, rollq as of that commit (a temporary ``git worktree``), takes its turn in
-every round beside this tree's (their order swapped every round): before and after in one run, per round.
+every round beside this tree's (their order swapped every round): before and after in one run, per round. With
+``--switch-interval S`` this tree's proxy sets the GIL switch interval to S instead of its own 1 ms
+(``rollq/worker/capture/gil.py``); with ``--base HEAD`` too, the two intervals take turns in one run.
 
     python bench/capture.py [--calls 4096] [--concurrency 256] [--rounds 4] [--latency 0.5]
                             [--rollout-rounds 2] [--window 20] [--agent-load 0.5] [--load-elsewhere]
-                            [--base COMMIT] [--out capture]
+                            [--base COMMIT] [--switch-interval S] [--out capture]
 """
 
 from __future__ import annotations
@@ -51,10 +54,11 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import aiohttp
 import psutil
@@ -62,6 +66,9 @@ import psutil
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import base_tree, commit_of, cpu_ticks, steal_percent, write_result  # noqa: E402
+
+if TYPE_CHECKING:
+    from rollq.worker.tracer import RolloutTrace
 
 
 def serve_backend(latency: float) -> None:
@@ -73,7 +80,24 @@ def serve_backend(latency: float) -> None:
         sys.stdin.read()  # until the parent closes our stdin
 
 
-def serve_proxy(backend: str) -> None:
+RELEASE_SPANS_SECONDS = 1.0
+"""How often the proxy's process lets go of the calls' spans recorded so far (:func:`_release_spans`)."""
+
+
+def _release_spans(rollout: RolloutTrace, done: threading.Event, every: float = RELEASE_SPANS_SECONDS) -> None:
+    """Every ``every`` seconds, let go of the calls' spans recorded so far, as a worker does when its rollouts end.
+
+    The proxy here records every call into one rollout that lasts the whole run: kept, its thousands of spans made
+    each garbage collection of the proxy's process longer than the last (a young collection of 33 ms in the third
+    round, every call in flight waiting on it), which no worker sees: a worker's spans go with their rollout."""
+    trace_id = rollout.root.get_span_context().trace_id
+    processor = rollout._processor  # the bench's own reach into the tracer: nothing public drops an open trace's spans
+    while not done.wait(every):
+        processor.close(trace_id)
+        processor.open(trace_id)
+
+
+def serve_proxy(backend: str, switch_interval: float | None = None) -> None:
     from opentelemetry import trace
     from opentelemetry.sdk.trace import TracerProvider
 
@@ -82,7 +106,7 @@ def serve_proxy(backend: str) -> None:
     from rollq.worker.tracer import OtelTracer
 
     tracer = OtelTracer(TracerProvider())
-    proxy = CaptureProxy().start()
+    proxy = (CaptureProxy(switch_interval=switch_interval) if switch_interval else CaptureProxy()).start()
     rollout = tracer.start_rollout("bench", 1)
     resources, _ = proxy.open_attempt(
         {"llm": LLM(endpoint=backend, model="sim")}, trace.set_span_in_context(rollout.root), tracer.capture_tracer()
@@ -90,7 +114,12 @@ def serve_proxy(backend: str) -> None:
     llm = resources["llm"]
     assert isinstance(llm, LLM)
     print(llm.endpoint, flush=True)
+    done = threading.Event()
+    released = threading.Thread(target=_release_spans, args=(rollout, done), daemon=True)
+    released.start()
     sys.stdin.read()
+    done.set()
+    released.join()
     print(len(rollout.finish()), file=sys.stderr)
     proxy.stop()
 
@@ -205,14 +234,17 @@ async def _round(
     concurrency: int,
     prompt_chars: int = 0,
     token_ids: bool = False,
+    ramp: float = 0.0,
 ) -> tuple[list[float], list[float]]:
     """``calls`` calls, ``concurrency`` in flight; the user message padded to ``prompt_chars`` (the simulated LLM
     answers with a token id per byte of the prompt); ``token_ids``: every call asks for them itself (so that a
     forwarder that does not add ``return_token_ids`` gets the answers the capture proxy gets).
 
     Returns every call's latency, and those of the calls in the steady state: all but the first ``concurrency``,
-    which the round sends at once (a burst no worker sends: its calls start as its agents reach them); each later
-    call starts as an earlier one ends, with ``concurrency`` in flight."""
+    which the round sends at once, or spread evenly over ``ramp`` seconds; each later call starts as an earlier one
+    ends, with ``concurrency`` in flight. Sent at once, those calls are a burst no worker sends (its calls start as
+    its agents reach them), and the calls that follow them stay bunched for a few backend latencies: in 2.5 s rounds
+    at 256 in flight most of the slowest "steady" calls of a round had started in its first 1.5 s."""
     gate = asyncio.Semaphore(concurrency)
     content = "Compute 2 + 3."
     content += " and so on" * max(0, (prompt_chars - len(content)) // 10)
@@ -223,9 +255,11 @@ async def _round(
     steady: list[float] = []
     started_calls = 0
 
-    async def one() -> None:
+    async def one(n: int) -> None:
         nonlocal started_calls
-        async with gate:
+        async with gate:  # the first ``concurrency`` calls take the gate at once, in order, then wait their turn
+            if ramp and n < concurrency:
+                await asyncio.sleep(ramp * n / concurrency)
             opening = started_calls < concurrency
             started_calls += 1
             started = time.perf_counter()
@@ -238,7 +272,7 @@ async def _round(
             if not opening:
                 steady.append(latency)
 
-    await asyncio.gather(*(one() for _ in range(calls)))
+    await asyncio.gather(*(one(n) for n in range(calls)))
     return latencies, steady
 
 
@@ -261,7 +295,7 @@ async def measure(direct: str, proxies: dict[str, Child], args: argparse.Namespa
     order swapped every round); per path the latencies and the proxy process's CPU per call, per round too.
 
     Percentiles and added latency are the steady state's (``_round``); ``*_with_opening_burst`` counts every call,
-    the rounds' opening bursts of ``concurrency`` calls sent at once included."""
+    the rounds' opening ``concurrency`` calls (spread over one mean latency) included."""
     results: dict[str, list[float]] = {"direct": [], **{name: [] for name in proxies}}
     every: dict[str, list[float]] = {path: [] for path in results}
     cpu = dict.fromkeys(proxies, 0.0)
@@ -273,11 +307,12 @@ async def measure(direct: str, proxies: dict[str, Child], args: argparse.Namespa
             child.only_one_loading(proxies)
             await _round(session, child.line, args.concurrency, args.concurrency)
         per_round = args.calls // args.rounds
+        ramp = args.latency  # a round's first calls spread over one mean latency: the steady rate from the start
         for n in range(args.rounds):
             row: dict[str, Any] = {"round": n + 1}
             proxies["proxy"].only_one_loading(proxies)  # the direct calls see one worker's agent load too
             ticks = cpu_ticks()
-            all_values, direct_values = await _round(session, direct, per_round, args.concurrency)
+            all_values, direct_values = await _round(session, direct, per_round, args.concurrency, ramp=ramp)
             row["direct_steal_percent"] = steal_percent(ticks, cpu_ticks())
             results["direct"] += direct_values
             every["direct"] += all_values
@@ -286,7 +321,7 @@ async def measure(direct: str, proxies: dict[str, Child], args: argparse.Namespa
             for name in list(proxies)[:: -1 if n % 2 else 1]:
                 proxies[name].only_one_loading(proxies)
                 before, ticks = proxies[name].cpu_seconds(), cpu_ticks()
-                all_values, values = await _round(session, proxies[name].line, per_round, args.concurrency)
+                all_values, values = await _round(session, proxies[name].line, per_round, args.concurrency, ramp=ramp)
                 used = proxies[name].cpu_seconds() - before
                 row[f"{name}_steal_percent"] = steal_percent(ticks, cpu_ticks())
                 results[name] += values
@@ -313,6 +348,8 @@ async def measure(direct: str, proxies: dict[str, Child], args: argparse.Namespa
             summary[f"added_{q}_ms_with_opening_burst{suffix}"] = round(burst[f"{q}_ms"] - direct_burst[f"{q}_ms"], 3)
         summary[f"proxy_cpu_ms_per_call{suffix}"] = round(cpu[name] * 1000 / len(every[name]), 3)
     summary["rounds"] = rounds
+    summary["opening_ramp_seconds"] = args.latency
+    summary["spans_released_every_seconds"] = RELEASE_SPANS_SECONDS
     return summary
 
 
@@ -400,6 +437,11 @@ def main() -> None:
         help="run the --agent-load thread in a process of its own, not in the proxy's (a proxy process of its own)",
     )
     parser.add_argument("--base", help="a commit whose proxy takes its turn in every round too (before/after)")
+    parser.add_argument(
+        "--switch-interval",
+        type=float,
+        help="the GIL switch interval the proxy (not the --base one) sets while it runs, s (default: the proxy's own)",
+    )
     parser.add_argument("--out", default="capture", help="results name: bench/results/<out>.json")
     parser.add_argument("--serve", choices=("backend", "proxy"), help=argparse.SUPPRESS)
     parser.add_argument("--backend", help=argparse.SUPPRESS)
@@ -407,12 +449,12 @@ def main() -> None:
     if not args.serve and args.calls // args.rounds <= args.concurrency:
         parser.error(
             "each round needs more calls than --concurrency: a round's first --concurrency calls are its "
-            "opening burst, left out of the percentiles"
+            "opening calls, left out of the percentiles"
         )
     if args.serve == "backend":
         return serve_backend(args.latency)
     if args.serve == "proxy":
-        return serve_proxy(args.backend)
+        return serve_proxy(args.backend, args.switch_interval)
     in_proxy = 0.0 if args.load_elsewhere else args.agent_load
     with base_tree(args.base) as tree:
         backend, direct = _child("--serve", "backend", "--latency", str(args.latency))
@@ -421,7 +463,8 @@ def main() -> None:
         if args.load_elsewhere and args.agent_load:
             loader = subprocess.Popen([sys.executable, "-c", _LOAD_ELSEWHERE, str(args.agent_load)])
         try:
-            proxies = {"proxy": _start("--serve", "proxy", "--backend", direct, agent_load=in_proxy)}
+            interval = [f"--switch-interval={args.switch_interval}"] if args.switch_interval else []
+            proxies = {"proxy": _start("--serve", "proxy", "--backend", direct, *interval, agent_load=in_proxy)}
             children.append(proxies["proxy"].proc)
             if tree is not None:
                 proxies["proxy_base"] = _start("--serve", "proxy", "--backend", direct, tree=tree, agent_load=in_proxy)
@@ -446,6 +489,7 @@ def main() -> None:
     argv += [f"--agent-load={args.agent_load}"] if args.agent_load else []
     argv += ["--load-elsewhere"] if args.load_elsewhere else []
     argv += [f"--base={args.base}"] if args.base else []
+    argv += [f"--switch-interval={args.switch_interval}"] if args.switch_interval else []
     argv += [f"--out={args.out}"] if args.out != "capture" else []
     if args.rollout_rounds:
         data["rollouts"] = rollouts_on_and_off(args)

@@ -872,10 +872,10 @@ CAPTURE = Spec(
     title="LLM calls through the capturing proxy vs straight to the backend{load_where}",
     about="""{settings[concurrency]} calls in flight against the demo's simulated LLM ({settings[latency]:g} s per
 call on average), {settings[rounds]} rounds alternating direct and through a worker's `CaptureProxy` (its own
-process, its garbage collector set as a worker's{agent_load_text}). Latency is each call's time at the client
-less the backend's reported generation time: the path's own cost, in the steady state: each round opens with
-{settings[concurrency]} calls sent at once, a burst no worker sends, and those are left out of the percentiles (each
-later call starts as an earlier one ends).{burst_text} Added latency p50 {added_p50_ms:+.1f} ms, p99
+process, its garbage collector set as a worker's{released_text}{agent_load_text}). Latency is each call's time at
+the client less the backend's reported generation time: the path's own cost, in the steady state: each round opens with
+{settings[concurrency]} calls {opening_text}, and those are left out of the percentiles (each later call starts as an
+earlier one ends).{burst_text} Added latency p50 {added_p50_ms:+.1f} ms, p99
 {added_p99_ms:+.1f} ms; proxy CPU per call {proxy_cpu_ms_per_call:.2f} ms.{base_text} The per-round table gives each
 round's own added p50 and p99 (over about {per_round_calls:,} steady calls) and the share of the machine's CPU time
 the hypervisor took during each path's turn (steal): a round's p99 can be several times another's in the same run,
@@ -887,10 +887,15 @@ that: `rollq/worker/capture/gil.py`).""",
         "load_where": ", the agents' load in a process of its own" if _load_elsewhere(d) else "",
         "agent_load_text": _agent_load_text(d),
         "per_round_calls": d["proxy"]["calls"] // max(1, len(d.get("rounds", []))),
-        "burst_text": (f" Counting the opening bursts too, the added latency is p50 "
+        "released_text": (f", the calls' spans let go every {d['spans_released_every_seconds']:g} s as a worker's "
+                          "rollouts let go of theirs") if d.get("spans_released_every_seconds") else "",
+        "opening_text": (f"spread over {d['opening_ramp_seconds']:g} s (one mean latency: the steady rate from the "
+                         "start)") if d.get("opening_ramp_seconds") else "sent at once, a burst no worker sends",
+        "burst_text": (f" Counting the opening calls too, the added latency is p50 "
                        f"{d['added_p50_ms_with_opening_burst']:+.1f} ms, "
-                       f"p99 {d['added_p99_ms_with_opening_burst']:+.1f} ms: those calls queue behind one another "
-                       "on every path, and the burst's spread swamps the proxy's part.")
+                       f"p99 {d['added_p99_ms_with_opening_burst']:+.1f} ms"
+                       + ("." if d.get("opening_ramp_seconds") else ": those calls queue behind one another on every "
+                          "path, and the burst's spread swamps the proxy's part."))
         if "added_p50_ms_with_opening_burst" in d else "",
         "base_text": (f" The same proxy as of `{d['base_commit']}` took its turn in every round too (order swapped "
                       f"every round): added p50 {d['added_p50_ms_base']:+.1f} ms, p99 {d['added_p99_ms_base']:+.1f} "
