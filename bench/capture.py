@@ -13,10 +13,11 @@ backend's random latency. Reports it per path at p50/p99, the added latency
 + system, from psutil, over the proxied rounds only). The percentiles are the
 steady state's: each round starts its first ``--concurrency`` calls spread evenly over one mean latency (the
 steady rate from the start), and those are reported apart, as ``with_opening_burst``. Until 2026-12-03 they were
-sent at once: that burst queued on every path, and the calls after it stayed bunched for a few latencies, so that
-most of a round's slowest "steady" proxied calls had started in its first 1.5 s of 2.5 (one round's added p99 up
-to +32 ms where the others' were +5 to +9). Each round also keeps its own added p50 and p99 and the share of the
-machine's CPU time the hypervisor took during each path's turn (steal, ``/proc/stat``).
+sent at once: that burst queued on every path, and the calls after it stayed bunched for a few latencies (most of
+a round's slowest "steady" proxied calls had started in its first 1.5 s of 2.5). Each round also keeps its own
+added p50 and p99 and the share of the machine's CPU time the hypervisor took during each path's turn (steal,
+``/proc/stat``). The proxy's process lets go of the calls' spans every second, as a worker's rollouts do
+(:func:`_release_spans`): kept for the whole run, they made one round's added p99 +25 to +35 ms in every run.
 
 Then the same at rollout level: sample-agent rollouts (the ``openai`` client
 against the simulated LLM, 1-2 calls of 0.1-0.5 s each) at ``--concurrency`` in
@@ -35,7 +36,8 @@ process of its own (not sharing a GIL with the agents) would see beside busy age
 ``--out`` (``capture`` by default).
 
 With ``--base COMMIT`` a second proxy, rollq as of that commit (a temporary ``git worktree``), takes its turn in
-every round beside this tree's (their order swapped every round): before and after in one run, per round. With
+every round beside this tree's (their order swapped every round): before and after in one run, per round (the
+base proxy is served by that commit's own ``bench/capture.py``: before 2026-12-03 09:00 UTC it kept every span). With
 ``--switch-interval S`` this tree's proxy sets the GIL switch interval to S instead of its own 1 ms
 (``rollq/worker/capture/gil.py``); with ``--base HEAD`` too, the two intervals take turns in one run.
 
@@ -88,8 +90,9 @@ def _release_spans(rollout: RolloutTrace, done: threading.Event, every: float = 
     """Every ``every`` seconds, let go of the calls' spans recorded so far, as a worker does when its rollouts end.
 
     The proxy here records every call into one rollout that lasts the whole run: kept, its thousands of spans made
-    each garbage collection of the proxy's process longer than the last (a young collection of 33 ms in the third
-    round, every call in flight waiting on it), which no worker sees: a worker's spans go with their rollout."""
+    each garbage collection of the proxy's process longer than the last (a middle-generation collection of 33.6 ms
+    in every run's third round, every call in flight waiting on it), which no worker sees: a worker's spans go with
+    their rollout. Let go every second, the longest collection took 13.7 ms."""
     trace_id = rollout.root.get_span_context().trace_id
     processor = rollout._processor  # the bench's own reach into the tracer: nothing public drops an open trace's spans
     while not done.wait(every):
