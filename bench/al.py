@@ -402,7 +402,6 @@ def main() -> None:
             "comparison": comparison,
         },
         sys.argv[1:],
-        script="al",
         settings=vars(args),
     )
 

@@ -198,7 +198,7 @@ def main() -> None:
         print(f"{label:6s}: {o['worker_cpu_ms_per_rollout']:.3f} ms/rollout; round trips per rollout", end="")
         print(", ".join(f" {k.split(', ')[-1]}: {v['round_trips_per_job']}" for k, v in o["round_trips"].items()))
     print("after / before per round:", out["after_over_before_per_round"])
-    write_result(args.name, out, sys.argv[1:], script="before_after", settings=vars(args))
+    write_result(args.name, out, sys.argv[1:], settings=vars(args))
 
 
 if __name__ == "__main__":

@@ -204,9 +204,7 @@ def main() -> None:
     argv = ["--latencies", *map(str, args.latencies), f"--concurrency={args.concurrency}"]
     argv += [f"--seconds={args.seconds}", f"--rounds={args.rounds}"]
     argv += [f"--out={args.out}"] if args.out != "call_rate" else []
-    path = write_result(
-        args.out, {"work_between_sleeps": work, "rates": rates}, argv, script="call_rate", settings=vars(args)
-    )
+    path = write_result(args.out, {"work_between_sleeps": work, "rates": rates}, argv, settings=vars(args))
     print(f"wrote {path}")
 
 

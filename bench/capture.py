@@ -351,7 +351,7 @@ async def measure(direct: str, proxies: dict[str, Child], args: argparse.Namespa
             summary[f"added_{q}_ms_with_opening_burst{suffix}"] = round(burst[f"{q}_ms"] - direct_burst[f"{q}_ms"], 3)
         summary[f"proxy_cpu_ms_per_call{suffix}"] = round(cpu[name] * 1000 / len(every[name]), 3)
     summary["rounds"] = rounds
-    summary["opening_ramp_seconds"] = args.latency
+    summary["opening_ramp_seconds"] = ramp
     summary["spans_released_every_seconds"] = RELEASE_SPANS_SECONDS
     return summary
 
@@ -498,7 +498,7 @@ def main() -> None:
         data["rollouts"] = rollouts_on_and_off(args)
         print(json.dumps(data["rollouts"], indent=2))
     settings = {k: v for k, v in vars(args).items() if k not in ("serve", "backend", "base", "out")}
-    path = write_result(args.out, data, argv, script="capture", settings=settings)
+    path = write_result(args.out, data, argv, settings=settings)
     print(json.dumps(data, indent=2))
     print(f"wrote {path}")
 

@@ -368,6 +368,12 @@ STARTED: dict[str, Any] = {
 }
 
 
+def _running_script() -> str | None:
+    """The name of the ``bench/<name>.py`` script this process runs, None when it runs something else."""
+    path = Path(sys.argv[0]).resolve()
+    return path.stem if path.parent == RESULTS.parent and path.suffix == ".py" else None
+
+
 def write_result(
     name: str,
     data: dict[str, Any],
@@ -381,12 +387,13 @@ def write_result(
 
     Provenance: the date, the commit measured (and whether the tree was dirty), the machine, its load
     average when the benchmark started and when it wrote this file, the command that reproduces it
-    (``python bench/<script or name>.py`` or ``python -m <module>``, then ``argv``) and the ``settings`` it ran
+    (``python -m <module>``, or ``python bench/<script>.py``: by default the bench script this process runs, so
+    that a run written under another name still names its script; then ``argv``) and the ``settings`` it ran
     with (its parsed arguments).
     """
     path = RESULTS / f"{name}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
-    program = ["-m", module] if module else [f"bench/{script or name}.py"]
+    program = ["-m", module] if module else [f"bench/{script or _running_script() or name}.py"]
     document = {
         "benchmark": name,
         "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),

@@ -601,7 +601,6 @@ def main() -> None:
                 "transition_cost": cost,
             },
             sys.argv[1:],
-            script="failover",
             settings=vars(args),
         )
 

@@ -241,7 +241,6 @@ def main() -> None:
             "trainer_read": reading,
         },
         sys.argv[1:],
-        script="plan_rate",
         settings=vars(args),
     )
 

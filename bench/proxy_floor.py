@@ -393,7 +393,7 @@ def main() -> None:
         data["base_commit"] = commit_of(args.base)
     print(json.dumps(data, indent=2))
     if args.out:
-        write_result(args.out, data, sys.argv[1:], script="proxy_floor", settings=vars(args))
+        write_result(args.out, data, sys.argv[1:], settings=vars(args))
 
 
 if __name__ == "__main__":

@@ -214,7 +214,7 @@ def before_after(args: argparse.Namespace) -> None:
     }
     print(f"head/base CPU per rollout: median {result['ratio_median']} over {len(ratios)} rounds {ratios}")
     if not args.no_write:
-        write_result("rollout_cpu_before_after", result, sys.argv[1:], script="rollout_cpu", settings=vars(args))
+        write_result("rollout_cpu_before_after", result, sys.argv[1:], settings=vars(args))
 
 
 if __name__ == "__main__":

@@ -148,7 +148,7 @@ def main() -> None:
             compile_all = [sys.executable, "-m", "compileall", "-q", str(tree / "rollq"), str(tree / "bench")]
             subprocess.run(compile_all, check=True)
         data = measure(kinds, args, tree_at_base)
-    print(write_result(args.out, data, sys.argv[1:], script="startup", settings=vars(args)))
+    print(write_result(args.out, data, sys.argv[1:], settings=vars(args)))
 
 
 def measure(kinds: dict[str, Any], args: argparse.Namespace, tree_at_base: Path | None) -> dict[str, Any]:
