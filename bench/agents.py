@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import os
 import random
+import sys
 from typing import Any
 
 from rollq.models.contract import Triplet
@@ -135,3 +136,27 @@ class OneClientSampleAgent(SampleAgent):
     """rollq's sample agent with a single ``openai`` client for all its rollouts (bench/sample_clients.py)."""
 
     clients = 1
+
+
+class SwitchIntervalSampleAgent(SampleAgent):
+    """rollq's sample agent in a worker process whose GIL switch interval is ``interval`` rather than the 1 ms its
+    capturing proxy sets (bench/switch_interval.py): set as each rollout starts, after the proxy has started."""
+
+    interval = 0.001
+
+    async def training_rollout_async(self, task_input: Any, rollout_id: str, resources: Any) -> None:
+        if sys.getswitchinterval() != self.interval:
+            sys.setswitchinterval(self.interval)
+        await super().training_rollout_async(task_input, rollout_id, resources)
+
+
+class LongSwitchSampleAgent(SwitchIntervalSampleAgent):
+    """The sample agent at the interpreter's default switch interval, 5 ms: as if the proxy left it alone."""
+
+    interval = 0.005
+
+
+class ShortSwitchSampleAgent(SwitchIntervalSampleAgent):
+    """The sample agent at a switch interval of 0.25 ms, a quarter of the proxy's."""
+
+    interval = 0.00025

@@ -389,6 +389,33 @@ def sample_rollouts(
     return {k: row[k] for k in (*kept, "other_processes_cpu_cores")}
 
 
+def agents_taking_turns(
+    agents: dict[str, str], *, rounds: int, window: float, in_flight: int, prefix: str
+) -> list[dict[str, Any]]:
+    """Sample-agent rollouts by each of ``agents`` (label: ``module:Class``) in turn on one redis-server and one
+    simulated LLM, their order swapped every round: one :func:`sample_rollouts` row per agent and round."""
+    from bench.common import private_redis
+    from rollq.ops.sim_llm import SimulatedLLM
+
+    rows: list[dict[str, Any]] = []
+    with private_redis() as server, SimulatedLLM(latency=(0.1, 0.5)) as llm:
+        log_dir = Path(tempfile.mkdtemp(prefix=f"rollq-bench-{prefix}-"))
+        for round_ in range(rounds):
+            for n, (system, agent) in enumerate(list(agents.items())[:: -1 if round_ % 2 else 1]):
+                row = sample_rollouts(
+                    server,
+                    llm.url,
+                    f"{prefix}-{round_}-{n}",
+                    system=system,
+                    agent=agent,
+                    in_flight=in_flight,
+                    window=window,
+                    log_dir=log_dir,
+                )
+                rows.append({"round": round_ + 1, **row})
+    return rows
+
+
 def rollouts_on_and_off(args: argparse.Namespace) -> dict[str, Any]:
     """Sample-agent rollouts (the ``openai`` client against the simulated LLM), capture off vs on, interleaved."""
     from bench.common import private_redis

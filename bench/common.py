@@ -296,6 +296,37 @@ def counting_client(port: int) -> redis.Redis:
     return redis.Redis(connection_pool=pool)
 
 
+PACKAGES = ("openai", "httpx", "httpx2", "opentelemetry-sdk", "pydantic", "orjson", "uvloop", "httptools", "aiohttp")
+"""The libraries on a measured path besides RQ and redis-py, whose versions a results file records: a new release
+of one can move a figure as much as a change to rollq (the sample agent's CPU is mostly the ``openai`` SDK's)."""
+
+
+def package_versions(names: tuple[str, ...] = PACKAGES) -> dict[str, str]:
+    """The installed version of each of ``names`` (those not installed left out), from their metadata."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    found: dict[str, str] = {}
+    for name in names:
+        try:
+            found[name] = version(name)
+        except PackageNotFoundError:
+            pass
+    return found
+
+
+def python_loop_ms(runs: int = 3) -> float:
+    """The machine's speed at plain Python: ms for ``sum(i * i for i in range(10**6))``, the best of ``runs``.
+
+    Machines of the same kind differed by 2-3x from one session to the next (``MACHINES_NOTE`` in
+    bench/report.py): this one figure in every results file says how fast the one that wrote it was."""
+    best = float("inf")
+    for _ in range(runs):
+        started = time.perf_counter()
+        sum(i * i for i in range(10**6))
+        best = min(best, time.perf_counter() - started)
+    return round(best * 1000, 1)
+
+
 def machine() -> dict[str, Any]:
     """What the figures were measured on."""
     model = ""
@@ -319,6 +350,8 @@ def machine() -> dict[str, Any]:
         "redis_server": next((w.split("=", 1)[1] for w in server if w.startswith("v=")), "?"),
         "rq": rq.__version__,
         "redis_py": redis_py.__version__,
+        "packages": package_versions(),
+        "python_loop_ms": python_loop_ms(),
     }
 
 

@@ -188,6 +188,9 @@ def provenance(doc: Doc) -> str:
         when += f"; load average (1/5/15 min) {cell(after)} at the end (not recorded before)"
     else:
         when += "; load not recorded"
+    speed = (doc.get("machine") or {}).get("python_loop_ms")
+    if speed:
+        when += f"; the machine's Python speed: {speed:g} ms for a million-step loop"
     settings = {k: v for k, v in (doc.get("settings") or {}).items() if v not in (None, False, "")}
     if settings:
         when += "; settings: " + ", ".join(f"{k} {cell(v)}" for k, v in settings.items())
@@ -984,13 +987,25 @@ settings model) and rollq's own modules.""",
 )
 
 
-def _sample_clients_rows(doc: Doc) -> list[Doc]:
-    """The rows, the second of each round with the worker CPU of several clients over one client's."""
+def _vs_base_rows(doc: Doc, base: str) -> list[Doc]:
+    """The rows of agents taking turns, each with its worker CPU and rollouts/s over those of ``base`` (the
+    ``system`` compared against) in the same round."""
     rows = [dict(row) for row in doc.get("rows", [])]
-    for first, second in zip(rows[::2], rows[1::2], strict=False):
-        one, several = (first, second) if first["system"] == "1 client" else (second, first)
-        second["cpu_ratio"] = ratio(several["worker_cpu_ms_per_rollout"], one["worker_cpu_ms_per_rollout"])
+    bases = {row.get("round"): row for row in rows if row["system"] == base}
+    for row in rows:
+        old = bases.get(row.get("round"))
+        if old is not None and row is not old:
+            row["cpu_ratio"] = ratio(row["worker_cpu_ms_per_rollout"], old["worker_cpu_ms_per_rollout"])
+            row["rate_ratio"] = ratio(row["rollouts_per_s"], old["rollouts_per_s"])
     return rows
+
+
+def _sample_clients_rows(doc: Doc) -> list[Doc]:
+    return _vs_base_rows(doc, "1 client")
+
+
+def _switch_interval_rows(doc: Doc) -> list[Doc]:
+    return _vs_base_rows(doc, "1 ms")
 
 
 SAMPLE_CLIENTS = Spec(
@@ -1006,6 +1021,41 @@ connection it holds whenever a request starts or ends ([workers.md](workers.md#w
     ])],
 )
 
+
+def _switch_interval_summary(doc: Doc) -> list[list[Any]]:
+    """Per switch interval: the medians over the rounds of its worker CPU and rollouts/s over the 1 ms run's."""
+    rows = _switch_interval_rows(doc)
+    summary = []
+    for system in dict.fromkeys(row["system"] for row in rows):
+        mine = [row for row in rows if row["system"] == system and "cpu_ratio" in row]
+        if mine:
+            summary.append([system, len(mine), _median([r["cpu_ratio"] for r in mine]),
+                            _median([r["rate_ratio"] for r in mine])])
+    return summary
+
+
+SWITCH_INTERVAL = Spec(
+    title="The sample agent beside its proxy: the GIL switch interval at 1 ms, 5 ms and 0.25 ms",
+    about="""What the switch interval costs the agents (docs/workers.md, "The proxy and the GIL"): sample-agent
+rollouts (the `openai` client, 1-2 calls of 0.1-0.5 s to the demo's simulated LLM, capture on) at
+{settings[in_flight]} in flight on 2 worker processes, the stock sample agent (its proxy sets 1 ms) and the same agent
+in processes set to 5 ms (the interpreter's default, as if the proxy left it alone) and to 0.25 ms taking turns,
+order reversed every round, {settings[window]:g} s measured each. The workers are CPU-bound here: every setting
+runs as many rollouts as its CPU per rollout lets it.""",
+    tables=[
+        Table(_switch_interval_summary, [
+            Col("switch interval", nth(0)), Col("rounds", nth(1)),
+            Col("worker CPU per rollout over 1 ms's, median of rounds", nth(2), x),
+            Col("rollouts/s over 1 ms's, median of rounds", nth(3), x),
+        ]),
+        Table(_switch_interval_rows, [
+            ("round", "round"), ("system", "switch interval"), ("rollouts", "rollouts"), ("failed", "failed"),
+            ("rollouts_per_s", "rollouts/s", ",.1f"), ("worker_cpu_ms_per_rollout", "worker CPU ms/rollout", ".2f"),
+            Col("CPU over 1 ms's, this round", "cpu_ratio", x),
+            Col("rollouts/s over 1 ms's, this round", "rate_ratio", x),
+        ], caption="Per round:"),
+    ],
+)
 
 
 CALL_RATE = Spec(
@@ -1071,6 +1121,7 @@ SPECS: dict[str, Spec] = {
     "al": AL, "noop": NOOP, "mock_llm": MOCK, "before_after": BEFORE_AFTER, "profile": PROFILE, "big": BIG,
     "inflight10k": K10, "scaling": SCALING, "cluster": CLUSTER, "failover": FAILOVER, "soak": SOAK,
     "capture": CAPTURE, "enqueue": ENQUEUE, "memory": MEMORY, "startup": STARTUP, "sample_clients": SAMPLE_CLIENTS,
+    "switch_interval": SWITCH_INTERVAL,
     "handoffs": HANDOFFS, "call_rate": CALL_RATE,
 }
 # The page's order; results files not named here follow in name order.
@@ -1078,7 +1129,7 @@ ORDER = ["al_own_path", "al", "al_packs", "noop", "handoffs", "mock_llm", "start
          "before_after_packs", "before_after_stop32", "profile", "worker_floor",
          "rollout_cpu", "rollout_cpu_before_after", "big", "results_stream", "inflight10k", "scaling", "cluster",
          "cluster_256", "cluster_dead_host", "failover", "soak", "capture", "capture_load_elsewhere",
-         "call_rate", "sample_clients", "enqueue", "memory", "idle", "connections",
+         "call_rate", "switch_interval", "sample_clients", "enqueue", "memory", "idle", "connections",
          "plan_rate", "plan_rate_16", "trainer_api", "embedded_drain"]
 
 
@@ -1367,7 +1418,11 @@ MACHINES_NOTE = (
     "RQ's SimpleWorker (it blocks on each of its Redis round trips). That machine's hypervisor took a fifth of its "
     "CPU time at moments (steal: 22.5% over one hand-offs run, 1.4% over the one shown below), which moved every "
     "figure from one minute to the next. What a change did is in the ratios measured side by side in one run "
-    "(`--base`, before/after sections)."
+    "(`--base`, before/after sections). Since 2026-12-03 each results file records how fast its machine ran plain "
+    "Python (ms for a million-step loop, in its section's first line) and the versions of the libraries on the "
+    "measured paths (`machine.packages`): the machine of 2026-12-03 from 10:30 UTC took 120-160 ms, and there "
+    "`python bench/rollout_cpu.py` (no Redis, no SDK) gave 1.59 ms per rollout where its results file, from "
+    "2026-12-01, has 0.54 ms."
 )
 
 

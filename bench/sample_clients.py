@@ -14,15 +14,12 @@ from __future__ import annotations
 
 import argparse
 import sys
-import tempfile
 from pathlib import Path
-from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.capture import sample_rollouts  # noqa: E402
-from bench.common import private_redis, write_result  # noqa: E402
-from rollq.ops.sim_llm import SimulatedLLM  # noqa: E402
+from bench.capture import agents_taking_turns  # noqa: E402
+from bench.common import write_result  # noqa: E402
 from rollq.worker.sample_agent import SampleAgent  # noqa: E402
 
 AGENTS = {
@@ -37,22 +34,9 @@ def main() -> None:
     parser.add_argument("--window", type=float, default=15.0, help="seconds measured per setting (default 15)")
     parser.add_argument("--in-flight", type=int, default=256, help="rollouts in flight, over 2 workers (default 256)")
     args = parser.parse_args()
-    rows: list[dict[str, Any]] = []
-    with private_redis() as server, SimulatedLLM(latency=(0.1, 0.5)) as llm:
-        log_dir = Path(tempfile.mkdtemp(prefix="rollq-bench-sample-clients-"))
-        for round_ in range(args.rounds):
-            for system, agent in list(AGENTS.items())[:: -1 if round_ % 2 else 1]:  # order swapped every round
-                row = sample_rollouts(
-                    server,
-                    llm.url,
-                    f"clients-{round_}-{system.split()[0]}",
-                    system=system,
-                    agent=agent,
-                    in_flight=args.in_flight,
-                    window=args.window,
-                    log_dir=log_dir,
-                )
-                rows.append({"round": round_ + 1, **row})
+    rows = agents_taking_turns(
+        AGENTS, rounds=args.rounds, window=args.window, in_flight=args.in_flight, prefix="clients"
+    )
     argv = [f"--rounds={args.rounds}", f"--window={args.window}", f"--in-flight={args.in_flight}"]
     path = write_result("sample_clients", {"rows": rows}, argv, settings=vars(args))
     print(f"wrote {path}")

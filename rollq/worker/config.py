@@ -92,6 +92,11 @@ class WorkerSettings(Settings):
     """How long one ``WAIT`` may block before the worker goes on with a warning (0 would mean forever)."""
     capture_llm: bool = True
     """Route agents' LLM calls through this process's capturing proxy (``ROLLQ_CAPTURE_LLM=0`` turns it off)."""
+    capture_switch_interval_ms: float = Field(1.0, ge=0)
+    """The GIL switch interval this process gets while its capturing proxy runs, if the interpreter's is longer;
+    0 leaves the interpreter's (5 ms unless set). 1 ms keeps the proxy's calls from waiting long for the GIL while
+    agents run Python; a CPU-bound worker spent about 9% less CPU per rollout at 5 ms and 8% more at 0.25 ms
+    (``bench/switch_interval.py``; docs/workers.md, "The proxy and the GIL")."""
     llm_pause_wait_seconds: float = Field(60.0, ge=0)
     """How long an LLM call waits at the capturing proxy while calls are paused for a weight sync; past it the agent
     gets HTTP 503 with Retry-After (an upstream error, never a silent drop)."""

@@ -300,7 +300,9 @@ class RolloutWorker(SimpleWorker):
             # never imports it. Its gate follows the weight-sync pauses from here on, before the first job: a
             # worker that starts during a pause honours it, and so does a proxy started later.
             gate = CallGate(self.settings.llm_pause_wait_seconds)
-            self._capture = OnDemandCapture(gate=gate)
+            self._capture = OnDemandCapture(
+                gate=gate, switch_interval=self.settings.capture_switch_interval_ms / 1000 or None
+            )
             # Agents that build their OpenAI client from OPENAI_BASE_URL / OPENAI_API_BASE are captured too: when
             # either is set, the proxy starts now, so the variables point at it before any agent reads them.
             self._capture.serve_environment(self.settings.concurrency)

@@ -5,8 +5,10 @@ written). While an agent's thread (or the worker's loop) runs Python, a thread t
 holder lets go: at the latest after ``sys.getswitchinterval()``, 5 ms by default, once per step. With the
 worker's own threads half busy that was most of the proxy's added latency (11-15 ms p50 over the same proxy beside
 the same load in another process, 32 calls in flight; bench/capture.py --agent-load measures it). At 1 ms the
-proxy's calls came within 1-2 ms of that; a CPU-bound thread then hands the GIL over up to five times as often,
-which costs it little (a switch is microseconds) next to the latency it saves the proxy.
+proxy's calls came within 1-2 ms of that. It is not free: a CPU-bound thread then hands the GIL over up to five
+times as often, and a CPU-bound worker running the sample agent spent about 9% less CPU per rollout at 5 ms, and
+8% more at 0.25 ms, than at 1 ms (bench/switch_interval.py). A worker's ``ROLLQ_CAPTURE_SWITCH_INTERVAL_MS`` sets
+the interval its proxy asks for (``WorkerSettings.capture_switch_interval_ms``; 0: leave the interpreter's).
 
 The interval is process-wide: it is only ever lowered (a lower one set by the user is kept), and put back when the
 proxy that lowered it stops, unless someone changed it since.

@@ -17,6 +17,7 @@ from opentelemetry.context import Context
 from rollq.models.contract import LLM, NamedResources
 
 from .gate import CallGate
+from .gil import SWITCH_INTERVAL_SECONDS
 
 if TYPE_CHECKING:
     from .proxy import AttemptCapture, CaptureProxy
@@ -31,15 +32,22 @@ def capturable(resources: NamedResources) -> bool:
 
 
 class OnDemandCapture:
-    """:class:`CaptureProxy`'s ``open_attempt``, ``gate`` and ``stop``, the proxy started when first needed.
+    """:class:`CaptureProxy`'s ``open_attempt``, ``gate`` and ``stop``, the proxy started when first needed (with
+    ``switch_interval``: :class:`CaptureProxy`'s, None to leave the interpreter's GIL switch interval alone).
 
     The gate exists from the start (a weight-sync pause can close it before any proxy runs); the proxy binds it
     to its loop when it starts.
     """
 
-    def __init__(self, host: str = "127.0.0.1", gate: CallGate | None = None) -> None:
+    def __init__(
+        self,
+        host: str = "127.0.0.1",
+        gate: CallGate | None = None,
+        switch_interval: float | None = SWITCH_INTERVAL_SECONDS,
+    ) -> None:
         self.host = host
         self.gate = gate or CallGate()
+        self.switch_interval = switch_interval
         self._proxy: CaptureProxy | None = None
         self._lock = threading.Lock()
 
@@ -85,7 +93,7 @@ class OnDemandCapture:
             if self._proxy is None:
                 from .proxy import CaptureProxy
 
-                self._proxy = CaptureProxy(self.host, gate=self.gate).start()
+                self._proxy = CaptureProxy(self.host, gate=self.gate, switch_interval=self.switch_interval).start()
             return self._proxy
 
     def stop(self) -> None:

@@ -1,0 +1,51 @@
+"""What the GIL switch interval costs a worker: the sample agent at the proxy's 1 ms, at 5 ms and at 0.25 ms.
+
+Run: python bench/switch_interval.py [--rounds 6] [--window 20] [--in-flight 256]
+
+The capturing proxy lowers its worker process's switch interval to 1 ms (``rollq/worker/capture/gil.py``): the
+proxy's thread waits for the GIL while the agents' loop runs Python, up to one interval per step of a call.
+``bench/capture.py --switch-interval 0.00025 --base HEAD`` measures what 0.25 ms does to the proxy's added latency;
+this measures what it costs the agents: sample-agent rollouts (the ``openai`` client, 1-2 calls of 0.1-0.5 s to the
+demo's simulated LLM, capture on) at ``--in-flight`` on 2 worker processes: ``rollq.worker.sample_agent:SampleAgent``
+(the proxy's 1 ms), ``bench.agents:LongSwitchSampleAgent`` (the same agent at the interpreter's default 5 ms, as if
+the proxy left the interval alone) and ``bench.agents:ShortSwitchSampleAgent`` (0.25 ms) taking turns, their order
+reversed every round: rollouts/s and worker CPU per rollout over each round's measurement window
+(``bench/mock_llm.py``'s). Writes bench/results/switch_interval.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.agents import LongSwitchSampleAgent, ShortSwitchSampleAgent  # noqa: E402
+from bench.capture import agents_taking_turns  # noqa: E402
+from bench.common import write_result  # noqa: E402
+from rollq.worker.capture.gil import SWITCH_INTERVAL_SECONDS  # noqa: E402
+
+AGENTS = {
+    f"{SWITCH_INTERVAL_SECONDS * 1000:g} ms": "rollq.worker.sample_agent:SampleAgent",
+    f"{LongSwitchSampleAgent.interval * 1000:g} ms": "bench.agents:LongSwitchSampleAgent",
+    f"{ShortSwitchSampleAgent.interval * 1000:g} ms": "bench.agents:ShortSwitchSampleAgent",
+}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=6, help="rounds (default 6)")
+    parser.add_argument("--window", type=float, default=20.0, help="seconds measured per setting (default 20)")
+    parser.add_argument("--in-flight", type=int, default=256, help="rollouts in flight, over 2 workers (default 256)")
+    args = parser.parse_args()
+    rows = agents_taking_turns(
+        AGENTS, rounds=args.rounds, window=args.window, in_flight=args.in_flight, prefix="switch"
+    )
+    argv = [f"--rounds={args.rounds}", f"--window={args.window}", f"--in-flight={args.in_flight}"]
+    path = write_result("switch_interval", {"rows": rows}, argv, settings=vars(args))
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()
