@@ -416,6 +416,26 @@ def agents_taking_turns(
     return rows
 
 
+def agents_taking_turns_main(benchmark: str, agents: dict[str, str], doc: str, *, rounds: int, window: float) -> None:
+    """A script's ``main`` that runs :func:`agents_taking_turns` with ``--rounds``, ``--window`` and ``--in-flight``
+    (defaults ``rounds``, ``window``, 256) and writes the rows to bench/results/``benchmark``.json."""
+    from bench.common import write_result
+
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=rounds, help=f"rounds (default {rounds})")
+    parser.add_argument(
+        "--window", type=float, default=window, help=f"seconds measured per agent and round (default {window:g})"
+    )
+    parser.add_argument("--in-flight", type=int, default=256, help="rollouts in flight, over 2 workers (default 256)")
+    args = parser.parse_args()
+    rows = agents_taking_turns(
+        agents, rounds=args.rounds, window=args.window, in_flight=args.in_flight, prefix=benchmark.replace("_", "-")
+    )
+    argv = [f"--rounds={args.rounds}", f"--window={args.window}", f"--in-flight={args.in_flight}"]
+    path = write_result(benchmark, {"rows": rows}, argv, settings=vars(args))
+    print(f"wrote {path}")
+
+
 def rollouts_on_and_off(args: argparse.Namespace) -> dict[str, Any]:
     """Sample-agent rollouts (the ``openai`` client against the simulated LLM), capture off vs on, interleaved."""
     from bench.common import private_redis

@@ -12,14 +12,12 @@ bench/results/sample_clients.json.
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.capture import agents_taking_turns  # noqa: E402
-from bench.common import write_result  # noqa: E402
+from bench.capture import agents_taking_turns_main  # noqa: E402
 from rollq.worker.sample_agent import SampleAgent  # noqa: E402
 
 AGENTS = {
@@ -29,17 +27,7 @@ AGENTS = {
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=2, help="alternating rounds (default 2)")
-    parser.add_argument("--window", type=float, default=15.0, help="seconds measured per setting (default 15)")
-    parser.add_argument("--in-flight", type=int, default=256, help="rollouts in flight, over 2 workers (default 256)")
-    args = parser.parse_args()
-    rows = agents_taking_turns(
-        AGENTS, rounds=args.rounds, window=args.window, in_flight=args.in_flight, prefix="clients"
-    )
-    argv = [f"--rounds={args.rounds}", f"--window={args.window}", f"--in-flight={args.in_flight}"]
-    path = write_result("sample_clients", {"rows": rows}, argv, settings=vars(args))
-    print(f"wrote {path}")
+    agents_taking_turns_main("sample_clients", AGENTS, __doc__ or "", rounds=2, window=15.0)
 
 
 if __name__ == "__main__":

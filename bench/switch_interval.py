@@ -15,15 +15,13 @@ reversed every round: rollouts/s and worker CPU per rollout over each round's me
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.agents import LongSwitchSampleAgent, ShortSwitchSampleAgent  # noqa: E402
-from bench.capture import agents_taking_turns  # noqa: E402
-from bench.common import write_result  # noqa: E402
+from bench.capture import agents_taking_turns_main  # noqa: E402
 from rollq.worker.capture.gil import SWITCH_INTERVAL_SECONDS  # noqa: E402
 
 AGENTS = {
@@ -34,17 +32,7 @@ AGENTS = {
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=6, help="rounds (default 6)")
-    parser.add_argument("--window", type=float, default=20.0, help="seconds measured per setting (default 20)")
-    parser.add_argument("--in-flight", type=int, default=256, help="rollouts in flight, over 2 workers (default 256)")
-    args = parser.parse_args()
-    rows = agents_taking_turns(
-        AGENTS, rounds=args.rounds, window=args.window, in_flight=args.in_flight, prefix="switch"
-    )
-    argv = [f"--rounds={args.rounds}", f"--window={args.window}", f"--in-flight={args.in_flight}"]
-    path = write_result("switch_interval", {"rows": rows}, argv, settings=vars(args))
-    print(f"wrote {path}")
+    agents_taking_turns_main("switch_interval", AGENTS, __doc__ or "", rounds=6, window=20.0)
 
 
 if __name__ == "__main__":
