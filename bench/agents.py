@@ -7,9 +7,13 @@ put the repository root on their PYTHONPATH.
 from __future__ import annotations
 
 import asyncio
+import gc
+import json
 import os
 import random
 import sys
+import threading
+import time
 from typing import Any
 
 from rollq.models.contract import Triplet
@@ -160,3 +164,73 @@ class ShortSwitchSampleAgent(SwitchIntervalSampleAgent):
     """The sample agent at a switch interval of 0.25 ms, a quarter of the proxy's."""
 
     interval = 0.00025
+
+
+class GcRecordingSampleAgent(SampleAgent):
+    """rollq's sample agent that records its process's garbage collections (bench/gc_freeze.py): per generation the
+    collections, their seconds (wall, and CPU of the thread collecting) and the longest, with the process's CPU
+    seconds, written every second to ``$ROLLQ_BENCH_GC_DIR/<pid>.json`` (nothing without that variable). It imports
+    ``openai`` when built, as an agent that imports it at module level does (the sample agent imports it at its
+    first call)."""
+
+    def __init__(self) -> None:
+        import openai  # noqa: F401
+
+        super().__init__()
+        directory = os.environ.get("ROLLQ_BENCH_GC_DIR")
+        if directory:
+            _GcRecorder(directory).start()
+
+
+class FrozenSampleAgent(GcRecordingSampleAgent):
+    """:class:`GcRecordingSampleAgent` in a process whose start-up objects (what it has imported, ``openai`` too) are
+    moved out of the collector's reach (``gc.freeze()``) when the agent is built, before the worker's own start-up
+    and its first rollout: full collections then skip them."""
+
+    def __init__(self) -> None:
+        import openai  # noqa: F401
+
+        gc.freeze()
+        super().__init__()
+
+
+class _GcRecorder:
+    def __init__(self, directory: str) -> None:
+        self.path = os.path.join(directory, f"{os.getpid()}.json")
+        self.collections = [0, 0, 0]
+        self.seconds = [0.0, 0.0, 0.0]
+        self.cpu_seconds = [0.0, 0.0, 0.0]
+        self.longest = [0.0, 0.0, 0.0]
+        self._started = 0.0
+        self._started_cpu = 0.0
+
+    def start(self) -> None:
+        gc.callbacks.append(self._callback)
+        threading.Thread(target=self._write_every_second, daemon=True, name="gc-recorder").start()
+
+    def _callback(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._started = time.perf_counter()
+            self._started_cpu = time.thread_time()
+            return
+        generation, took = info["generation"], time.perf_counter() - self._started
+        self.cpu_seconds[generation] += time.thread_time() - self._started_cpu
+        self.collections[generation] += 1
+        self.seconds[generation] += took
+        self.longest[generation] = max(self.longest[generation], took)
+
+    def _write_every_second(self) -> None:
+        while True:
+            time.sleep(1.0)
+            cpu = sum(os.times()[:2])
+            record = {
+                "collections": self.collections,
+                "seconds": self.seconds,
+                "collector_cpu_seconds": self.cpu_seconds,
+                "longest": self.longest,
+                "cpu_seconds": cpu,
+                "frozen": gc.get_freeze_count(),
+            }
+            with open(self.path + ".tmp", "w") as f:
+                json.dump(record, f)
+            os.replace(self.path + ".tmp", self.path)

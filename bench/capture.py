@@ -390,10 +390,12 @@ def sample_rollouts(
 
 
 def agents_taking_turns(
-    agents: dict[str, str], *, rounds: int, window: float, in_flight: int, prefix: str
+    agents: dict[str, str], *, rounds: int, window: float, in_flight: int, prefix: str, record_gc: bool = False
 ) -> list[dict[str, Any]]:
     """Sample-agent rollouts by each of ``agents`` (label: ``module:Class``) in turn on one redis-server and one
-    simulated LLM, their order swapped every round: one :func:`sample_rollouts` row per agent and round."""
+    simulated LLM, their order swapped every round: one :func:`sample_rollouts` row per agent and round. With
+    ``record_gc`` (the agents being :class:`bench.agents.GcRecordingSampleAgent` or subclasses), each row also
+    has its worker processes' garbage collections, summed (``gc``)."""
     from bench.common import private_redis
     from rollq.ops.sim_llm import SimulatedLLM
 
@@ -402,21 +404,46 @@ def agents_taking_turns(
         log_dir = Path(tempfile.mkdtemp(prefix=f"rollq-bench-{prefix}-"))
         for round_ in range(rounds):
             for n, (system, agent) in enumerate(list(agents.items())[:: -1 if round_ % 2 else 1]):
+                namespace = f"{prefix}-{round_}-{n}"
+                gc_dir = log_dir / f"gc-{namespace}"
+                if record_gc:
+                    gc_dir.mkdir()
                 row = sample_rollouts(
                     server,
                     llm.url,
-                    f"{prefix}-{round_}-{n}",
+                    namespace,
                     system=system,
                     agent=agent,
                     in_flight=in_flight,
                     window=window,
                     log_dir=log_dir,
+                    extra_env={"ROLLQ_BENCH_GC_DIR": str(gc_dir)} if record_gc else None,
                 )
+                if record_gc:
+                    row["gc"] = _gc_records(gc_dir)
                 rows.append({"round": round_ + 1, **row})
     return rows
 
 
-def agents_taking_turns_main(benchmark: str, agents: dict[str, str], doc: str, *, rounds: int, window: float) -> None:
+def _gc_records(directory: Path) -> dict[str, Any]:
+    """The worker processes' garbage-collection records (bench.agents._GcRecorder's files), summed per generation."""
+    records = [json.loads(p.read_text()) for p in sorted(directory.glob("*.json"))]
+    cpu = sum(r["cpu_seconds"] for r in records)
+    seconds = [sum(r["seconds"][g] for r in records) for g in range(3)]
+    return {
+        "processes": len(records),
+        "collections": [sum(r["collections"][g] for r in records) for g in range(3)],
+        "seconds": [round(s, 3) for s in seconds],
+        "cpu_seconds": [round(sum(r["collector_cpu_seconds"][g] for r in records), 3) for g in range(3)],
+        "longest_ms": [round(1000 * max((r["longest"][g] for r in records), default=0.0), 1) for g in range(3)],
+        "share_of_cpu_percent": round(100 * sum(seconds) / cpu, 2) if cpu else None,
+        "frozen": [r["frozen"] for r in records],
+    }
+
+
+def agents_taking_turns_main(
+    benchmark: str, agents: dict[str, str], doc: str, *, rounds: int, window: float, record_gc: bool = False
+) -> None:
     """A script's ``main`` that runs :func:`agents_taking_turns` with ``--rounds``, ``--window`` and ``--in-flight``
     (defaults ``rounds``, ``window``, 256) and writes the rows to bench/results/``benchmark``.json."""
     from bench.common import write_result
@@ -429,7 +456,12 @@ def agents_taking_turns_main(benchmark: str, agents: dict[str, str], doc: str, *
     parser.add_argument("--in-flight", type=int, default=256, help="rollouts in flight, over 2 workers (default 256)")
     args = parser.parse_args()
     rows = agents_taking_turns(
-        agents, rounds=args.rounds, window=args.window, in_flight=args.in_flight, prefix=benchmark.replace("_", "-")
+        agents,
+        rounds=args.rounds,
+        window=args.window,
+        in_flight=args.in_flight,
+        prefix=benchmark.replace("_", "-"),
+        record_gc=record_gc,
     )
     argv = [f"--rounds={args.rounds}", f"--window={args.window}", f"--in-flight={args.in_flight}"]
     path = write_result(benchmark, {"rows": rows}, argv, settings=vars(args))
