@@ -18,6 +18,7 @@ from typing import Any
 
 from rollq.models.contract import Triplet
 from rollq.worker import LitAgent, emit_reward, llm_call_span
+from rollq.worker.capture.gil import SWITCH_INTERVAL_SECONDS
 from rollq.worker.sample_agent import SampleAgent
 
 TURNS = 3
@@ -146,7 +147,7 @@ class SwitchIntervalSampleAgent(SampleAgent):
     """rollq's sample agent in a worker process whose GIL switch interval is ``interval`` rather than the 1 ms its
     capturing proxy sets (bench/switch_interval.py): set as each rollout starts, after the proxy has started."""
 
-    interval = 0.001
+    interval = SWITCH_INTERVAL_SECONDS
 
     async def training_rollout_async(self, task_input: Any, rollout_id: str, resources: Any) -> None:
         if sys.getswitchinterval() != self.interval:

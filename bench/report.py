@@ -18,7 +18,7 @@ import json
 import re
 import statistics
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -1022,16 +1022,27 @@ connection it holds whenever a request starts or ends ([workers.md](workers.md#w
 )
 
 
+def _by_system(rows: list[Doc]) -> Iterator[tuple[str, list[Doc], list[Doc]]]:
+    """Each agent's rows (``_vs_base_rows``'), in order of first appearance, and those of them with ratios."""
+    for system in dict.fromkeys(row["system"] for row in rows):
+        mine = [row for row in rows if row["system"] == system]
+        yield system, mine, [row for row in mine if "cpu_ratio" in row]
+
+
+def _ratio_medians(compared: list[Doc]) -> list[float | None]:
+    """The medians over rounds of the worker CPU and rollouts/s ratios (None without any)."""
+    if not compared:
+        return [None, None]
+    return [_median([r["cpu_ratio"] for r in compared]), _median([r["rate_ratio"] for r in compared])]
+
+
 def _switch_interval_summary(doc: Doc) -> list[list[Any]]:
     """Per switch interval: the medians over the rounds of its worker CPU and rollouts/s over the 1 ms run's."""
-    rows = _switch_interval_rows(doc)
-    summary = []
-    for system in dict.fromkeys(row["system"] for row in rows):
-        mine = [row for row in rows if row["system"] == system and "cpu_ratio" in row]
-        if mine:
-            summary.append([system, len(mine), _median([r["cpu_ratio"] for r in mine]),
-                            _median([r["rate_ratio"] for r in mine])])
-    return summary
+    return [
+        [system, len(compared), *_ratio_medians(compared)]
+        for system, _, compared in _by_system(_switch_interval_rows(doc))
+        if compared
+    ]
 
 
 SWITCH_INTERVAL = Spec(
@@ -1064,15 +1075,10 @@ def _gc_freeze_rows(doc: Doc) -> list[Doc]:
 
 def _gc_freeze_summary(doc: Doc) -> list[list[Any]]:
     """Per setting: the medians over rounds of CPU and rollouts/s over the unfrozen run's, and the collections."""
-    rows = _gc_freeze_rows(doc)
     summary = []
-    for system in dict.fromkeys(row["system"] for row in rows):
-        mine = [row for row in rows if row["system"] == system]
-        vs = [row for row in mine if "cpu_ratio" in row]
+    for system, mine, compared in _by_system(_gc_freeze_rows(doc)):
         summary.append([
-            system, len(mine),
-            _median([r["cpu_ratio"] for r in vs]) if vs else None,
-            _median([r["rate_ratio"] for r in vs]) if vs else None,
+            system, len(mine), *_ratio_medians(compared),
             sum(r["gc"]["collections"][2] for r in mine),
             sum(r["gc"]["collections"][0] for r in mine),
             1000 * sum(r["gc"]["cpu_seconds"][0] for r in mine) / max(1, sum(r["gc"]["collections"][0] for r in mine)),

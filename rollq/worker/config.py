@@ -20,6 +20,8 @@ from rollq.store.jobs import DEFAULT_RESULT_TTL, MAX_RESULT_TTL
 from rollq.store.settings import ENV_FILE, ENV_PREFIX, Settings, environ
 from rollq.store.transitions import DEFAULT_RESULTS_MAX_BYTES
 
+from .capture.gil import SWITCH_INTERVAL_SECONDS
+
 log = logging.getLogger(__name__)
 
 # Read by `rollq serve-agl` (its --key) and by the agent event loop (rollq/worker/executor.py), not settings of
@@ -92,7 +94,7 @@ class WorkerSettings(Settings):
     """How long one ``WAIT`` may block before the worker goes on with a warning (0 would mean forever)."""
     capture_llm: bool = True
     """Route agents' LLM calls through this process's capturing proxy (``ROLLQ_CAPTURE_LLM=0`` turns it off)."""
-    capture_switch_interval_ms: float = Field(1.0, ge=0)
+    capture_switch_interval_ms: float = Field(SWITCH_INTERVAL_SECONDS * 1000, ge=0)
     """The GIL switch interval this process gets while its capturing proxy runs, if the interpreter's is longer;
     0 leaves the interpreter's (5 ms unless set). 1 ms keeps the proxy's calls from waiting long for the GIL while
     agents run Python; a CPU-bound worker spent about 9% less CPU per rollout at 5 ms and 8% more at 0.25 ms
