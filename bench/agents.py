@@ -7,6 +7,7 @@ put the repository root on their PYTHONPATH.
 from __future__ import annotations
 
 import asyncio
+import collections
 import gc
 import json
 import os
@@ -179,8 +180,9 @@ class GcRecordingSampleAgent(SampleAgent):
 
         super().__init__()
         directory = os.environ.get("ROLLQ_BENCH_GC_DIR")
-        if directory:
-            _GcRecorder(directory).start()
+        self._recorder = _GcRecorder(directory) if directory else None
+        if self._recorder:
+            self._recorder.start()
 
 
 class FrozenSampleAgent(GcRecordingSampleAgent):
@@ -196,8 +198,13 @@ class FrozenSampleAgent(GcRecordingSampleAgent):
 
 
 class _GcRecorder:
+    """A process's collections, summed into ``<pid>.json`` every second; each collection and each timed call also
+    appended as a line to ``<pid>.events`` (``gc <wall time> <generation> <seconds>``, ``call <wall time> <seconds>``),
+    so that the bench can keep those of its measurement window."""
+
     def __init__(self, directory: str) -> None:
         self.path = os.path.join(directory, f"{os.getpid()}.json")
+        self.events: collections.deque[str] = collections.deque()
         self.collections = [0, 0, 0]
         self.seconds = [0.0, 0.0, 0.0]
         self.cpu_seconds = [0.0, 0.0, 0.0]
@@ -219,6 +226,11 @@ class _GcRecorder:
         self.collections[generation] += 1
         self.seconds[generation] += took
         self.longest[generation] = max(self.longest[generation], took)
+        self.events.append(f"gc {time.time():.4f} {generation} {took:.6f}\n")
+
+    def call(self, seconds: float) -> None:
+        """One LLM call's time at the client less the backend's generation time."""
+        self.events.append(f"call {time.time():.4f} {seconds:.6f}\n")
 
     def _write_every_second(self) -> None:
         while True:
@@ -235,3 +247,44 @@ class _GcRecorder:
             with open(self.path + ".tmp", "w") as f:
                 json.dump(record, f)
             os.replace(self.path + ".tmp", self.path)
+            lines = []
+            while self.events:
+                lines.append(self.events.popleft())
+            with open(self.path.removesuffix(".json") + ".events", "a") as f:
+                f.writelines(lines)
+
+
+class CallTimingSampleAgent(GcRecordingSampleAgent):
+    """:class:`GcRecordingSampleAgent` that also times each LLM call at the client (its ``openai`` clients' HTTP
+    hooks: request sent to response head read) less the generation time the simulated LLM reports
+    (``X-Sim-Seconds``): what the path to the LLM costs the agent, in a worker as it runs (bench/gc_young.py).
+
+    With ``ROLLQ_BENCH_GC_THRESHOLDS=young,middle,old`` the process's collector thresholds are set to those as the
+    first rollout starts (after the worker's own setting, rollq.worker.collector)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        wanted = os.environ.get("ROLLQ_BENCH_GC_THRESHOLDS")
+        self._thresholds = tuple(int(n) for n in wanted.split(",")) if wanted else None
+
+    def _client_options(self) -> dict[str, Any]:
+        import openai
+
+        if self._recorder is None:
+            return {}
+        hooks = {"request": [self._sent], "response": [self._answered]}
+        return {"http_client": openai.DefaultAsyncHttpxClient(event_hooks=hooks)}
+
+    async def _sent(self, request: Any) -> None:
+        request.extensions["rollq_bench_sent"] = time.perf_counter()
+
+    async def _answered(self, response: Any) -> None:
+        generation = response.headers.get("x-sim-seconds")
+        sent = response.request.extensions.get("rollq_bench_sent")
+        if generation is not None and sent is not None and self._recorder is not None:
+            self._recorder.call(time.perf_counter() - sent - float(generation))
+
+    async def training_rollout_async(self, task_input: Any, rollout_id: str, resources: Any) -> None:
+        if self._thresholds and gc.get_threshold() != self._thresholds:
+            gc.set_threshold(*self._thresholds)
+        await super().training_rollout_async(task_input, rollout_id, resources)

@@ -386,16 +386,25 @@ def sample_rollouts(
         extra_env=extra_env,
     )
     kept = ("system", "rollouts", "failed", "seconds", "rollouts_per_s", "worker_cpu_ms_per_rollout")
-    return {k: row[k] for k in (*kept, "other_processes_cpu_cores")}
+    return {k: row[k] for k in (*kept, "other_processes_cpu_cores", "window_wall_time")}
 
 
 def agents_taking_turns(
-    agents: dict[str, str], *, rounds: int, window: float, in_flight: int, prefix: str, record_gc: bool = False
+    agents: dict[str, str],
+    *,
+    rounds: int,
+    window: float,
+    in_flight: int,
+    prefix: str,
+    record_gc: bool = False,
+    envs: dict[str, dict[str, str]] | None = None,
 ) -> list[dict[str, Any]]:
     """Sample-agent rollouts by each of ``agents`` (label: ``module:Class``) in turn on one redis-server and one
-    simulated LLM, their order swapped every round: one :func:`sample_rollouts` row per agent and round. With
-    ``record_gc`` (the agents being :class:`bench.agents.GcRecordingSampleAgent` or subclasses), each row also
-    has its worker processes' garbage collections, summed (``gc``)."""
+    simulated LLM, their order swapped every round: one :func:`sample_rollouts` row per agent and round, its worker
+    processes started with ``envs[label]`` set, if given. With ``record_gc`` (the agents being
+    :class:`bench.agents.GcRecordingSampleAgent` or subclasses), each row also has its worker processes' garbage
+    collections, summed (``gc``), and those of its measurement window with the calls the agents timed, if they did
+    (``in_window``, :func:`_window_events`)."""
     from bench.common import private_redis
     from rollq.ops.sim_llm import SimulatedLLM
 
@@ -417,10 +426,14 @@ def agents_taking_turns(
                     in_flight=in_flight,
                     window=window,
                     log_dir=log_dir,
-                    extra_env={"ROLLQ_BENCH_GC_DIR": str(gc_dir)} if record_gc else None,
+                    extra_env={
+                        **((envs or {}).get(system) or {}),
+                        **({"ROLLQ_BENCH_GC_DIR": str(gc_dir)} if record_gc else {}),
+                    },
                 )
                 if record_gc:
                     row["gc"] = _gc_records(gc_dir)
+                    row["in_window"] = _window_events(gc_dir, *row["window_wall_time"])
                 rows.append({"round": round_ + 1, **row})
     return rows
 
@@ -441,8 +454,49 @@ def _gc_records(directory: Path) -> dict[str, Any]:
     }
 
 
+def _window_events(directory: Path, started: float, ended: float) -> dict[str, Any]:
+    """The collections and timed calls (bench.agents._GcRecorder's event lines) of every worker process that fell
+    between ``started`` and ``ended`` (wall time): per generation the collections, per second, and their length at
+    p50, p99 and longest; the calls' time at the client less the backend's at p50 and p99 (ms)."""
+    pauses: list[list[float]] = [[], [], []]
+    calls: list[float] = []
+    processes = sorted(directory.glob("*.events"))
+    for path in processes:
+        for line in path.read_text().splitlines():
+            kind, when, *rest = line.split()
+            if not started <= float(when) <= ended:
+                continue
+            if kind == "gc":
+                pauses[int(rest[0])].append(1000 * float(rest[1]))
+            else:
+                calls.append(1000 * float(rest[0]))
+    seconds = ended - started
+
+    def ms(values: list[float], q: float) -> float | None:
+        return round(_pct(values, q), 2) if values else None
+
+    return {
+        "collections": [len(p) for p in pauses],
+        "collections_per_s": [round(len(p) / seconds, 2) for p in pauses],
+        "collection_p50_ms": [ms(p, 0.5) for p in pauses],
+        "collection_p99_ms": [ms(p, 0.99) for p in pauses],
+        "collection_longest_ms": [round(max(p), 1) if p else None for p in pauses],
+        "collector_share_of_wall_percent": round(100 * sum(map(sum, pauses)) / 1000 / seconds / len(processes), 2),
+        "calls": len(calls),
+        "call_p50_ms": ms(calls, 0.5),
+        "call_p99_ms": ms(calls, 0.99),
+    }
+
+
 def agents_taking_turns_main(
-    benchmark: str, agents: dict[str, str], doc: str, *, rounds: int, window: float, record_gc: bool = False
+    benchmark: str,
+    agents: dict[str, str],
+    doc: str,
+    *,
+    rounds: int,
+    window: float,
+    record_gc: bool = False,
+    envs: dict[str, dict[str, str]] | None = None,
 ) -> None:
     """A script's ``main`` that runs :func:`agents_taking_turns` with ``--rounds``, ``--window`` and ``--in-flight``
     (defaults ``rounds``, ``window``, 256) and writes the rows to bench/results/``benchmark``.json."""
@@ -462,6 +516,7 @@ def agents_taking_turns_main(
         in_flight=args.in_flight,
         prefix=benchmark.replace("_", "-"),
         record_gc=record_gc,
+        envs=envs,
     )
     argv = [f"--rounds={args.rounds}", f"--window={args.window}", f"--in-flight={args.in_flight}"]
     path = write_result(benchmark, {"rows": rows}, argv, settings=vars(args))

@@ -186,6 +186,7 @@ def measure(
             time.sleep(0.2)
         ok0, failed0 = completions()
         cpu0, rcpu0, t0 = procs.cpu_seconds(), sum(redis_proc.cpu_times()[:2]), time.monotonic()
+        wall0 = time.time()
         switches0, me0, idle0 = procs.context_switches(), sum(me.cpu_times()[:2]), psutil.cpu_times().idle
         gauge = Gauge(server.client(), running_key, f"rq:queue:{queue_name}")
         gauge.start()
@@ -193,6 +194,7 @@ def measure(
         mean_running, min_queued = gauge.stop()
         ok1, failed1 = completions()
         cpu1, rcpu1, t1 = procs.cpu_seconds(), sum(redis_proc.cpu_times()[:2]), time.monotonic()
+        wall1 = time.time()
         switches1, me1, idle1 = procs.context_switches(), sum(me.cpu_times()[:2]), psutil.cpu_times().idle
         if feeder.error:
             raise feeder.error
@@ -226,6 +228,7 @@ def measure(
         "redis_cpu_cores": round((rcpu1 - rcpu0) / elapsed, 2),
         "machine_busy_cores": round(machine_busy, 2),
         "other_processes_cpu_cores": round(machine_busy - ((cpu1 - cpu0) + (rcpu1 - rcpu0) + (me1 - me0)) / elapsed, 2),
+        "window_wall_time": [round(wall0, 3), round(wall1, 3)],
     }
     print(
         f"  {system:5s} in flight {in_flight:5d} ({processes:3d} processes): {row['rollouts_per_s']:7.1f} rollouts/s "

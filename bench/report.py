@@ -1127,6 +1127,47 @@ proxy's included.""",
 )
 
 
+def _agent_calls_summary(doc: Doc) -> list[Doc]:
+    return [{"in_flight": level["in_flight"], **row} for level in doc.get("levels", []) for row in level["summary"]]
+
+
+def _agent_calls_rows(doc: Doc) -> list[Doc]:
+    return [{"in_flight": level["in_flight"], **row} for level in doc.get("levels", []) for row in level["rows"]]
+
+
+AGENT_CALLS = Spec(
+    title="LLM calls as the agents see them in a worker: the proxy on a thread of its own or on the agents' loop",
+    about="""Where the capturing proxy runs, in a worker: sample-agent rollouts (the `openai` client, 1-2 calls of
+0.1-0.5 s to the demo's simulated LLM) on 2 stock worker processes, each call timed by the agent's own HTTP client
+(request sent to answer read) less the generation time the simulated LLM reports: what the path to the LLM costs
+the agent, its own client and event loop included. At each number of rollouts in flight, {settings[rounds]} rounds,
+the workers taking turns (order swapped every round, {settings[window]:g} s measured each): capture off (the
+agents call the LLM directly), the proxy on a thread and loop of its own (the default), and the proxy on the
+agents' loop (`ROLLQ_CAPTURE_ON_AGENT_LOOP=1`). Added latency is a capture setting's p50 or p99 less capture off's
+in the same round; the summary gives medians over the rounds.""",
+    tables=[
+        Table(_agent_calls_summary, [
+            ("in_flight", "in flight"), ("system", "worker"), ("rollouts_per_s", "rollouts/s", ",.1f"),
+            ("worker_cpu_ms_per_rollout", "worker CPU ms/rollout", ".2f"),
+            ("cpu_over_off", "CPU over capture off's", x),
+            ("call_p50_ms", "call p50 ms", ".1f"), ("call_p99_ms", "call p99 ms", ".1f"),
+            ("added_p50_ms", "added p50 ms", "+.1f"), ("added_p99_ms", "added p99 ms", "+.1f"),
+            ("young_p50_ms", "young collection p50 ms", ".1f"),
+        ]),
+        Table(_agent_calls_rows, [
+            ("in_flight", "in flight"), ("round", "round"), ("system", "worker"), ("rollouts", "rollouts"),
+            ("failed", "failed"), ("rollouts_per_s", "rollouts/s", ",.1f"),
+            ("worker_cpu_ms_per_rollout", "worker CPU ms/rollout", ".2f"), ("calls", "calls"),
+            ("call_p50_ms", "call p50 ms", ".1f"), ("call_p99_ms", "call p99 ms", ".1f"),
+            ("added_p50_ms", "added p50 ms", "+.1f"), ("added_p99_ms", "added p99 ms", "+.1f"),
+            Col("collections (young, middle, full)", lambda r, d: ", ".join(map(str, r["collections"]))),
+            ("young_longest_ms", "longest young ms", ".1f"),
+            ("other_processes_cpu_cores", "other processes, cores", ".2f"),
+        ], caption="Per round:"),
+    ],
+)
+
+
 CALL_RATE = Spec(
     title="CPU per LLM call by call rate, and the same Python work between sleeps",
     about="""The same work costs a thread more CPU when it runs in short bursts between waits than back to back:
@@ -1192,13 +1233,14 @@ SPECS: dict[str, Spec] = {
     "capture": CAPTURE, "enqueue": ENQUEUE, "memory": MEMORY, "startup": STARTUP, "sample_clients": SAMPLE_CLIENTS,
     "switch_interval": SWITCH_INTERVAL,
     "gc_freeze": GC_FREEZE,
+    "agent_calls": AGENT_CALLS,
     "handoffs": HANDOFFS, "call_rate": CALL_RATE,
 }
 # The page's order; results files not named here follow in name order.
 ORDER = ["al_own_path", "al", "al_packs", "noop", "handoffs", "mock_llm", "startup", "fleet_startup", "before_after",
          "before_after_packs", "before_after_stop32", "profile", "worker_floor",
          "rollout_cpu", "rollout_cpu_before_after", "big", "results_stream", "inflight10k", "scaling", "cluster",
-         "cluster_256", "cluster_dead_host", "failover", "soak", "capture", "capture_load_elsewhere",
+         "cluster_256", "cluster_dead_host", "failover", "soak", "capture", "capture_load_elsewhere", "agent_calls",
          "call_rate", "switch_interval", "gc_freeze", "sample_clients", "enqueue", "memory", "idle", "connections",
          "plan_rate", "plan_rate_16", "trainer_api", "embedded_drain"]
 

@@ -99,6 +99,10 @@ class WorkerSettings(Settings):
     0 leaves the interpreter's (5 ms unless set). 1 ms keeps the proxy's calls from waiting long for the GIL while
     agents run Python; a CPU-bound worker spent about 9% less CPU per rollout at 5 ms and 8% more at 0.25 ms
     (``bench/switch_interval.py``; docs/workers.md, "The proxy and the GIL")."""
+    capture_on_agent_loop: bool = False
+    """Serve the capturing proxy on the async agents' event loop instead of a thread and loop of its own: no GIL
+    hand-off between the proxy and the agents per call, but an async agent that makes a blocking LLM call (a sync
+    client) on that loop waits for its own client's timeout (docs/workers.md, "The proxy on the agents' loop")."""
     llm_pause_wait_seconds: float = Field(60.0, ge=0)
     """How long an LLM call waits at the capturing proxy while calls are paused for a weight sync; past it the agent
     gets HTTP 503 with Retry-After (an upstream error, never a silent drop)."""

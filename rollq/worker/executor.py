@@ -139,9 +139,17 @@ class AgentExecutor:
         self._stall_limit: float | None = None  # the last deadline among the attempts a stalled loop holds
         self._wedged = False
         self.on_wedged = on_wedged
+        self.stall_note = ""
+        """Added to the warning about a blocked loop (the worker says when its capturing proxy shares the loop)."""
         # Async calls submitted and not yet started on the loop; one wake-up of the loop starts them all.
         self._inbox: list[tuple[Callable[..., Any], tuple[Any, ...], contextvars.Context, Future[Any], str]] = []
         self._wake_queued = False
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        """The loop async agents run on (its thread runs it from :meth:`start` on)."""
+        assert self._loop is not None, "AgentExecutor.start() was not called"
+        return self._loop
 
     def start(self) -> None:
         ready = threading.Event()
@@ -315,9 +323,10 @@ class AgentExecutor:
             held = [r.deadline for _, r in running if r.is_async]
             self._stall_limit = max(held) if held else None
             log.warning(
-                "the agent event loop is blocked (%.1fs so far) by rollout %s: an async agent made a blocking call",
+                "the agent event loop is blocked (%.1fs so far) by rollout %s: an async agent made a blocking call%s",
                 stalled,
                 self._blocker(),
+                self.stall_note,
             )
         # Past the deadline of every attempt the loop held: the loop above has failed each of them by now.
         if self._stall_limit is not None and now >= self._stall_limit and not self._wedged:

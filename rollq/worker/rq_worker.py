@@ -301,8 +301,15 @@ class RolloutWorker(SimpleWorker):
             # worker that starts during a pause honours it, and so does a proxy started later.
             gate = CallGate(self.settings.llm_pause_wait_seconds)
             self._capture = OnDemandCapture(
-                gate=gate, switch_interval=self.settings.capture_switch_interval_ms / 1000 or None
+                gate=gate,
+                switch_interval=self.settings.capture_switch_interval_ms / 1000 or None,
+                loop=self._executor.loop if self.settings.capture_on_agent_loop else None,
             )
+            if self.settings.capture_on_agent_loop:
+                self._executor.stall_note = (
+                    "; the capturing proxy runs on this loop, so an LLM call made that way waits for its client's"
+                    " timeout (ROLLQ_CAPTURE_ON_AGENT_LOOP=0 gives the proxy a thread of its own)"
+                )
             # Agents that build their OpenAI client from OPENAI_BASE_URL / OPENAI_API_BASE are captured too: when
             # either is set, the proxy starts now, so the variables point at it before any agent reads them.
             self._capture.serve_environment(self.settings.concurrency)

@@ -56,9 +56,16 @@ class SampleAgent(LitAgent):
 
         # A few connection pools shared by every rollout of this process; each rollout has its own base URL.
         if len(self._clients) < self.clients:
-            self._clients.append(openai.AsyncOpenAI(base_url=endpoint, api_key="sample", max_retries=0))
+            self._clients.append(
+                openai.AsyncOpenAI(base_url=endpoint, api_key="sample", max_retries=0, **self._client_options())
+            )
         self._turn += 1
         return self._clients[self._turn % len(self._clients)].with_options(base_url=endpoint)
+
+    def _client_options(self) -> dict[str, Any]:
+        """More keyword arguments for each ``openai.AsyncOpenAI`` client (none here; a benchmark's agent passes
+        an ``http_client`` that times each call)."""
+        return {}
 
     async def training_rollout_async(self, task_input: Any, rollout_id: str, resources: NamedResources) -> None:
         llm = resources["main_llm"]

@@ -7,6 +7,7 @@ Workers load them as ``tests.support.capture_agents:Name``. Each reads ``resourc
 - ``"sync"``, ``"async"``, ``"stream"``, ``"completion"``, ``"httpx"``, ``"curl"``, ``"tools"``:
   one LLM call made with that client (``sync`` = the ``openai`` SDK's sync
   client, ``curl`` = a subprocess);
+- ``"sync-on-loop"`` (async agent only): the sync client called on the event loop itself, a 2 s timeout;
 - ``"reward:<x>"``: ``emit_reward(x)``;
 - ``"sleep:<s>"``: wait that many seconds (between calls);
 - ``"agent:<name>"`` / ``"end_agent"``: open / close an autogen-style
@@ -91,6 +92,10 @@ async def _async_call(step: str, llm: LLM, rollout_id: str, i: int, sampling: di
             response = await http.post(f"{llm.endpoint.rstrip('/')}/chat/completions", json=body)
             response.raise_for_status()
             return str(response.json()["choices"][0]["message"]["content"])
+    if step == "sync-on-loop":  # the mistake: a blocking call on the agents' loop, with a 2 s timeout
+        blocking = openai.OpenAI(base_url=llm.endpoint, api_key="none", max_retries=0, timeout=2.0)
+        reply = blocking.chat.completions.create(model=llm.model, messages=messages)
+        return reply.choices[0].message.content or ""
     return await asyncio.to_thread(_sync_call, step, llm, rollout_id, i, sampling)  # the sync SDK, curl: off the loop
 
 

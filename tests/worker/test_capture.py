@@ -45,15 +45,23 @@ class Fleet:
         )
 
 
-@pytest.fixture(scope="module")
-def fleet(redis_server: RedisServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
-    """One async-agent worker (16 rollouts at once) and the fake backend it calls."""
+@pytest.fixture(scope="module", params=["0", "1"], ids=["proxy thread", "proxy on agents' loop"])
+def fleet(
+    redis_server: RedisServer, tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
+) -> Iterator[Fleet]:
+    """One async-agent worker (16 rollouts at once) and the fake backend it calls; its proxy on a thread of its own,
+    then on the agents' loop (ROLLQ_CAPTURE_ON_AGENT_LOOP)."""
     fake = FakeVLLM().start()
     namespace = f"t-{uuid.uuid4().hex[:10]}"
     producer = Producer.from_url(redis_server.url, namespace=namespace)
     resources_id = producer.update_resources({"llm": LLM(endpoint=fake.url, model="fake-model")})
     log = tmp_path_factory.mktemp("capture") / "worker.log"
-    env = {"ROLLQ_AGENT": f"{AGENTS}:AsyncCaptureAgent", "ROLLQ_CONCURRENCY": "16", "ROLLQ_HEARTBEAT_SECONDS": "1"}
+    env = {
+        "ROLLQ_AGENT": f"{AGENTS}:AsyncCaptureAgent",
+        "ROLLQ_CONCURRENCY": "16",
+        "ROLLQ_HEARTBEAT_SECONDS": "1",
+        "ROLLQ_CAPTURE_ON_AGENT_LOOP": request.param,
+    }
     worker = WorkerProcess(redis_server.url, namespace, log, env=env)
     yield Fleet(producer, fake, resources_id, worker)
     worker.stop(timeout=30)
@@ -183,6 +191,31 @@ def test_a_sync_agent_calling_through_curl_httpx_and_the_sync_sdk_is_captured(
     for triplet in triplets:
         assert_ids_are_the_servers(fake, triplet)
     assert [t.reward for t in triplets] == [0.5, None, 1.0]
+
+
+def test_a_blocking_llm_call_on_the_agents_loop_fails_its_rollout_naming_the_timeout_and_the_worker_goes_on(
+    redis_server: RedisServer, namespace: str, workers: Callable[..., WorkerProcess]
+) -> None:
+    """With the proxy on the agents' loop, an async agent that calls a sync client on that loop blocks the proxy
+    that would answer it (docs/workers.md, "The proxy on the agents' loop"): its call times out, its rollout fails
+    saying so, and the next rollout is served."""
+    fake = FakeVLLM().start()
+    try:
+        producer = Producer.from_url(redis_server.url, namespace=namespace)
+        producer.update_resources({"llm": LLM(endpoint=fake.url, model="fake-model")})
+        env = {"ROLLQ_AGENT": f"{AGENTS}:AsyncCaptureAgent", "ROLLQ_CAPTURE_ON_AGENT_LOOP": "1"}
+        worker = workers(redis_server.url, namespace, env=env)
+        [blocked] = producer.enqueue_many([{"steps": ["sync-on-loop"]}], mode="train")
+        [rollout] = producer.wait([blocked.rollout_id], timeout=WAIT)
+        [after] = producer.enqueue_many([{"steps": ["async", "reward:1"]}], mode="train")
+        [next_rollout] = producer.wait([after.rollout_id], timeout=WAIT)
+    finally:
+        fake.stop()
+    assert rollout.metadata["status"] == "failed"
+    assert rollout.metadata["error"]["type"] == "APITimeoutError", rollout.metadata["error"]
+    assert next_rollout.metadata["status"] == "succeeded" and next_rollout.final_reward == 1.0
+    assert len(next_rollout.triplets or []) == 1
+    assert "the capturing proxy runs on this loop, so an LLM call made that way waits" in worker.log()
 
 
 def test_with_capture_off_agents_call_the_endpoint_directly(

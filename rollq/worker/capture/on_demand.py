@@ -7,6 +7,7 @@ once per process, and every later attempt shares it.
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
@@ -33,7 +34,8 @@ def capturable(resources: NamedResources) -> bool:
 
 class OnDemandCapture:
     """:class:`CaptureProxy`'s ``open_attempt``, ``gate`` and ``stop``, the proxy started when first needed (with
-    ``switch_interval``: :class:`CaptureProxy`'s, None to leave the interpreter's GIL switch interval alone).
+    ``switch_interval``: :class:`CaptureProxy`'s, None to leave the interpreter's GIL switch interval alone; with
+    ``loop``, served on that running loop, see :class:`CaptureProxy`).
 
     The gate exists from the start (a weight-sync pause can close it before any proxy runs); the proxy binds it
     to its loop when it starts.
@@ -44,10 +46,12 @@ class OnDemandCapture:
         host: str = "127.0.0.1",
         gate: CallGate | None = None,
         switch_interval: float | None = SWITCH_INTERVAL_SECONDS,
+        loop: asyncio.AbstractEventLoop | None = None,
     ) -> None:
         self.host = host
         self.gate = gate or CallGate()
         self.switch_interval = switch_interval
+        self.loop = loop
         self._proxy: CaptureProxy | None = None
         self._lock = threading.Lock()
 
@@ -93,7 +97,9 @@ class OnDemandCapture:
             if self._proxy is None:
                 from .proxy import CaptureProxy
 
-                self._proxy = CaptureProxy(self.host, gate=self.gate, switch_interval=self.switch_interval).start()
+                self._proxy = CaptureProxy(
+                    self.host, gate=self.gate, switch_interval=self.switch_interval, loop=self.loop
+                ).start()
             return self._proxy
 
     def stop(self) -> None:

@@ -155,11 +155,14 @@ class CaptureProxy:
         read_timeout: float = DEFAULT_READ_TIMEOUT_SECONDS,
         max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
         switch_interval: float | None = gil.SWITCH_INTERVAL_SECONDS,
+        loop: asyncio.AbstractEventLoop | None = None,
     ) -> None:
         """``read_timeout``: longest wait for the next byte from a backend before the call fails (504);
         ``max_body_bytes``: the largest request body an agent may send (413 past it); ``switch_interval``: the
         GIL switch interval the process gets while the proxy runs, if it is longer (see :mod:`.gil`; None leaves
-        it)."""
+        it); ``loop``: serve on this running loop (the async agents', run by another thread) instead of a thread
+        and loop of the proxy's own. An agent that makes a blocking call on that loop then blocks the proxy too:
+        a sync client's LLM call from an async agent waits until its own timeout."""
         self.host = host
         self.read_timeout = read_timeout
         self.max_body_bytes = max_body_bytes
@@ -173,7 +176,8 @@ class CaptureProxy:
         self._environment_open: set[str] = set()  # header tokens of the attempts open now
         self._concurrency = 1
         self._rejecting: set[str] = set()  # upstreams that refused return_token_ids once
-        self._loop: asyncio.AbstractEventLoop | None = None
+        self._loop: asyncio.AbstractEventLoop | None = loop
+        self._shares_loop = loop is not None
         self._client: Client | None = None
         self._server: Server | None = None
         self._thread: threading.Thread | None = None
@@ -184,6 +188,9 @@ class CaptureProxy:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((self.host, 0))
         self.port = int(sock.getsockname()[1])
+        if self._loop is not None:
+            self._start_on(self._loop, sock)
+            return self
         ready = threading.Event()
         failure: list[BaseException] = []
 
@@ -211,6 +218,19 @@ class CaptureProxy:
         log.info("capturing LLM calls through http://%s:%d", self.host, self.port)
         return self
 
+    def _start_on(self, loop: asyncio.AbstractEventLoop, sock: socket.socket) -> None:
+        """Serve on ``loop``, which another thread runs: no thread of the proxy's own, no GIL hand-off between it
+        and the agents (so the switch interval is left alone)."""
+        try:
+            on_loop = asyncio.get_running_loop() is loop
+        except RuntimeError:
+            on_loop = False
+        if on_loop:
+            sock.close()
+            raise RuntimeError("a proxy on a loop that other threads run is started from another thread")
+        asyncio.run_coroutine_threadsafe(self._open(sock), loop).result(timeout=30)
+        log.info("capturing LLM calls through http://%s:%d, on the agents' event loop", self.host, self.port)
+
     async def _open(self, sock: socket.socket) -> None:
         self.gate.bind(asyncio.get_running_loop())
         # A hung backend must not hold a call (and its socket) forever: no byte for read_timeout fails it. No
@@ -229,6 +249,10 @@ class CaptureProxy:
             await self._client.close()
 
     def stop(self) -> None:
+        if self._shares_loop:
+            if self._loop is not None and self._loop.is_running():
+                asyncio.run_coroutine_threadsafe(self._close(), self._loop).result(timeout=5)
+            return
         if self._loop is not None and self._thread is not None:
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join(timeout=5)

@@ -1,0 +1,127 @@
+"""LLM calls as the agents see them in a worker: capture off, the proxy on a thread of its own, the proxy on the
+agents' loop.
+
+Run: python bench/agent_calls.py [--in-flight 16 64 256] [--rounds 3] [--window 15] [--collector Y,M,O]
+
+``bench/capture.py`` measures the proxy in a process of its own beside a stand-in for the agents' load. This one
+measures it where it runs: sample-agent rollouts (``bench.agents:CallTimingSampleAgent``: rollq's sample agent, the
+``openai`` client, 1-2 calls of 0.1-0.5 s to the demo's simulated LLM) on 2 stock worker processes, each call timed
+by the agent's own HTTP client (request sent to answer read) less the generation time the simulated LLM reports:
+what the path to the LLM costs the agent, its own client and loop included. Three workers take turns at each
+``--in-flight`` (order swapped every round, ``--window`` s measured each):
+
+- ``capture off`` (``ROLLQ_CAPTURE_LLM=0``): the agents call the LLM directly, nothing recorded;
+- ``proxy thread``: the capturing proxy on a thread and loop of its own, as by default;
+- ``proxy on the agents' loop`` (``ROLLQ_CAPTURE_ON_AGENT_LOOP=1``).
+
+Added latency is each capture setting's p50 and p99 less capture off's in the same round. Each worker process's
+garbage collections in the window are recorded too (every one stops every thread). With ``--collector Y,M,O`` a
+fourth worker takes its turn: the proxy thread with the collector's thresholds set to those. Writes
+bench/results/agent_calls.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.capture import agents_taking_turns  # noqa: E402
+from bench.common import write_result  # noqa: E402
+
+AGENT = "bench.agents:CallTimingSampleAgent"
+OFF = "capture off"
+SYSTEMS: dict[str, dict[str, str]] = {
+    OFF: {"ROLLQ_CAPTURE_LLM": "0"},
+    "proxy thread": {},
+    "proxy on the agents' loop": {"ROLLQ_CAPTURE_ON_AGENT_LOOP": "1"},
+}
+
+
+def _row(row: dict[str, Any], off: dict[str, Any] | None) -> dict[str, Any]:
+    """One worker's round, its calls and collections in the window, and its added latency over capture off's."""
+    window = row["in_window"]
+    slim = {k: row[k] for k in ("round", "system", "rollouts", "failed", "rollouts_per_s", "worker_cpu_ms_per_rollout")}
+    slim |= {
+        "other_processes_cpu_cores": row["other_processes_cpu_cores"],
+        "calls": window["calls"],
+        "call_p50_ms": window["call_p50_ms"],
+        "call_p99_ms": window["call_p99_ms"],
+        "collections": window["collections"],
+        "young_p50_ms": window["collection_p50_ms"][0],
+        "young_longest_ms": window["collection_longest_ms"][0],
+        "collector_share_of_wall_percent": window["collector_share_of_wall_percent"],
+    }
+    if off is not None and row is not off:
+        slim["added_p50_ms"] = round(window["call_p50_ms"] - off["in_window"]["call_p50_ms"], 2)
+        slim["added_p99_ms"] = round(window["call_p99_ms"] - off["in_window"]["call_p99_ms"], 2)
+        slim["cpu_over_off"] = round(row["worker_cpu_ms_per_rollout"] / off["worker_cpu_ms_per_rollout"], 3)
+    return slim
+
+
+def _summary(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per worker: medians over its rounds."""
+    summary = []
+    for system in dict.fromkeys(r["system"] for r in rows):
+        mine = [r for r in rows if r["system"] == system]
+
+        def median(key: str, mine: list[dict[str, Any]] = mine) -> float | None:
+            values = [r[key] for r in mine if r.get(key) is not None]
+            return round(statistics.median(values), 2) if values else None
+
+        summary.append({
+            "system": system,
+            "rounds": len(mine),
+            **{
+                key: median(key)
+                for key in (
+                    "rollouts_per_s", "worker_cpu_ms_per_rollout", "call_p50_ms", "call_p99_ms", "added_p50_ms",
+                    "added_p99_ms", "cpu_over_off", "young_p50_ms", "young_longest_ms",
+                )
+            },
+        })  # fmt: skip
+    return summary
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--in-flight", type=int, nargs="+", default=[16, 64, 256], help="rollouts in flight, over "
+                        "2 worker processes, one level after another (default 16 64 256)")  # fmt: skip
+    parser.add_argument("--rounds", type=int, default=3, help="rounds per level (default 3)")
+    parser.add_argument("--window", type=float, default=15.0, help="seconds measured per worker and round (default 15)")
+    parser.add_argument("--collector", help="a fourth worker: the proxy thread with gc thresholds Y,M,O")
+    args = parser.parse_args()
+    envs = dict(SYSTEMS)
+    if args.collector:
+        envs[f"proxy thread, collector {args.collector}"] = {"ROLLQ_BENCH_GC_THRESHOLDS": args.collector}
+    levels = []
+    for in_flight in args.in_flight:
+        raw = agents_taking_turns(
+            dict.fromkeys(envs, AGENT),
+            rounds=args.rounds,
+            window=args.window,
+            in_flight=in_flight,
+            prefix=f"agent-calls-{in_flight}",
+            record_gc=True,
+            envs=envs,
+        )
+        offs = {r["round"]: r for r in raw if r["system"] == OFF}
+        rows = [_row(r, offs.get(r["round"])) for r in raw]
+        levels.append({"in_flight": in_flight, "summary": _summary(rows), "rows": rows})
+        for s in levels[-1]["summary"]:
+            print(f"{in_flight:4d} in flight  {s['system']:40s} call p50 {s['call_p50_ms']} p99 {s['call_p99_ms']} ms"
+                  f"  added {s['added_p50_ms']} / {s['added_p99_ms']}  CPU {s['worker_cpu_ms_per_rollout']} ms/rollout",
+                  flush=True)  # fmt: skip
+    argv = ["--in-flight", *map(str, args.in_flight), f"--rounds={args.rounds}", f"--window={args.window}"]
+    if args.collector:
+        argv.append(f"--collector={args.collector}")
+    path = write_result("agent_calls", {"levels": levels}, argv, settings=vars(args))
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()
