@@ -1,7 +1,7 @@
 """LLM calls as the agents see them in a worker: capture off, the proxy on a thread of its own, the proxy on the
 agents' loop.
 
-Run: python bench/agent_calls.py [--in-flight 16 64 256] [--rounds 3] [--window 15] [--collector Y,M,O]
+Run: python bench/agent_calls.py [--in-flight 16 64 256] [--rounds 3] [--window 15] [--collector Y,M,O] [--out NAME]
 
 ``bench/capture.py`` measures the proxy in a process of its own beside a stand-in for the agents' load. This one
 measures it where it runs: sample-agent rollouts (``bench.agents:CallTimingSampleAgent``: rollq's sample agent, the
@@ -17,7 +17,7 @@ what the path to the LLM costs the agent, its own client and loop included. Thre
 Added latency is each capture setting's p50 and p99 less capture off's in the same round. Each worker process's
 garbage collections in the window are recorded too (every one stops every thread). With ``--collector Y,M,O`` a
 fourth worker takes its turn: the proxy thread with the collector's thresholds set to those. Writes
-bench/results/agent_calls.json.
+bench/results/agent_calls.json (``--out NAME``: NAME.json).
 """
 
 from __future__ import annotations
@@ -94,6 +94,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3, help="rounds per level (default 3)")
     parser.add_argument("--window", type=float, default=15.0, help="seconds measured per worker and round (default 15)")
     parser.add_argument("--collector", help="a fourth worker: the proxy thread with gc thresholds Y,M,O")
+    parser.add_argument("--out", default="agent_calls", help="results name: bench/results/<out>.json")
     args = parser.parse_args()
     envs = dict(SYSTEMS)
     if args.collector:
@@ -119,7 +120,9 @@ def main() -> None:
     argv = ["--in-flight", *map(str, args.in_flight), f"--rounds={args.rounds}", f"--window={args.window}"]
     if args.collector:
         argv.append(f"--collector={args.collector}")
-    path = write_result("agent_calls", {"levels": levels}, argv, settings=vars(args))
+    if args.out != "agent_calls":
+        argv.append(f"--out={args.out}")
+    path = write_result(args.out, {"levels": levels}, argv, settings=vars(args))
     print(f"wrote {path}")
 
 

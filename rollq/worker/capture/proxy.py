@@ -1,10 +1,12 @@
 """The capturing proxy: one HTTP server per worker process, on 127.0.0.1, on a thread of its own.
 
 It serves with :mod:`.httpserver` and forwards with :mod:`.httpclient` (httptools' parser; streaming in both
-directions without buffering, a connection pool to the backend). It has a
+directions without buffering, a connection pool to the backend). By default it has a
 thread and loop of its own rather than the async agents' loop: an async agent
 that calls a sync client on that loop would otherwise wait on a proxy that
-cannot run until it returns. Each attempt
+cannot run until it returns. ``ROLLQ_CAPTURE_ON_AGENT_LOOP=1`` (``loop=``) serves it on the agents' loop instead,
+for agents whose LLM clients are all async: no thread wakes and no GIL changes hands per call (docs/workers.md,
+"The proxy on the agents' loop"). Each attempt
 opens a :class:`AttemptCapture`: every ``LLM`` resource with an http(s)
 endpoint gets an unguessable token, and the agent sees
 ``http://127.0.0.1:<port>/<token>/v1`` instead of the real endpoint. A request
