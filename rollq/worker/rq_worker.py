@@ -727,11 +727,11 @@ class RolloutWorker(SimpleWorker):
             if self.worker_id is not None:
                 self.hook_set.teardown_worker(self.worker_id)
                 self.hook_set.teardown()
-            self._executor.stop()
             if self._pause is not None:
                 self._pause.stop()
             if self._capture is not None:
-                self._capture.stop()
+                self._capture.stop()  # before the agents' loop stops: a proxy served on it closes on it
+            self._executor.stop()
             if self.rq_lifecycle is not None:
                 self.rq_lifecycle.shutdown()
                 self.rq_lifecycle = None

@@ -90,7 +90,7 @@ def test_starting_it_from_the_loops_own_thread_is_refused_saying_why(executor: A
     async def start_here() -> None:
         CaptureProxy(loop=executor.loop).start()
 
-    with pytest.raises(RuntimeError, match="started from another thread"):
+    with pytest.raises(RuntimeError, match="from a thread other than its loop's own"):
         asyncio.run_coroutine_threadsafe(start_here(), executor.loop).result(timeout=5)
 
 
@@ -137,6 +137,12 @@ def test_the_worker_setting_puts_its_proxy_on_the_agents_loop_or_a_thread_of_its
         assert attempt is not None and capture.proxy is not None
         assert (capture.proxy._loop is worker._executor.loop) is on_agent_loop
         assert (capture.proxy._thread is None) is on_agent_loop
+        port = capture.proxy.port
         attempt.close()
     finally:
+        started = time.monotonic()
         worker.teardown()
+    # The proxy is closed before the agents' loop stops, not left listening on a loop that no longer turns.
+    assert time.monotonic() - started < 4
+    with pytest.raises(ConnectionRefusedError):
+        socket.create_connection(("127.0.0.1", port), timeout=5).close()

@@ -1,4 +1,4 @@
-"""The capturing proxy: one HTTP server per worker process, on 127.0.0.1, on a thread of its own.
+"""The capturing proxy: one HTTP server per worker process, on 127.0.0.1, on a thread of its own or the agents' loop.
 
 It serves with :mod:`.httpserver` and forwards with :mod:`.httpclient` (httptools' parser; streaming in both
 directions without buffering, a connection pool to the backend). By default it has a
@@ -229,7 +229,7 @@ class CaptureProxy:
             on_loop = False
         if on_loop:
             sock.close()
-            raise RuntimeError("a proxy on a loop that other threads run is started from another thread")
+            raise RuntimeError("CaptureProxy(loop=...) must be started from a thread other than its loop's own")
         asyncio.run_coroutine_threadsafe(self._open(sock), loop).result(timeout=30)
         log.info("capturing LLM calls through http://%s:%d, on the agents' event loop", self.host, self.port)
 
@@ -253,7 +253,10 @@ class CaptureProxy:
     def stop(self) -> None:
         if self._shares_loop:
             if self._loop is not None and self._loop.is_running():
-                asyncio.run_coroutine_threadsafe(self._close(), self._loop).result(timeout=5)
+                try:
+                    asyncio.run_coroutine_threadsafe(self._close(), self._loop).result(timeout=5)
+                except TimeoutError:  # the loop is blocked or stopping: its process is going away
+                    log.warning("the capturing proxy did not close within 5 s on the agents' loop")
             return
         if self._loop is not None and self._thread is not None:
             self._loop.call_soon_threadsafe(self._loop.stop)
