@@ -18,6 +18,7 @@ import pytest
 from aiohttp import web
 
 from rollq.worker.capture import CaptureProxy
+from rollq.worker.executor import AgentExecutor
 from rollq.worker.triplets import derive
 from tests.support.capture import MESSAGES, open_attempt
 
@@ -105,11 +106,19 @@ def backend() -> Iterator[HostileBackend]:
     server.stop()
 
 
-@pytest.fixture
-def proxy() -> Iterator[CaptureProxy]:
-    started = CaptureProxy(read_timeout=2, max_body_bytes=1024 * 1024).start()
+@pytest.fixture(params=["own thread", "agents' loop"])
+def proxy(request: pytest.FixtureRequest) -> Iterator[CaptureProxy]:
+    """The proxy on a thread of its own and on the agents' loop (ROLLQ_CAPTURE_ON_AGENT_LOOP): both hold."""
+    executor = AgentExecutor() if request.param == "agents' loop" else None
+    if executor is not None:
+        executor.start()
+    started = CaptureProxy(
+        read_timeout=2, max_body_bytes=1024 * 1024, loop=executor.loop if executor is not None else None
+    ).start()
     yield started
     started.stop()
+    if executor is not None:
+        executor.stop()
 
 
 def _client(endpoint: str, timeout: float = 10) -> openai.OpenAI:

@@ -44,14 +44,21 @@ class Fleet:
         return self.producer.update_resources({"llm": llm})
 
 
-@pytest.fixture(scope="module")
-def fleet(redis_server: RedisServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
+@pytest.fixture(scope="module", params=["0", "1"], ids=["proxy thread", "proxy on the agents' loop"])
+def fleet(
+    redis_server: RedisServer, tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
+) -> Iterator[Fleet]:
     fake = FakeVLLM().start()
     namespace = f"t-{uuid.uuid4().hex[:10]}"
     producer = Producer.from_url(redis_server.url, namespace=namespace)
     producer.update_resources({"llm": LLM(endpoint=fake.url, model="fake-model")})
     log = tmp_path_factory.mktemp("training") / "worker.log"
-    env = {"ROLLQ_AGENT": AGENT, "ROLLQ_CONCURRENCY": "16", "ROLLQ_HEARTBEAT_SECONDS": "1"}
+    env = {
+        "ROLLQ_AGENT": AGENT,
+        "ROLLQ_CONCURRENCY": "16",
+        "ROLLQ_HEARTBEAT_SECONDS": "1",
+        "ROLLQ_CAPTURE_ON_AGENT_LOOP": request.param,
+    }
     worker = WorkerProcess(redis_server.url, namespace, log, env=env)
     yield Fleet(producer, fake, worker)
     worker.stop(timeout=30)

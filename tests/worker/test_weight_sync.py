@@ -37,13 +37,23 @@ def _live(producer: Producer, count: int) -> None:
     wait_until(lambda: producer.llm_gate_status().workers == count, f"{count} worker(s) reporting to the LLM gate")
 
 
-@pytest.mark.parametrize("listen", ["1", "0"], ids=["listening", "heartbeat-only"])
+@pytest.mark.parametrize(
+    ("listen", "on_loop"),
+    [("1", "0"), ("0", "0"), ("1", "1")],
+    ids=["listening", "heartbeat-only", "listening, proxy on the agents' loop"],
+)
 def test_a_pause_across_two_workers_lets_running_calls_finish_holds_new_ones_and_resume_releases_them(
-    redis_server: RedisServer, namespace: str, workers: Callable[..., WorkerProcess], fake: FakeVLLM, listen: str
+    redis_server: RedisServer,
+    namespace: str,
+    workers: Callable[..., WorkerProcess],
+    fake: FakeVLLM,
+    listen: str,
+    on_loop: str,
 ) -> None:
     producer, v1 = _producer(redis_server, namespace, fake)
+    env = {**AGENT, "ROLLQ_CONCURRENCY": "4", "ROLLQ_LLM_GATE_LISTEN": listen, "ROLLQ_CAPTURE_ON_AGENT_LOOP": on_loop}
     for _ in range(2):
-        workers(redis_server.url, namespace, env={**AGENT, "ROLLQ_CONCURRENCY": "4", "ROLLQ_LLM_GATE_LISTEN": listen})
+        workers(redis_server.url, namespace, env=env)
     _live(producer, 2)
     fake.delay = 1.5
     tasks = producer.enqueue_many([{"steps": ["async", "async"]} for _ in range(8)], mode="train")
@@ -92,14 +102,16 @@ def test_a_call_that_waits_past_the_bound_gets_503_and_the_rollout_fails_naming_
     assert span["attributes"]["error.type"] == "503"
 
 
+@pytest.mark.parametrize("on_loop", ["0", "1"], ids=["proxy thread", "proxy on the agents' loop"])
 def test_a_worker_that_starts_during_a_pause_honours_it(
-    redis_server: RedisServer, namespace: str, workers: Callable[..., WorkerProcess], fake: FakeVLLM
+    redis_server: RedisServer, namespace: str, workers: Callable[..., WorkerProcess], fake: FakeVLLM, on_loop: str
 ) -> None:
+    """The gate is closed before any proxy runs; the proxy binds it to whichever loop serves when it starts."""
     producer, _ = _producer(redis_server, namespace, fake)
     report = producer.pause_llm(timeout=5)
     assert report.workers == 0  # no worker yet: drained at once
     try:
-        workers(redis_server.url, namespace, env=AGENT)
+        workers(redis_server.url, namespace, env={**AGENT, "ROLLQ_CAPTURE_ON_AGENT_LOOP": on_loop})
         [task] = producer.enqueue_many([{"steps": ["async"]}], mode="train")
         wait_until(lambda: producer.llm_gate_status().waiting == 1, "the call waiting at the new worker's gate")
         status = producer.llm_gate_status()
