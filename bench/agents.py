@@ -257,7 +257,7 @@ class _GcRecorder:
 class CallTimingSampleAgent(GcRecordingSampleAgent):
     """:class:`GcRecordingSampleAgent` that also times each LLM call at the client (its ``openai`` clients' HTTP
     hooks: request sent to response head read) less the generation time the simulated LLM reports
-    (``X-Sim-Seconds``): what the path to the LLM costs the agent, in a worker as it runs (bench/gc_young.py).
+    (``X-Sim-Seconds``): what the path to the LLM costs the agent, in a worker as it runs (bench/agent_calls.py).
 
     With ``ROLLQ_BENCH_GC_THRESHOLDS=young,middle,old`` the process's collector thresholds are set to those as the
     first rollout starts (after the worker's own setting, rollq.worker.collector)."""

@@ -471,6 +471,7 @@ def _window_events(directory: Path, started: float, ended: float) -> dict[str, A
             else:
                 calls.append(1000 * float(rest[0]))
     seconds = ended - started
+    process_seconds = seconds * max(1, len(processes))
 
     def ms(values: list[float], q: float) -> float | None:
         return round(_pct(values, q), 2) if values else None
@@ -481,7 +482,7 @@ def _window_events(directory: Path, started: float, ended: float) -> dict[str, A
         "collection_p50_ms": [ms(p, 0.5) for p in pauses],
         "collection_p99_ms": [ms(p, 0.99) for p in pauses],
         "collection_longest_ms": [round(max(p), 1) if p else None for p in pauses],
-        "collector_share_of_wall_percent": round(100 * sum(map(sum, pauses)) / 1000 / seconds / len(processes), 2),
+        "collector_share_of_wall_percent": round(100 * sum(map(sum, pauses)) / 1000 / process_seconds, 2),
         "calls": len(calls),
         "call_p50_ms": ms(calls, 0.5),
         "call_p99_ms": ms(calls, 0.99),

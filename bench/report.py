@@ -1127,12 +1127,9 @@ proxy's included.""",
 )
 
 
-def _agent_calls_summary(doc: Doc) -> list[Doc]:
-    return [{"in_flight": level["in_flight"], **row} for level in doc.get("levels", []) for row in level["summary"]]
-
-
-def _agent_calls_rows(doc: Doc) -> list[Doc]:
-    return [{"in_flight": level["in_flight"], **row} for level in doc.get("levels", []) for row in level["rows"]]
+def _per_level(key: str) -> Callable[[Doc], list[Doc]]:
+    """The ``key`` rows of every in-flight level of bench/agent_calls.py's file, each with its level."""
+    return lambda doc: [{"in_flight": lv["in_flight"], **row} for lv in doc.get("levels", []) for row in lv[key]]
 
 
 def _agent_calls_derived(doc: Doc) -> dict[str, Any]:
@@ -1159,7 +1156,7 @@ agents' loop (`ROLLQ_CAPTURE_ON_AGENT_LOOP=1`). Added latency is a capture setti
 in the same round; the summary gives medians over the rounds.{collector_text}""",
     derive=_agent_calls_derived,
     tables=[
-        Table(_agent_calls_summary, [
+        Table(_per_level("summary"), [
             ("in_flight", "in flight"), ("system", "worker"), ("rollouts_per_s", "rollouts/s", ",.1f"),
             ("worker_cpu_ms_per_rollout", "worker CPU ms/rollout", ".2f"),
             ("cpu_over_off", "CPU over capture off's", x),
@@ -1167,7 +1164,7 @@ in the same round; the summary gives medians over the rounds.{collector_text}"""
             ("added_p50_ms", "added p50 ms", "+.1f"), ("added_p99_ms", "added p99 ms", "+.1f"),
             ("young_p50_ms", "young collection p50 ms", ".1f"),
         ]),
-        Table(_agent_calls_rows, [
+        Table(_per_level("rows"), [
             ("in_flight", "in flight"), ("round", "round"), ("system", "worker"), ("rollouts", "rollouts"),
             ("failed", "failed"), ("rollouts_per_s", "rollouts/s", ",.1f"),
             ("worker_cpu_ms_per_rollout", "worker CPU ms/rollout", ".2f"), ("calls", "calls"),

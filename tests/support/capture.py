@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from opentelemetry import trace
@@ -12,6 +14,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from rollq.models.contract import LLM, PromptTemplate
 from rollq.worker.capture import CaptureProxy
 from rollq.worker.capture.proxy import AttemptCapture
+from rollq.worker.executor import AgentExecutor
 
 MESSAGES: Any = [{"role": "user", "content": "hi"}]
 
@@ -41,3 +44,23 @@ def open_attempt(proxy: CaptureProxy, endpoint: str, **sampling: Any) -> tuple[L
     llm = resources["llm"]
     assert isinstance(llm, LLM)
     return llm, attempt, spans
+
+
+WHERE = ["own thread", "agents' loop"]
+"""Where a proxy can be served: the ``params`` of a fixture that runs its tests both ways."""
+
+
+@contextmanager
+def served_proxy(where: str, **options: Any) -> Iterator[CaptureProxy]:
+    """A started :class:`CaptureProxy` (with ``options``), on a thread of its own or, for ``"agents' loop"``, on a
+    running :class:`AgentExecutor`'s loop (``ROLLQ_CAPTURE_ON_AGENT_LOOP``); stopped, and that executor with it."""
+    executor = AgentExecutor() if where == "agents' loop" else None
+    if executor is not None:
+        executor.start()
+    proxy = CaptureProxy(loop=executor.loop if executor is not None else None, **options).start()
+    try:
+        yield proxy
+    finally:
+        proxy.stop()
+        if executor is not None:
+            executor.stop()

@@ -18,9 +18,8 @@ import pytest
 from aiohttp import web
 
 from rollq.worker.capture import CaptureProxy
-from rollq.worker.executor import AgentExecutor
 from rollq.worker.triplets import derive
-from tests.support.capture import MESSAGES, open_attempt
+from tests.support.capture import MESSAGES, WHERE, open_attempt, served_proxy
 
 ODD = b'{"id": "odd-1", "object": "chat.completion", "choices": [{"index": 0, "message": "just text"}],  "x": [1,2]}'
 
@@ -106,19 +105,11 @@ def backend() -> Iterator[HostileBackend]:
     server.stop()
 
 
-@pytest.fixture(params=["own thread", "agents' loop"])
+@pytest.fixture(params=WHERE)
 def proxy(request: pytest.FixtureRequest) -> Iterator[CaptureProxy]:
     """The proxy on a thread of its own and on the agents' loop (ROLLQ_CAPTURE_ON_AGENT_LOOP): both hold."""
-    executor = AgentExecutor() if request.param == "agents' loop" else None
-    if executor is not None:
-        executor.start()
-    started = CaptureProxy(
-        read_timeout=2, max_body_bytes=1024 * 1024, loop=executor.loop if executor is not None else None
-    ).start()
-    yield started
-    started.stop()
-    if executor is not None:
-        executor.stop()
+    with served_proxy(request.param, read_timeout=2, max_body_bytes=1024 * 1024) as started:
+        yield started
 
 
 def _client(endpoint: str, timeout: float = 10) -> openai.OpenAI:

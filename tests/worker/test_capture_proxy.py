@@ -17,26 +17,16 @@ from rollq.models.llm_options import with_options
 from rollq.worker.capture import CaptureProxy
 from rollq.worker.capture.proxy import AttemptCapture
 from rollq.worker.capture.routing import rendezvous_order
-from rollq.worker.executor import AgentExecutor
-from tests.support.capture import MESSAGES, Spans, open_attempt
+from tests.support.capture import MESSAGES, WHERE, Spans, open_attempt, served_proxy
 from tests.support.fake_vllm import FakeVLLM
 
 
-@pytest.fixture(scope="module", params=["own thread", "agents' loop"])
+@pytest.fixture(scope="module", params=WHERE)
 def proxy(request: pytest.FixtureRequest) -> Iterator[CaptureProxy]:
     """The proxy on a thread and loop of its own, and served on the async agents' loop (ROLLQ_CAPTURE_ON_AGENT_LOOP):
     every test here holds for both."""
-    if request.param == "own thread":
-        started = CaptureProxy().start()
+    with served_proxy(request.param) as started:
         yield started
-        started.stop()
-        return
-    executor = AgentExecutor()
-    executor.start()
-    started = CaptureProxy(loop=executor.loop).start()
-    yield started
-    started.stop()
-    executor.stop()
 
 
 def test_each_attempt_gets_an_unguessable_loopback_address_and_other_resources_are_untouched(
