@@ -35,6 +35,12 @@ With ``--load-elsewhere`` that thread runs in a process of its own instead, for 
 process of its own (not sharing a GIL with the agents) would see beside busy agents. Results go to
 ``--out`` (``capture`` by default).
 
+With ``--floor`` a third path takes its turn in every round: ``bench/proxy_floor.py``'s raw forwarder (bare
+asyncio protocols, no HTTP library, nothing captured; not a usable proxy) in a process set up as the proxy's is (the
+same agent load, collector and GIL switch interval): the latency a forwarder in Python adds here at the least, as
+``added_p50_ms_raw``/``added_p99_ms_raw``. Every call then asks for token ids itself, on every path, so that the
+three paths carry the same answers (the capture proxy asks for them when the call does not).
+
 With ``--base COMMIT`` a second proxy, rollq as of that commit (a temporary ``git worktree``), takes its turn in
 every round beside this tree's (their order swapped every round): before and after in one run, per round (the
 base proxy is served by that commit's own ``bench/capture.py``: before 2026-12-03 09:00 UTC it kept every span). With
@@ -43,7 +49,7 @@ base proxy is served by that commit's own ``bench/capture.py``: before 2026-12-0
 
     python bench/capture.py [--calls 4096] [--concurrency 256] [--rounds 4] [--latency 0.5]
                             [--rollout-rounds 2] [--window 20] [--agent-load 0.5] [--load-elsewhere]
-                            [--base COMMIT] [--switch-interval S] [--out capture]
+                            [--floor] [--base COMMIT] [--switch-interval S] [--out capture]
 """
 
 from __future__ import annotations
@@ -68,6 +74,7 @@ import psutil
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import base_tree, commit_of, cpu_ticks, steal_percent, write_result  # noqa: E402
+from rollq.worker.capture.gil import SWITCH_INTERVAL_SECONDS  # noqa: E402
 
 if TYPE_CHECKING:
     from rollq.worker.tracer import RolloutTrace
@@ -148,6 +155,8 @@ import os, runpy, sys, threading
 if os.environ.get("ROLLQ_BENCH_WORKER_GC"):
     from rollq.worker.collector import widen_young_generation
     widen_young_generation()
+if os.environ.get("ROLLQ_BENCH_SWITCH_INTERVAL"):
+    sys.setswitchinterval(float(os.environ["ROLLQ_BENCH_SWITCH_INTERVAL"]))
 ready = threading.Event()
 def agents(load):
     with open(os.environ["ROLLQ_BENCH_AGENT_TID"], "w") as f:
@@ -202,10 +211,16 @@ def _child(*args: str, tree: Path | None = None, agent_load: float = 0.0) -> tup
 
 
 def _start(
-    *args: str, tree: Path | None = None, agent_load: float = 0.0, script: str = "capture.py", worker_gc: bool = True
+    *args: str,
+    tree: Path | None = None,
+    agent_load: float = 0.0,
+    script: str = "capture.py",
+    worker_gc: bool = True,
+    switch_interval: float | None = None,
 ) -> Child:
     """``bench/<script>`` (of ``tree``, with its rollq) in a process of its own, set up as a worker process is (its
-    garbage collector; ``agent_load``), and its first line."""
+    garbage collector; ``agent_load``; the GIL ``switch_interval``, if given, for a script that sets none itself),
+    and its first line."""
     root = tree or Path(__file__).resolve().parent.parent
     tid_file = Path(tempfile.mkstemp(prefix="rollq-bench-agents-")[1])
     env = {
@@ -214,6 +229,7 @@ def _start(
         "ROLLQ_BENCH_AGENT_LOAD": str(agent_load),
         "ROLLQ_BENCH_AGENT_TID": str(tid_file),
         "ROLLQ_BENCH_WORKER_GC": "1" if worker_gc else "",
+        "ROLLQ_BENCH_SWITCH_INTERVAL": "" if switch_interval is None else str(switch_interval),
     }
     proc = subprocess.Popen(
         [sys.executable, "-c", _AGENT_LOAD, str(root / "bench" / script), *args],
@@ -279,6 +295,12 @@ async def _round(
     return latencies, steady
 
 
+def _suffix(path: str) -> str:
+    """The results' key suffix of a proxy path: ``""`` for ``proxy``, ``"_base"`` for ``proxy_base``, ``"_raw"``
+    for ``raw``."""
+    return "" if path == "proxy" else "_" + path.removeprefix("proxy_")
+
+
 def _pct(values: list[float], q: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
@@ -294,8 +316,9 @@ def _summary(values: list[float]) -> dict[str, Any]:
 
 
 async def measure(direct: str, proxies: dict[str, Child], args: argparse.Namespace) -> dict[str, Any]:
-    """Rounds of ``direct`` then each proxy path (``proxy``; ``proxy_base`` with ``--base``, the two proxies'
-    order swapped every round); per path the latencies and the proxy process's CPU per call, per round too.
+    """Rounds of ``direct`` then each proxy path (``proxy``; ``proxy_base`` with ``--base``; ``raw`` with
+    ``--floor``; their order reversed every round); per path the latencies and the proxy process's CPU per call, per
+    round too.
 
     Percentiles and added latency are the steady state's (``_round``); ``*_with_opening_burst`` counts every call,
     the rounds' opening ``concurrency`` calls (spread over one mean latency) included."""
@@ -315,7 +338,9 @@ async def measure(direct: str, proxies: dict[str, Child], args: argparse.Namespa
             row: dict[str, Any] = {"round": n + 1}
             proxies["proxy"].only_one_loading(proxies)  # the direct calls see one worker's agent load too
             ticks = cpu_ticks()
-            all_values, direct_values = await _round(session, direct, per_round, args.concurrency, ramp=ramp)
+            all_values, direct_values = await _round(
+                session, direct, per_round, args.concurrency, token_ids=args.floor, ramp=ramp
+            )
             row["direct_steal_percent"] = steal_percent(ticks, cpu_ticks())
             results["direct"] += direct_values
             every["direct"] += all_values
@@ -324,7 +349,9 @@ async def measure(direct: str, proxies: dict[str, Child], args: argparse.Namespa
             for name in list(proxies)[:: -1 if n % 2 else 1]:
                 proxies[name].only_one_loading(proxies)
                 before, ticks = proxies[name].cpu_seconds(), cpu_ticks()
-                all_values, values = await _round(session, proxies[name].line, per_round, args.concurrency, ramp=ramp)
+                all_values, values = await _round(
+                    session, proxies[name].line, per_round, args.concurrency, token_ids=args.floor, ramp=ramp
+                )
                 used = proxies[name].cpu_seconds() - before
                 row[f"{name}_steal_percent"] = steal_percent(ticks, cpu_ticks())
                 results[name] += values
@@ -333,7 +360,7 @@ async def measure(direct: str, proxies: dict[str, Child], args: argparse.Namespa
                 row[f"{name}_cpu_ms_per_call"] = round(used * 1000 / len(all_values), 3)
                 summary = _summary(values)
                 row[f"{name}_p50_ms"], row[f"{name}_p99_ms"] = summary["p50_ms"], summary["p99_ms"]
-                suffix = name[len("proxy") :]  # "" or "_base"
+                suffix = _suffix(name)
                 for q in ("p50", "p99"):  # this round's added latency: a p99 moves more from round to round
                     row[f"added_{q}_ms{suffix}"] = round(summary[f"{q}_ms"] - direct_summary[f"{q}_ms"], 3)
             row["load_1min"] = round(os.getloadavg()[0], 1)
@@ -344,7 +371,7 @@ async def measure(direct: str, proxies: dict[str, Child], args: argparse.Namespa
     for path, values in every.items():
         summary[path]["with_opening_burst"] = _summary(values)
     for name in proxies:
-        suffix = name[len("proxy") :]  # "" or "_base"
+        suffix = _suffix(name)
         burst, direct_burst = summary[name]["with_opening_burst"], summary["direct"]["with_opening_burst"]
         for q in ("p50", "p99"):
             summary[f"added_{q}_ms{suffix}"] = round(summary[name][f"{q}_ms"] - summary["direct"][f"{q}_ms"], 3)
@@ -574,6 +601,11 @@ def main() -> None:
         action="store_true",
         help="run the --agent-load thread in a process of its own, not in the proxy's (a proxy process of its own)",
     )
+    parser.add_argument(
+        "--floor",
+        action="store_true",
+        help="a raw forwarder (no HTTP library, nothing captured) takes its turn in every round too",
+    )
     parser.add_argument("--base", help="a commit whose proxy takes its turn in every round too (before/after)")
     parser.add_argument(
         "--switch-interval",
@@ -607,6 +639,17 @@ def main() -> None:
             if tree is not None:
                 proxies["proxy_base"] = _start("--serve", "proxy", "--backend", direct, tree=tree, agent_load=in_proxy)
                 children.append(proxies["proxy_base"].proc)
+            if args.floor:
+                proxies["raw"] = _start(
+                    "--serve",
+                    "raw",
+                    "--backend",
+                    direct,
+                    script="proxy_floor.py",
+                    agent_load=in_proxy,
+                    switch_interval=args.switch_interval or SWITCH_INTERVAL_SECONDS,
+                )
+                children.append(proxies["raw"].proc)
             try:
                 data = asyncio.run(measure(direct, proxies, args))
             finally:
@@ -626,6 +669,7 @@ def main() -> None:
     argv += [f"--latency={args.latency}", f"--rollout-rounds={args.rollout_rounds}", f"--window={args.window}"]
     argv += [f"--agent-load={args.agent_load}"] if args.agent_load else []
     argv += ["--load-elsewhere"] if args.load_elsewhere else []
+    argv += ["--floor"] if args.floor else []
     argv += [f"--base={args.base}"] if args.base else []
     argv += [f"--switch-interval={args.switch_interval}"] if args.switch_interval else []
     argv += [f"--out={args.out}"] if args.out != "capture" else []
