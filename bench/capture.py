@@ -35,21 +35,31 @@ With ``--load-elsewhere`` that thread runs in a process of its own instead, for 
 process of its own (not sharing a GIL with the agents) would see beside busy agents. Results go to
 ``--out`` (``capture`` by default).
 
-With ``--floor`` a third path takes its turn in every round: ``bench/proxy_floor.py``'s raw forwarder (bare
-asyncio protocols, no HTTP library, nothing captured; not a usable proxy) in a process set up as the proxy's is (the
-same agent load, collector and GIL switch interval): the latency a forwarder in Python adds here at the least, as
-``added_p50_ms_raw``/``added_p99_ms_raw``. Every call then asks for token ids itself, on every path, so that the
-three paths carry the same answers (the capture proxy asks for them when the call does not).
+With ``--floor`` two more paths take their turn in every round, each in a process set up as the proxy's is (the
+same agent load, collector and GIL switch interval): ``bench/proxy_floor.py``'s raw forwarder (bare asyncio
+protocols, no HTTP library, nothing captured; not a usable proxy), the latency a forwarder in Python adds here at the
+least, as ``added_p50_ms_raw``/``added_p99_ms_raw``; and its ``rollq_http`` forwarder (the capture proxy's own HTTP
+server and client, nothing captured), as ``added_p50_ms_rollq_http``/``added_p99_ms_rollq_http``. Every call then
+asks for token ids itself, on every path, so that all paths carry the same answers (the capture proxy asks for them
+when the call does not).
 
 With ``--base COMMIT`` a second proxy, rollq as of that commit (a temporary ``git worktree``), takes its turn in
 every round beside this tree's (their order swapped every round): before and after in one run, per round (the
 base proxy is served by that commit's own ``bench/capture.py``: before 2026-12-03 09:00 UTC it kept every span). With
 ``--switch-interval S`` this tree's proxy sets the GIL switch interval to S instead of its own 1 ms
 (``rollq/worker/capture/gil.py``); with ``--base HEAD`` too, the two intervals take turns in one run.
+``--label TEXT`` names what the run compares in the report's title.
+
+How far to trust a before/after: ``--base`` at the very code of this tree (an A/A run, results
+``capture_same_code``) is what the method itself gives. Until 2026-12-03 18:30 UTC this tree's proxy's process
+carried the agent load during every direct turn too, and the same code measured 7% more CPU per call there than as
+the base, in all 10 rounds; the direct turns' load now moves between the proxies' processes. The A/A run after
+that fix still had the base side ahead by about 0.1 ms at p50 (and p99s that differ by several ms), CPU within 2%:
+smaller differences than those are not a change's.
 
     python bench/capture.py [--calls 4096] [--concurrency 256] [--rounds 4] [--latency 0.5]
                             [--rollout-rounds 2] [--window 20] [--agent-load 0.5] [--load-elsewhere]
-                            [--floor] [--base COMMIT] [--switch-interval S] [--out capture]
+                            [--floor] [--base COMMIT] [--switch-interval S] [--label TEXT] [--out capture]
 """
 
 from __future__ import annotations
@@ -297,7 +307,7 @@ async def _round(
 
 def _suffix(path: str) -> str:
     """The results' key suffix of a proxy path: ``""`` for ``proxy``, ``"_base"`` for ``proxy_base``, ``"_raw"``
-    for ``raw``."""
+    for ``raw``, ``"_rollq_http"`` for ``rollq_http``."""
     return "" if path == "proxy" else "_" + path.removeprefix("proxy_")
 
 
@@ -316,9 +326,9 @@ def _summary(values: list[float]) -> dict[str, Any]:
 
 
 async def measure(direct: str, proxies: dict[str, Child], args: argparse.Namespace) -> dict[str, Any]:
-    """Rounds of ``direct`` then each proxy path (``proxy``; ``proxy_base`` with ``--base``; ``raw`` with
-    ``--floor``; their order reversed every round); per path the latencies and the proxy process's CPU per call, per
-    round too.
+    """Rounds of ``direct`` then each proxy path (``proxy``; ``proxy_base`` with ``--base``; ``raw`` and
+    ``rollq_http`` with ``--floor``; their order reversed every round); per path the latencies and the proxy
+    process's CPU per call, per round too.
 
     Percentiles and added latency are the steady state's (``_round``); ``*_with_opening_burst`` counts every call,
     the rounds' opening ``concurrency`` calls (spread over one mean latency) included."""
@@ -336,7 +346,11 @@ async def measure(direct: str, proxies: dict[str, Child], args: argparse.Namespa
         ramp = args.latency  # a round's first calls spread over one mean latency: the steady rate from the start
         for n in range(args.rounds):
             row: dict[str, Any] = {"round": n + 1}
-            proxies["proxy"].only_one_loading(proxies)  # the direct calls see one worker's agent load too
+            order = list(proxies)[:: -1 if n % 2 else 1]
+            # The direct calls see one worker's agent load too: the process of the path that comes next, so that
+            # over the rounds every proxy's process carries the load as long (one that carried it in every direct
+            # turn measured 7% more CPU per call than the same proxy beside it; see --base).
+            proxies[order[0]].only_one_loading(proxies)
             ticks = cpu_ticks()
             all_values, direct_values = await _round(
                 session, direct, per_round, args.concurrency, token_ids=args.floor, ramp=ramp
@@ -346,7 +360,7 @@ async def measure(direct: str, proxies: dict[str, Child], args: argparse.Namespa
             every["direct"] += all_values
             direct_summary = _summary(direct_values)
             row["direct_p50_ms"], row["direct_p99_ms"] = direct_summary["p50_ms"], direct_summary["p99_ms"]
-            for name in list(proxies)[:: -1 if n % 2 else 1]:
+            for name in order:
                 proxies[name].only_one_loading(proxies)
                 before, ticks = proxies[name].cpu_seconds(), cpu_ticks()
                 all_values, values = await _round(
@@ -604,13 +618,16 @@ def main() -> None:
     parser.add_argument(
         "--floor",
         action="store_true",
-        help="a raw forwarder (no HTTP library, nothing captured) takes its turn in every round too",
+        help="a raw forwarder (no HTTP library) and the proxy's HTTP alone (nothing captured) take their turns too",
     )
     parser.add_argument("--base", help="a commit whose proxy takes its turn in every round too (before/after)")
     parser.add_argument(
         "--switch-interval",
         type=float,
         help="the GIL switch interval the proxy (not the --base one) sets while it runs, s (default: the proxy's own)",
+    )
+    parser.add_argument(
+        "--label", help="what this run compares, for the report's title (say what the --base side is when not obvious)"
     )
     parser.add_argument("--out", default="capture", help="results name: bench/results/<out>.json")
     parser.add_argument("--serve", choices=("backend", "proxy"), help=argparse.SUPPRESS)
@@ -639,17 +656,17 @@ def main() -> None:
             if tree is not None:
                 proxies["proxy_base"] = _start("--serve", "proxy", "--backend", direct, tree=tree, agent_load=in_proxy)
                 children.append(proxies["proxy_base"].proc)
-            if args.floor:
-                proxies["raw"] = _start(
+            for forwarder in ("raw", "rollq_http") if args.floor else ():
+                proxies[forwarder] = _start(
                     "--serve",
-                    "raw",
+                    forwarder,
                     "--backend",
                     direct,
                     script="proxy_floor.py",
                     agent_load=in_proxy,
                     switch_interval=args.switch_interval or SWITCH_INTERVAL_SECONDS,
                 )
-                children.append(proxies["raw"].proc)
+                children.append(proxies[forwarder].proc)
             try:
                 data = asyncio.run(measure(direct, proxies, args))
             finally:
@@ -665,6 +682,8 @@ def main() -> None:
                 proc.wait(10)
     if args.base:
         data["base_commit"] = commit_of(args.base)
+    if args.label:
+        data["label"] = args.label
     argv = [f"--calls={args.calls}", f"--concurrency={args.concurrency}", f"--rounds={args.rounds}"]
     argv += [f"--latency={args.latency}", f"--rollout-rounds={args.rollout_rounds}", f"--window={args.window}"]
     argv += [f"--agent-load={args.agent_load}"] if args.agent_load else []
@@ -672,11 +691,12 @@ def main() -> None:
     argv += ["--floor"] if args.floor else []
     argv += [f"--base={args.base}"] if args.base else []
     argv += [f"--switch-interval={args.switch_interval}"] if args.switch_interval else []
+    argv += [f"--label={args.label}"] if args.label else []
     argv += [f"--out={args.out}"] if args.out != "capture" else []
     if args.rollout_rounds:
         data["rollouts"] = rollouts_on_and_off(args)
         print(json.dumps(data["rollouts"], indent=2))
-    settings = {k: v for k, v in vars(args).items() if k not in ("serve", "backend", "base", "out")}
+    settings = {k: v for k, v in vars(args).items() if k not in ("serve", "backend", "base", "out", "label")}
     path = write_result(args.out, data, argv, settings=settings)
     print(json.dumps(data, indent=2))
     print(f"wrote {path}")

@@ -843,8 +843,13 @@ def _capture_paths(doc: Doc) -> list[Doc]:
     """Direct, this commit's proxy, with --base the base commit's, with --floor the raw forwarder, each with its
     added latency and CPU."""
     rows = []
-    names = {"proxy_base": f"proxy at {doc.get('base_commit', 'base')}", "raw": "raw forwarder (the floor)"}
-    for path, suffix in (("direct", None), ("proxy", ""), ("proxy_base", "_base"), ("raw", "_raw")):
+    names = {
+        "proxy_base": f"proxy at {doc.get('base_commit', 'base')}",
+        "raw": "raw forwarder (the floor)",
+        "rollq_http": "the proxy's HTTP alone (nothing captured)",
+    }
+    paths = (("direct", None), ("proxy", ""), ("proxy_base", "_base"), ("rollq_http", "_rollq_http"), ("raw", "_raw"))
+    for path, suffix in paths:
         if path not in doc:
             continue
         name = names.get(path, path)
@@ -874,7 +879,7 @@ def _agent_load_text(doc: Doc) -> str:
 
 
 CAPTURE = Spec(
-    title="LLM calls through the capturing proxy vs straight to the backend{load_where}",
+    title="LLM calls through the capturing proxy vs straight to the backend{load_where}{label_title}",
     about="""{settings[concurrency]} calls in flight against the demo's simulated LLM ({settings[latency]:g} s per
 call on average), {settings[rounds]} rounds alternating direct and through a worker's `CaptureProxy` (its own
 process, its garbage collector set as a worker's{released_text}{agent_load_text}). Latency is each call's time at
@@ -908,8 +913,13 @@ that: `rollq/worker/capture/gil.py`).""",
                        f"as the proxy's (the same agent load, collector and GIL switch interval), every call asking "
                        f"for token ids itself on every path: it added p50 {d['added_p50_ms_raw']:+.1f} ms, p99 "
                        f"{d['added_p99_ms_raw']:+.1f} ms at {d['proxy_cpu_ms_per_call_raw']:.2f} ms CPU per call, "
-                       f"the least a forwarder in Python adds here.") if "added_p50_ms_raw" in d else "",
-        "base_text": (f" The same proxy as of `{d['base_commit']}` took its turn in every round too (order swapped "
+                       f"the least a forwarder in Python adds here."
+                       + (f" The proxy's own HTTP server and client with nothing captured (`rollq_http`) added "
+                          f"{d['added_p50_ms_rollq_http']:+.1f} and {d['added_p99_ms_rollq_http']:+.1f} ms at "
+                          f"{d['proxy_cpu_ms_per_call_rollq_http']:.2f} ms CPU per call."
+                          if "added_p50_ms_rollq_http" in d else "")) if "added_p50_ms_raw" in d else "",
+        "label_title": f": {d['label']}" if d.get("label") else "",
+        "base_text": (f" The proxy as of `{d['base_commit']}` took its turn in every round too (order swapped "
                       f"every round): added p50 {d['added_p50_ms_base']:+.1f} ms, p99 {d['added_p99_ms_base']:+.1f} "
                       f"ms, {d['proxy_cpu_ms_per_call_base']:.2f} ms CPU per call.") if d.get("base_commit") else "",
     },
@@ -926,8 +936,12 @@ that: `rollq/worker/capture/gil.py`).""",
             ("proxy_base_cpu_ms_per_call", "base proxy CPU ms/call", ".3f"),
             ("cpu_new_over_base", "CPU new / base", ".3f"), ("raw_p50_ms", "raw p50 ms", ".1f"),
             ("added_p50_ms_raw", "raw added p50 ms", "+.1f"), ("added_p99_ms_raw", "raw added p99 ms", "+.1f"),
-            ("raw_cpu_ms_per_call", "raw CPU ms/call", ".3f"), ("load_1min", "load (1 min)", ".1f"),
-        ], caption="Per round (the base proxy's columns with `--base`, the raw forwarder's with `--floor`):"),
+            ("raw_cpu_ms_per_call", "raw CPU ms/call", ".3f"),
+            ("added_p50_ms_rollq_http", "HTTP alone added p50 ms", "+.1f"),
+            ("added_p99_ms_rollq_http", "HTTP alone added p99 ms", "+.1f"),
+            ("rollq_http_cpu_ms_per_call", "HTTP alone CPU ms/call", ".3f"), ("load_1min", "load (1 min)", ".1f"),
+        ], caption="Per round (the base proxy's columns with `--base`, the raw forwarder's and the proxy's HTTP "
+                   "alone with `--floor`):"),
         Table(_capture_rounds, [
             ("system", "capture"), ("rollouts", "rollouts"), ("failed", "failed"),
             ("rollouts_per_s", "rollouts/s", ",.1f"), Col("on / off, this round pair", "on_over_off", x),
@@ -1425,6 +1439,8 @@ def _added_latency(key: str, limit: float) -> Callable[[dict[str, Doc]], Any]:
         if raw:
             value += (f"; a raw forwarder (no HTTP library, nothing captured) in the same run: {doc[f'{key}_raw']:+.1f}"
                       f" ms (median of rounds {statistics.median(raw):+.1f})")
+            if f"{key}_rollq_http" in doc:
+                value += f", the proxy's HTTP alone (nothing captured) {doc[f'{key}_rollq_http']:+.1f} ms"
         return value, max(doc[key], middle) <= limit
     return measure
 
@@ -1623,12 +1639,17 @@ def _floors_note(docs: dict[str, Doc]) -> str:
         items.append(
             f"- **Added latency** (`bench/capture.py --floor`: beside agents holding the GIL half the time): a raw "
             f"forwarder in the same rounds added {doc['added_p50_ms_raw']:+.1f} ms at p50 and "
-            f"{doc['added_p99_ms_raw']:+.1f} ms at p99, the capture proxy {doc['added_p50_ms']:+.1f} and "
-            f"{doc['added_p99_ms']:+.1f} ms. "
+            f"{doc['added_p99_ms_raw']:+.1f} ms at p99"
+            + (f", the proxy's HTTP server and client with nothing captured {doc['added_p50_ms_rollq_http']:+.1f} and "
+               f"{doc['added_p99_ms_rollq_http']:+.1f} ms" if "added_p50_ms_rollq_http" in doc else "")
+            + f", the capture proxy {doc['added_p50_ms']:+.1f} and {doc['added_p99_ms']:+.1f} ms. "
             + ("The p50 asked (+1 ms) is at or below what a forwarder in Python adds here before it reads any HTTP; "
                if doc["added_p50_ms_raw"] >= 1.0 else "")
-            + ("the p99 asked (+5 ms) is above that floor: a proxy as lean as the raw forwarder would meet it."
-               if doc["added_p99_ms_raw"] <= 5.0 else "")
+            + ("the p99 asked (+5 ms) is above that floor: a proxy as lean as the raw forwarder would meet it"
+               + ("" if "added_p99_ms_rollq_http" not in doc else
+                  ", and one with the proxy's HTTP but less to capture per call would too"
+                  if doc["added_p99_ms_rollq_http"] <= 5.0 else ", but the proxy's HTTP alone already misses it")
+               + "." if doc["added_p99_ms_raw"] <= 5.0 else "")
         )
     if not items:
         return ""
