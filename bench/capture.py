@@ -68,6 +68,7 @@ import argparse
 import asyncio
 import json
 import os
+import shlex
 import statistics
 import subprocess
 import sys
@@ -691,7 +692,7 @@ def main() -> None:
     argv += ["--floor"] if args.floor else []
     argv += [f"--base={args.base}"] if args.base else []
     argv += [f"--switch-interval={args.switch_interval}"] if args.switch_interval else []
-    argv += [f"--label={args.label}"] if args.label else []
+    argv += [f"--label={shlex.quote(args.label)}"] if args.label else []
     argv += [f"--out={args.out}"] if args.out != "capture" else []
     if args.rollout_rounds:
         data["rollouts"] = rollouts_on_and_off(args)
