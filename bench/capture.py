@@ -53,9 +53,9 @@ base proxy is served by that commit's own ``bench/capture.py``: before 2026-12-0
 How far to trust a before/after: ``--base`` at the very code of this tree (an A/A run, results
 ``capture_same_code``) is what the method itself gives. Until 2026-12-03 18:30 UTC this tree's proxy's process
 carried the agent load during every direct turn too, and the same code measured 7% more CPU per call there than as
-the base, in all 10 rounds; the direct turns' load now moves between the proxies' processes. The A/A run after
-that fix still had the base side ahead by about 0.1 ms at p50 (and p99s that differ by several ms), CPU within 2%:
-smaller differences than those are not a change's.
+the base, in all 10 rounds; the direct turns' load now moves between the proxies' processes. A/A runs after that
+fix differed by up to 0.2 ms at p50, either side ahead, by several ms at p99 and by 2-3% in CPU per call: smaller
+differences than those are not a change's.
 
     python bench/capture.py [--calls 4096] [--concurrency 256] [--rounds 4] [--latency 0.5]
                             [--rollout-rounds 2] [--window 20] [--agent-load 0.5] [--load-elsewhere]
@@ -85,7 +85,6 @@ import psutil
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import base_tree, commit_of, cpu_ticks, steal_percent, write_result  # noqa: E402
-from rollq.worker.capture.gil import SWITCH_INTERVAL_SECONDS  # noqa: E402
 
 if TYPE_CHECKING:
     from rollq.worker.tracer import RolloutTrace
@@ -657,6 +656,8 @@ def main() -> None:
             if tree is not None:
                 proxies["proxy_base"] = _start("--serve", "proxy", "--backend", direct, tree=tree, agent_load=in_proxy)
                 children.append(proxies["proxy_base"].proc)
+            from rollq.worker.capture.gil import SWITCH_INTERVAL_SECONDS
+
             for forwarder in ("raw", "rollq_http") if args.floor else ():
                 proxies[forwarder] = _start(
                     "--serve",

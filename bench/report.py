@@ -840,8 +840,8 @@ def _capture_rounds(doc: Doc) -> list[Doc]:
 
 
 def _capture_paths(doc: Doc) -> list[Doc]:
-    """Direct, this commit's proxy, with --base the base commit's, with --floor the raw forwarder, each with its
-    added latency and CPU."""
+    """Direct, this commit's proxy, with --base the base commit's, with --floor the proxy's HTTP alone and the raw
+    forwarder, each with its added latency and CPU."""
     rows = []
     names = {
         "proxy_base": f"proxy at {doc.get('base_commit', 'base')}",
@@ -1371,21 +1371,33 @@ def _cpu_1000(doc: Doc) -> Measure | None:
     return None if cpu is None else (f"{cpu:.2f} ms", cpu <= 0.4)
 
 
+def _worker_floor(docs: dict[str, Doc]) -> tuple[float | None, float | None, float | None, float | None]:
+    """bench/worker_floor.py's medians, ms per rollout: the sleeps alone, with the SDK's spans, rollq, rollq in
+    packs of 16 (None where the run has no such row)."""
+    floor = (docs.get("worker_floor") or {}).get("worker_cpu_ms_per_rollout") or {}
+    rows = ("floor, no-spans", "floor, bare", "rollq, 1 task(s) per job", "rollq, 16 task(s) per job")
+    bare, spans, rollq, packs = (floor.get(row, {}).get("median") for row in rows)
+    return bare, spans, rollq, packs
+
+
+def _same_rate(docs: dict[str, Doc]) -> Doc | None:
+    """bench/call_rate.py's row at the capture run's mean backend latency (its call rate), if both ran."""
+    latency = docs.get("capture", {}).get("settings", {}).get("latency")
+    return next((r for r in (docs.get("call_rate") or {}).get("rates") or [] if r["latency_s"] == latency), None)
+
+
 def _with_floor(target: Callable[[dict[str, Doc]], Any]) -> Callable[[dict[str, Doc]], Any]:
     """The worker-CPU target, with what the same agent costs with no rollq at all (bench/worker_floor.py), and
     rollq in that same run: machines differ by 2-4x, so the floor is read beside the rollq figure measured with it."""
     def measure(docs: dict[str, Doc]) -> Any:
         measured = target(docs)
-        doc = docs.get("worker_floor") or {}
-        floor = doc.get("worker_cpu_ms_per_rollout") or {}
-        bare, spans = floor.get("floor, no-spans", {}).get("median"), floor.get("floor, bare", {}).get("median")
+        bare, spans, rollq, packs = _worker_floor(docs)
         if measured is None or bare is None or spans is None:
             return measured
         value = f"{measured[0]}; the floor, no rollq: {bare:.2f} ms sleeps alone, {spans:.2f} ms with the SDK's spans"
-        rollq, packs = (floor.get(f"rollq, {n} task(s) per job", {}).get("median") for n in (1, 16))
         if rollq is not None:
             value += f", and in the same run rollq {rollq:.2f} ms"
-            value += ("" if packs is None else f" (packs of 16: {packs:.2f})") + _speed(doc)
+            value += ("" if packs is None else f" (packs of 16: {packs:.2f})") + _speed(docs["worker_floor"])
         return (value, *measured[1:])
     return measure
 
@@ -1401,12 +1413,10 @@ def _with_call_rate(target: Callable[[dict[str, Doc]], Any]) -> Callable[[dict[s
     when calls come as fast as it takes them (bench/call_rate.py): the machine's part of the figure."""
     def measure(docs: dict[str, Doc]) -> Any:
         measured = target(docs)
-        rates = (docs.get("call_rate") or {}).get("rates") or []
-        same = next((r for r in rates if r["latency_s"] == docs.get("capture", {}).get("settings", {}).get("latency")),
-                    None)  # fmt: skip
+        same = _same_rate(docs)
         if measured is None or same is None:
             return measured
-        fastest = max(rates, key=lambda r: r["capture"]["calls_per_s"])
+        fastest = max(docs["call_rate"]["rates"], key=lambda r: r["capture"]["calls_per_s"])
         value = (
             f"{measured[0]}{_speed(docs['capture'])}; at the same call rate in another run: "
             f"{same['capture']['cpu_ms_per_call']:.2f} ms, "
@@ -1605,16 +1615,36 @@ def targets_section(docs: dict[str, Doc]) -> str:
     )
 
 
+def _latency_floors(doc: Doc) -> str:
+    """The added-latency item of :func:`_floors_note`, from a bench/capture.py --floor run."""
+    text = (
+        f"- **Added latency** (`bench/capture.py --floor`: beside agents holding the GIL half the time): a raw "
+        f"forwarder in the same rounds added {doc['added_p50_ms_raw']:+.1f} ms at p50 and "
+        f"{doc['added_p99_ms_raw']:+.1f} ms at p99"
+    )
+    http = "added_p50_ms_rollq_http" in doc
+    if http:
+        text += (f", the proxy's HTTP server and client with nothing captured {doc['added_p50_ms_rollq_http']:+.1f} "
+                 f"and {doc['added_p99_ms_rollq_http']:+.1f} ms")
+    text += f", the capture proxy {doc['added_p50_ms']:+.1f} and {doc['added_p99_ms']:+.1f} ms. "
+    if doc["added_p50_ms_raw"] >= 1.0:
+        text += "The p50 asked (+1 ms) is at or below what a forwarder in Python adds here before it reads any HTTP; "
+    if doc["added_p99_ms_raw"] <= 5.0:
+        text += "the p99 asked (+5 ms) is above that floor: a proxy as lean as the raw forwarder would meet it"
+        if http and doc["added_p99_ms_rollq_http"] <= 5.0:
+            text += ", and one with the proxy's HTTP but less to capture per call would too"
+        elif http:
+            text += ", but the proxy's HTTP alone already misses it"
+        text += "."
+    return text
+
+
 def _floors_note(docs: dict[str, Doc]) -> str:
     """The missed targets beside their floors, each measured in the same run as the rollq figure it is read with:
     what no implementation in Python reaches here, and what is left above it."""
     items = []
-    worker = (docs.get("worker_floor") or {}).get("worker_cpu_ms_per_rollout") or {}
-    bare, spans, rollq, packs = (
-        worker.get(k, {}).get("median")
-        for k in ("floor, no-spans", "floor, bare", "rollq, 1 task(s) per job", "rollq, 16 task(s) per job")
-    )
-    if None not in (bare, spans, rollq):
+    bare, spans, rollq, packs = _worker_floor(docs)
+    if bare is not None and spans is not None and rollq is not None:
         items.append(
             f"- **Worker CPU per rollout** (<= 0.4 ms; `bench/worker_floor.py`): the mock agent with no rollq at all "
             f"takes {bare:.2f} ms with its sleeps alone and {spans:.2f} ms with its spans made by the OpenTelemetry "
@@ -1624,8 +1654,7 @@ def _floors_note(docs: dict[str, Doc]) -> str:
             f"included, would have to cost {max(0.0, 0.4 - bare):.2f} ms over the sleeps, where the SDK's spans alone "
             f"cost {spans - bare:.2f}."
         )
-    rates = (docs.get("call_rate") or {}).get("rates") or []
-    same = next((r for r in rates if r["latency_s"] == 0.5), None)
+    same = _same_rate(docs)
     if same is not None:
         capture, http, raw = (same[k]["cpu_ms_per_call"] for k in ("capture", "rollq_http", "raw"))
         items.append(
@@ -1637,33 +1666,25 @@ def _floors_note(docs: dict[str, Doc]) -> str:
         )
     doc = docs.get("capture") or {}
     if "added_p50_ms_raw" in doc:
-        items.append(
-            f"- **Added latency** (`bench/capture.py --floor`: beside agents holding the GIL half the time): a raw "
-            f"forwarder in the same rounds added {doc['added_p50_ms_raw']:+.1f} ms at p50 and "
-            f"{doc['added_p99_ms_raw']:+.1f} ms at p99"
-            + (f", the proxy's HTTP server and client with nothing captured {doc['added_p50_ms_rollq_http']:+.1f} and "
-               f"{doc['added_p99_ms_rollq_http']:+.1f} ms" if "added_p50_ms_rollq_http" in doc else "")
-            + f", the capture proxy {doc['added_p50_ms']:+.1f} and {doc['added_p99_ms']:+.1f} ms. "
-            + ("The p50 asked (+1 ms) is at or below what a forwarder in Python adds here before it reads any HTTP; "
-               if doc["added_p50_ms_raw"] >= 1.0 else "")
-            + ("the p99 asked (+5 ms) is above that floor: a proxy as lean as the raw forwarder would meet it"
-               + ("" if "added_p99_ms_rollq_http" not in doc else
-                  ", and one with the proxy's HTTP but less to capture per call would too"
-                  if doc["added_p99_ms_rollq_http"] <= 5.0 else ", but the proxy's HTTP alone already misses it")
-               + "." if doc["added_p99_ms_raw"] <= 5.0 else "")
-        )
+        items.append(_latency_floors(doc))
     if not items:
         return ""
-    return (
+    note = (
         "**The missed targets beside their floors**, each floor measured in the same run as the rollq figure it "
         "is read with (the machine's speed moves both alike):\n\n" + "\n".join(items) + "\n\nWhat is left would "
         "take the proxy's per-call path out of Python (a compiled forwarder handing the raw request and answer to "
-        "Python to record) and agents' spans cheaper than the SDK's; neither is built. Recording a whole answer "
-        "right after writing it, rather than before, moved no figure by more than the method's own spread, though "
-        "without that record at all the proxy took 29% less CPU per call (the capture sections below: an A/A run of "
-        "the same code, the proxy beside one that records nothing of the answer, then that experiment); it was not "
-        "kept.\n\n"
+        "Python to record) and agents' spans cheaper than the SDK's; neither is built."
     )
+    unrecorded = docs.get("capture_no_record") or {}
+    if "proxy_cpu_ms_per_call_base" in unrecorded and "capture_record_after" in docs:
+        saved = 1 - unrecorded["proxy_cpu_ms_per_call_base"] / unrecorded["proxy_cpu_ms_per_call"]
+        note += (
+            " Recording a whole answer right after writing it, rather than before, moved no figure by more than the "
+            f"method's own spread, though without that record at all the proxy took {saved:.0%} less CPU per call "
+            "(the capture sections below: an A/A run of the same code, the proxy beside one that records nothing of "
+            "the answer, then that experiment); it was not kept."
+        )
+    return note + "\n\n"
 
 
 MACHINES_NOTE = (
