@@ -1,14 +1,18 @@
-"""JSON on the capturing proxy's path: orjson where it reads and writes what the standard library would, else json.
+"""JSON on the capturing proxy's path: msgspec reads and orjson writes where they do what the standard library would,
+else json.
 
 Every captured call reads its request body and its answer (or each streamed chunk) and writes its record's JSON
 span attributes; with the standard library that was a third of the proxy's CPU per call (bench/proxy_training.py
---profile). orjson (already rollq's results-stream writer, :mod:`rollq.models.wire`) does it in a fraction, but
-differs from ``json`` in three places, each kept exact here:
+--profile). Each of the two fast libraries differs from ``json`` somewhere, and each difference is kept exact here:
 
-- reading, an int beyond 64 bits becomes a float with no error (``json`` keeps it exact). Such an int has 19
-  digits or more, so a document with a run of 19 digits anywhere (a digit string in a message too) is read by
-  ``json``; orjson refuses ``NaN``/``Infinity`` and lone surrogates, which ``json`` then reads as before;
-- writing, a NaN or an infinity becomes ``null`` (``json`` writes ``NaN``/``Infinity``, and reads them too):
+- reading (msgspec): ints of any size are read exactly, as ``json`` reads them, and a number beyond a float's range
+  (``1e400``, which ``json`` reads as infinity), ``NaN``/``Infinity``, a lone surrogate and text that is not UTF-8
+  (``json`` detects UTF-16 and UTF-32, and a byte-order mark) are refused: ``json`` then reads them as before.
+  Everything msgspec reads, it reads as ``json`` does (``tests/worker/test_capture_codec.py``). It was orjson until
+  msgspec took over the whole answers (:mod:`rollq.worker.capture.answers`): orjson reads an int beyond 64 bits as
+  a float with no error, so every body was first searched for a run of 19 digits, which answers with logprobs
+  carry in their floats (``-0.0012345678901234567``): those went to ``json`` whole, 3-4x slower than either;
+- writing (orjson), a NaN or an infinity becomes ``null`` (``json`` writes ``NaN``/``Infinity``, and reads them too):
   :func:`dumps` looks for them only when orjson wrote a ``null``, :func:`dumps_floats` checks a list of floats
   in one C-level sum; orjson refuses what it cannot write (an int beyond 64 bits, a lone surrogate, a
   non-string key) and ``json`` writes those;
@@ -22,24 +26,19 @@ import json
 import math
 from typing import Any
 
+import msgspec
 import orjson
 
-_DIGITS_AS_ZERO = bytes.maketrans(b"123456789", b"000000000")
-_LONG_NUMBER = b"0" * 19
-"""A run of digits long enough to be an int orjson would read as a float (beyond -2**63 .. 2**64-1), once every
-digit is a ``0``: looked for with ``bytes.translate`` and ``in`` (both in C), as ``re``'s ``\\d{19}`` took three
-times orjson's own parse on an answer of token ids."""
+_decode = msgspec.json.Decoder().decode
 
 
 def loads(data: bytes) -> Any:
     """The JSON value in ``data``, as ``json.loads`` reads it (``ValueError`` or ``RecursionError`` when it is not
     JSON)."""
-    if _LONG_NUMBER not in data.translate(_DIGITS_AS_ZERO):
-        try:
-            return orjson.loads(data)
-        except orjson.JSONDecodeError:
-            pass  # NaN, a lone surrogate, nested too deep, or not JSON at all: json decides
-    return json.loads(data)
+    try:
+        return _decode(data)
+    except (msgspec.MsgspecError, RecursionError):  # NaN, 1e400, a lone surrogate, not UTF-8, too deep, not JSON
+        return json.loads(data)
 
 
 def _non_finite(value: Any) -> bool:
@@ -67,6 +66,19 @@ def dumps(value: Any) -> bytes:
 def dumps_str(value: Any) -> str:
     """:func:`dumps` as a str (an OpenTelemetry attribute)."""
     return dumps(value).decode()
+
+
+_WHITESPACE = b" \t\r\n"
+_INT_ARRAY_CHARS = b"0123456789,-"
+
+
+def int_array_text(raw: bytes) -> str | None:
+    """The compact text of ``raw``, a valid JSON value, when it is a flat array of ints (``[1, 2]`` -> ``"[1,2]"``),
+    else None. Every int stays exact, however long: nothing is read into a number."""
+    text = raw.translate(None, _WHITESPACE)  # JSON has no whitespace inside a number
+    if text[:1] == b"[" and text.translate(None, _INT_ARRAY_CHARS) == b"[]":  # valid JSON: only ints between
+        return text.decode()
+    return None
 
 
 def dumps_floats(values: list[float]) -> str:
