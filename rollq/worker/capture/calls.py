@@ -6,6 +6,8 @@ import enum
 from dataclasses import dataclass, field
 from typing import Any
 
+from . import codec
+
 
 class CallKind(enum.Enum):
     """The OpenAI-compatible operation; the value is the GenAI ``gen_ai.operation.name``."""
@@ -35,8 +37,12 @@ class CapturedCall:
     response_model: str | None = None
     text: str | None = None
     tool_calls: list[dict[str, Any]] | None = None
-    prompt_token_ids: list[int] | None = None
-    response_token_ids: list[int] | None = None
+    prompt_token_ids_json: str | None = None
+    """The prompt's token ids as compact JSON text (``[1,2,3]``), as the call's span carries them. Text, not a list:
+    a prompt's thousands of ids were read into ints only to be written back for the span (``prompt_token_ids``
+    reads and sets them as a list)."""
+    response_token_ids_json: str | None = None
+    """The answer's token ids, as ``prompt_token_ids_json``."""
     logprobs: list[float] | None = None
     finish_reason: str | None = None
     usage: dict[str, Any] | None = None
@@ -56,9 +62,33 @@ class CapturedCall:
     """The values the agent had sent for settings the proxy overwrote (only those that differed)."""
 
     @property
+    def prompt_token_ids(self) -> list[int] | None:
+        return _ids(self.prompt_token_ids_json)
+
+    @prompt_token_ids.setter
+    def prompt_token_ids(self, ids: list[int] | None) -> None:
+        self.prompt_token_ids_json = _text(ids)
+
+    @property
+    def response_token_ids(self) -> list[int] | None:
+        return _ids(self.response_token_ids_json)
+
+    @response_token_ids.setter
+    def response_token_ids(self, ids: list[int] | None) -> None:
+        self.response_token_ids_json = _text(ids)
+
+    @property
     def token_ids_missing(self) -> bool:
-        return self.error is None and (self.prompt_token_ids is None or self.response_token_ids is None)
+        return self.error is None and (self.prompt_token_ids_json is None or self.response_token_ids_json is None)
 
     @property
     def latency_seconds(self) -> float:
         return (self.end_ns - self.start_ns) / 1e9
+
+
+def _ids(text: str | None) -> list[int] | None:
+    return None if text is None else codec.loads(text.encode())  # type: ignore[no-any-return]
+
+
+def _text(ids: list[int] | None) -> str | None:
+    return None if ids is None else codec.dumps_str(ids)

@@ -54,6 +54,7 @@ from rollq.models.llm_options import RETRY_STATUSES, LLMOptions, for_agent, opti
 
 from ..event_loop import new_event_loop
 from . import ambient, codec, gil
+from .answers import read_whole
 from .calls import CallKind, CapturedCall
 from .gate import CallGate, GateTimeout
 from .httpclient import Client, ClientError, ClientResponse
@@ -597,7 +598,7 @@ class CaptureProxy:
     ) -> Response:
         if upstream.status >= 400:
             call.error = data[:2000].decode(errors="replace")
-        else:
+        elif not read_whole(call, data):  # an answer of another shape than vLLM's and OpenAI's: read as parsed
             try:
                 parsed = codec.loads(data)
             except (ValueError, RecursionError):

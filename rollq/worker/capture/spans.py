@@ -43,10 +43,6 @@ SAMPLING_ENFORCED = "rollq.llm.sampling.enforced"
 SAMPLING_OVERRIDDEN = "rollq.llm.sampling.overridden"
 
 
-def _compact(values: list[Any] | None) -> str | None:
-    return None if values is None else codec.dumps_str(values)
-
-
 def _compact_floats(values: list[float] | None) -> str | None:
     return None if values is None else codec.dumps_floats(values)
 
@@ -139,8 +135,8 @@ def attributes(call: CapturedCall, server: tuple[str, int] | None = None) -> dic
         "gen_ai.response.id": call.response_id,
         "gen_ai.response.model": call.response_model,
         RESPONSE_TEXT: call.text,
-        PROMPT_TOKEN_IDS: _compact(call.prompt_token_ids),
-        RESPONSE_TOKEN_IDS: _compact(call.response_token_ids),
+        PROMPT_TOKEN_IDS: call.prompt_token_ids_json,
+        RESPONSE_TOKEN_IDS: call.response_token_ids_json,
         RESPONSE_LOGPROBS: _compact_floats(call.logprobs),
     }
     found.update({k: v for k, v in optional.items() if v is not None})

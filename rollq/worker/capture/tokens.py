@@ -69,7 +69,7 @@ def read_response(call: CapturedCall, body: dict[str, Any]) -> None:
     call.logprobs = _logprobs(call.kind, choice.get("logprobs"))
     if call.kind is CallKind.CHAT:
         call.prompt_token_ids = _ids(body.get("prompt_token_ids"))
-        if call.response_token_ids is None:
+        if call.response_token_ids_json is None:
             call.response_token_ids = _old_vllm_response_ids(body.get("response_token_ids"))
         message = choice.get("message") or {}
         call.text = message.get("content")
@@ -97,12 +97,12 @@ class StreamAssembler:
         call.response_model = call.response_model or chunk.get("model")
         if isinstance(chunk.get("usage"), dict):
             call.usage = chunk["usage"]
-        if call.prompt_token_ids is None:
+        if call.prompt_token_ids_json is None:
             call.prompt_token_ids = _ids(chunk.get("prompt_token_ids"))
         choice = _first_choice(chunk)
         if not choice or choice.get("index", 0) != 0:
             return
-        if call.prompt_token_ids is None:
+        if call.prompt_token_ids_json is None:
             call.prompt_token_ids = _ids(choice.get("prompt_token_ids"))
         ids = _ids(choice.get("token_ids"))
         if ids is not None:
