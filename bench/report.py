@@ -1152,6 +1152,41 @@ proxy's included.""",
 )
 
 
+def _answer_rows(doc: Doc) -> list[Doc]:
+    return [{"answer": name, **row} for name, row in doc.get("answers", {}).items()]
+
+
+ANSWER_READ = Spec(
+    title="Reading a whole LLM answer into its record: the typed pass beside parsing all of it",
+    about="""Every whole answer the capturing proxy forwards is read into its call's record and span. `before` is
+how the proxy read every answer before this release (copied into the script): the answer searched for a run of 19
+digits (an int orjson would read as a float), parsed whole by orjson, or by `json` where such a run was found, every
+field a Python object, the token ids written back to JSON text for the span. `parsed` is the same with today's
+`codec.loads` (msgspec, exact for ints of any size): what an answer of another shape than vLLM's and OpenAI's gets
+now. `typed` is what vLLM's and OpenAI's answers get now (`rollq/worker/capture/answers.py`): msgspec decodes the few
+fields a record takes, skips the rest, and keeps the token ids as the text they came in. Each then builds the call's
+span attributes. The answers are vLLM's chat answers with `return_token_ids`: `bench` is the size bench/capture.py
+and bench/call_rate.py forward (40 prompt ids, one answer token); `chat_2k` has 2,000 prompt ids and 200 answer
+tokens with logprobs, `chat_8k` 8,000 and 1,000, as a training run asks for them (logprobs uniform in (-1, 0); one
+within 0.01 of zero has a run of 18-19 digits, which sent `before` to `json`). CPU per answer of the reading
+thread, back to back and with a 0.5 ms sleep after each (the call rate of issue 24's target, where every burst starts
+with cold caches) less the sleeps alone, the readers taking turns, order reversed every repeat; medians of
+{settings[repeats]} repeats.""",
+    tables=[
+        Table(_answer_rows, [
+            ("answer", "answer"), ("bytes", "bytes", ","), ("before_read_by_json", "before: read by json"),
+            ("back_to_back.before_us", "before, us", ",.1f"), ("back_to_back.parsed_us", "parsed, us", ",.1f"),
+            ("back_to_back.typed_us", "typed, us", ",.1f"),
+            Col("typed / before", "back_to_back.typed_over_before", x),
+            ("between_sleeps.before_us", "before between sleeps, us", ",.1f"),
+            ("between_sleeps.typed_us", "typed between sleeps, us", ",.1f"),
+            Col("typed / before between sleeps", "between_sleeps.typed_over_before", x),
+            ("between_sleeps.per_repeat_typed_over_before", "per repeat, between sleeps"),
+        ]),
+    ],
+)
+
+
 def _per_level(key: str) -> Callable[[Doc], list[Doc]]:
     """The ``key`` rows of every in-flight level of bench/agent_calls.py's file, each with its level."""
     return lambda doc: [{"in_flight": lv["in_flight"], **row} for lv in doc.get("levels", []) for row in lv[key]]
@@ -1277,7 +1312,7 @@ SPECS: dict[str, Spec] = {
     "switch_interval": SWITCH_INTERVAL,
     "gc_freeze": GC_FREEZE,
     "agent_calls": AGENT_CALLS,
-    "handoffs": HANDOFFS, "call_rate": CALL_RATE,
+    "handoffs": HANDOFFS, "call_rate": CALL_RATE, "answer_read": ANSWER_READ,
 }
 # The page's order; results files not named here follow in name order.
 ORDER = ["al_own_path", "al", "al_packs", "noop", "handoffs", "mock_llm", "startup", "fleet_startup", "before_after",
@@ -1286,7 +1321,8 @@ ORDER = ["al_own_path", "al", "al_packs", "noop", "handoffs", "mock_llm", "start
          "cluster_256", "cluster_dead_host", "failover", "soak", "capture", "capture_load_elsewhere",
          "capture_same_code", "capture_no_record", "capture_record_after", "agent_calls",
          "agent_calls_collector",
-         "call_rate", "switch_interval", "gc_freeze", "sample_clients", "enqueue", "memory", "idle", "connections",
+         "call_rate", "answer_read", "switch_interval", "gc_freeze", "sample_clients", "enqueue", "memory", "idle",
+         "connections",
          "plan_rate", "plan_rate_16", "trainer_api", "embedded_drain"]
 
 
