@@ -338,10 +338,12 @@ async def measure(direct: str, proxies: dict[str, Child], args: argparse.Namespa
     rounds: list[dict[str, Any]] = []
     connector = aiohttp.TCPConnector(limit=0)
     async with aiohttp.ClientSession(connector=connector) as session:
-        await _round(session, direct, args.concurrency, args.concurrency)  # warm every path's connections
+        await _round(
+            session, direct, args.concurrency, args.concurrency, args.prompt_chars
+        )  # warm every path's connections
         for child in proxies.values():
             child.only_one_loading(proxies)
-            await _round(session, child.line, args.concurrency, args.concurrency)
+            await _round(session, child.line, args.concurrency, args.concurrency, args.prompt_chars)
         per_round = args.calls // args.rounds
         ramp = args.latency  # a round's first calls spread over one mean latency: the steady rate from the start
         for n in range(args.rounds):
@@ -353,7 +355,7 @@ async def measure(direct: str, proxies: dict[str, Child], args: argparse.Namespa
             proxies[order[0]].only_one_loading(proxies)
             ticks = cpu_ticks()
             all_values, direct_values = await _round(
-                session, direct, per_round, args.concurrency, token_ids=args.floor, ramp=ramp
+                session, direct, per_round, args.concurrency, args.prompt_chars, token_ids=args.floor, ramp=ramp
             )
             row["direct_steal_percent"] = steal_percent(ticks, cpu_ticks())
             results["direct"] += direct_values
@@ -364,7 +366,7 @@ async def measure(direct: str, proxies: dict[str, Child], args: argparse.Namespa
                 proxies[name].only_one_loading(proxies)
                 before, ticks = proxies[name].cpu_seconds(), cpu_ticks()
                 all_values, values = await _round(
-                    session, proxies[name].line, per_round, args.concurrency, token_ids=args.floor, ramp=ramp
+                    session, proxies[name].line, per_round, args.concurrency, args.prompt_chars, args.floor, ramp=ramp
                 )
                 used = proxies[name].cpu_seconds() - before
                 row[f"{name}_steal_percent"] = steal_percent(ticks, cpu_ticks())
@@ -621,6 +623,13 @@ def main() -> None:
         help="a raw forwarder (no HTTP library) and the proxy's HTTP alone (nothing captured) take their turns too",
     )
     parser.add_argument("--base", help="a commit whose proxy takes its turn in every round too (before/after)")
+    parser.add_argument(
+        "--prompt-chars",
+        type=int,
+        default=0,
+        help="pad each call's user message to this many characters: the simulated LLM answers with as many prompt "
+        "token ids (default 0: a 14-character message)",
+    )
     parser.add_argument(
         "--switch-interval",
         type=float,
