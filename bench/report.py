@@ -882,8 +882,9 @@ CAPTURE = Spec(
     title="LLM calls through the capturing proxy vs straight to the backend{load_where}{label_title}",
     about="""{settings[concurrency]} calls in flight against the demo's simulated LLM ({settings[latency]:g} s per
 call on average), {settings[rounds]} rounds alternating direct and through a worker's `CaptureProxy` (its own
-process, its garbage collector set as a worker's{released_text}{agent_load_text}). Latency is each call's time at
-the client less the backend's reported generation time: the path's own cost, in the steady state: each round opens with
+process, its garbage collector set as a worker's{released_text}{agent_load_text}).{prompt_text} Latency is each call's
+time at the client less the backend's reported generation time: the path's own cost, in the steady state: each round
+opens with
 {settings[concurrency]} calls {opening_text}, and those are left out of the percentiles (each later call starts as an
 earlier one ends).{burst_text} Added latency p50 {added_p50_ms:+.1f} ms, p99
 {added_p99_ms:+.1f} ms; proxy CPU per call {proxy_cpu_ms_per_call:.2f} ms.{base_text}{floor_text}
@@ -919,6 +920,9 @@ that: `rollq/worker/capture/gil.py`).""",
                           f"{d['proxy_cpu_ms_per_call_rollq_http']:.2f} ms CPU per call."
                           if "added_p50_ms_rollq_http" in d else "")) if "added_p50_ms_raw" in d else "",
         "label_title": f": {d['label']}" if d.get("label") else "",
+        "prompt_text": (f" Each call's user message was padded to {d['settings']['prompt_chars']:,} characters, and "
+                        "each answer carried a prompt token id per byte of the prompt, each below 256."
+                        ) if d.get("settings", {}).get("prompt_chars") else "",
         "base_text": (f" The proxy as of `{d['base_commit']}` took its turn in every round too (order swapped "
                       f"every round): added p50 {d['added_p50_ms_base']:+.1f} ms, p99 {d['added_p99_ms_base']:+.1f} "
                       f"ms, {d['proxy_cpu_ms_per_call_base']:.2f} ms CPU per call.") if d.get("base_commit") else "",
@@ -1319,7 +1323,8 @@ ORDER = ["al_own_path", "al", "al_packs", "noop", "handoffs", "mock_llm", "start
          "before_after_packs", "before_after_stop32", "profile", "worker_floor",
          "rollout_cpu", "rollout_cpu_before_after", "big", "results_stream", "inflight10k", "scaling", "cluster",
          "cluster_256", "cluster_dead_host", "failover", "soak", "capture", "capture_load_elsewhere",
-         "capture_same_code", "capture_no_record", "capture_record_after", "agent_calls",
+         "capture_same_code", "capture_no_record", "capture_record_after", "capture_msgspec", "capture_long_prompts",
+         "agent_calls",
          "agent_calls_collector",
          "call_rate", "answer_read", "switch_interval", "gc_freeze", "sample_clients", "enqueue", "memory", "idle",
          "connections",
