@@ -45,7 +45,7 @@ def test_numbers_are_read_to_the_same_value_and_type_as_json_reads_them() -> Non
         text = rng.choice(
             [
                 f"{sign}{digits}",
-                f"{sign}{digits}.{rng.randrange(10**rng.randrange(1, 25))}",
+                f"{sign}{digits}.{rng.randrange(10 ** rng.randrange(1, 25))}",
                 f"{sign}{digits}e{rng.randrange(-340, 310)}",
                 repr(struct.unpack("d", rng.randbytes(8))[0]),
             ]
