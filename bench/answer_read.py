@@ -1,10 +1,10 @@
-"""Reading a whole LLM answer into a call's record: the typed pass beside parsing all of it, in one run.
+"""Reading an LLM answer into a call's record: the typed pass beside parsing all of it, in one run.
 
 Run: python bench/answer_read.py [--runs 2000] [--repeats 5]
 
-The capturing proxy reads every whole answer into its call's record and the record's span attributes. Three
-readers, each with the proxy's own functions but the first, over the same answers, taking turns (the order reversed
-every repeat):
+The capturing proxy reads every answer, whole or streamed, into its call's record and the record's span attributes.
+Three readers, each with the proxy's own functions but the first, over the same answers, taking turns (the order
+reversed every repeat):
 
 - ``before``: the proxy's reader as of 3336d74, copied here (:func:`loads_before`): the answer searched for a run of
   19 digits (an int orjson would read as a float), then parsed whole by orjson, or by ``json`` where such a run
@@ -21,7 +21,12 @@ shape (``return_token_ids`` and logprobs asked, as a training run asks):
   the size of the demo's simulated LLM answers that bench/capture.py and bench/call_rate.py forward;
 - ``chat_2k``: 2,000 prompt ids, 200 answer tokens with their logprobs (each entry with token, bytes and an empty
   ``top_logprobs``, as vLLM writes them);
-- ``chat_8k``: 8,000 prompt ids, 1,000 answer tokens with logprobs.
+- ``chat_8k``: 8,000 prompt ids, 1,000 answer tokens with logprobs;
+- ``stream_2k``, ``stream_8k``: the same answered as a stream (2,000 prompt ids and 200 tokens, 8,000 and 500): the
+  prompt's ids in the first chunk, then a chunk a token with its id and logprob entry. Each chunk goes through
+  ``StreamAssembler``: ``feed`` with the parsed chunk for ``before`` and ``parsed``, ``answers.read_chunk`` for
+  ``typed``. ``feed`` is today's for both parsed readers: it writes each chunk's ids as JSON text as it goes, where
+  the assembler as of 3336d74 gathered them in a list written once at the end (a few hundred ns a chunk more).
 
 CPU microseconds per answer (``time.thread_time``), back to back and with a 0.5 ms sleep after each (issue 24's
 call rate: bursts about 1 ms apart start with cold caches), less what the same sleeps cost the thread with no
@@ -83,10 +88,28 @@ def answer(prompt_ids: int, answer_tokens: int, *, logprobs: bool) -> bytes:
     )
 
 
-ANSWERS = {
+def stream(prompt_ids: int, answer_tokens: int) -> list[bytes]:
+    """A vLLM chat stream's chunks (``return_token_ids`` and logprobs asked): the prompt's ids in the first, then a
+    token a chunk with its id and logprob entry, then the finish reason and the usage."""
+    rng = random.Random(prompt_ids + 1)
+    head = {"id": "chatcmpl-1", "object": "chat.completion.chunk", "created": 1, "model": "policy"}
+    first = {"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
+    chunks = [{**head, "choices": [first], "prompt_token_ids": [rng.randrange(151_000) for _ in range(prompt_ids)]}]
+    for _ in range(answer_tokens):
+        entry = {"token": "word", "logprob": -rng.random(), "bytes": [119, 111, 114, 100], "top_logprobs": []}
+        choice = {"index": 0, "delta": {"content": "word "}, "logprobs": {"content": [entry]}, "finish_reason": None}
+        chunks.append({**head, "choices": [{**choice, "token_ids": [rng.randrange(151_000)]}]})
+    chunks.append({**head, "choices": [{"index": 0, "delta": {}, "finish_reason": "stop", "token_ids": []}]})
+    chunks.append({**head, "choices": [], "usage": {"prompt_tokens": prompt_ids, "completion_tokens": answer_tokens}})
+    return [orjson.dumps(chunk) for chunk in chunks]
+
+
+ANSWERS: dict[str, bytes | list[bytes]] = {
     "bench": answer(40, 1, logprobs=False),
     "chat_2k": answer(2_000, 200, logprobs=True),
     "chat_8k": answer(8_000, 1_000, logprobs=True),
+    "stream_2k": stream(2_000, 200),
+    "stream_8k": stream(8_000, 500),
 }
 
 
@@ -110,28 +133,53 @@ def loads_before(data: bytes) -> Any:
     return json.loads(data)
 
 
-def before(data: bytes) -> dict[str, Any]:
+def _streamed(chunks: list[bytes], loads: Callable[[bytes], Any] | None) -> dict[str, Any]:
+    assembler = tokens.StreamAssembler(_call())
+    for chunk in chunks:
+        if loads is not None:
+            assembler.feed(loads(chunk))
+        elif not answers.read_chunk(assembler, chunk):
+            raise AssertionError("a chunk the typed pass does not take")
+    return spans.attributes(assembler.finish())
+
+
+def before(data: bytes | list[bytes]) -> dict[str, Any]:
+    if isinstance(data, list):
+        return _streamed(data, loads_before)
     call = _call()
     tokens.read_response(call, loads_before(data))
     return spans.attributes(call)
 
 
-def parsed(data: bytes) -> dict[str, Any]:
+def parsed(data: bytes | list[bytes]) -> dict[str, Any]:
+    if isinstance(data, list):
+        return _streamed(data, codec.loads)
     call = _call()
     tokens.read_response(call, codec.loads(data))
     return spans.attributes(call)
 
 
-def typed(data: bytes) -> dict[str, Any]:
+def typed(data: bytes | list[bytes]) -> dict[str, Any]:
+    if isinstance(data, list):
+        return _streamed(data, None)
     call = _call()
     assert answers.read_whole(call, data)
     return spans.attributes(call)
 
 
-READERS: dict[str, Callable[[bytes], dict[str, Any]]] = {"before": before, "parsed": parsed, "typed": typed}
+READERS: dict[str, Callable[[Any], dict[str, Any]]] = {"before": before, "parsed": parsed, "typed": typed}
 
 
-def _cpu_us(reader: Callable[[bytes], Any] | None, data: bytes, n: int, gap_ms: float) -> float:
+def _size(data: bytes | list[bytes]) -> int:
+    return sum(map(len, data)) if isinstance(data, list) else len(data)
+
+
+def _read_by_json(data: bytes | list[bytes]) -> bool:
+    """Whether ``loads_before`` sent the answer (or any chunk of it) to ``json``."""
+    return any(b"0" * 19 in part.translate(_DIGITS_AS_ZERO) for part in (data if isinstance(data, list) else [data]))
+
+
+def _cpu_us(reader: Callable[[Any], Any] | None, data: bytes | list[bytes], n: int, gap_ms: float) -> float:
     started = time.thread_time()
     for _ in range(n):
         if reader is not None:
@@ -141,9 +189,9 @@ def _cpu_us(reader: Callable[[bytes], Any] | None, data: bytes, n: int, gap_ms: 
     return (time.thread_time() - started) / n * 1e6
 
 
-def measure(data: bytes, runs: int, repeats: int) -> dict[str, Any]:
+def measure(data: bytes | list[bytes], runs: int, repeats: int) -> dict[str, Any]:
     """Per gap and reader: the median over repeats of CPU us per answer, less the sleeps alone."""
-    row: dict[str, Any] = {"bytes": len(data), "before_read_by_json": b"0" * 19 in data.translate(_DIGITS_AS_ZERO)}
+    row: dict[str, Any] = {"bytes": _size(data), "before_read_by_json": _read_by_json(data)}
     for label, gap_ms in GAPS_MS.items():
         samples: dict[str, list[float]] = {name: [] for name in READERS}
         for repeat in range(repeats):
@@ -173,7 +221,7 @@ def main() -> None:
         assert before(data) == parsed(data) == typed(data)
     rows = {}
     for name, data in ANSWERS.items():
-        runs = max(200, args.runs * len(ANSWERS["bench"]) // max(len(data), 1)) if name != "bench" else args.runs
+        runs = max(200, args.runs * _size(ANSWERS["bench"]) // _size(data)) if name != "bench" else args.runs
         rows[name] = {"runs": runs, **measure(data, runs, args.repeats)}
         print(name, json.dumps(rows[name]), flush=True)
     write_result(args.out, {"answers": rows}, sys.argv[1:], settings=vars(args))
