@@ -1,11 +1,9 @@
-"""The proxy's typed read of an answer (rollq.worker.capture.answers): a call it fills is the call read_response
-fills from the parsed answer, field for field, and a stream it reads chunk by chunk makes the call its parsed chunks
-make; an answer or chunk it does not take leaves the call untouched (the proxy then reads it as before); vLLM's and
-OpenAI's answers and chunks are taken."""
+"""The proxy's typed read of a whole answer (rollq.worker.capture.answers): a call it fills is the call
+read_response fills from the parsed answer, field for field; an answer it does not take leaves the call untouched
+(the proxy then reads it as before); vLLM's and OpenAI's answers are taken."""
 
 from __future__ import annotations
 
-import copy
 import json
 from typing import Any
 
@@ -13,7 +11,7 @@ import pytest
 
 from rollq.worker.capture import answers, codec
 from rollq.worker.capture.calls import CallKind, CapturedCall
-from rollq.worker.capture.tokens import StreamAssembler, read_response
+from rollq.worker.capture.tokens import read_response
 
 BIG = 2**70
 CHAT, TEXT = CallKind.CHAT, CallKind.TEXT_COMPLETION
@@ -141,88 +139,3 @@ def test_token_ids_are_kept_as_the_compact_text_they_came_in() -> None:
     assert answers.read_whole(call, data)
     assert (call.prompt_token_ids_json, call.response_token_ids_json) == ("[1,18446744073709551616]", "[7,8]")
     assert call.prompt_token_ids == [1, 2**64] and call.response_token_ids == [7, 8]
-
-
-def _chunk(choice: dict[str, Any] | None = None, **top: Any) -> bytes:
-    chunk = {"id": "chatcmpl-9", "object": "chat.completion.chunk", "model": "m", **top}
-    chunk.setdefault("choices", [] if choice is None else [{"index": 0, "finish_reason": None, **choice}])
-    return json.dumps(chunk).encode()
-
-
-def _token(text: str, token_id: int, logprob: float) -> bytes:
-    return _chunk({"delta": {"content": text}, "token_ids": [token_id], "logprobs": _logprobs(logprob)})
-
-
-VLLM_STREAM = [
-    _chunk({"delta": {"role": "assistant", "content": ""}}, prompt_token_ids=[1, 2, 3, 2**64]),
-    _token("Hel", 7, -0.5),
-    _token("lo", 8, -0.0012345678901234567),
-    _chunk({"delta": {}, "token_ids": [], "finish_reason": "stop"}),
-    _chunk(None, usage={"prompt_tokens": 4, "completion_tokens": 2}),
-]
-TOOL_STREAM = [
-    _chunk({"delta": {"tool_calls": [{"index": 0, "id": "c1", "function": {"name": "f", "arguments": ""}}]}}),
-    _chunk({"delta": {"tool_calls": [{"index": 0, "function": {"arguments": '{"a":'}}]}, "token_ids": [5]}),
-    _chunk({"delta": {"tool_calls": [{"index": 0, "function": {"arguments": "1}"}}]}, "finish_reason": "tool_calls"}),
-]
-TEXT_STREAM = [
-    _chunk({"text": "a", "prompt_token_ids": [4, 5], "token_ids": [9], "logprobs": {"token_logprobs": [None]}}),
-    _chunk({"text": "b", "token_ids": [10], "logprobs": {"token_logprobs": [-1]}, "finish_reason": "length"}),
-]
-TWO_CHOICES = [
-    _chunk({"index": 1, "delta": {"content": "other"}, "token_ids": [99]}),
-    _token("mine", 3, -0.25),
-]
-ODD_CHUNKS = [
-    _chunk({"delta": {"content": "x"}}, id=5),  # an int id
-    _chunk({"delta": {"content": "y"}, "token_ids": [[1], [2]]}),  # nested ids
-    _chunk({"delta": {"content": "z"}, "token_ids": [4], "logprobs": _logprobs(None)}),  # feed raises part way
-    _chunk({"delta": "not an object"}),
-    b": keep-alive",
-    b'{"choices": [{"delta": {"content": "\\ud800"}}]}',
-]
-STREAMS: dict[str, tuple[CallKind, list[bytes]]] = {
-    "vllm chat": (CHAT, VLLM_STREAM),
-    "tool call fragments": (CHAT, TOOL_STREAM),
-    "text completion": (TEXT, TEXT_STREAM),
-    "a second choice's chunks": (CHAT, TWO_CHOICES),
-    "odd chunks among vllm's": (CHAT, VLLM_STREAM[:2] + ODD_CHUNKS + VLLM_STREAM[2:]),
-}
-
-
-def _assembled(kind: CallKind, chunks: list[bytes], *, typed: bool) -> tuple[CapturedCall, int]:
-    """The call the chunks make, read as the proxy reads them (typed first) or parsed only; and how many the typed
-    pass took."""
-    assembler, taken = StreamAssembler(_call(kind)), 0
-    for data in chunks:
-        try:  # as the proxy's _stream: a chunk that is not JSON, or fails part way, is passed over
-            if typed and answers.read_chunk(assembler, data):
-                taken += 1
-            else:
-                assembler.feed(codec.loads(data))
-        except Exception:
-            pass
-    return assembler.finish(), taken
-
-
-@pytest.mark.parametrize("name", STREAMS)
-def test_a_stream_read_typed_chunk_by_chunk_makes_the_call_its_parsed_chunks_make(name: str) -> None:
-    kind, chunks = STREAMS[name]
-    typed, taken = _assembled(kind, chunks, typed=True)
-    assert typed == _assembled(kind, chunks, typed=False)[0]
-    assert taken == len([c for c in chunks if c not in ODD_CHUNKS])
-
-
-def test_vllms_stream_keeps_its_ids_as_text_and_its_logprobs_as_floats() -> None:
-    call, _ = _assembled(CHAT, VLLM_STREAM, typed=True)
-    assert (call.prompt_token_ids_json, call.response_token_ids_json) == ("[1,2,3,18446744073709551616]", "[7,8]")
-    assert call.logprobs == [-0.5, -0.0012345678901234567] and call.text == "Hello" and call.finish_reason == "stop"
-
-
-@pytest.mark.parametrize("data", ODD_CHUNKS)
-def test_a_chunk_of_another_shape_is_left_to_feed_with_the_stream_untouched(data: bytes) -> None:
-    assembler = StreamAssembler(_call(CHAT))
-    answers.read_chunk(assembler, VLLM_STREAM[0])
-    before = copy.deepcopy(vars(assembler))
-    assert not answers.read_chunk(assembler, data)
-    assert vars(assembler) == before

@@ -1,4 +1,4 @@
-"""An answer read in one typed pass, whole or chunk by chunk, its token ids kept as the JSON text they came in.
+"""A whole (non-streamed) answer read in one typed pass, its token ids kept as the JSON text they came in.
 
 :func:`tokens.read_response <rollq.worker.capture.tokens.read_response>` reads an answer the proxy parsed whole:
 every field of it becomes a Python object first, the prompt's thousands of token ids and every logprob entry's
@@ -12,9 +12,7 @@ An answer this pass does not take whole (a field of another type than vLLM and O
 flat array of ints, Agent Lightning 0.1's per-choice id lists, a NaN, text that is not UTF-8) is left to
 ``read_response``, which reads it as before: :func:`read_whole` fills the call only when every field it sets
 would come out of ``read_response`` the same (``tests/worker/test_capture_answers.py`` holds the two readers to
-that, answer by answer). A streamed answer's chunks go the same way (:func:`read_chunk`, or
-``StreamAssembler.feed`` with the parsed chunk): a stream's first chunk carries the prompt's ids, and each later one
-a token, its id and its logprob entry.
+that, answer by answer).
 """
 
 from __future__ import annotations
@@ -25,7 +23,6 @@ import msgspec
 
 from . import codec
 from .calls import CallKind, CapturedCall
-from .tokens import ChunkChoice, StreamAssembler
 
 _NONE = msgspec.Raw()
 
@@ -78,49 +75,8 @@ class _TextAnswer(msgspec.Struct):
     usage: dict[str, Any] | None = None
 
 
-class _ChatDelta(msgspec.Struct):
-    content: str | None = None
-    tool_calls: list[dict[str, Any]] | None = None
-
-
-class _ChatChunkChoice(msgspec.Struct):
-    index: int = 0
-    delta: _ChatDelta | None = None
-    finish_reason: str | None = None
-    prompt_token_ids: msgspec.Raw = _NONE
-    token_ids: msgspec.Raw = _NONE
-    logprobs: _ChatLogprobs | None = None
-
-
-class _ChatChunk(msgspec.Struct):
-    id: str | None = None
-    model: str | None = None
-    choices: list[_ChatChunkChoice] = []
-    prompt_token_ids: msgspec.Raw = _NONE
-    usage: dict[str, Any] | None = None
-
-
-class _TextChunkChoice(msgspec.Struct):
-    index: int = 0
-    text: str | None = None
-    finish_reason: str | None = None
-    prompt_token_ids: msgspec.Raw = _NONE
-    token_ids: msgspec.Raw = _NONE
-    logprobs: _TextLogprobs | None = None
-
-
-class _TextChunk(msgspec.Struct):
-    id: str | None = None
-    model: str | None = None
-    choices: list[_TextChunkChoice] = []
-    prompt_token_ids: msgspec.Raw = _NONE
-    usage: dict[str, Any] | None = None
-
-
 _CHAT = msgspec.json.Decoder(_ChatAnswer)
 _TEXT = msgspec.json.Decoder(_TextAnswer)
-_CHAT_CHUNK = msgspec.json.Decoder(_ChatChunk)
-_TEXT_CHUNK = msgspec.json.Decoder(_TextChunk)
 
 
 class _NotTaken(Exception):
@@ -186,48 +142,3 @@ def _fill(
     call.finish_reason = finish_reason
     call.prompt_token_ids_json = prompt_ids
     call.response_token_ids_json = response_ids
-
-
-def read_chunk(assembler: StreamAssembler, data: bytes) -> bool:
-    """Add the streamed chunk ``data`` to ``assembler`` as its ``feed`` would from the parsed chunk, and say so;
-    False (``assembler`` untouched) for a chunk this pass does not take."""
-    try:
-        if assembler.call.kind is CallKind.CHAT:
-            chat = _CHAT_CHUNK.decode(data)
-            chunk: _ChatChunk | _TextChunk = chat
-            choice = _chat_choice(chat.choices[0]) if chat.choices else None
-        else:
-            text = _TEXT_CHUNK.decode(data)
-            chunk = text
-            choice = _text_choice(text.choices[0]) if text.choices else None
-        prompt_ids = _ids(chunk.prompt_token_ids)
-    except (msgspec.DecodeError, msgspec.ValidationError, RecursionError, _NotTaken):
-        return False
-    assembler.add(chunk.id, chunk.model, chunk.usage, prompt_ids, choice)
-    return True
-
-
-def _chat_choice(choice: _ChatChunkChoice) -> ChunkChoice:
-    delta = choice.delta or _ChatDelta()
-    content = choice.logprobs.content if choice.logprobs is not None else None
-    return ChunkChoice(
-        index=choice.index,
-        prompt_ids=_ids(choice.prompt_token_ids),
-        ids=_ids(choice.token_ids),
-        logprobs=None if content is None else [entry.logprob for entry in content],
-        finish_reason=choice.finish_reason,
-        text=delta.content,
-        tool_calls=delta.tool_calls,
-    )
-
-
-def _text_choice(choice: _TextChunkChoice) -> ChunkChoice:
-    values = choice.logprobs.token_logprobs if choice.logprobs is not None else None
-    return ChunkChoice(
-        index=choice.index,
-        prompt_ids=_ids(choice.prompt_token_ids),
-        ids=_ids(choice.token_ids),
-        logprobs=None if values is None else [0.0 if v is None else v for v in values],
-        finish_reason=choice.finish_reason,
-        text=choice.text,
-    )

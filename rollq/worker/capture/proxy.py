@@ -54,7 +54,7 @@ from rollq.models.llm_options import RETRY_STATUSES, LLMOptions, for_agent, opti
 
 from ..event_loop import new_event_loop
 from . import ambient, codec, gil
-from .answers import read_chunk, read_whole
+from .answers import read_whole
 from .calls import CallKind, CapturedCall
 from .gate import CallGate, GateTimeout
 from .httpclient import Client, ClientError, ClientResponse
@@ -640,8 +640,7 @@ class CaptureProxy:
                 for payload in iter_sse_data(buffer, data):
                     if payload and payload != b"[DONE]":
                         try:
-                            if not read_chunk(assembler, payload):  # of another shape: read as parsed
-                                assembler.feed(codec.loads(payload))
+                            assembler.feed(codec.loads(payload))
                         except (ValueError, RecursionError):
                             pass  # a keep-alive or non-JSON event: forwarded, not recorded
                         except Exception as exc:  # an odd but valid chunk: forwarded as it came, not read

@@ -18,10 +18,8 @@ for chat, ``choices[0].logprobs.token_logprobs`` for text completions.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
-from . import codec
 from .calls import CallKind, CapturedCall
 
 
@@ -81,28 +79,13 @@ def read_response(call: CapturedCall, body: dict[str, Any]) -> None:
         call.text = choice.get("text")
 
 
-@dataclass
-class ChunkChoice:
-    """A streamed chunk's first choice as :meth:`StreamAssembler.add` takes it: token ids as JSON text, the text
-    piece (a chat delta's content, or a text completion's text) and a chat delta's tool call fragments."""
-
-    index: int = 0
-    prompt_ids: str | None = None
-    ids: str | None = None
-    logprobs: list[float] | None = None
-    finish_reason: str | None = None
-    text: str | None = None
-    tool_calls: list[dict[str, Any]] | None = None
-
-
 class StreamAssembler:
     """Builds up a :class:`CapturedCall` from the JSON chunks of a streamed response, in order."""
 
     def __init__(self, call: CapturedCall) -> None:
         self.call = call
         self._text: list[str] = []
-        self._ids: list[str] = []
-        """Each chunk's token ids as JSON text without its brackets (``"7,8"``): joined into one array at the end."""
+        self._ids: list[int] = []
         self._logprobs: list[float] = []
         self._saw_ids = False
         self._saw_logprobs = False
@@ -124,7 +107,7 @@ class StreamAssembler:
         ids = _ids(choice.get("token_ids"))
         if ids is not None:
             self._saw_ids = True
-            self._ids.append(codec.dumps_str(ids)[1:-1])
+            self._ids.extend(ids)
         logprobs = _logprobs(call.kind, choice.get("logprobs"))
         if logprobs is not None:
             self._saw_logprobs = True
@@ -137,39 +120,6 @@ class StreamAssembler:
         delta = choice.get("delta") or {}
         self._text.append(delta.get("content") or "")
         for tool in delta.get("tool_calls") or []:
-            self._merge_tool(tool)
-
-    def add(
-        self,
-        response_id: str | None,
-        model: str | None,
-        usage: dict[str, Any] | None,
-        prompt_ids: str | None,
-        choice: ChunkChoice | None,
-    ) -> None:
-        """What :meth:`feed` does with a chunk, from its values read already (token ids as JSON text): the typed read
-        of :func:`rollq.worker.capture.answers.read_chunk`."""
-        call = self.call
-        call.response_id = call.response_id or response_id
-        call.response_model = call.response_model or model
-        if usage is not None:
-            call.usage = usage
-        if call.prompt_token_ids_json is None:
-            call.prompt_token_ids_json = prompt_ids
-        if choice is None or choice.index != 0:
-            return
-        if call.prompt_token_ids_json is None:
-            call.prompt_token_ids_json = choice.prompt_ids
-        if choice.ids is not None:
-            self._saw_ids = True
-            self._ids.append(choice.ids[1:-1])
-        if choice.logprobs is not None:
-            self._saw_logprobs = True
-            self._logprobs.extend(choice.logprobs)
-        if choice.finish_reason:
-            call.finish_reason = choice.finish_reason
-        self._text.append(choice.text or "")
-        for tool in choice.tool_calls or []:
             self._merge_tool(tool)
 
     def _merge_tool(self, delta: dict[str, Any]) -> None:
@@ -186,8 +136,7 @@ class StreamAssembler:
     def finish(self) -> CapturedCall:
         call = self.call
         call.text = "".join(self._text)
-        ids = ",".join(part for part in self._ids if part)  # a chunk without a token adds "[]": nothing
-        call.response_token_ids_json = f"[{ids}]" if self._saw_ids else None
+        call.response_token_ids = self._ids if self._saw_ids else None
         call.logprobs = self._logprobs if self._saw_logprobs else None
         call.tool_calls = [self._tools[i] for i in sorted(self._tools)] or None
         return call
