@@ -1160,32 +1160,51 @@ def _answer_rows(doc: Doc) -> list[Doc]:
     return [{"answer": name, **row} for name, row in doc.get("answers", {}).items()]
 
 
+def _now(row: Doc) -> str:
+    """The reader the proxy uses now for that answer (a file from before "now" was recorded: the typed pass)."""
+    return str(row.get("now", "typed"))
+
+
+def _now_cell(gap: str, key: str) -> Callable[[Doc, Doc], Any]:
+    return lambda row, doc: (row.get(gap) or {}).get(key.format(now=_now(row)))
+
+
 ANSWER_READ = Spec(
-    title="Reading a whole LLM answer into its record: the typed pass beside parsing all of it",
-    about="""Every whole answer the capturing proxy forwards is read into its call's record and span. `before` is
-how the proxy read every answer before this release (copied into the script): the answer searched for a run of 19
-digits (an int orjson would read as a float), parsed whole by orjson, or by `json` where such a run was found, every
-field a Python object, the token ids written back to JSON text for the span. `parsed` is the same with today's
-`codec.loads` (msgspec, exact for ints of any size): what an answer of another shape than vLLM's and OpenAI's gets
-now. `typed` is what vLLM's and OpenAI's answers get now (`rollq/worker/capture/answers.py`): msgspec decodes the few
-fields a record takes, skips the rest, and keeps the token ids as the text they came in. Each then builds the call's
-span attributes. The answers are vLLM's chat answers with `return_token_ids`: `bench` is the size bench/capture.py
-and bench/call_rate.py forward (40 prompt ids, one answer token); `chat_2k` has 2,000 prompt ids and 200 answer
-tokens with logprobs, `chat_8k` 8,000 and 1,000, as a training run asks for them (logprobs uniform in (-1, 0); one
-within 0.01 of zero has a run of 18-19 digits, which sent `before` to `json`). CPU per answer of the reading
-thread, back to back and with a 0.5 ms sleep after each (the call rate of issue 24's target, where every burst starts
-with cold caches) less the sleeps alone, the readers taking turns, order reversed every repeat; medians of
-{settings[repeats]} repeats.""",
+    title="Reading an LLM answer into its record: the typed pass beside parsing all of it{variant}",
+    about="""Every answer the capturing proxy forwards, whole or streamed, is read into its call's record and span.
+`before` is how the proxy read answers before this release (copied into the script): each body searched for a run
+of 19 digits (an int orjson would read as a float), parsed whole by orjson, or by `json` where such a run was found,
+every field a Python object, the token ids written back to JSON text for the span. `parsed` is the same with today's
+`codec.loads` (msgspec, exact for ints of any size): what a streamed chunk, or a whole answer of another shape than
+vLLM's and OpenAI's, gets now. `typed` is what vLLM's and OpenAI's whole answers get now
+(`rollq/worker/capture/answers.py`): msgspec decodes the few fields a record takes, skips the rest, and keeps the
+token ids as the text they came in.{typed_chunks} Each then builds the call's span attributes. The answers are
+vLLM's chat answers with `return_token_ids`: `bench` is the size bench/capture.py and bench/call_rate.py forward (40
+prompt ids, one answer token); `chat_2k` has 2,000 prompt ids and 200 answer tokens with logprobs, `chat_8k` 8,000
+and 1,000, as a training run asks for them; `stream_2k` and `stream_8k` are streams of 2,000 prompt ids and 200
+tokens, 8,000 and 500, a chunk a token (logprobs uniform in (-1, 0); one within 0.01 of zero has a run of 18-19
+digits, which sent `before` to `json`). CPU per answer of the reading thread, back to back and with a 0.5 ms sleep
+after each (the call rate of issue 24's target, where every burst starts with cold caches) less the sleeps alone,
+the readers taking turns, order reversed every repeat; medians of {settings[repeats]} repeats.""",
+    derive=lambda d: {
+        "variant": ": with a typed pass for streamed chunks too, tried and not kept"
+        if d.get("benchmark") == "answer_read_typed_chunks" else "",
+        "typed_chunks": " In this run streamed chunks had a typed pass of their own too (`answers.read_chunk`, at "
+        "126006e), taken out again after it."
+        if d.get("benchmark") == "answer_read_typed_chunks" else "",
+    },
     tables=[
         Table(_answer_rows, [
             ("answer", "answer"), ("bytes", "bytes", ","), ("before_read_by_json", "before: read by json"),
             ("back_to_back.before_us", "before, us", ",.1f"), ("back_to_back.parsed_us", "parsed, us", ",.1f"),
             ("back_to_back.typed_us", "typed, us", ",.1f"),
-            Col("typed / before", "back_to_back.typed_over_before", x),
+            Col("the proxy's reader now", lambda row, doc: _now(row)),
+            Col("now / before", _now_cell("back_to_back", "{now}_over_before"), x),
             ("between_sleeps.before_us", "before between sleeps, us", ",.1f"),
-            ("between_sleeps.typed_us", "typed between sleeps, us", ",.1f"),
-            Col("typed / before between sleeps", "between_sleeps.typed_over_before", x),
-            ("between_sleeps.per_repeat_typed_over_before", "per repeat, between sleeps"),
+            Col("now between sleeps, us", _now_cell("between_sleeps", "{now}_us"), ",.1f"),
+            Col("now / before between sleeps", _now_cell("between_sleeps", "{now}_over_before"), x),
+            Col("per repeat, between sleeps", lambda row, doc: (row.get("between_sleeps") or {}).get(
+                "per_repeat_now_over_before", (row.get("between_sleeps") or {}).get("per_repeat_typed_over_before"))),
         ]),
     ],
 )
@@ -1326,7 +1345,8 @@ ORDER = ["al_own_path", "al", "al_packs", "noop", "handoffs", "mock_llm", "start
          "capture_same_code", "capture_no_record", "capture_record_after", "capture_msgspec", "capture_long_prompts",
          "agent_calls",
          "agent_calls_collector",
-         "call_rate", "answer_read", "switch_interval", "gc_freeze", "sample_clients", "enqueue", "memory", "idle",
+         "call_rate", "answer_read", "answer_read_typed_chunks", "switch_interval", "gc_freeze", "sample_clients",
+         "enqueue", "memory", "idle",
          "connections",
          "plan_rate", "plan_rate_16", "trainer_api", "embedded_drain"]
 
