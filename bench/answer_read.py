@@ -25,8 +25,8 @@ shape (``return_token_ids`` and logprobs asked, as a training run asks):
 - ``stream_2k``, ``stream_8k``: the same answered as a stream (2,000 prompt ids and 200 tokens, 8,000 and 500): the
   prompt's ids in the first chunk, then a chunk a token with its id and logprob entry, each parsed and fed to
   ``StreamAssembler`` (``before`` and ``parsed`` only: streamed chunks have no typed pass. One was built, and
-  ``--out answer_read_typed_chunks`` at 126006e measured it beside the parsed chunks: 0.84-0.98x of their CPU, about
-  2% of a streamed call's proxy CPU, so it was taken out again).
+  ``--out answer_read_typed_chunks`` at 126006e measured it beside the parsed chunks: 0.84-0.98x of their CPU,
+  0.02-0.27 ms a stream, so it was taken out again).
 
 CPU microseconds per answer (``time.thread_time``), back to back and with a 0.5 ms sleep after each (issue 24's
 call rate: bursts about 1 ms apart start with cold caches), less what the same sleeps cost the thread with no

@@ -1161,7 +1161,7 @@ def _answer_rows(doc: Doc) -> list[Doc]:
 
 
 def _now(row: Doc) -> str:
-    """The reader the proxy uses now for that answer (a file from before "now" was recorded: the typed pass)."""
+    """The newest reader of the run for that answer, the proxy's own then (a run that recorded none: the typed pass)."""
     return str(row.get("now", "typed"))
 
 
@@ -1198,11 +1198,11 @@ the readers taking turns, order reversed every repeat; medians of {settings[repe
             ("answer", "answer"), ("bytes", "bytes", ","), ("before_read_by_json", "before: read by json"),
             ("back_to_back.before_us", "before, us", ",.1f"), ("back_to_back.parsed_us", "parsed, us", ",.1f"),
             ("back_to_back.typed_us", "typed, us", ",.1f"),
-            Col("the proxy's reader now", lambda row, doc: _now(row)),
-            Col("now / before", _now_cell("back_to_back", "{now}_over_before"), x),
+            Col("the run's newest reader", lambda row, doc: _now(row)),
+            Col("newest / before", _now_cell("back_to_back", "{now}_over_before"), x),
             ("between_sleeps.before_us", "before between sleeps, us", ",.1f"),
-            Col("now between sleeps, us", _now_cell("between_sleeps", "{now}_us"), ",.1f"),
-            Col("now / before between sleeps", _now_cell("between_sleeps", "{now}_over_before"), x),
+            Col("newest between sleeps, us", _now_cell("between_sleeps", "{now}_us"), ",.1f"),
+            Col("newest / before between sleeps", _now_cell("between_sleeps", "{now}_over_before"), x),
             Col("per repeat, between sleeps", lambda row, doc: (row.get("between_sleeps") or {}).get(
                 "per_repeat_now_over_before", (row.get("between_sleeps") or {}).get("per_repeat_typed_over_before"))),
         ]),
