@@ -123,9 +123,14 @@ def _call() -> CapturedCall:
 _DIGITS_AS_ZERO = bytes.maketrans(b"123456789", b"000000000")
 
 
+def _has_19_digits(data: bytes) -> bool:
+    """The search the codec as of 3336d74 made before every parse: an int orjson would read as a float, maybe."""
+    return b"0" * 19 in data.translate(_DIGITS_AS_ZERO)
+
+
 def loads_before(data: bytes) -> Any:
     """``rollq.worker.capture.codec.loads`` as of 3336d74 (orjson unless a run of 19 digits says it may differ)."""
-    if b"0" * 19 not in data.translate(_DIGITS_AS_ZERO):
+    if not _has_19_digits(data):
         try:
             return orjson.loads(data)
         except orjson.JSONDecodeError:
@@ -140,20 +145,21 @@ def _streamed(chunks: list[bytes], loads: Callable[[bytes], Any]) -> dict[str, A
     return spans.attributes(assembler.finish())
 
 
-def before(data: bytes | list[bytes]) -> dict[str, Any]:
-    if isinstance(data, list):
-        return _streamed(data, loads_before)
-    call = _call()
-    tokens.read_response(call, loads_before(data))
-    return spans.attributes(call)
+def _parsing_with(loads: Callable[[bytes], Any]) -> Callable[[bytes | list[bytes]], dict[str, Any]]:
+    """A reader that parses the whole answer (or each chunk) with ``loads``, then reads it as the proxy does."""
+
+    def read(data: bytes | list[bytes]) -> dict[str, Any]:
+        if isinstance(data, list):
+            return _streamed(data, loads)
+        call = _call()
+        tokens.read_response(call, loads(data))
+        return spans.attributes(call)
+
+    return read
 
 
-def parsed(data: bytes | list[bytes]) -> dict[str, Any]:
-    if isinstance(data, list):
-        return _streamed(data, codec.loads)
-    call = _call()
-    tokens.read_response(call, codec.loads(data))
-    return spans.attributes(call)
+before = _parsing_with(loads_before)
+parsed = _parsing_with(codec.loads)
 
 
 def typed(data: bytes) -> dict[str, Any]:
@@ -176,7 +182,7 @@ def _size(data: bytes | list[bytes]) -> int:
 
 def _read_by_json(data: bytes | list[bytes]) -> bool:
     """Whether ``loads_before`` sent the answer (or any chunk of it) to ``json``."""
-    return any(b"0" * 19 in part.translate(_DIGITS_AS_ZERO) for part in (data if isinstance(data, list) else [data]))
+    return any(map(_has_19_digits, data if isinstance(data, list) else [data]))
 
 
 def _cpu_us(reader: Callable[[Any], Any] | None, data: bytes | list[bytes], n: int, gap_ms: float) -> float:

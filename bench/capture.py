@@ -338,9 +338,8 @@ async def measure(direct: str, proxies: dict[str, Child], args: argparse.Namespa
     rounds: list[dict[str, Any]] = []
     connector = aiohttp.TCPConnector(limit=0)
     async with aiohttp.ClientSession(connector=connector) as session:
-        await _round(
-            session, direct, args.concurrency, args.concurrency, args.prompt_chars
-        )  # warm every path's connections
+        # Warm every path's connections.
+        await _round(session, direct, args.concurrency, args.concurrency, args.prompt_chars)
         for child in proxies.values():
             child.only_one_loading(proxies)
             await _round(session, child.line, args.concurrency, args.concurrency, args.prompt_chars)

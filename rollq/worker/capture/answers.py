@@ -84,9 +84,10 @@ class _NotTaken(Exception):
 
 
 def _ids(raw: msgspec.Raw) -> str | None:
-    if not raw or bytes(raw) == b"null":  # absent, or null
+    data = bytes(raw)
+    if not data or data == b"null":  # absent, or null
         return None
-    text = codec.int_array_text(bytes(raw))
+    text = codec.int_array_text(data)
     if text is None:
         raise _NotTaken
     return text

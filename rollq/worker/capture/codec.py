@@ -11,7 +11,7 @@ span attributes; with the standard library that was a third of the proxy's CPU p
   Everything msgspec reads, it reads as ``json`` does (``tests/worker/test_capture_codec.py``). It was orjson until
   msgspec took over the whole answers (:mod:`rollq.worker.capture.answers`): orjson reads an int beyond 64 bits as
   a float with no error, so every body was first searched for a run of 19 digits, which answers with logprobs
-  carry in their floats (``-0.0012345678901234567``): those went to ``json`` whole, 3-4x slower than either;
+  carry in their floats (``-0.0012345678901234567``): those went to ``json`` whole, several times slower;
 - writing (orjson), a NaN or an infinity becomes ``null`` (``json`` writes ``NaN``/``Infinity``, and reads them too):
   :func:`dumps` looks for them only when orjson wrote a ``null``, :func:`dumps_floats` checks a list of floats
   in one C-level sum; orjson refuses what it cannot write (an int beyond 64 bits, a lone surrogate, a
