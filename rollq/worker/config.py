@@ -103,6 +103,11 @@ class WorkerSettings(Settings):
     """Serve the capturing proxy on the async agents' event loop instead of a thread and loop of its own: no GIL
     hand-off between the proxy and the agents per call, but an async agent that makes a blocking LLM call (a sync
     client) on that loop waits for its own client's timeout (docs/workers.md, "The proxy on the agents' loop")."""
+    capture_in_memory: bool = True
+    """Hand agents' calls to the capturing proxy from async ``httpx2`` / ``httpx`` clients (the ``openai`` SDK's) to
+    it in memory instead of over its socket: the same handling, without four HTTP writes and parses in one process
+    (docs/workers.md, "Calls handed to the proxy in memory"; ``ROLLQ_CAPTURE_IN_MEMORY=0`` sends them over the
+    socket)."""
     llm_pause_wait_seconds: float = Field(60.0, ge=0)
     """How long an LLM call waits at the capturing proxy while calls are paused for a weight sync; past it the agent
     gets HTTP 503 with Retry-After (an upstream error, never a silent drop)."""

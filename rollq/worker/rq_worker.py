@@ -304,6 +304,7 @@ class RolloutWorker(SimpleWorker):
                 gate=gate,
                 switch_interval=self.settings.capture_switch_interval_ms / 1000 or None,
                 loop=self._executor.loop if self.settings.capture_on_agent_loop else None,
+                in_memory=self.settings.capture_in_memory,
             )
             if self.settings.capture_on_agent_loop:
                 self._executor.stall_note = (

@@ -35,7 +35,8 @@ def capturable(resources: NamedResources) -> bool:
 class OnDemandCapture:
     """:class:`CaptureProxy`'s ``open_attempt``, ``gate`` and ``stop``, the proxy started when first needed (with
     ``switch_interval``: :class:`CaptureProxy`'s, None to leave the interpreter's GIL switch interval alone; with
-    ``loop``, served on that running loop, see :class:`CaptureProxy`).
+    ``loop``, served on that running loop; with ``in_memory``, async httpx calls to it handed over in memory: see
+    :class:`CaptureProxy`).
 
     The gate exists from the start (a weight-sync pause can close it before any proxy runs); the proxy binds it
     to its loop when it starts.
@@ -47,8 +48,10 @@ class OnDemandCapture:
         gate: CallGate | None = None,
         switch_interval: float | None = SWITCH_INTERVAL_SECONDS,
         loop: asyncio.AbstractEventLoop | None = None,
+        in_memory: bool = False,
     ) -> None:
         self.host = host
+        self.in_memory = in_memory
         self.gate = gate or CallGate()
         self.switch_interval = switch_interval
         self.loop = loop
@@ -98,7 +101,11 @@ class OnDemandCapture:
                 from .proxy import CaptureProxy
 
                 self._proxy = CaptureProxy(
-                    self.host, gate=self.gate, switch_interval=self.switch_interval, loop=self.loop
+                    self.host,
+                    gate=self.gate,
+                    switch_interval=self.switch_interval,
+                    loop=self.loop,
+                    in_memory=self.in_memory,
                 ).start()
             return self._proxy
 

@@ -53,7 +53,7 @@ from rollq.models.contract import LLM, NamedResources
 from rollq.models.llm_options import RETRY_STATUSES, LLMOptions, for_agent, options_of
 
 from ..event_loop import new_event_loop
-from . import ambient, codec, gil
+from . import ambient, codec, gil, in_memory
 from .answers import read_whole
 from .calls import CallKind, CapturedCall
 from .gate import CallGate, GateTimeout
@@ -159,13 +159,15 @@ class CaptureProxy:
         max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
         switch_interval: float | None = gil.SWITCH_INTERVAL_SECONDS,
         loop: asyncio.AbstractEventLoop | None = None,
+        in_memory: bool = False,
     ) -> None:
         """``read_timeout``: longest wait for the next byte from a backend before the call fails (504);
         ``max_body_bytes``: the largest request body an agent may send (413 past it); ``switch_interval``: the
         GIL switch interval the process gets while the proxy runs, if it is longer (see :mod:`.gil`; None leaves
         it); ``loop``: serve on this running loop (the async agents', run by another thread) instead of a thread
         and loop of the proxy's own. An agent that makes a blocking call on that loop then blocks the proxy too:
-        a sync client's LLM call from an async agent waits until its own timeout."""
+        a sync client's LLM call from an async agent waits until its own timeout; ``in_memory``: this process's async
+        httpx clients hand their calls to the proxy in memory instead of over its socket (see :mod:`.in_memory`)."""
         self.host = host
         self.read_timeout = read_timeout
         self.max_body_bytes = max_body_bytes
@@ -181,6 +183,7 @@ class CaptureProxy:
         self._rejecting: set[str] = set()  # upstreams that refused return_token_ids once
         self._loop: asyncio.AbstractEventLoop | None = loop
         self._shares_loop = loop is not None
+        self.in_memory = in_memory
         self._client: Client | None = None
         self._server: Server | None = None
         self._thread: threading.Thread | None = None
@@ -193,6 +196,7 @@ class CaptureProxy:
         self.port = int(sock.getsockname()[1])
         if self._loop is not None:
             self._start_on(self._loop, sock)
+            self._hand_over()
             return self
         ready = threading.Event()
         failure: list[BaseException] = []
@@ -219,7 +223,13 @@ class CaptureProxy:
         if self.switch_interval is not None:
             self._replaced_interval = gil.lower_switch_interval(self.switch_interval)
         log.info("capturing LLM calls through http://%s:%d", self.host, self.port)
+        self._hand_over()
         return self
+
+    def _hand_over(self) -> None:
+        if self.in_memory:
+            libraries = in_memory.install(self)
+            log.info("async LLM calls to the proxy from %s are handed over in memory", ", ".join(libraries) or "no")
 
     def _start_on(self, loop: asyncio.AbstractEventLoop, sock: socket.socket) -> None:
         """Serve on ``loop``, which another thread runs: no thread of the proxy's own, no GIL hand-off between it
@@ -252,6 +262,7 @@ class CaptureProxy:
             await self._client.close()
 
     def stop(self) -> None:
+        in_memory.uninstall(self)
         if self._shares_loop:
             if self._loop is not None and self._loop.is_running():
                 try:

@@ -1,0 +1,280 @@
+"""Async httpx calls to this process's capturing proxy handed to it in memory (``rollq.worker.capture.in_memory``,
+``ROLLQ_CAPTURE_IN_MEMORY``): answered and captured as over the socket, with the socket's failures, timeouts and
+cancellations, for the proxy on a thread of its own and on the agents' loop; and the httpx internals it wraps."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable, Iterator
+from typing import Any, TypeVar
+
+import fakeredis
+import httpx
+import httpx2
+import openai
+import pytest
+from opentelemetry import trace
+from opentelemetry.context import Context
+
+from rollq.models.contract import LLM
+from rollq.worker import LitAgent
+from rollq.worker.capture import CaptureProxy, in_memory
+from rollq.worker.config import WorkerSettings
+from rollq.worker.rq_worker import RolloutWorker
+from tests.support.capture import MESSAGES, WHERE, open_attempt, served_proxy
+from tests.support.fake_vllm import FakeVLLM
+
+T = TypeVar("T")
+
+
+@pytest.fixture(params=WHERE)
+def proxy(request: pytest.FixtureRequest) -> Iterator[CaptureProxy]:
+    with served_proxy(request.param, in_memory=True) as started:
+        yield started
+
+
+@pytest.fixture
+def handed(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The paths of the calls handed to a proxy in memory."""
+    paths: list[str] = []
+    serve = in_memory._serve
+
+    async def counted(handler: Any, request: Any) -> None:
+        paths.append(request.path)
+        await serve(handler, request)
+
+    monkeypatch.setattr(in_memory, "_serve", counted)
+    return paths
+
+
+def run(proxy: CaptureProxy, agent: Callable[[], Awaitable[T]]) -> T:
+    """``agent()`` as a worker runs it: on the proxy's loop when the proxy shares the agents', else on a loop of
+    its own."""
+    if proxy._shares_loop:
+        assert proxy._loop is not None
+        return asyncio.run_coroutine_threadsafe(agent(), proxy._loop).result(timeout=60)  # type: ignore[arg-type]
+    return asyncio.run(agent())  # type: ignore[arg-type]
+
+
+def test_an_openai_client_s_calls_are_handed_over_in_memory_and_captured_as_over_the_socket(
+    proxy: CaptureProxy, fake: FakeVLLM, handed: list[str]
+) -> None:
+    llm, attempt, spans = open_attempt(proxy, fake.url)
+
+    async def agent() -> list[str]:
+        async with openai.AsyncOpenAI(base_url=llm.endpoint, api_key="none", max_retries=0) as client:
+            replies = await asyncio.gather(
+                *(client.chat.completions.create(model="m", messages=MESSAGES) for _ in range(6))
+            )
+            return [r.id for r in replies]
+
+    ids = run(proxy, agent)
+    assert len(handed) == 6 and all(path.endswith("/chat/completions") for path in handed)
+    assert sorted(c.response_id or "" for c in attempt.calls) == sorted(ids)
+    for call in attempt.calls:
+        assert call.status == 200
+        assert call.prompt_token_ids == fake.sent[call.response_id or ""].prompt_token_ids
+        assert call.response_token_ids == fake.sent[call.response_id or ""].token_ids
+    assert len(spans.captured()) == 6
+    assert all(body.get("return_token_ids") is True for body in fake.received)  # the proxy's fields were added
+
+
+def test_a_streamed_answer_arrives_in_pieces_and_is_captured_whole(
+    proxy: CaptureProxy, fake: FakeVLLM, handed: list[str]
+) -> None:
+    llm, attempt, _ = open_attempt(proxy, fake.url)
+
+    async def agent() -> tuple[int, str]:
+        async with openai.AsyncOpenAI(base_url=llm.endpoint, api_key="none", max_retries=0) as client:
+            stream = await client.chat.completions.create(model="m", messages=MESSAGES, stream=True)
+            pieces = [chunk.choices[0].delta.content or "" async for chunk in stream if chunk.choices]
+            return len(pieces), "".join(pieces)
+
+    count, text = run(proxy, agent)
+    assert handed and count > 1
+    (call,) = attempt.calls
+    assert call.streamed and call.text == text == fake.sent[call.response_id or ""].text
+    assert call.response_token_ids == fake.sent[call.response_id or ""].token_ids
+
+
+def test_a_backend_error_reaches_the_agent_as_its_status(proxy: CaptureProxy, fake: FakeVLLM) -> None:
+    llm, attempt, _ = open_attempt(proxy, fake.url)
+    fake.fail_next, fake.fail_next_status = 1, 400
+
+    async def agent() -> None:
+        async with openai.AsyncOpenAI(base_url=llm.endpoint, api_key="none", max_retries=0) as client:
+            await client.chat.completions.create(model="m", messages=MESSAGES)
+
+    with pytest.raises(openai.BadRequestError):
+        run(proxy, agent)
+    (call,) = attempt.calls
+    assert call.status == 400 and call.error
+
+
+def test_a_failing_handler_is_a_500_and_the_next_call_is_answered(
+    proxy: CaptureProxy, fake: FakeVLLM, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    llm, _, _ = open_attempt(proxy, fake.url)
+    capture = proxy._capture
+    failures = [RuntimeError("broken on purpose")]
+
+    async def failing_once(*args: Any, **kwargs: Any) -> Any:
+        if failures:
+            raise failures.pop()
+        return await capture(*args, **kwargs)
+
+    monkeypatch.setattr(proxy, "_capture", failing_once)
+
+    async def agent() -> str:
+        async with openai.AsyncOpenAI(base_url=llm.endpoint, api_key="none", max_retries=0) as client:
+            with pytest.raises(openai.InternalServerError):
+                await client.chat.completions.create(model="m", messages=MESSAGES)
+            return (await client.chat.completions.create(model="m", messages=MESSAGES)).id
+
+    assert run(proxy, agent).startswith("chatcmpl-")
+
+
+def test_the_client_s_read_timeout_holds_and_cancels_the_backend_request(proxy: CaptureProxy, fake: FakeVLLM) -> None:
+    llm, attempt, _ = open_attempt(proxy, fake.url)
+    fake.delay = 1.5
+
+    async def agent() -> float:
+        started = time.monotonic()
+        async with openai.AsyncOpenAI(base_url=llm.endpoint, api_key="none", max_retries=0, timeout=0.5) as client:
+            with pytest.raises(openai.APITimeoutError):
+                await client.chat.completions.create(model="m", messages=MESSAGES)
+        return time.monotonic() - started
+
+    assert run(proxy, agent) < 1.4
+    # The handler was cancelled with its call: once the backend would have answered, still nothing is recorded.
+    time.sleep(1.5)
+    assert attempt.calls == [] and len(fake.received) == 1
+
+
+def test_a_stream_closed_early_by_its_agent_cancels_the_call(proxy: CaptureProxy, fake: FakeVLLM) -> None:
+    llm, attempt, _ = open_attempt(proxy, fake.url)
+    fake.chunk_chars, fake.chunk_pause = 1, 0.2  # "reply 1": 7 pieces, 1.4 s
+
+    async def agent() -> str:
+        async with openai.AsyncOpenAI(base_url=llm.endpoint, api_key="none", max_retries=0) as client:
+            stream = await client.chat.completions.create(model="m", messages=MESSAGES, stream=True)
+            async for _ in stream:
+                break
+            await stream.close()
+            return (await client.chat.completions.create(model="m", messages=MESSAGES)).id
+
+    second = run(proxy, agent)
+    time.sleep(1.6)  # the stream would have ended by now
+    assert [(c.response_id, c.streamed) for c in attempt.calls] == [(second, False)]
+
+
+def test_a_body_past_the_proxy_s_limit_goes_over_the_socket_and_is_refused_413(
+    fake: FakeVLLM, handed: list[str]
+) -> None:
+    with served_proxy("own thread", in_memory=True, max_body_bytes=1000) as proxy:
+        llm, attempt, _ = open_attempt(proxy, fake.url)
+
+        async def agent() -> None:
+            async with openai.AsyncOpenAI(base_url=llm.endpoint, api_key="none", max_retries=0) as client:
+                await client.chat.completions.create(model="m", messages=[{"role": "user", "content": "x" * 5000}])
+
+        with pytest.raises(openai.APIStatusError) as failed:
+            run(proxy, agent)
+    assert failed.value.status_code == 413 and handed == [] and attempt.calls == []
+
+
+@pytest.mark.parametrize("where", WHERE)
+def test_without_in_memory_calls_go_over_the_socket(where: str, fake: FakeVLLM, handed: list[str]) -> None:
+    with served_proxy(where) as proxy:
+        llm, attempt, _ = open_attempt(proxy, fake.url)
+
+        async def agent() -> str:
+            async with openai.AsyncOpenAI(base_url=llm.endpoint, api_key="none", max_retries=0) as client:
+                return (await client.chat.completions.create(model="m", messages=MESSAGES)).id
+
+        assert run(proxy, agent) == attempt.calls[0].response_id
+    assert handed == []
+
+
+def test_a_sync_client_still_goes_over_the_socket(fake: FakeVLLM, handed: list[str]) -> None:
+    with served_proxy("own thread", in_memory=True) as proxy:
+        llm, attempt, _ = open_attempt(proxy, fake.url)
+        with openai.OpenAI(base_url=llm.endpoint, api_key="none", max_retries=0) as client:
+            reply = client.chat.completions.create(model="m", messages=MESSAGES)
+    assert handed == [] and [c.response_id for c in attempt.calls] == [reply.id]
+
+
+def test_a_stopped_proxy_s_address_is_no_longer_handed_over(fake: FakeVLLM, handed: list[str]) -> None:
+    with served_proxy("agents' loop", in_memory=True) as proxy:
+        llm, _, _ = open_attempt(proxy, fake.url)
+        loop = proxy._loop
+        assert loop is not None
+        proxy.stop()  # its loop (the agents') keeps turning
+
+        async def agent() -> None:
+            async with openai.AsyncOpenAI(base_url=llm.endpoint, api_key="none", max_retries=0) as client:
+                await client.chat.completions.create(model="m", messages=MESSAGES)
+
+        with pytest.raises(openai.APIConnectionError):
+            asyncio.run_coroutine_threadsafe(agent(), loop).result(timeout=30)
+    assert handed == []
+
+
+@pytest.mark.parametrize("module", [httpx2, httpx], ids=["httpx2", "httpx"])
+def test_the_httpx_internals_it_wraps(module: Any, fake: FakeVLLM) -> None:
+    with served_proxy("own thread", in_memory=True) as proxy:
+        assert module.__name__ in in_memory.LIBRARIES
+        transport = module.AsyncHTTPTransport
+        assert transport.handle_async_request.__wrapped__  # wrapped once, by install
+        llm, attempt, _ = open_attempt(proxy, fake.url)
+
+        async def agent() -> tuple[Any, Any]:
+            async with module.AsyncClient(timeout=5) as client:
+                whole = await client.post(f"{llm.endpoint}/chat/completions", json={"model": "m", "messages": MESSAGES})
+                async with client.stream(
+                    "POST",
+                    f"{llm.endpoint}/chat/completions",
+                    json={"model": "m", "messages": MESSAGES, "stream": True},
+                ) as streamed:
+                    body = b"".join([piece async for piece in streamed.aiter_bytes()])
+                return whole, (streamed.status_code, streamed.headers["content-type"], body)
+
+        whole, (status, content_type, body) = run(proxy, agent)
+    assert whole.status_code == 200 and whole.json()["id"] == attempt.calls[0].response_id
+    assert whole.headers["content-type"].startswith("application/json")
+    assert status == 200 and content_type.startswith("text/event-stream") and body.endswith(b"data: [DONE]\n\n")
+    assert len(attempt.calls) == 2
+
+
+def test_the_openai_sdk_s_default_async_client_goes_through_the_wrapped_transport() -> None:
+    client = openai.AsyncOpenAI(api_key="none")
+    transport = client._client._transport  # the SDK's httpx2 client and its default transport
+    assert isinstance(transport, httpx2.AsyncHTTPTransport)
+    assert type(transport).handle_async_request is httpx2.AsyncHTTPTransport.handle_async_request
+
+
+class _Noop(LitAgent):
+    def training_rollout(self, task: Any, rollout_id: str, resources: Any) -> float:
+        return 0.0
+
+
+@pytest.mark.parametrize("setting", ["1", "0"])
+def test_the_worker_setting_hands_calls_over_in_memory_or_not(setting: str) -> None:
+    settings = WorkerSettings.from_env({"ROLLQ_CAPTURE_IN_MEMORY": setting})
+    assert WorkerSettings.from_env({}).capture_in_memory is True
+    worker = RolloutWorker(["memory"], connection=fakeredis.FakeRedis(), agent=_Noop(), settings=settings)
+    worker.bootstrap(logging_level="WARNING")
+    try:
+        capture = worker._capture
+        assert capture is not None
+        _, attempt = capture.open_attempt(
+            {"llm": LLM(endpoint="http://127.0.0.1:9/v1", model="m")}, Context(), trace.get_tracer(__name__)
+        )
+        assert attempt is not None and capture.proxy is not None
+        key = (capture.proxy.host, capture.proxy.port)
+        assert (in_memory._proxies.get(key) is capture.proxy) is (setting == "1")
+        attempt.close()
+    finally:
+        worker.teardown()
+    assert key not in in_memory._proxies
