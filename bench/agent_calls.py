@@ -1,5 +1,5 @@
-"""LLM calls as the agents see them in a worker: capture off, the proxy on a thread of its own, the proxy on the
-agents' loop.
+"""LLM calls as the agents see them in a worker: capture off, and the capturing proxy on a thread of its own or on
+the agents' loop, each called over its socket or handed the calls in memory.
 
 Run: python bench/agent_calls.py [--in-flight 16 64 256] [--rounds 3] [--window 15] [--collector Y,M,O] [--out NAME]
 
@@ -7,16 +7,21 @@ Run: python bench/agent_calls.py [--in-flight 16 64 256] [--rounds 3] [--window 
 measures it where it runs: sample-agent rollouts (``bench.agents:CallTimingSampleAgent``: rollq's sample agent, the
 ``openai`` client, 1-2 calls of 0.1-0.5 s to the demo's simulated LLM) on 2 stock worker processes, each call timed
 by the agent's own HTTP client (request sent to answer read) less the generation time the simulated LLM reports:
-what the path to the LLM costs the agent, its own client and loop included. Three workers take turns at each
-``--in-flight`` (order swapped every round, ``--window`` s measured each):
+what the path to the LLM costs the agent, its own client and loop included. Five workers take turns at each
+``--in-flight`` (order reversed every round, ``--window`` s measured each):
 
 - ``capture off`` (``ROLLQ_CAPTURE_LLM=0``): the agents call the LLM directly, nothing recorded;
-- ``proxy thread``: the capturing proxy on a thread and loop of its own, as by default;
-- ``proxy on the agents' loop`` (``ROLLQ_CAPTURE_ON_AGENT_LOOP=1``).
+- ``proxy thread, socket`` (``ROLLQ_CAPTURE_IN_MEMORY=0``): the capturing proxy on a thread and loop of its own,
+  called over its socket (the default before calls were handed over in memory);
+- ``proxy thread, in memory``: the same proxy, the agents' async ``openai`` clients handing their calls to it in
+  memory (the default);
+- ``proxy on the agents' loop, socket`` (``ROLLQ_CAPTURE_ON_AGENT_LOOP=1``, ``ROLLQ_CAPTURE_IN_MEMORY=0``);
+- ``proxy on the agents' loop, in memory`` (``ROLLQ_CAPTURE_ON_AGENT_LOOP=1``).
 
-Added latency is each capture setting's p50 and p99 less capture off's in the same round. Each worker process's
-garbage collections in the window are recorded too (every one stops every thread). With ``--collector Y,M,O`` a
-fourth worker takes its turn: the proxy thread with the collector's thresholds set to those. Writes
+Added latency is each capture setting's p50 and p99 less capture off's in the same round; added CPU per call is its
+worker CPU per rollout less capture off's, over its calls per rollout. Each worker process's garbage collections in
+the window are recorded too (every one stops every thread). With ``--collector Y,M,O`` one more worker takes its
+turn: the proxy thread over its socket with the collector's thresholds set to those. Writes
 bench/results/agent_calls.json (``--out NAME``: NAME.json).
 """
 
@@ -37,9 +42,12 @@ AGENT = "bench.agents:CallTimingSampleAgent"
 OFF = "capture off"
 SYSTEMS: dict[str, dict[str, str]] = {
     OFF: {"ROLLQ_CAPTURE_LLM": "0"},
-    "proxy thread": {},
-    "proxy on the agents' loop": {"ROLLQ_CAPTURE_ON_AGENT_LOOP": "1"},
+    "proxy thread, socket": {"ROLLQ_CAPTURE_IN_MEMORY": "0"},
+    "proxy thread, in memory": {},
+    "proxy on the agents' loop, socket": {"ROLLQ_CAPTURE_ON_AGENT_LOOP": "1", "ROLLQ_CAPTURE_IN_MEMORY": "0"},
+    "proxy on the agents' loop, in memory": {"ROLLQ_CAPTURE_ON_AGENT_LOOP": "1"},
 }
+"""The workers taking turns, by name: the environment each runs with (written to the results file)."""
 
 
 def _row(row: dict[str, Any], off: dict[str, Any] | None) -> dict[str, Any]:
@@ -60,6 +68,9 @@ def _row(row: dict[str, Any], off: dict[str, Any] | None) -> dict[str, Any]:
         slim["added_p50_ms"] = round(window["call_p50_ms"] - off["in_window"]["call_p50_ms"], 2)
         slim["added_p99_ms"] = round(window["call_p99_ms"] - off["in_window"]["call_p99_ms"], 2)
         slim["cpu_over_off"] = round(row["worker_cpu_ms_per_rollout"] / off["worker_cpu_ms_per_rollout"], 3)
+        if window["calls"]:
+            added = row["worker_cpu_ms_per_rollout"] - off["worker_cpu_ms_per_rollout"]
+            slim["added_cpu_ms_per_call"] = round(added * row["rollouts"] / window["calls"], 3)
     return slim
 
 
@@ -80,7 +91,7 @@ def _summary(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 key: median(key)
                 for key in (
                     "rollouts_per_s", "worker_cpu_ms_per_rollout", "call_p50_ms", "call_p99_ms", "added_p50_ms",
-                    "added_p99_ms", "cpu_over_off", "young_p50_ms", "young_longest_ms",
+                    "added_p99_ms", "cpu_over_off", "added_cpu_ms_per_call", "young_p50_ms", "young_longest_ms",
                 )
             },
         })  # fmt: skip
@@ -93,12 +104,15 @@ def main() -> None:
                         "2 worker processes, one level after another (default 16 64 256)")  # fmt: skip
     parser.add_argument("--rounds", type=int, default=3, help="rounds per level (default 3)")
     parser.add_argument("--window", type=float, default=15.0, help="seconds measured per worker and round (default 15)")
-    parser.add_argument("--collector", help="a fourth worker: the proxy thread with gc thresholds Y,M,O")
+    parser.add_argument("--collector", help="one more worker: the proxy thread (socket) with gc thresholds Y,M,O")
     parser.add_argument("--out", default="agent_calls", help="results name: bench/results/<out>.json")
     args = parser.parse_args()
     envs = dict(SYSTEMS)
     if args.collector:
-        envs[f"proxy thread, collector {args.collector}"] = {"ROLLQ_BENCH_GC_THRESHOLDS": args.collector}
+        envs[f"proxy thread, collector {args.collector}"] = {
+            "ROLLQ_BENCH_GC_THRESHOLDS": args.collector,
+            "ROLLQ_CAPTURE_IN_MEMORY": "0",
+        }
     levels = []
     for in_flight in args.in_flight:
         raw = agents_taking_turns(
@@ -115,14 +129,15 @@ def main() -> None:
         levels.append({"in_flight": in_flight, "summary": _summary(rows), "rows": rows})
         for s in levels[-1]["summary"]:
             print(f"{in_flight:4d} in flight  {s['system']:40s} call p50 {s['call_p50_ms']} p99 {s['call_p99_ms']} ms"
-                  f"  added {s['added_p50_ms']} / {s['added_p99_ms']}  CPU {s['worker_cpu_ms_per_rollout']} ms/rollout",
+                  f"  added {s['added_p50_ms']} / {s['added_p99_ms']}  CPU {s['worker_cpu_ms_per_rollout']} ms/rollout"
+                  f" (added per call {s['added_cpu_ms_per_call']})",
                   flush=True)  # fmt: skip
     argv = ["--in-flight", *map(str, args.in_flight), f"--rounds={args.rounds}", f"--window={args.window}"]
     if args.collector:
         argv.append(f"--collector={args.collector}")
     if args.out != "agent_calls":
         argv.append(f"--out={args.out}")
-    path = write_result(args.out, {"levels": levels}, argv, settings=vars(args))
+    path = write_result(args.out, {"workers": envs, "levels": levels}, argv, settings=vars(args))
     print(f"wrote {path}")
 
 
