@@ -113,6 +113,24 @@ class Request:
         self._answered = False  # the whole answer is written
         self._started = False  # the answer's head is written
 
+    @classmethod
+    def whole(
+        cls,
+        connection: _Connection,
+        method: str,
+        path: str,
+        query_string: str,
+        headers: dict[str, str],
+        body: bytes,
+        http_version: str = "1.1",
+        keep_alive: bool = True,
+    ) -> Request:
+        """A request whose body is all here, on ``connection`` (or what stands for one: see :mod:`.in_memory`)."""
+        request = cls(connection, method, path, query_string, headers, http_version, keep_alive)
+        request._feed(body)
+        request._complete = True
+        return request
+
     # -- the body ----------------------------------------------------------------------------------------------
     def _feed(self, data: bytes) -> None:
         self._size += len(data)

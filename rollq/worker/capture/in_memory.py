@@ -97,9 +97,10 @@ def _wrapper(module: ModuleType, original: Callable[..., Any]) -> Callable[..., 
 
 async def _hand_over(module: ModuleType, proxy: CaptureProxy, request: Any) -> Any:
     """``request`` answered by ``proxy``'s handler, as ``module``'s response; None to send it over the socket."""
-    proxy_loop = proxy._loop
-    if proxy_loop is None or proxy_loop.is_closed() or not proxy_loop.is_running():
+    serving = proxy.serving()
+    if serving is None:
         return None
+    proxy_loop, handler = serving
     body = await request.aread()
     if len(body) > proxy.max_body_bytes:
         return None  # the server's 413, over the socket
@@ -116,22 +117,25 @@ async def _hand_over(module: ModuleType, proxy: CaptureProxy, request: Any) -> A
             except RuntimeError:  # the agent's loop is closed: nobody is waiting for the answer
                 pass
 
-    connection = _Connection(proxy_loop, deliver)
-    raw_path, _, query = _url_parts(request.url.raw_path)
-    headers = {name.decode("latin-1").lower(): value.decode("utf-8", "surrogateescape") for name, value in
-               request.headers.raw}  # fmt: skip
-    handed = Request(
-        cast(Any, connection), request.method, unquote(raw_path) if "%" in raw_path else raw_path, query, headers,
-        "1.0", False,  # an answer streamed without chunks, as over a connection that closes after it
-    )  # fmt: skip
-    handed._body.append(body)
-    handed._size = len(body)
-    handed._complete = True
+    path, _, query = request.url.raw_path.decode("utf-8", "surrogateescape").partition("?")
+    handed = Request.whole(
+        cast(Any, _Connection(proxy_loop, proxy.max_body_bytes, deliver)),
+        request.method,
+        unquote(path) if "%" in path else path,
+        query,
+        {
+            name.decode("latin-1").lower(): value.decode("utf-8", "surrogateescape")
+            for name, value in request.headers.raw
+        },
+        body,
+        "1.0",  # an answer streamed without chunks, as over a connection that closes after it
+        False,
+    )
     cancel: Callable[[], Any]
     if loop is proxy_loop:
-        cancel = loop.create_task(_serve(proxy._handle, handed)).cancel
+        cancel = loop.create_task(_serve(handler, handed)).cancel
     else:
-        cancel = asyncio.run_coroutine_threadsafe(_serve(proxy._handle, handed), proxy_loop).cancel
+        cancel = asyncio.run_coroutine_threadsafe(_serve(handler, handed), proxy_loop).cancel
     timeout = (request.extensions.get("timeout") or {}).get("read")
     try:
         piece = await _next(pieces, timeout, module, request)
@@ -146,12 +150,6 @@ async def _hand_over(module: ModuleType, proxy: CaptureProxy, request: Any) -> A
     return module.Response(
         piece[1], headers=_header_list(piece[2]), stream=_stream_class(module)(pieces, timeout, cancel, request)
     )
-
-
-def _url_parts(raw_path: bytes) -> tuple[str, str, str]:
-    """A URL's raw path and query (bytes, as httpx keeps them) as the proxy's server reads them."""
-    text = raw_path.decode("utf-8", "surrogateescape")
-    return text.partition("?")
 
 
 async def _next(pieces: asyncio.Queue[tuple[Any, ...]], timeout: float | None, module: ModuleType, request: Any) -> Any:
@@ -206,20 +204,20 @@ class _Connection:
     """What :class:`~.httpserver.StreamResponse` and :class:`~.httpserver.Request` use of a connection, each
     write passed to the agent's side by ``deliver``; lives on the proxy's loop."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, deliver: Callable[[tuple[Any, ...]], None]) -> None:
+    def __init__(
+        self, loop: asyncio.AbstractEventLoop, max_body_bytes: int, deliver: Callable[[tuple[Any, ...]], None]
+    ) -> None:
         self.loop = loop
+        self.max_body_bytes = max_body_bytes
         self.transport = self
         self.closed = False
-        self.write_paused = False
-        self.max_body_bytes = 0
+        self.write_paused = False  # the agent's side takes every piece as it comes
         self._deliver = deliver
-        self._started = False
 
     def write_head(
         self, request: Request, status: int, headers: Headers | None, length: int | None, body: bytes = b""
     ) -> None:
         request._started = True
-        self._started = True
         self._deliver((_HEAD, status, headers))
         if body:
             self._deliver((_DATA, body))

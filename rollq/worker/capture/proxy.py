@@ -58,7 +58,7 @@ from .answers import read_whole
 from .calls import CallKind, CapturedCall
 from .gate import CallGate, GateTimeout
 from .httpclient import Client, ClientError, ClientResponse
-from .httpserver import Answer, Request, Response, Server, StreamResponse, json_response
+from .httpserver import Answer, Handler, Request, Response, Server, StreamResponse, json_response
 from .routing import UpstreamHealth, backoff, rendezvous_order
 from .spans import record_span
 from .tokens import StreamAssembler, iter_sse_data, read_response
@@ -276,6 +276,13 @@ class CaptureProxy:
         if self.switch_interval is not None:
             gil.restore_switch_interval(self._replaced_interval, self.switch_interval)
             self._replaced_interval = None
+
+    def serving(self) -> tuple[asyncio.AbstractEventLoop, Handler] | None:
+        """The loop the proxy serves on and its handler, while that loop runs; else None."""
+        loop = self._loop
+        if loop is None or loop.is_closed() or not loop.is_running() or self._server is None:
+            return None
+        return loop, self._handle
 
     def serve_environment(self, concurrency: int, environ: Any = None) -> list[ambient.Upstream]:
         """Capture calls to the URLs in ``OPENAI_BASE_URL`` / ``OPENAI_API_BASE`` too (see :mod:`.ambient`).
