@@ -111,6 +111,9 @@ _TAKE_AHEAD = 64
 # The other commands a worker's connections may block in (the finish call's durability wait), which a stop must not
 # cut short. Any other is the dequeue's pop (fakeredis's CLIENT LIST names no command: "auth" for all).
 _KEEP_BLOCKED = frozenset({"wait", "waitaof"})
+# How long the pubsub thread (RQ's, for `rq shutdown` and stop-job commands) waits between looks at its stop flag:
+# the most an exiting worker waits for it (see subscribe).
+PUBSUB_WAKE_SECONDS = 1.0
 # The exit status of a worker whose agent event loop is wedged (see _on_loop_wedged): not 0, so that a
 # supervisor restarts it.
 EXIT_LOOP_WEDGED = 3
@@ -430,6 +433,18 @@ class RolloutWorker(SimpleWorker):
     def get_state(self) -> str:
         # RQ decides between "stop after the current job" and "stop now" by this.
         return WorkerStatus.BUSY if self.slots.busy else super().get_state()
+
+    def subscribe(self) -> None:
+        # RQ's own, with the pubsub thread waking each second instead of each minute. RQ's unsubscribe relies on the
+        # UNSUBSCRIBE reply to wake the thread and bounds its join to 1 s; redis-py 8.2's PubSubWorkerThread.stop()
+        # joins with no bound, so a thread that read the reply before stop() cleared its flag held the exiting worker
+        # for up to 60 s (tests/worker/test_worker_exit.py). A wait of 1 s costs a timed-out poll, no Redis command.
+        self.log.info("Worker %s: subscribing to channel %s", self.name, self.pubsub_channel_name)
+        self.pubsub = self.connection.pubsub()
+        self.pubsub.subscribe(**{self.pubsub_channel_name: self.handle_payload})
+        self.pubsub_thread = self.pubsub.run_in_thread(  # type: ignore[assignment]  # RQ types it by its None
+            sleep_time=PUBSUB_WAKE_SECONDS, daemon=True, exception_handler=self._pubsub_exception_handler
+        )
 
     def _stop_after_start(self, signum: int, frame: Any) -> None:
         if self._stop_requested:  # a second signal: RQ's cold shutdown, as once started

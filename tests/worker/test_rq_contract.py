@@ -44,6 +44,11 @@ PINNED: dict[str, str] = {
     "rq.worker.Worker.dequeue_job_and_maintain_ttl": "self, timeout, max_idle_time=None",
     "rq.worker.SimpleWorker.execute_job": "self, job, queue",
     "rq.worker.Worker.teardown": "self",
+    # RolloutWorker.subscribe is RQ's with a shorter wait: it sets these, and RQ's unsubscribe reads them.
+    "rq.worker.Worker.subscribe": "self",
+    "rq.worker.Worker.unsubscribe": "self",
+    "rq.worker.Worker.handle_payload": "self, message",
+    "rq.worker.Worker._pubsub_exception_handler": "self, exc, pubsub, pubsub_thread",
     "rq.worker.Worker.clean_registries": "self",
     "rq.worker.Worker.register_death": "self",
     "rq.worker.Worker.handle_job_failure": "self, job, queue, started_job_registry=None, exc_string=''",
@@ -143,6 +148,9 @@ JOB_PROPERTIES = [
 # ... and reads these, set by RQ's Job constructor and restore().
 JOB_ATTRIBUTES = ["_success_callback_name", "_failure_callback_name", "_stopped_callback_name", "webhooks"]
 WORKER_ATTRIBUTES = [
+    "pubsub_channel_name",
+    "pubsub",
+    "pubsub_thread",
     "execution",
     "_stop_requested",
     "_state",
