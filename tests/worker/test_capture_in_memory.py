@@ -169,6 +169,40 @@ def test_a_stream_closed_early_by_its_agent_cancels_the_call(proxy: CaptureProxy
     assert [(c.response_id, c.streamed) for c in attempt.calls] == [(second, False)]
 
 
+def test_an_agent_reading_a_stream_slowly_holds_the_proxy_to_a_bounded_lead_and_gets_it_whole(
+    proxy: CaptureProxy, fake: FakeVLLM, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Over a socket the proxy waits for its send buffer to drain; handed over in memory, it waits for the agent to
+    # take what it wrote: a slow reader must not have the whole answer piled up in memory ahead of it.
+    llm, attempt, _ = open_attempt(proxy, fake.url)
+    fake.answer = lambda body: "x" * 200_000
+    fake.chunk_chars, fake.chunk_pause = 100, 0  # 2,000 events of about 200 bytes, written as fast as they go
+    leads: list[int] = []
+    write = in_memory._Connection.write
+
+    def measured(self: Any, data: bytes) -> None:
+        leads.append(self.written - self.taken)  # unread when the handler writes again (one write may be large)
+        write(self, data)
+
+    monkeypatch.setattr(in_memory._Connection, "write", measured)
+
+    async def agent() -> int:
+        async with httpx2.AsyncClient() as client:
+            body = {"model": "m", "messages": MESSAGES, "stream": True}
+            async with client.stream("POST", f"{llm.endpoint}/chat/completions", json=body) as response:
+                pieces = response.aiter_bytes()
+                got = len(await anext(pieces))
+                await asyncio.sleep(1.0)  # the backend's whole answer would be written by now
+                async for piece in pieces:
+                    got += len(piece)
+                return got
+
+    got = run(proxy, agent)
+    assert leads and max(leads) <= in_memory.HIGH_WATER, f"wrote with {max(leads):,} bytes unread by the agent"
+    (call,) = attempt.calls
+    assert call.streamed and call.text == "x" * 200_000 and got > 200_000
+
+
 def test_a_body_past_the_proxy_s_limit_goes_over_the_socket_and_is_refused_413(
     fake: FakeVLLM, handed: list[str]
 ) -> None:

@@ -181,6 +181,15 @@ def json_response(data: Any, status: int = 200, headers: Mapping[str, str] | Non
     return Response(codec.dumps(data), status, {"Content-Type": "application/json; charset=utf-8", **(headers or {})})
 
 
+def failure_answer(request: Request) -> Response | None:
+    """What a request whose handler raised gets, called in the ``except``: the failure logged, then a 500, or None
+    when the answer had begun (the connection is cut instead)."""
+    log.exception("the capture proxy failed on %s %s", request.method, request.path)
+    if request._started:
+        return None
+    return Response(b"Internal Server Error", 500, {"Content-Type": "text/plain; charset=utf-8"})
+
+
 class StreamResponse:
     """An answer sent as it is written: chunked (HTTP/1.1), or up to the connection's close (HTTP/1.0)."""
 
@@ -358,12 +367,12 @@ class _Connection(asyncio.Protocol):
         except _Disconnected:
             return
         except Exception:
-            log.exception("the capture proxy failed on %s %s", request.method, request.path)
-            if request._started:
+            failed = failure_answer(request)
+            if failed is None:
                 self.abort()
                 return
             request.keep_alive = False
-            response = Response(b"Internal Server Error", 500, {"Content-Type": "text/plain; charset=utf-8"})
+            response = failed
         if self.closed or request._answered:
             return
         try:

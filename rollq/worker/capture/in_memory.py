@@ -28,20 +28,19 @@ and that the ``openai`` SDK's default async client goes through that class.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import importlib
-import logging
 import threading
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, cast
 from urllib.parse import unquote
 
-from .httpserver import Headers, Request, Response, StreamResponse
+from .httpserver import Headers, Request, Response, StreamResponse, failure_answer
 
 if TYPE_CHECKING:
     from .proxy import CaptureProxy
 
-log = logging.getLogger(__name__)
 
 LIBRARIES = ("httpx2", "httpx")
 """The HTTP client libraries whose async transport hands calls to the proxy over, where installed."""
@@ -51,6 +50,11 @@ _proxies: dict[tuple[str, int], CaptureProxy] = {}
 _originals: dict[type, Callable[..., Any]] = {}
 """Each wrapped transport class's own ``handle_async_request``."""
 _lock = threading.Lock()
+
+HIGH_WATER = 64 * 1024
+"""Bytes of a streamed answer written ahead of the agent past which the proxy's handler waits (asyncio's own
+transports' default); it goes on once the agent has taken all but ``LOW_WATER`` of them."""
+LOW_WATER = 16 * 1024
 
 # What a piece of the answer is, on its way to the agent's loop.
 _HEAD, _WHOLE, _DATA, _END, _CUT = range(5)
@@ -118,8 +122,9 @@ async def _hand_over(module: ModuleType, proxy: CaptureProxy, request: Any) -> A
                 pass
 
     path, _, query = request.url.raw_path.decode("utf-8", "surrogateescape").partition("?")
+    connection = _Connection(proxy_loop, proxy.max_body_bytes, deliver, loop is proxy_loop)
     handed = Request.whole(
-        cast(Any, _Connection(proxy_loop, proxy.max_body_bytes, deliver)),
+        cast(Any, connection),
         request.method,
         unquote(path) if "%" in path else path,
         query,
@@ -148,7 +153,9 @@ async def _hand_over(module: ModuleType, proxy: CaptureProxy, request: Any) -> A
     if kind == _CUT:
         raise module.RemoteProtocolError("the capture proxy dropped the call", request=request)
     return module.Response(
-        piece[1], headers=_header_list(piece[2]), stream=_stream_class(module)(pieces, timeout, cancel, request)
+        piece[1],
+        headers=_header_list(piece[2]),
+        stream=_stream_class(module)(pieces, timeout, cancel, connection.took, request),
     )
 
 
@@ -177,14 +184,28 @@ def _stream_class(module: ModuleType) -> type:
         return known
 
     class _Pieces(module.AsyncByteStream):  # type: ignore[name-defined,misc]
-        def __init__(self, pieces: asyncio.Queue[Any], timeout: float | None, cancel: Callable[[], Any], request: Any):
-            self._pieces, self._timeout, self._cancel, self._request = pieces, timeout, cancel, request
+        def __init__(
+            self,
+            pieces: asyncio.Queue[Any],
+            timeout: float | None,
+            cancel: Callable[[], Any],
+            took: Callable[[int], None],
+            request: Any,
+        ) -> None:
+            self._pieces, self._timeout, self._cancel, self._took, self._request = (
+                pieces,
+                timeout,
+                cancel,
+                took,
+                request,
+            )
             self._done = False
 
         async def __aiter__(self) -> AsyncIterator[bytes]:
             while not self._done:
                 piece = await _next(self._pieces, self._timeout, module, self._request)
                 if piece[0] == _DATA:
+                    self._took(len(piece[1]))
                     yield piece[1]
                     continue
                 self._done = True
@@ -202,17 +223,31 @@ def _stream_class(module: ModuleType) -> type:
 
 class _Connection:
     """What :class:`~.httpserver.StreamResponse` and :class:`~.httpserver.Request` use of a connection, each
-    write passed to the agent's side by ``deliver``; lives on the proxy's loop."""
+    write passed to the agent's side by ``deliver``; lives on the proxy's loop.
+
+    Flow control, as a socket's send buffer gives it: ``written`` counts the bytes sent (on the proxy's loop),
+    ``taken`` those the agent's stream took (on the agent's loop; :meth:`took`). Each has one writer, and each side
+    reads the other's after its own write, so that one of the two always sees the other's: the handler that
+    finds more than ``HIGH_WATER`` unread waits in :meth:`drain`, and the agent that brings it down to
+    ``LOW_WATER`` while the handler is paused wakes it."""
 
     def __init__(
-        self, loop: asyncio.AbstractEventLoop, max_body_bytes: int, deliver: Callable[[tuple[Any, ...]], None]
+        self,
+        loop: asyncio.AbstractEventLoop,
+        max_body_bytes: int,
+        deliver: Callable[[tuple[Any, ...]], None],
+        same_loop: bool,
     ) -> None:
         self.loop = loop
         self.max_body_bytes = max_body_bytes
         self.transport = self
         self.closed = False
-        self.write_paused = False  # the agent's side takes every piece as it comes
+        self.write_paused = False
+        self.written = 0
+        self.taken = 0
         self._deliver = deliver
+        self._same_loop = same_loop
+        self._drained: asyncio.Future[None] | None = None
 
     def write_head(
         self, request: Request, status: int, headers: Headers | None, length: int | None, body: bytes = b""
@@ -220,14 +255,37 @@ class _Connection:
         request._started = True
         self._deliver((_HEAD, status, headers))
         if body:
-            self._deliver((_DATA, body))
+            self.write(body)
 
     def write(self, data: bytes) -> None:
         if not self.closed and data:
             self._deliver((_DATA, bytes(data)))
+            self.written += len(data)
+            if self.written - self.taken > HIGH_WATER:
+                self.write_paused = True
 
     async def drain(self) -> None:
-        return None
+        if not self.write_paused or self.closed:
+            return
+        self._drained = self.loop.create_future()
+        self._resume()  # the agent took enough since the write that paused, before it could see the pause
+        await self._drained
+
+    def took(self, count: int) -> None:
+        """The agent's stream took ``count`` bytes (on the agent's loop)."""
+        self.taken += count
+        if self.write_paused and self.written - self.taken <= LOW_WATER:
+            if self._same_loop:
+                self._resume()
+            else:
+                with contextlib.suppress(RuntimeError):  # the proxy's loop is closed: nothing waits to write
+                    self.loop.call_soon_threadsafe(self._resume)
+
+    def _resume(self) -> None:
+        if self.write_paused and self.written - self.taken <= LOW_WATER:
+            self.write_paused = False
+            if self._drained is not None and not self._drained.done():
+                self._drained.set_result(None)
 
     def answered(self, request: Request) -> None:
         request._answered = True
@@ -254,11 +312,11 @@ async def _serve(handler: Callable[[Request], Any], request: Request) -> None:
         try:
             response = await handler(request)
         except Exception:
-            log.exception("the capture proxy failed on %s %s", request.method, request.path)
-            if request._started:
+            failed = failure_answer(request)
+            if failed is None:
                 connection.abort()
                 return
-            response = Response(b"Internal Server Error", 500, {"Content-Type": "text/plain; charset=utf-8"})
+            response = failed
         if connection.closed or request._answered:
             return
         if isinstance(response, StreamResponse):
