@@ -1,4 +1,5 @@
-"""An attempt opened on a CaptureProxy with its own in-memory tracer, as a worker opens one for a rollout."""
+"""An attempt opened on a CaptureProxy with its own in-memory tracer, as a worker opens one for a rollout; a proxy
+served on its own thread or on the agents' loop; a worker's own proxy, started as a rollout starts it."""
 
 from __future__ import annotations
 
@@ -6,12 +7,15 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+import fakeredis
 from opentelemetry import trace
+from opentelemetry.context import Context
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from rollq.models.contract import LLM, PromptTemplate
+from rollq.worker import LitAgent, RolloutWorker, WorkerSettings
 from rollq.worker.capture import CaptureProxy
 from rollq.worker.capture.proxy import AttemptCapture
 from rollq.worker.executor import AgentExecutor
@@ -64,3 +68,29 @@ def served_proxy(where: str, **options: Any) -> Iterator[CaptureProxy]:
         proxy.stop()
         if executor is not None:
             executor.stop()
+
+
+class _NoopAgent(LitAgent):
+    def training_rollout(self, task: Any, rollout_id: str, resources: Any) -> float:
+        return 0.0
+
+
+@contextmanager
+def worker_proxy(env: dict[str, str]) -> Iterator[tuple[RolloutWorker, CaptureProxy]]:
+    """A RolloutWorker bootstrapped with the settings ``env`` gives (on fakeredis, an agent that does nothing) and
+    its capturing proxy, started as a rollout starts it (an attempt opened, then closed); torn down on leaving."""
+    worker = RolloutWorker(
+        ["capture"], connection=fakeredis.FakeRedis(), agent=_NoopAgent(), settings=WorkerSettings.from_env(env)
+    )
+    worker.bootstrap(logging_level="WARNING")
+    try:
+        capture = worker._capture
+        assert capture is not None
+        _, attempt = capture.open_attempt(
+            {"llm": LLM(endpoint="http://127.0.0.1:9/v1", model="m")}, Context(), trace.get_tracer(__name__)
+        )
+        assert attempt is not None and capture.proxy is not None
+        attempt.close()
+        yield worker, capture.proxy
+    finally:
+        worker.teardown()

@@ -10,19 +10,12 @@ import sys
 import time
 from collections.abc import Iterator
 
-import fakeredis
 import openai
 import pytest
-from opentelemetry import trace
-from opentelemetry.context import Context
 
-from rollq.models.contract import LLM
-from rollq.worker import LitAgent
 from rollq.worker.capture import CaptureProxy
-from rollq.worker.config import WorkerSettings
 from rollq.worker.executor import AgentExecutor
-from rollq.worker.rq_worker import RolloutWorker
-from tests.support.capture import MESSAGES, open_attempt
+from tests.support.capture import MESSAGES, open_attempt, worker_proxy
 from tests.support.fake_vllm import FakeVLLM
 
 
@@ -118,30 +111,13 @@ def test_a_weight_sync_pause_holds_calls_on_the_agents_loop_until_it_opens(
         proxy.stop()
 
 
-class _Noop(LitAgent):
-    async def training_rollout_async(self, task_input: object, rollout_id: str, resources: object) -> float:
-        return 1.0
-
-
 @pytest.mark.parametrize("on_agent_loop", [False, True])
 def test_the_worker_setting_puts_its_proxy_on_the_agents_loop_or_a_thread_of_its_own(on_agent_loop: bool) -> None:
-    settings = WorkerSettings.from_env({"ROLLQ_CAPTURE_ON_AGENT_LOOP": "1" if on_agent_loop else "0"})
-    worker = RolloutWorker(["loop"], connection=fakeredis.FakeRedis(), agent=_Noop(), settings=settings)
-    worker.bootstrap(logging_level="WARNING")
-    try:
-        capture = worker._capture
-        assert capture is not None
-        _, attempt = capture.open_attempt(
-            {"llm": LLM(endpoint="http://127.0.0.1:9/v1", model="m")}, Context(), trace.get_tracer(__name__)
-        )
-        assert attempt is not None and capture.proxy is not None
-        assert (capture.proxy._loop is worker._executor.loop) is on_agent_loop
-        assert (capture.proxy._thread is None) is on_agent_loop
-        port = capture.proxy.port
-        attempt.close()
-    finally:
+    with worker_proxy({"ROLLQ_CAPTURE_ON_AGENT_LOOP": "1" if on_agent_loop else "0"}) as (worker, proxy):
+        assert (proxy._loop is worker._executor.loop) is on_agent_loop
+        assert (proxy._thread is None) is on_agent_loop
+        port = proxy.port
         started = time.monotonic()
-        worker.teardown()
     # The proxy is closed before the agents' loop stops, not left listening on a loop that no longer turns.
     assert time.monotonic() - started < 4
     with pytest.raises(ConnectionRefusedError):

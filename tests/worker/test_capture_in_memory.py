@@ -9,20 +9,14 @@ import time
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Any, TypeVar
 
-import fakeredis
 import httpx
 import httpx2
 import openai
 import pytest
-from opentelemetry import trace
-from opentelemetry.context import Context
 
-from rollq.models.contract import LLM
-from rollq.worker import LitAgent
 from rollq.worker.capture import CaptureProxy, in_memory
 from rollq.worker.config import WorkerSettings
-from rollq.worker.rq_worker import RolloutWorker
-from tests.support.capture import MESSAGES, WHERE, open_attempt, served_proxy
+from tests.support.capture import MESSAGES, WHERE, open_attempt, served_proxy, worker_proxy
 from tests.support.fake_vllm import FakeVLLM
 
 T = TypeVar("T")
@@ -288,27 +282,10 @@ def test_the_openai_sdk_s_default_async_client_goes_through_the_wrapped_transpor
     assert type(transport).handle_async_request is httpx2.AsyncHTTPTransport.handle_async_request
 
 
-class _Noop(LitAgent):
-    def training_rollout(self, task: Any, rollout_id: str, resources: Any) -> float:
-        return 0.0
-
-
 @pytest.mark.parametrize("setting", ["1", "0"])
 def test_the_worker_setting_hands_calls_over_in_memory_or_not(setting: str) -> None:
-    settings = WorkerSettings.from_env({"ROLLQ_CAPTURE_IN_MEMORY": setting})
     assert WorkerSettings.from_env({}).capture_in_memory is True
-    worker = RolloutWorker(["memory"], connection=fakeredis.FakeRedis(), agent=_Noop(), settings=settings)
-    worker.bootstrap(logging_level="WARNING")
-    try:
-        capture = worker._capture
-        assert capture is not None
-        _, attempt = capture.open_attempt(
-            {"llm": LLM(endpoint="http://127.0.0.1:9/v1", model="m")}, Context(), trace.get_tracer(__name__)
-        )
-        assert attempt is not None and capture.proxy is not None
-        key = (capture.proxy.host, capture.proxy.port)
-        assert (in_memory._proxies.get(key) is capture.proxy) is (setting == "1")
-        attempt.close()
-    finally:
-        worker.teardown()
+    with worker_proxy({"ROLLQ_CAPTURE_IN_MEMORY": setting}) as (_, proxy):
+        key = (proxy.host, proxy.port)
+        assert (in_memory._proxies.get(key) is proxy) is (setting == "1")
     assert key not in in_memory._proxies
