@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 from rq.command import send_shutdown_command
+from rq.queue import Queue
 from rq.worker import Worker
 
 from rollq.worker import RolloutWorker, WorkerSettings
@@ -59,7 +60,8 @@ def test_rq_shutdown_reaches_a_running_worker_through_its_pubsub_thread_and_it_e
     # The same thread, started by RolloutWorker.subscribe with its shorter wait, still carries RQ's commands.
     connection = redis_server.client()
     worker = workers(redis_server.url, namespace, env={"ROLLQ_AGENT": "tests.support.fault_agents:FaultAgent"})
-    name = wait_until(lambda: next(iter(Worker.all(connection=connection)), None), "the worker", timeout=60).name
+    queue = Queue(namespace, connection=connection)  # the server is shared: other tests' workers are registered too
+    name = wait_until(lambda: next(iter(Worker.all(queue=queue)), None), "the worker", timeout=60).name
     wait_until(lambda: connection.pubsub_numsub(f"rq:pubsub:{name}")[0][1] == 1, "its subscription", timeout=30)
     send_shutdown_command(connection, name)
     assert worker.wait(15) == 0
