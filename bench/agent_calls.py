@@ -7,14 +7,16 @@ Run: python bench/agent_calls.py [--in-flight 16 64 256] [--rounds 3] [--window 
 measures it where it runs: sample-agent rollouts (``bench.agents:CallTimingSampleAgent``: rollq's sample agent, the
 ``openai`` client, 1-2 calls of 0.1-0.5 s to the demo's simulated LLM) on 2 stock worker processes, each call timed
 by the agent's own HTTP client (request sent to answer read) less the generation time the simulated LLM reports:
-what the path to the LLM costs the agent, its own client and loop included. Five workers take turns at each
+what the path to the LLM costs the agent, its own client and loop included. Six workers take turns at each
 ``--in-flight`` (order reversed every round, ``--window`` s measured each):
 
 - ``capture off`` (``ROLLQ_CAPTURE_LLM=0``): the agents call the LLM directly, nothing recorded;
 - ``proxy thread, socket`` (``ROLLQ_CAPTURE_IN_MEMORY=0``): the capturing proxy on a thread and loop of its own,
   called over its socket (the default before calls were handed over in memory);
 - ``proxy thread, in memory``: the same proxy, the agents' async ``openai`` clients handing their calls to it in
-  memory (the default);
+  memory, each served on the agents' loop that made it (the default);
+- ``proxy thread, in memory, served on its thread`` (``ROLLQ_CAPTURE_IN_MEMORY_ON_AGENT_LOOP=0``): the calls handed
+  over in memory served on the proxy's thread and passed back (the default before 0.4);
 - ``proxy on the agents' loop, socket`` (``ROLLQ_CAPTURE_ON_AGENT_LOOP=1``, ``ROLLQ_CAPTURE_IN_MEMORY=0``);
 - ``proxy on the agents' loop, in memory`` (``ROLLQ_CAPTURE_ON_AGENT_LOOP=1``).
 
@@ -44,6 +46,7 @@ SYSTEMS: dict[str, dict[str, str]] = {
     OFF: {"ROLLQ_CAPTURE_LLM": "0"},
     "proxy thread, socket": {"ROLLQ_CAPTURE_IN_MEMORY": "0"},
     "proxy thread, in memory": {},
+    "proxy thread, in memory, served on its thread": {"ROLLQ_CAPTURE_IN_MEMORY_ON_AGENT_LOOP": "0"},
     "proxy on the agents' loop, socket": {"ROLLQ_CAPTURE_ON_AGENT_LOOP": "1", "ROLLQ_CAPTURE_IN_MEMORY": "0"},
     "proxy on the agents' loop, in memory": {"ROLLQ_CAPTURE_ON_AGENT_LOOP": "1"},
 }

@@ -108,6 +108,11 @@ class WorkerSettings(Settings):
     it in memory instead of over its socket: the same handling, without four HTTP writes and parses in one process
     (docs/workers.md, "Calls handed to the proxy in memory"; ``ROLLQ_CAPTURE_IN_MEMORY=0`` sends them over the
     socket)."""
+    capture_in_memory_on_agent_loop: bool = True
+    """With the proxy on a thread of its own, serve the calls that async agents hand over in memory on the agents'
+    loop, where they are awaited, instead of passing each to the proxy's thread and back: no thread woken and no
+    GIL handed over per call, and no sync client can block them (docs/workers.md, "Calls handed to the proxy in
+    memory"; ``ROLLQ_CAPTURE_IN_MEMORY_ON_AGENT_LOOP=0`` serves them on the proxy's thread)."""
     llm_pause_wait_seconds: float = Field(60.0, ge=0)
     """How long an LLM call waits at the capturing proxy while calls are paused for a weight sync; past it the agent
     gets HTTP 503 with Retry-After (an upstream error, never a silent drop)."""

@@ -308,6 +308,7 @@ class RolloutWorker(SimpleWorker):
                 switch_interval=self.settings.capture_switch_interval_ms / 1000 or None,
                 loop=self._executor.loop if self.settings.capture_on_agent_loop else None,
                 in_memory=self.settings.capture_in_memory,
+                agents_loop=self._executor.loop if self.settings.capture_in_memory_on_agent_loop else None,
             )
             if self.settings.capture_on_agent_loop:
                 self._executor.stall_note = (

@@ -52,16 +52,26 @@ def open_attempt(proxy: CaptureProxy, endpoint: str, **sampling: Any) -> tuple[L
 
 WHERE = ["own thread", "agents' loop"]
 """Where a proxy can be served: the ``params`` of a fixture that runs its tests both ways."""
+IN_MEMORY_WHERE = [*WHERE, "own thread, agents' calls on their loop"]
+"""Where calls handed over in memory can be served: on the proxy's thread, on the agents' loop that serves the
+proxy, or on the agents' loop while the proxy's socket has a thread of its own (``agents_loop``, a worker's
+default)."""
 
 
 @contextmanager
 def served_proxy(where: str, **options: Any) -> Iterator[CaptureProxy]:
     """A started :class:`CaptureProxy` (with ``options``), on a thread of its own or, for ``"agents' loop"``, on a
-    running :class:`AgentExecutor`'s loop (``ROLLQ_CAPTURE_ON_AGENT_LOOP``); stopped, and that executor with it."""
-    executor = AgentExecutor() if where == "agents' loop" else None
+    running :class:`AgentExecutor`'s loop (``ROLLQ_CAPTURE_ON_AGENT_LOOP``); for ``"own thread, agents' calls on
+    their loop"``, on a thread of its own with that executor's loop as its ``agents_loop``. Stopped, and that
+    executor with it."""
+    executor = AgentExecutor() if where != "own thread" else None
     if executor is not None:
         executor.start()
-    proxy = CaptureProxy(loop=executor.loop if executor is not None else None, **options).start()
+    proxy = CaptureProxy(
+        loop=executor.loop if executor is not None and where == "agents' loop" else None,
+        agents_loop=executor.loop if executor is not None and where != "agents' loop" else None,
+        **options,
+    ).start()
     try:
         yield proxy
     finally:

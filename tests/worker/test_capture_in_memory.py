@@ -1,6 +1,7 @@
 """Async httpx calls to this process's capturing proxy handed to it in memory (``rollq.worker.capture.in_memory``,
 ``ROLLQ_CAPTURE_IN_MEMORY``): answered and captured as over the socket, with the socket's failures, timeouts and
-cancellations, for the proxy on a thread of its own and on the agents' loop; and the httpx internals it wraps."""
+cancellations, for the proxy on a thread of its own, on the agents' loop, and on a thread of its own serving the
+agents' calls on their loop (a worker's default); and the httpx internals it wraps."""
 
 from __future__ import annotations
 
@@ -16,13 +17,13 @@ import pytest
 
 from rollq.worker.capture import CaptureProxy, in_memory
 from rollq.worker.config import WorkerSettings
-from tests.support.capture import MESSAGES, WHERE, open_attempt, served_proxy, worker_proxy
+from tests.support.capture import IN_MEMORY_WHERE, MESSAGES, WHERE, open_attempt, served_proxy, worker_proxy
 from tests.support.fake_vllm import FakeVLLM
 
 T = TypeVar("T")
 
 
-@pytest.fixture(params=WHERE)
+@pytest.fixture(params=IN_MEMORY_WHERE)
 def proxy(request: pytest.FixtureRequest) -> Iterator[CaptureProxy]:
     with served_proxy(request.param, in_memory=True) as started:
         yield started
@@ -43,11 +44,11 @@ def handed(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 
 
 def run(proxy: CaptureProxy, agent: Callable[[], Awaitable[T]]) -> T:
-    """``agent()`` as a worker runs it: on the proxy's loop when the proxy shares the agents', else on a loop of
-    its own."""
-    if proxy._shares_loop:
-        assert proxy._loop is not None
-        return asyncio.run_coroutine_threadsafe(agent(), proxy._loop).result(timeout=60)  # type: ignore[arg-type]
+    """``agent()`` as a worker runs it: on the agents' loop when the proxy knows one (it serves there, or serves
+    the calls made there), else on a loop of its own."""
+    loop = proxy._loop if proxy._shares_loop else proxy._agents_loop
+    if loop is not None:
+        return asyncio.run_coroutine_threadsafe(agent(), loop).result(timeout=60)  # type: ignore[arg-type]
     return asyncio.run(agent())  # type: ignore[arg-type]
 
 
@@ -289,3 +290,110 @@ def test_the_worker_setting_hands_calls_over_in_memory_or_not(setting: str) -> N
         key = (proxy.host, proxy.port)
         assert (in_memory._proxies.get(key) is proxy) is (setting == "1")
     assert key not in in_memory._proxies
+
+
+AGENTS_CALLS_ON_THEIR_LOOP = "own thread, agents' calls on their loop"
+
+
+@pytest.fixture
+def served_on(monkeypatch: pytest.MonkeyPatch) -> list[asyncio.AbstractEventLoop]:
+    """The loop each call handed over in memory was served on."""
+    loops: list[asyncio.AbstractEventLoop] = []
+    serve = in_memory._serve
+
+    async def noted(handler: Any, request: Any) -> None:
+        loops.append(asyncio.get_running_loop())
+        await serve(handler, request)
+
+    monkeypatch.setattr(in_memory, "_serve", noted)
+    return loops
+
+
+def test_calls_made_on_the_agents_loop_are_served_there_and_calls_from_other_loops_on_the_proxy_s_thread(
+    fake: FakeVLLM, served_on: list[asyncio.AbstractEventLoop]
+) -> None:
+    with served_proxy(AGENTS_CALLS_ON_THEIR_LOOP, in_memory=True) as proxy:
+        agents_loop, proxy_loop = proxy._agents_loop, proxy._loop
+        assert agents_loop is not None and proxy_loop is not None and agents_loop is not proxy_loop
+        llm, attempt, spans = open_attempt(proxy, fake.url)
+
+        async def agent() -> str:
+            async with openai.AsyncOpenAI(base_url=llm.endpoint, api_key="none", max_retries=0) as client:
+                return (await client.chat.completions.create(model="m", messages=MESSAGES)).id
+
+        on_agents_loop = asyncio.run_coroutine_threadsafe(agent(), agents_loop).result(timeout=30)
+        elsewhere = asyncio.run(agent())  # an agent's own loop on another thread (a sync agent's asyncio.run)
+        assert served_on == [agents_loop, proxy_loop]
+        assert set(proxy._clients) == {agents_loop, proxy_loop}  # each loop forwards on connections of its own
+        assert [c.response_id for c in attempt.calls] == [on_agents_loop, elsewhere]
+        assert len(spans.captured()) == 2
+        proxy.stop()
+        # Its connections on the agents' loop are closed there, and that loop keeps turning for the agents.
+        assert proxy._clients == {}
+        assert asyncio.run_coroutine_threadsafe(asyncio.sleep(0, "turning"), agents_loop).result(timeout=5) == "turning"
+
+
+def test_a_weight_sync_pause_holds_calls_served_on_the_agents_loop_and_counts_those_running(
+    fake: FakeVLLM, served_on: list[asyncio.AbstractEventLoop]
+) -> None:
+    """The gate is closed and opened on the proxy's thread; the calls it holds and counts run on the agents' loop."""
+    with served_proxy(AGENTS_CALLS_ON_THEIR_LOOP, in_memory=True) as proxy:
+        agents_loop = proxy._agents_loop
+        assert agents_loop is not None
+        llm, attempt, _ = open_attempt(proxy, fake.url)
+        drained: list[Any] = []
+        proxy.gate.on_drained = drained.append
+        client = openai.AsyncOpenAI(base_url=llm.endpoint, api_key="none", max_retries=0)
+
+        def call() -> Any:
+            return asyncio.run_coroutine_threadsafe(
+                client.chat.completions.create(model="m", messages=MESSAGES), agents_loop
+            )
+
+        fake.delay = 1.0
+        running = call()
+        deadline = time.monotonic() + 10
+        while not fake.received and time.monotonic() < deadline:
+            time.sleep(0.02)
+        counts = proxy.gate.close(1)  # the call already sent runs on, and is counted
+        assert counts.in_flight == 1 and counts.closed_for == 1
+        held = call()
+        while not proxy.gate.read().waiting and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert proxy.gate.read().waiting == 1 and not held.done()
+        assert running.result(timeout=30).id in fake.sent
+        assert len(drained) == 1 and drained[0].in_flight == 0  # the last one out reported drained
+        assert len(fake.received) == 1 and not held.done()  # the held call never reached the backend
+        fake.delay = 0
+        proxy.gate.open("v2")
+        assert held.result(timeout=30).id in fake.sent
+        assert [c.resources_id for c in attempt.calls] == [None, "v2"]
+        assert served_on == [agents_loop, agents_loop]
+
+
+def test_a_sync_client_on_the_agents_loop_is_answered_by_the_proxy_s_thread(
+    fake: FakeVLLM, served_on: list[asyncio.AbstractEventLoop]
+) -> None:
+    """What the proxy's own thread is for: an async agent that calls a sync client blocks its loop, so that call
+    must be served elsewhere; it goes over the socket to the proxy's thread and is answered."""
+    with served_proxy(AGENTS_CALLS_ON_THEIR_LOOP, in_memory=True) as proxy:
+        agents_loop = proxy._agents_loop
+        assert agents_loop is not None
+        llm, attempt, _ = open_attempt(proxy, fake.url)
+
+        async def agent() -> str:
+            with openai.OpenAI(base_url=llm.endpoint, api_key="none", max_retries=0, timeout=10) as client:
+                return client.chat.completions.create(model="m", messages=MESSAGES).id
+
+        reply = asyncio.run_coroutine_threadsafe(agent(), agents_loop).result(timeout=30)
+    assert served_on == [] and [c.response_id for c in attempt.calls] == [reply]
+
+
+@pytest.mark.parametrize("setting", ["1", "0"])
+def test_the_worker_setting_serves_calls_handed_over_on_the_agents_loop_or_on_the_proxy_s_thread(
+    setting: str,
+) -> None:
+    assert WorkerSettings.from_env({}).capture_in_memory_on_agent_loop is True
+    with worker_proxy({"ROLLQ_CAPTURE_IN_MEMORY_ON_AGENT_LOOP": setting}) as (worker, proxy):
+        assert proxy._thread is not None  # the socket is served on the proxy's thread either way
+        assert (proxy._agents_loop is worker._executor.loop) is (setting == "1")

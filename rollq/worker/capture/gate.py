@@ -9,8 +9,10 @@ closed, ``on_drained`` is called so the worker can report at once instead of at 
 The gate also knows the latest resources version this worker has seen (from its heartbeat reports, the resume
 announcement and its claims): each admitted request is stamped with it, the version its call ran against.
 
-It lives on the proxy's event loop; :meth:`close` and :meth:`open` are called from other threads and hand over
-to the loop.
+It lives on the proxy's event loop, and on the agents' loop too where calls handed over in memory are served
+there (:mod:`.in_memory`): admission and the counts are taken under a lock, so a request admitted on either loop
+is counted before :meth:`close` returns, and an opening wakes the waiters of every loop. :meth:`close` and
+:meth:`open` are called from other threads and hand over to the proxy's loop.
 """
 
 from __future__ import annotations
@@ -57,15 +59,17 @@ class CallGate:
         self.wait_seconds = wait_seconds
         self.retry_after = retry_after
         self.loop: asyncio.AbstractEventLoop | None = None
+        """The proxy's loop, where :meth:`close` and :meth:`open` run."""
         self.closed_for = 0
         """The pause epoch the gate is closed for; 0 when open."""
         self.in_flight = 0
         self.waiting = 0
         self.version: str | None = None
         self.on_drained: Callable[[GateCounts], None] | None = None
-        self._open = threading.Event()  # a flag readable anywhere; waiters wait on _opened (the loop's)
+        self._open = threading.Event()  # a flag readable anywhere; waiters wait on their own loop's _opened event
         self._open.set()
-        self._opened: asyncio.Event | None = None
+        self._lock = threading.Lock()  # the flag's changes, the counts, and the events by loop
+        self._opened: dict[asyncio.AbstractEventLoop, asyncio.Event] = {}
         self._closed_at = 0.0
         self.resumed_at: float | None = None
         self.first_call_after_resume: float | None = None
@@ -74,9 +78,17 @@ class CallGate:
     def bind(self, loop: asyncio.AbstractEventLoop) -> None:
         """Attach to the proxy's loop (called on it, before any request)."""
         self.loop = loop
-        self._opened = asyncio.Event()
-        if self._open.is_set():
-            self._opened.set()
+        self._event(loop)
+
+    def _event(self, loop: asyncio.AbstractEventLoop) -> asyncio.Event:
+        """``loop``'s event of the gate's opening (made on ``loop``, the first time a call there waits)."""
+        with self._lock:
+            event = self._opened.get(loop)
+            if event is None:
+                event = self._opened[loop] = asyncio.Event()
+                if self._open.is_set():
+                    event.set()
+            return event
 
     @property
     def is_open(self) -> bool:
@@ -91,14 +103,14 @@ class CallGate:
     async def admit(self) -> str | None:
         """Wait until the gate is open (bounded) and count one request in flight; returns the version it runs
         against. :class:`GateTimeout` when it stayed closed for ``wait_seconds``."""
-        if self._open.is_set():
-            self._admitted()
+        if self._try_admit():
             return self.version
-        assert self._opened is not None, "the gate is bound to the proxy's loop"
+        opened = self._event(asyncio.get_running_loop())
         started = time.monotonic()
-        self.waiting += 1
+        with self._lock:
+            self.waiting += 1
         try:
-            while not self._open.is_set():
+            while not self._try_admit():
                 left = self.wait_seconds - (time.monotonic() - started)
                 if left <= 0:
                     raise GateTimeout(time.monotonic() - started, self.retry_after)
@@ -106,25 +118,34 @@ class CallGate:
                     # asyncio.timeout, not wait_for: no task per waiter, so a resume that wakes hundreds of calls
                     # at once schedules them and nothing more.
                     async with asyncio.timeout(left):
-                        await self._opened.wait()
+                        await opened.wait()
                 except TimeoutError:
                     continue
         finally:
-            self.waiting -= 1
-        self._admitted()
+            with self._lock:
+                self.waiting -= 1
         return self.version
 
-    def _admitted(self) -> None:
-        self.in_flight += 1
+    def _try_admit(self) -> bool:
+        """Count one request in flight if the gate is open: the check and the count under the lock, so that no
+        request slips in on another loop between a :meth:`close` and its counts."""
+        with self._lock:
+            if not self._open.is_set():
+                return False
+            self.in_flight += 1
         if self.first_call_after_resume is None and self.resumed_at is not None:
             self.first_call_after_resume = time.monotonic() - self.resumed_at
             log.info("first LLM call admitted %.1f ms after the resume", self.first_call_after_resume * 1000)
+        return True
 
     def release(self) -> None:
         """One admitted request is over (answered, failed or cut)."""
-        self.in_flight -= 1
-        if self.in_flight == 0 and not self._open.is_set() and self.on_drained is not None:
-            self.on_drained(self.counts())
+        with self._lock:
+            self.in_flight -= 1
+            drained = self.in_flight == 0 and not self._open.is_set()
+            counts = self.counts()
+        if drained and self.on_drained is not None:
+            self.on_drained(counts)
 
     def counts(self) -> GateCounts:
         """The counts now (from any thread: the epoch is read first, so a closed gate's calls are never
@@ -133,13 +154,14 @@ class CallGate:
         return GateCounts(closed_for, self.in_flight, self.waiting)
 
     def _close(self, epoch: int) -> GateCounts:
-        if self._open.is_set():
-            self._closed_at = time.monotonic()
-            self._open.clear()
-            if self._opened is not None:  # unbound: the proxy is not started yet, and bind() copies the state
-                self._opened.clear()
-        self.closed_for = epoch
-        return self.counts()
+        with self._lock:
+            if self._open.is_set():
+                self._closed_at = time.monotonic()
+                self._open.clear()
+                for event in self._opened.values():  # clear() wakes nobody: safe from any thread
+                    event.clear()
+            self.closed_for = epoch
+            return self.counts()
 
     def _reopen(self, version: str | None) -> GateCounts:
         # The version first: a request admitted from here on runs against the weights published before the resume.
@@ -154,11 +176,14 @@ class CallGate:
                 self.waiting,
                 self.version,
             )
-        self.closed_for = 0
-        self._open.set()
-        if self._opened is not None:
-            self._opened.set()
-        return self.counts()
+        with self._lock:
+            self.closed_for = 0
+            self._open.set()
+            events = list(self._opened.items())
+            counts = self.counts()
+        for loop, event in events:
+            _set_on(loop, event)
+        return counts
 
     # -- from other threads ----------------------------------------------------------------------------------
     def close(self, epoch: int, timeout: float = 10.0) -> GateCounts:
@@ -186,3 +211,19 @@ class CallGate:
 
         loop.call_soon_threadsafe(run)
         return done.result(timeout)
+
+
+def _set_on(loop: asyncio.AbstractEventLoop, event: asyncio.Event) -> None:
+    """Set ``loop``'s ``event``: at once on that loop's own thread, else handed to it (an asyncio event wakes its
+    waiters on its loop only)."""
+    try:
+        running = asyncio.get_running_loop()
+    except RuntimeError:
+        running = None
+    if running is loop or not loop.is_running():
+        event.set()  # a loop that is not running has nobody waiting in it: its waiters see the flag when it turns
+        return
+    try:
+        loop.call_soon_threadsafe(event.set)
+    except RuntimeError:  # closed meanwhile: nobody waits there any more
+        pass

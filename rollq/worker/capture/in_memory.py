@@ -10,8 +10,10 @@ answer, without the sockets. ``bench/agent_calls.py`` measures what it saves, in
 Only calls that would reach the proxy's own handler anyway are handed over: an async transport's request to a
 running proxy's ``http://host:port``, with a body within the proxy's ``max_body_bytes``. Sync clients, other HTTP
 libraries, other addresses and anything larger go over the socket as before (``ROLLQ_CAPTURE_IN_MEMORY=0``: all
-of them). On the agents' loop (``ROLLQ_CAPTURE_ON_AGENT_LOOP=1``) the handler runs as a task of that loop; on the
-proxy's own thread it runs there, and what it writes is passed back to the agent's loop.
+of them). A call made on the agents' loop is served there, as a task of that loop, whether the proxy serves its
+socket on that loop too (``ROLLQ_CAPTURE_ON_AGENT_LOOP=1``) or on a thread of its own (the proxy's ``agents_loop``;
+``ROLLQ_CAPTURE_IN_MEMORY_ON_AGENT_LOOP=0`` sends those to the proxy's thread too). A call from another loop is
+served on the proxy's thread, and what the handler writes is passed back to the caller's loop.
 
 What the socket gave the agent's client, the hand-over gives too: a streamed answer arrives as it is written;
 the proxy's cut of a stream (the backend's cut) is ``RemoteProtocolError``, as a dropped connection is; the
@@ -101,14 +103,14 @@ def _wrapper(module: ModuleType, original: Callable[..., Any]) -> Callable[..., 
 
 async def _hand_over(module: ModuleType, proxy: CaptureProxy, request: Any) -> Any:
     """``request`` answered by ``proxy``'s handler, as ``module``'s response; None to send it over the socket."""
-    serving = proxy.serving()
+    loop = asyncio.get_running_loop()
+    serving = proxy.serving(loop)
     if serving is None:
         return None
     proxy_loop, handler = serving
     body = await request.aread()
     if len(body) > proxy.max_body_bytes:
         return None  # the server's 413, over the socket
-    loop = asyncio.get_running_loop()
     pieces: asyncio.Queue[tuple[Any, ...]] = asyncio.Queue()
     deliver: Callable[[tuple[Any, ...]], None]
     if loop is proxy_loop:

@@ -35,8 +35,8 @@ def capturable(resources: NamedResources) -> bool:
 class OnDemandCapture:
     """:class:`CaptureProxy`'s ``open_attempt``, ``gate`` and ``stop``, the proxy started when first needed (with
     ``switch_interval``: :class:`CaptureProxy`'s, None to leave the interpreter's GIL switch interval alone; with
-    ``loop``, served on that running loop; with ``in_memory``, async httpx calls to it handed over in memory: see
-    :class:`CaptureProxy`).
+    ``loop``, served on that running loop; with ``in_memory``, async httpx calls to it handed over in memory, and
+    those from ``agents_loop`` served there: see :class:`CaptureProxy`).
 
     The gate exists from the start (a weight-sync pause can close it before any proxy runs); the proxy binds it
     to its loop when it starts.
@@ -49,9 +49,11 @@ class OnDemandCapture:
         switch_interval: float | None = SWITCH_INTERVAL_SECONDS,
         loop: asyncio.AbstractEventLoop | None = None,
         in_memory: bool = False,
+        agents_loop: asyncio.AbstractEventLoop | None = None,
     ) -> None:
         self.host = host
         self.in_memory = in_memory
+        self.agents_loop = agents_loop
         self.gate = gate or CallGate()
         self.switch_interval = switch_interval
         self.loop = loop
@@ -106,6 +108,7 @@ class OnDemandCapture:
                     switch_interval=self.switch_interval,
                     loop=self.loop,
                     in_memory=self.in_memory,
+                    agents_loop=self.agents_loop,
                 ).start()
             return self._proxy
 

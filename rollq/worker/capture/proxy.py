@@ -6,7 +6,9 @@ thread and loop of its own rather than the async agents' loop: an async agent
 that calls a sync client on that loop would otherwise wait on a proxy that
 cannot run until it returns. ``ROLLQ_CAPTURE_ON_AGENT_LOOP=1`` (``loop=``) serves it on the agents' loop instead,
 for agents whose LLM clients are all async: no thread wakes and no GIL changes hands per call (docs/workers.md,
-"The proxy on the agents' loop"). Each attempt
+"The proxy on the agents' loop"). With a thread of its own, the calls that async clients on the agents' loop hand
+over in memory (:mod:`.in_memory`) are still served on that loop (``agents_loop=``): such a call is awaited there
+anyway, so no sync client can block it, and it gets what the shared loop gives without what it risks. Each attempt
 opens a :class:`AttemptCapture`: every ``LLM`` resource with an http(s)
 endpoint gets an unguessable token, and the agent sees
 ``http://127.0.0.1:<port>/<token>/v1`` instead of the real endpoint. A request
@@ -160,6 +162,7 @@ class CaptureProxy:
         switch_interval: float | None = gil.SWITCH_INTERVAL_SECONDS,
         loop: asyncio.AbstractEventLoop | None = None,
         in_memory: bool = False,
+        agents_loop: asyncio.AbstractEventLoop | None = None,
     ) -> None:
         """``read_timeout``: longest wait for the next byte from a backend before the call fails (504);
         ``max_body_bytes``: the largest request body an agent may send (413 past it); ``switch_interval``: the
@@ -167,7 +170,9 @@ class CaptureProxy:
         it); ``loop``: serve on this running loop (the async agents', run by another thread) instead of a thread
         and loop of the proxy's own. An agent that makes a blocking call on that loop then blocks the proxy too:
         a sync client's LLM call from an async agent waits until its own timeout; ``in_memory``: this process's async
-        httpx clients hand their calls to the proxy in memory instead of over its socket (see :mod:`.in_memory`)."""
+        httpx clients hand their calls to the proxy in memory instead of over its socket (see :mod:`.in_memory`);
+        ``agents_loop``: with ``in_memory`` and a thread of the proxy's own, the calls handed over from this loop (the
+        async agents') are served on it, with upstream connections of its own, instead of on the proxy's thread."""
         self.host = host
         self.read_timeout = read_timeout
         self.max_body_bytes = max_body_bytes
@@ -184,7 +189,9 @@ class CaptureProxy:
         self._loop: asyncio.AbstractEventLoop | None = loop
         self._shares_loop = loop is not None
         self.in_memory = in_memory
-        self._client: Client | None = None
+        self._agents_loop = agents_loop if loop is None else None
+        self._clients: dict[asyncio.AbstractEventLoop, Client] = {}
+        """The upstream connections of each loop that serves calls: the proxy's, and the agents' (see above)."""
         self._server: Server | None = None
         self._thread: threading.Thread | None = None
 
@@ -246,9 +253,7 @@ class CaptureProxy:
 
     async def _open(self, sock: socket.socket) -> None:
         self.gate.bind(asyncio.get_running_loop())
-        # A hung backend must not hold a call (and its socket) forever: no byte for read_timeout fails it. No
-        # cookies are kept between calls.
-        self._client = Client(connect_timeout=30, read_timeout=self.read_timeout)
+        self._upstream()
         # httptools under a protocol of rollq's own (see .httpserver): the token is the path's first segment, so
         # no router runs per request. An agent that gives up on a call (its client timed out, its attempt was
         # stopped) cancels the handler, which closes the backend request instead of leaving it and its socket open.
@@ -258,11 +263,31 @@ class CaptureProxy:
     async def _close(self) -> None:
         if self._server is not None:
             await self._server.close()
-        if self._client is not None:
-            await self._client.close()
+        await self._close_upstream()
+
+    async def _close_upstream(self) -> None:
+        client = self._clients.pop(asyncio.get_running_loop(), None)
+        if client is not None:
+            await client.close()
+
+    def _upstream(self) -> Client:
+        """The upstream connections of the loop running now (made there the first time it serves a call)."""
+        loop = asyncio.get_running_loop()
+        client = self._clients.get(loop)
+        if client is None:
+            # A hung backend must not hold a call (and its socket) forever: no byte for read_timeout fails it. No
+            # cookies are kept between calls.
+            client = self._clients[loop] = Client(connect_timeout=30, read_timeout=self.read_timeout)
+        return client
 
     def stop(self) -> None:
         in_memory.uninstall(self)
+        agents_loop = self._agents_loop
+        if agents_loop is not None and agents_loop in self._clients and agents_loop.is_running():
+            try:
+                asyncio.run_coroutine_threadsafe(self._close_upstream(), agents_loop).result(timeout=5)
+            except TimeoutError:  # the loop is blocked or stopping: its process is going away
+                log.warning("the capturing proxy's connections on the agents' loop did not close within 5 s")
         if self._shares_loop:
             if self._loop is not None and self._loop.is_running():
                 try:
@@ -270,19 +295,20 @@ class CaptureProxy:
                 except TimeoutError:  # the loop is blocked or stopping: its process is going away
                     log.warning("the capturing proxy did not close within 5 s on the agents' loop")
             return
-        if self._loop is not None and self._thread is not None:
+        if self._loop is not None and self._thread is not None and not self._loop.is_closed():  # not stopped yet
             self._loop.call_soon_threadsafe(self._loop.stop)
             self._thread.join(timeout=5)
         if self.switch_interval is not None:
             gil.restore_switch_interval(self._replaced_interval, self.switch_interval)
             self._replaced_interval = None
 
-    def serving(self) -> tuple[asyncio.AbstractEventLoop, Handler] | None:
-        """The loop the proxy serves on and its handler, while that loop runs; else None."""
+    def serving(self, caller: asyncio.AbstractEventLoop) -> tuple[asyncio.AbstractEventLoop, Handler] | None:
+        """The loop that serves a call handed over in memory from ``caller`` (``caller`` itself when it is the
+        agents' loop, else the proxy's), and the proxy's handler, while the proxy runs; else None."""
         loop = self._loop
         if loop is None or loop.is_closed() or not loop.is_running() or self._server is None:
             return None
-        return loop, self._handle
+        return (caller if caller is self._agents_loop else loop), self._handle
 
     def serve_environment(self, concurrency: int, environ: Any = None) -> list[ambient.Upstream]:
         """Capture calls to the URLs in ``OPENAI_BASE_URL`` / ``OPENAI_API_BASE`` too (see :mod:`.ambient`).
@@ -439,9 +465,9 @@ class CaptureProxy:
         return {k: v for k, v in request.headers.items() if k not in _DROP_REQUEST}  # names come lower-cased
 
     async def _pass_through(self, request: Request, url: str, raw: bytes) -> Answer:
-        assert self._client is not None
+        client = self._upstream()
         try:
-            async with self._client.request(
+            async with client.request(
                 request.method, url, data=raw or None, headers=self._headers(request)
             ) as upstream:
                 response = StreamResponse(status=upstream.status, headers=_response_headers(upstream.header_list))
@@ -561,13 +587,13 @@ class CaptureProxy:
     ) -> Answer | tuple[int, float | None]:
         """One upstream request of a call to upstream ``base``: the answer given to the client, or
         ``(status, retry_after)`` of an answer to retry (never when ``last``)."""
-        assert self._client is not None
+        client = self._upstream()
         url = base + call.path + query
         extra = dict(fields)
         call.token_ids_requested = base not in self._rejecting and TOKEN_IDS_FIELD not in body
         if call.token_ids_requested:
             extra[TOKEN_IDS_FIELD] = True
-        upstream = await self._client.post(url, data=_with_fields(raw, body, extra), headers=headers)
+        upstream = await client.post(url, data=_with_fields(raw, body, extra), headers=headers)
         if call.token_ids_requested and upstream.status in (400, 422):
             refusal = await upstream.read()
             upstream.release()
@@ -578,7 +604,7 @@ class CaptureProxy:
             self._rejecting.add(base)
             call.token_ids_requested = False
             extra.pop(TOKEN_IDS_FIELD)
-            upstream = await self._client.post(url, data=_with_fields(raw, body, extra), headers=headers)
+            upstream = await client.post(url, data=_with_fields(raw, body, extra), headers=headers)
         try:
             if upstream.status in RETRY_STATUSES and not last:
                 await upstream.read()
