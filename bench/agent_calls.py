@@ -1,7 +1,8 @@
 """LLM calls as the agents see them in a worker: capture off, and the capturing proxy on a thread of its own or on
 the agents' loop, each called over its socket or handed the calls in memory.
 
-Run: python bench/agent_calls.py [--in-flight 16 64 256] [--rounds 3] [--window 15] [--collector Y,M,O] [--out NAME]
+Run: python bench/agent_calls.py [--in-flight 16 64 256] [--rounds 3] [--window 15] [--collector Y,M,O]
+[--workers NAME ...] [--out NAME]
 
 ``bench/capture.py`` measures the proxy in a process of its own beside a stand-in for the agents' load. This one
 measures it where it runs: sample-agent rollouts (``bench.agents:CallTimingSampleAgent``: rollq's sample agent, the
@@ -16,7 +17,7 @@ what the path to the LLM costs the agent, its own client and loop included. Six 
 - ``proxy thread, in memory``: the same proxy, the agents' async ``openai`` clients handing their calls to it in
   memory, each served on the agents' loop that made it (the default);
 - ``proxy thread, in memory, served on its thread`` (``ROLLQ_CAPTURE_IN_MEMORY_ON_AGENT_LOOP=0``): the calls handed
-  over in memory served on the proxy's thread and passed back (the default before 0.4);
+  over in memory served on the proxy's thread and passed back (the default until this release);
 - ``proxy on the agents' loop, socket`` (``ROLLQ_CAPTURE_ON_AGENT_LOOP=1``, ``ROLLQ_CAPTURE_IN_MEMORY=0``);
 - ``proxy on the agents' loop, in memory`` (``ROLLQ_CAPTURE_ON_AGENT_LOOP=1``).
 
@@ -30,6 +31,7 @@ bench/results/agent_calls.json (``--out NAME``: NAME.json).
 from __future__ import annotations
 
 import argparse
+import shlex
 import statistics
 import sys
 from pathlib import Path
@@ -108,9 +110,11 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3, help="rounds per level (default 3)")
     parser.add_argument("--window", type=float, default=15.0, help="seconds measured per worker and round (default 15)")
     parser.add_argument("--collector", help="one more worker: the proxy thread (socket) with gc thresholds Y,M,O")
+    parser.add_argument("--workers", nargs="+", choices=list(SYSTEMS)[1:], metavar="NAME",
+                        help="only these workers beside capture off (default: all)")  # fmt: skip
     parser.add_argument("--out", default="agent_calls", help="results name: bench/results/<out>.json")
     args = parser.parse_args()
-    envs = dict(SYSTEMS)
+    envs = {name: env for name, env in SYSTEMS.items() if name == OFF or not args.workers or name in args.workers}
     if args.collector:
         envs[f"proxy thread, collector {args.collector}"] = {
             "ROLLQ_BENCH_GC_THRESHOLDS": args.collector,
@@ -138,6 +142,8 @@ def main() -> None:
     argv = ["--in-flight", *map(str, args.in_flight), f"--rounds={args.rounds}", f"--window={args.window}"]
     if args.collector:
         argv.append(f"--collector={args.collector}")
+    if args.workers:
+        argv += ["--workers", *map(shlex.quote, args.workers)]
     if args.out != "agent_calls":
         argv.append(f"--out={args.out}")
     path = write_result(args.out, {"workers": envs, "levels": levels}, argv, settings=vars(args))

@@ -1215,18 +1215,29 @@ def _per_level(key: str) -> Callable[[Doc], list[Doc]]:
     return lambda doc: [{"in_flight": lv["in_flight"], **row} for lv in doc.get("levels", []) for row in lv[key]]
 
 
+def _agent_calls_workers(in_memory: bool, on_its_thread: bool) -> str:
+    """The workers of a bench/agent_calls.py run, as its section names them."""
+    if not in_memory:
+        return """capture off (the agents call the LLM directly), the proxy on a thread and loop of its own
+(the default then), and the proxy on the agents' loop (`ROLLQ_CAPTURE_ON_AGENT_LOOP=1`), both called over the
+proxy's socket"""
+    served = """, each served on the agents' loop that made it ("proxy thread, in memory": the default) or passed
+to the proxy's thread and back ("served on its thread", `ROLLQ_CAPTURE_IN_MEMORY_ON_AGENT_LOOP=0`, the default
+until then)"""
+    return f"""capture off (the agents call the LLM directly); the proxy on a thread and loop of its own
+(the default), called over its socket (`ROLLQ_CAPTURE_IN_MEMORY=0`) or handed the agents' calls in memory (the
+default){served if on_its_thread else ""}; and the proxy on the agents' loop (`ROLLQ_CAPTURE_ON_AGENT_LOOP=1`), \
+over its socket or in memory"""
+
+
 def _agent_calls_derived(doc: Doc) -> dict[str, Any]:
     collector = doc.get("settings", {}).get("collector")
     in_memory = any("in memory" in name for name in doc.get("workers") or {})
+    on_its_thread = "proxy thread, in memory, served on its thread" in (doc.get("workers") or {})
     return {
         "title_text": f"the proxy thread with the collector's thresholds at {collector}" if collector else
         "the proxy on a thread of its own or on the agents' loop",
-        "workers_text": """capture off (the agents call the LLM directly); the proxy on a thread and loop of its own
-(the default), called over its socket (`ROLLQ_CAPTURE_IN_MEMORY=0`) or handed the agents' calls in memory (the
-default); and the proxy on the agents' loop (`ROLLQ_CAPTURE_ON_AGENT_LOOP=1`), over its socket or in memory""" if
-        in_memory else """capture off (the agents call the LLM directly), the proxy on a thread and loop of its own
-(the default then), and the proxy on the agents' loop (`ROLLQ_CAPTURE_ON_AGENT_LOOP=1`), both called over the
-proxy's socket""",
+        "workers_text": _agent_calls_workers(in_memory, on_its_thread),
         "cpu_text": " Added CPU per call is a capture setting's worker CPU per rollout less capture off's, over its"
         " calls per rollout." if in_memory else "",
         "collector_text": f""" One more worker takes its turn: the proxy thread in processes whose garbage
@@ -1355,6 +1366,7 @@ ORDER = ["al_own_path", "al", "al_packs", "noop", "handoffs", "mock_llm", "start
          "capture_same_code", "capture_no_record", "capture_record_after", "capture_msgspec", "capture_long_prompts",
          "agent_calls",
          "agent_calls_collector",
+         "agent_calls_placement",
          "call_rate", "answer_read", "answer_read_typed_chunks", "switch_interval", "gc_freeze", "sample_clients",
          "enqueue", "memory", "idle",
          "connections",
