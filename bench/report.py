@@ -1234,10 +1234,13 @@ def _agent_calls_derived(doc: Doc) -> dict[str, Any]:
     collector = doc.get("settings", {}).get("collector")
     in_memory = any("in memory" in name for name in doc.get("workers") or {})
     on_its_thread = "proxy thread, in memory, served on its thread" in (doc.get("workers") or {})
+    chosen = doc.get("settings", {}).get("workers")
     return {
         "title_text": f"the proxy thread with the collector's thresholds at {collector}" if collector else
+        "calls handed over in memory, served on the agents' loop or on the proxy's thread" if chosen else
         "the proxy on a thread of its own or on the agents' loop",
-        "workers_text": _agent_calls_workers(in_memory, on_its_thread),
+        "workers_text": "capture off and " + ", ".join(f'"{name}"' for name in chosen) + " (the workers of the run "
+        "above of these names)" if chosen else _agent_calls_workers(in_memory, on_its_thread),
         "cpu_text": " Added CPU per call is a capture setting's worker CPU per rollout less capture off's, over its"
         " calls per rollout." if in_memory else "",
         "collector_text": f""" One more worker takes its turn: the proxy thread in processes whose garbage
