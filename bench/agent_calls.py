@@ -8,14 +8,17 @@ Run: python bench/agent_calls.py [--in-flight 16 64 256] [--rounds 3] [--window 
 measures it where it runs: sample-agent rollouts (``bench.agents:CallTimingSampleAgent``: rollq's sample agent, the
 ``openai`` client, 1-2 calls of 0.1-0.5 s to the demo's simulated LLM) on 2 stock worker processes, each call timed
 by the agent's own HTTP client (request sent to answer read) less the generation time the simulated LLM reports:
-what the path to the LLM costs the agent, its own client and loop included. Six workers take turns at each
+what the path to the LLM costs the agent, its own client and loop included. Seven workers take turns at each
 ``--in-flight`` (order reversed every round, ``--window`` s measured each):
 
 - ``capture off`` (``ROLLQ_CAPTURE_LLM=0``): the agents call the LLM directly, nothing recorded;
 - ``proxy thread, socket`` (``ROLLQ_CAPTURE_IN_MEMORY=0``): the capturing proxy on a thread and loop of its own,
   called over its socket (the default before calls were handed over in memory);
 - ``proxy thread, in memory``: the same proxy, the agents' async ``openai`` clients handing their calls to it in
-  memory, each served on the agents' loop that made it (the default);
+  memory, each served on the agents' loop that made it while that loop keeps up, else on the proxy's thread (the
+  default; from commit 8648cf5 to the busy check, always on the agents' loop);
+- ``proxy thread, in memory, always on the agents' loop`` (``ROLLQ_CAPTURE_AGENT_LOOP_BUSY_MS`` beyond reach): the
+  same, without the busy check;
 - ``proxy thread, in memory, served on its thread`` (``ROLLQ_CAPTURE_IN_MEMORY_ON_AGENT_LOOP=0``): the calls handed
   over in memory served on the proxy's thread and passed back (the default until this release);
 - ``proxy on the agents' loop, socket`` (``ROLLQ_CAPTURE_ON_AGENT_LOOP=1``, ``ROLLQ_CAPTURE_IN_MEMORY=0``);
@@ -23,9 +26,10 @@ what the path to the LLM costs the agent, its own client and loop included. Six 
 
 Added latency is each capture setting's p50 and p99 less capture off's in the same round; added CPU per call is its
 worker CPU per rollout less capture off's, over its calls per rollout. Each worker process's garbage collections in
-the window are recorded too (every one stops every thread). With ``--collector Y,M,O`` one more worker takes its
-turn: the proxy thread over its socket with the collector's thresholds set to those. Writes
-bench/results/agent_calls.json (``--out NAME``: NAME.json).
+the window are recorded too (every one stops every thread), and how late the agents' loop's 100 ms ticks ran, on
+average (what the worker reads to serve calls handed over in memory on the proxy's thread while its loop is busy).
+With ``--collector Y,M,O`` one more worker takes its turn: the proxy thread over its socket with the collector's
+thresholds set to those. Writes bench/results/agent_calls.json (``--out NAME``: NAME.json).
 """
 
 from __future__ import annotations
@@ -48,6 +52,7 @@ SYSTEMS: dict[str, dict[str, str]] = {
     OFF: {"ROLLQ_CAPTURE_LLM": "0"},
     "proxy thread, socket": {"ROLLQ_CAPTURE_IN_MEMORY": "0"},
     "proxy thread, in memory": {},
+    "proxy thread, in memory, always on the agents' loop": {"ROLLQ_CAPTURE_AGENT_LOOP_BUSY_MS": "1000000"},
     "proxy thread, in memory, served on its thread": {"ROLLQ_CAPTURE_IN_MEMORY_ON_AGENT_LOOP": "0"},
     "proxy on the agents' loop, socket": {"ROLLQ_CAPTURE_ON_AGENT_LOOP": "1", "ROLLQ_CAPTURE_IN_MEMORY": "0"},
     "proxy on the agents' loop, in memory": {"ROLLQ_CAPTURE_ON_AGENT_LOOP": "1"},
@@ -68,6 +73,7 @@ def _row(row: dict[str, Any], off: dict[str, Any] | None) -> dict[str, Any]:
         "young_p50_ms": window["collection_p50_ms"][0],
         "young_longest_ms": window["collection_longest_ms"][0],
         "collector_share_of_wall_percent": window["collector_share_of_wall_percent"],
+        "loop_lag_mean_ms": window.get("loop_lag_mean_ms"),
     }
     if off is not None and row is not off:
         slim["added_p50_ms"] = round(window["call_p50_ms"] - off["in_window"]["call_p50_ms"], 2)
@@ -97,6 +103,7 @@ def _summary(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 for key in (
                     "rollouts_per_s", "worker_cpu_ms_per_rollout", "call_p50_ms", "call_p99_ms", "added_p50_ms",
                     "added_p99_ms", "cpu_over_off", "added_cpu_ms_per_call", "young_p50_ms", "young_longest_ms",
+                    "loop_lag_mean_ms",
                 )
             },
         })  # fmt: skip

@@ -232,6 +232,10 @@ class _GcRecorder:
         """One LLM call's time at the client less the backend's generation time."""
         self.events.append(f"call {time.time():.4f} {seconds:.6f}\n")
 
+    def lag(self, seconds: float) -> None:
+        """How late one 100 ms tick on the agents' loop ran (what rollq's executor averages into its ``lag``)."""
+        self.events.append(f"lag {time.time():.4f} {seconds:.6f}\n")
+
     def _write_every_second(self) -> None:
         while True:
             time.sleep(1.0)
@@ -260,12 +264,20 @@ class CallTimingSampleAgent(GcRecordingSampleAgent):
     (``X-Sim-Seconds``): what the path to the LLM costs the agent, in a worker as it runs (bench/agent_calls.py).
 
     With ``ROLLQ_BENCH_GC_THRESHOLDS=young,middle,old`` the process's collector thresholds are set to those as the
-    first rollout starts (after the worker's own setting, rollq.worker.collector)."""
+    first rollout starts (after the worker's own setting, rollq.worker.collector). From its first rollout on, it
+    also records how late each 100 ms tick on its loop runs (``lag`` events)."""
 
     def __init__(self) -> None:
         super().__init__()
         wanted = os.environ.get("ROLLQ_BENCH_GC_THRESHOLDS")
         self._thresholds = tuple(int(n) for n in wanted.split(",")) if wanted else None
+        self._ticking = False
+
+    def _tick(self, loop: Any, due: float) -> None:
+        now = time.monotonic()
+        if self._recorder is not None:
+            self._recorder.lag(max(0.0, now - due))
+        loop.call_later(0.1, self._tick, loop, now + 0.1)
 
     def _client_options(self) -> dict[str, Any]:
         import openai
@@ -287,4 +299,8 @@ class CallTimingSampleAgent(GcRecordingSampleAgent):
     async def training_rollout_async(self, task_input: Any, rollout_id: str, resources: Any) -> None:
         if self._thresholds and gc.get_threshold() != self._thresholds:
             gc.set_threshold(*self._thresholds)
+        if not self._ticking and self._recorder is not None:
+            self._ticking = True
+            loop = asyncio.get_running_loop()
+            loop.call_later(0.1, self._tick, loop, time.monotonic() + 0.1)
         await super().training_rollout_async(task_input, rollout_id, resources)

@@ -69,6 +69,8 @@ class Col:
     header: str
     get: Getter
     fmt: Format = ""
+    optional: bool = False
+    """Left out of a table where no row has a value (a figure older runs did not record)."""
 
 
 @dataclass(frozen=True)
@@ -156,9 +158,12 @@ def render_table(table: Table, doc: Doc) -> str:
     if not rows:
         return ""
     cols = [column(c) for c in table.cols]
+    table_values = [[c.get(row, doc) if callable(c.get) else pick(row, c.get) for c in cols] for row in rows]
+    shown = [i for i, c in enumerate(cols) if not c.optional or any(v[i] is not None for v in table_values)]
+    cols = [cols[i] for i in shown]
     lines = ["| " + " | ".join(c.header for c in cols) + " |", "|" + "---|" * len(cols)]
-    for row in rows:
-        values = [c.get(row, doc) if callable(c.get) else pick(row, c.get) for c in cols]
+    for every in table_values:
+        values = [every[i] for i in shown]
         lines.append("| " + " | ".join(cell(v, c.fmt).replace("|", "/") for v, c in zip(values, cols, strict=True)))
         lines[-1] += " |"
     caption = table.caption.format_map(doc) + "\n\n" if table.caption else ""
@@ -1269,6 +1274,7 @@ rounds.{cpu_text}{collector_text}""",
             ("call_p50_ms", "call p50 ms", ".1f"), ("call_p99_ms", "call p99 ms", ".1f"),
             ("added_p50_ms", "added p50 ms", "+.1f"), ("added_p99_ms", "added p99 ms", "+.1f"),
             ("young_p50_ms", "young collection p50 ms", ".1f"),
+            Col("agents' loop lag ms (mean)", "loop_lag_mean_ms", ".1f", optional=True),
         ]),
         Table(_per_level("rows"), [
             ("in_flight", "in flight"), ("round", "round"), ("system", "worker"), ("rollouts", "rollouts"),
@@ -1279,6 +1285,7 @@ rounds.{cpu_text}{collector_text}""",
             ("added_p50_ms", "added p50 ms", "+.1f"), ("added_p99_ms", "added p99 ms", "+.1f"),
             Col("collections (young, middle, full)", lambda r, d: ", ".join(map(str, r["collections"]))),
             ("young_longest_ms", "longest young ms", ".1f"),
+            Col("agents' loop lag ms (mean)", "loop_lag_mean_ms", ".1f", optional=True),
             ("other_processes_cpu_cores", "other processes, cores", ".2f"),
         ], caption="Per round:"),
     ],

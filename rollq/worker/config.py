@@ -113,6 +113,11 @@ class WorkerSettings(Settings):
     loop, where they are awaited, instead of passing each to the proxy's thread and back: no thread woken and no
     GIL handed over per call, and no sync client can block them (docs/workers.md, "Calls handed to the proxy in
     memory"; ``ROLLQ_CAPTURE_IN_MEMORY_ON_AGENT_LOOP=0`` serves them on the proxy's thread)."""
+    capture_agent_loop_busy_ms: float = Field(5.0, ge=0)
+    """While callbacks on the agents' loop wait this long or longer for their turn (a moving average of its ticks'
+    lateness), the calls handed over in memory are served on the proxy's thread instead: each step of a call served
+    on a busy loop would wait that long again (a CPU-bound worker; docs/workers.md, "Calls handed to the proxy in
+    memory")."""
     llm_pause_wait_seconds: float = Field(60.0, ge=0)
     """How long an LLM call waits at the capturing proxy while calls are paused for a weight sync; past it the agent
     gets HTTP 503 with Retry-After (an upstream error, never a silent drop)."""

@@ -38,6 +38,8 @@ TICK_SECONDS = 0.1
 """How often the loop stamps that it is turning."""
 WATCH_SECONDS = 0.2
 """How often the watchdog looks."""
+LAG_WEIGHT = 0.3
+"""The weight of the newest tick's lateness in :attr:`AgentExecutor.lag` (a moving average over about a second)."""
 STALLED_AFTER_SECONDS = 1.0
 """A loop that has not ticked for this long is stalled: the watchdog warns, heartbeats stop vouching for it."""
 
@@ -134,6 +136,10 @@ class AgentExecutor:
         self._running: dict[Future[Any], _Running] = {}
         self._lock = threading.Lock()
         self._tick = time.monotonic()
+        self._due: float | None = None  # when the next tick is due
+        self.lag = 0.0
+        """Seconds the loop's ticks ran late, a moving average: how long a callback ready on the loop waits for its
+        turn (what the busier loop adds to every step of every agent). Read from any thread."""
         self._stopping = threading.Event()
         self._warned_stall: float | None = None
         self._stall_limit: float | None = None  # the last deadline among the attempts a stalled loop holds
@@ -179,7 +185,10 @@ class AgentExecutor:
 
     def _stamp(self) -> None:
         assert self._loop is not None
-        self._tick = time.monotonic()
+        now = time.monotonic()
+        if self._due is not None:
+            self.lag += LAG_WEIGHT * (max(0.0, now - self._due) - self.lag)
+        self._tick, self._due = now, now + TICK_SECONDS
         self._loop.call_later(TICK_SECONDS, self._stamp)
 
     def stalled_for(self) -> float:

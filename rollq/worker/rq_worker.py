@@ -309,6 +309,8 @@ class RolloutWorker(SimpleWorker):
                 loop=self._executor.loop if self.settings.capture_on_agent_loop else None,
                 in_memory=self.settings.capture_in_memory,
                 agents_loop=self._executor.loop if self.settings.capture_in_memory_on_agent_loop else None,
+                agents_lag=lambda: self._executor.lag,
+                agents_busy_lag=self.settings.capture_agent_loop_busy_ms / 1000,
             )
             if self.settings.capture_on_agent_loop:
                 self._executor.stall_note = (

@@ -389,6 +389,27 @@ def test_a_sync_client_on_the_agents_loop_is_answered_by_the_proxy_s_thread(
     assert served_on == [] and [c.response_id for c in attempt.calls] == [reply]
 
 
+def test_while_the_agents_loop_is_busy_its_calls_are_served_on_the_proxy_s_thread(
+    fake: FakeVLLM, served_on: list[asyncio.AbstractEventLoop]
+) -> None:
+    """On a loop whose callbacks wait for their turn, each step of a call served there would wait again: a CPU-bound
+    worker's calls go to the proxy's thread until its agents' loop keeps up again."""
+    lag = [0.0]
+    with served_proxy(AGENTS_CALLS_ON_THEIR_LOOP, in_memory=True, agents_lag=lambda: lag[0]) as proxy:
+        agents_loop, proxy_loop = proxy._agents_loop, proxy._loop
+        assert agents_loop is not None and proxy.agents_busy_lag == 0.005
+        llm, attempt, _ = open_attempt(proxy, fake.url)
+
+        async def agent() -> str:
+            async with openai.AsyncOpenAI(base_url=llm.endpoint, api_key="none", max_retries=0) as client:
+                return (await client.chat.completions.create(model="m", messages=MESSAGES)).id
+
+        for lag[0] in (0.001, 0.005, 0.02, 0.004):
+            asyncio.run_coroutine_threadsafe(agent(), agents_loop).result(timeout=30)
+    assert served_on == [agents_loop, proxy_loop, proxy_loop, agents_loop]
+    assert len(attempt.calls) == 4
+
+
 @pytest.mark.parametrize("setting", ["1", "0"])
 def test_the_worker_setting_serves_calls_handed_over_on_the_agents_loop_or_on_the_proxy_s_thread(
     setting: str,
@@ -397,3 +418,11 @@ def test_the_worker_setting_serves_calls_handed_over_on_the_agents_loop_or_on_th
     with worker_proxy({"ROLLQ_CAPTURE_IN_MEMORY_ON_AGENT_LOOP": setting}) as (worker, proxy):
         assert proxy._thread is not None  # the socket is served on the proxy's thread either way
         assert (proxy._agents_loop is worker._executor.loop) is (setting == "1")
+        assert proxy._agents_lag is not None and proxy.agents_busy_lag == 0.005
+        worker._executor.lag = 0.123
+        assert proxy._agents_lag() == 0.123  # the worker's own agents' loop, as it lags now
+
+
+def test_the_worker_setting_sets_how_busy_the_agents_loop_may_be() -> None:
+    with worker_proxy({"ROLLQ_CAPTURE_AGENT_LOOP_BUSY_MS": "12"}) as (_, proxy):
+        assert proxy.agents_busy_lag == 0.012

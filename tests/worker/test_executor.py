@@ -6,6 +6,7 @@ import asyncio
 import contextvars
 import gc
 import threading
+import time
 import weakref
 from collections.abc import Iterator
 from concurrent.futures import Future
@@ -180,3 +181,23 @@ def test_starting_a_worker_widens_the_young_generation_but_never_narrows_it_or_t
 class _Noop(LitAgent):
     async def training_rollout_async(self, task_input: object, rollout_id: str, resources: object) -> float:
         return 1.0
+
+
+def test_the_loop_s_lag_rises_while_its_callbacks_wait_for_their_turn_and_falls_once_they_do_not(
+    executor: AgentExecutor,
+) -> None:
+    """What the capturing proxy reads to leave a busy agents' loop alone: how late the loop's ticks run."""
+    time.sleep(0.5)
+    assert executor.lag < 0.005, f"an idle loop lags {executor.lag * 1000:.1f} ms"
+    busy_until = time.monotonic() + 1.0
+
+    def hog() -> None:  # each turn of the loop holds it 30 ms, as a CPU-bound worker's agents do
+        time.sleep(0.03)
+        if time.monotonic() < busy_until:
+            executor.loop.call_soon(hog)
+
+    executor.loop.call_soon_threadsafe(hog)
+    time.sleep(1.0)
+    assert executor.lag > 0.01, f"a loop held 30 ms a turn lags {executor.lag * 1000:.1f} ms"
+    time.sleep(1.5)
+    assert executor.lag < 0.005, f"{executor.lag * 1000:.1f} ms once it turns freely again"

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 from urllib.parse import urlsplit
 
@@ -36,7 +37,8 @@ class OnDemandCapture:
     """:class:`CaptureProxy`'s ``open_attempt``, ``gate`` and ``stop``, the proxy started when first needed (with
     ``switch_interval``: :class:`CaptureProxy`'s, None to leave the interpreter's GIL switch interval alone; with
     ``loop``, served on that running loop; with ``in_memory``, async httpx calls to it handed over in memory, and
-    those from ``agents_loop`` served there: see :class:`CaptureProxy`).
+    those from ``agents_loop`` served there while it is not busy (``agents_lag``, ``agents_busy_lag``): see
+    :class:`CaptureProxy`).
 
     The gate exists from the start (a weight-sync pause can close it before any proxy runs); the proxy binds it
     to its loop when it starts.
@@ -50,10 +52,14 @@ class OnDemandCapture:
         loop: asyncio.AbstractEventLoop | None = None,
         in_memory: bool = False,
         agents_loop: asyncio.AbstractEventLoop | None = None,
+        agents_lag: Callable[[], float] | None = None,
+        agents_busy_lag: float | None = None,
     ) -> None:
         self.host = host
         self.in_memory = in_memory
         self.agents_loop = agents_loop
+        self.agents_lag = agents_lag
+        self.agents_busy_lag = agents_busy_lag
         self.gate = gate or CallGate()
         self.switch_interval = switch_interval
         self.loop = loop
@@ -102,14 +108,18 @@ class OnDemandCapture:
             if self._proxy is None:
                 from .proxy import CaptureProxy
 
-                self._proxy = CaptureProxy(
+                proxy = CaptureProxy(
                     self.host,
                     gate=self.gate,
                     switch_interval=self.switch_interval,
                     loop=self.loop,
                     in_memory=self.in_memory,
                     agents_loop=self.agents_loop,
-                ).start()
+                    agents_lag=self.agents_lag,
+                )
+                if self.agents_busy_lag is not None:
+                    proxy.agents_busy_lag = self.agents_busy_lag
+                self._proxy = proxy.start()
             return self._proxy
 
     def stop(self) -> None:

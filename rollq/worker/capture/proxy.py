@@ -8,7 +8,9 @@ cannot run until it returns. ``ROLLQ_CAPTURE_ON_AGENT_LOOP=1`` (``loop=``) serve
 for agents whose LLM clients are all async: no thread wakes and no GIL changes hands per call (docs/workers.md,
 "The proxy on the agents' loop"). With a thread of its own, the calls that async clients on the agents' loop hand
 over in memory (:mod:`.in_memory`) are still served on that loop (``agents_loop=``): such a call is awaited there
-anyway, so no sync client can block it, and it gets what the shared loop gives without what it risks. Each attempt
+anyway, so no sync client can block it, and it gets what the shared loop gives without what it risks. While that
+loop is busy (its callbacks waiting ``agents_busy_lag`` or more for their turn, ``agents_lag()``), they go to the
+proxy's thread instead: each step of a call served on a busy loop waits that long again. Each attempt
 opens a :class:`AttemptCapture`: every ``LLM`` resource with an http(s)
 endpoint gets an unguessable token, and the agent sees
 ``http://127.0.0.1:<port>/<token>/v1`` instead of the real endpoint. A request
@@ -42,7 +44,7 @@ import secrets
 import socket
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
@@ -90,6 +92,9 @@ _DROP_RESPONSE = frozenset({"content-length", "content-encoding", "transfer-enco
 _ATTEMPT_HEADER = ambient.ATTEMPT_HEADER.lower()
 _SAMPLING = ("temperature", "top_p", "max_tokens", "max_completion_tokens", "seed", "n", "logprobs", "top_logprobs")
 
+
+AGENTS_BUSY_LAG_SECONDS = 0.005
+"""How long callbacks wait on the agents' loop before the calls made there are served on the proxy's thread."""
 
 _EJECTING = frozenset({502, 503, 504})
 """Upstream answers that count towards taking the upstream out of the routing (429 only slows down)."""
@@ -163,6 +168,8 @@ class CaptureProxy:
         loop: asyncio.AbstractEventLoop | None = None,
         in_memory: bool = False,
         agents_loop: asyncio.AbstractEventLoop | None = None,
+        agents_lag: Callable[[], float] | None = None,
+        agents_busy_lag: float = AGENTS_BUSY_LAG_SECONDS,
     ) -> None:
         """``read_timeout``: longest wait for the next byte from a backend before the call fails (504);
         ``max_body_bytes``: the largest request body an agent may send (413 past it); ``switch_interval``: the
@@ -172,7 +179,9 @@ class CaptureProxy:
         a sync client's LLM call from an async agent waits until its own timeout; ``in_memory``: this process's async
         httpx clients hand their calls to the proxy in memory instead of over its socket (see :mod:`.in_memory`);
         ``agents_loop``: with ``in_memory`` and a thread of the proxy's own, the calls handed over from this loop (the
-        async agents') are served on it, with upstream connections of its own, instead of on the proxy's thread."""
+        async agents') are served on it, with upstream connections of its own, instead of on the proxy's thread;
+        ``agents_lag``: how long a callback ready on that loop waits now (seconds), ``agents_busy_lag``: from how long
+        on the calls made there are served on the proxy's thread after all."""
         self.host = host
         self.read_timeout = read_timeout
         self.max_body_bytes = max_body_bytes
@@ -190,6 +199,8 @@ class CaptureProxy:
         self._shares_loop = loop is not None
         self.in_memory = in_memory
         self._agents_loop = agents_loop if loop is None else None
+        self._agents_lag = agents_lag
+        self.agents_busy_lag = agents_busy_lag
         self._clients: dict[asyncio.AbstractEventLoop, Client] = {}
         """The upstream connections of each loop that serves calls: the proxy's, and the agents' (see above)."""
         self._server: Server | None = None
@@ -304,11 +315,13 @@ class CaptureProxy:
 
     def serving(self, caller: asyncio.AbstractEventLoop) -> tuple[asyncio.AbstractEventLoop, Handler] | None:
         """The loop that serves a call handed over in memory from ``caller`` (``caller`` itself when it is the
-        agents' loop, else the proxy's), and the proxy's handler, while the proxy runs; else None."""
+        agents' loop and not busy, else the proxy's), and the proxy's handler, while the proxy runs; else None."""
         loop = self._loop
         if loop is None or loop.is_closed() or not loop.is_running() or self._server is None:
             return None
-        return (caller if caller is self._agents_loop else loop), self._handle
+        if caller is self._agents_loop and (self._agents_lag is None or self._agents_lag() < self.agents_busy_lag):
+            return caller, self._handle
+        return loop, self._handle
 
     def serve_environment(self, concurrency: int, environ: Any = None) -> list[ambient.Upstream]:
         """Capture calls to the URLs in ``OPENAI_BASE_URL`` / ``OPENAI_API_BASE`` too (see :mod:`.ambient`).
