@@ -1242,10 +1242,14 @@ def _agent_calls_derived(doc: Doc) -> dict[str, Any]:
     chosen = doc.get("settings", {}).get("workers")
     return {
         "title_text": f"the proxy thread with the collector's thresholds at {collector}" if collector else
-        "calls handed over in memory, served on the agents' loop or on the proxy's thread" if chosen else
+        "calls handed over in memory, served on the agents' loop or on the proxy's thread, at "
+        + " and ".join(str(level["in_flight"]) for level in doc.get("levels", []))
+        + " in flight"
+        if chosen
+        else
         "the proxy on a thread of its own or on the agents' loop",
-        "workers_text": "capture off and " + ", ".join(f'"{name}"' for name in chosen) + " (the workers of the run "
-        "above of these names)" if chosen else _agent_calls_workers(in_memory, on_its_thread),
+        "workers_text": "capture off and " + ", ".join(f'"{name}"' for name in chosen) + " (what each does: the "
+        "docstring of `bench/agent_calls.py`)" if chosen else _agent_calls_workers(in_memory, on_its_thread),
         "cpu_text": " Added CPU per call is a capture setting's worker CPU per rollout less capture off's, over its"
         " calls per rollout." if in_memory else "",
         "collector_text": f""" One more worker takes its turn: the proxy thread in processes whose garbage
@@ -1377,6 +1381,7 @@ ORDER = ["al_own_path", "al", "al_packs", "noop", "handoffs", "mock_llm", "start
          "agent_calls",
          "agent_calls_collector",
          "agent_calls_placement",
+         "agent_calls_busy",
          "call_rate", "answer_read", "answer_read_typed_chunks", "switch_interval", "gc_freeze", "sample_clients",
          "enqueue", "memory", "idle",
          "connections",

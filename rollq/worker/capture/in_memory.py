@@ -12,8 +12,9 @@ running proxy's ``http://host:port``, with a body within the proxy's ``max_body_
 libraries, other addresses and anything larger go over the socket as before (``ROLLQ_CAPTURE_IN_MEMORY=0``: all
 of them). A call made on the agents' loop is served there, as a task of that loop, whether the proxy serves its
 socket on that loop too (``ROLLQ_CAPTURE_ON_AGENT_LOOP=1``) or on a thread of its own (the proxy's ``agents_loop``,
-while that loop is not busy; ``ROLLQ_CAPTURE_IN_MEMORY_ON_AGENT_LOOP=0`` sends those to the proxy's thread too). A call from another loop is
-served on the proxy's thread, and what the handler writes is passed back to the caller's loop.
+while that loop is not busy; ``ROLLQ_CAPTURE_IN_MEMORY_ON_AGENT_LOOP=0`` sends those to the proxy's thread too). A
+call from another loop is served on the proxy's thread, and what the handler writes is passed back to the caller's
+loop.
 
 What the socket gave the agent's client, the hand-over gives too: a streamed answer arrives as it is written;
 the proxy's cut of a stream (the backend's cut) is ``RemoteProtocolError``, as a dropped connection is; the
