@@ -21,6 +21,7 @@ from rollq.store.settings import ENV_FILE, ENV_PREFIX, Settings, environ
 from rollq.store.transitions import DEFAULT_RESULTS_MAX_BYTES
 
 from .capture.gil import SWITCH_INTERVAL_SECONDS
+from .executor import BUSY_LAG_SECONDS
 
 log = logging.getLogger(__name__)
 
@@ -113,7 +114,7 @@ class WorkerSettings(Settings):
     loop, where they are awaited, instead of passing each to the proxy's thread and back: no thread woken and no
     GIL handed over per call, and no sync client can block them (docs/workers.md, "Calls handed to the proxy in
     memory"; ``ROLLQ_CAPTURE_IN_MEMORY_ON_AGENT_LOOP=0`` serves them on the proxy's thread)."""
-    capture_agent_loop_busy_ms: float = Field(5.0, ge=0)
+    capture_agent_loop_busy_ms: float = Field(BUSY_LAG_SECONDS * 1000, ge=0)
     """While callbacks on the agents' loop wait this long or longer for their turn (a moving average of its ticks'
     lateness), the calls handed over in memory are served on the proxy's thread instead: each step of a call served
     on a busy loop would wait that long again (a CPU-bound worker; docs/workers.md, "Calls handed to the proxy in

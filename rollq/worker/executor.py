@@ -38,6 +38,9 @@ TICK_SECONDS = 0.1
 """How often the loop stamps that it is turning."""
 WATCH_SECONDS = 0.2
 """How often the watchdog looks."""
+BUSY_LAG_SECONDS = 0.005
+"""A loop whose callbacks wait this long for their turn (its :attr:`AgentExecutor.lag`) is busy: the capturing proxy
+serves the calls its agents hand over on its own thread instead (``ROLLQ_CAPTURE_AGENT_LOOP_BUSY_MS``)."""
 LAG_WEIGHT = 0.3
 """The weight of the newest tick's lateness in :attr:`AgentExecutor.lag` (a moving average over about a second)."""
 STALLED_AFTER_SECONDS = 1.0

@@ -18,6 +18,7 @@ from opentelemetry.context import Context
 
 from rollq.models.contract import LLM, NamedResources
 
+from ..executor import BUSY_LAG_SECONDS
 from .gate import CallGate
 from .gil import SWITCH_INTERVAL_SECONDS
 
@@ -53,7 +54,7 @@ class OnDemandCapture:
         in_memory: bool = False,
         agents_loop: asyncio.AbstractEventLoop | None = None,
         agents_lag: Callable[[], float] | None = None,
-        agents_busy_lag: float | None = None,
+        agents_busy_lag: float = BUSY_LAG_SECONDS,
     ) -> None:
         self.host = host
         self.in_memory = in_memory
@@ -108,7 +109,7 @@ class OnDemandCapture:
             if self._proxy is None:
                 from .proxy import CaptureProxy
 
-                proxy = CaptureProxy(
+                self._proxy = CaptureProxy(
                     self.host,
                     gate=self.gate,
                     switch_interval=self.switch_interval,
@@ -116,10 +117,8 @@ class OnDemandCapture:
                     in_memory=self.in_memory,
                     agents_loop=self.agents_loop,
                     agents_lag=self.agents_lag,
-                )
-                if self.agents_busy_lag is not None:
-                    proxy.agents_busy_lag = self.agents_busy_lag
-                self._proxy = proxy.start()
+                    agents_busy_lag=self.agents_busy_lag,
+                ).start()
             return self._proxy
 
     def stop(self) -> None:

@@ -57,6 +57,7 @@ from rollq.models.contract import LLM, NamedResources
 from rollq.models.llm_options import RETRY_STATUSES, LLMOptions, for_agent, options_of
 
 from ..event_loop import new_event_loop
+from ..executor import BUSY_LAG_SECONDS
 from . import ambient, codec, gil, in_memory
 from .answers import read_whole
 from .calls import CallKind, CapturedCall
@@ -92,9 +93,6 @@ _DROP_RESPONSE = frozenset({"content-length", "content-encoding", "transfer-enco
 _ATTEMPT_HEADER = ambient.ATTEMPT_HEADER.lower()
 _SAMPLING = ("temperature", "top_p", "max_tokens", "max_completion_tokens", "seed", "n", "logprobs", "top_logprobs")
 
-
-AGENTS_BUSY_LAG_SECONDS = 0.005
-"""How long callbacks wait on the agents' loop before the calls made there are served on the proxy's thread."""
 
 _EJECTING = frozenset({502, 503, 504})
 """Upstream answers that count towards taking the upstream out of the routing (429 only slows down)."""
@@ -169,7 +167,7 @@ class CaptureProxy:
         in_memory: bool = False,
         agents_loop: asyncio.AbstractEventLoop | None = None,
         agents_lag: Callable[[], float] | None = None,
-        agents_busy_lag: float = AGENTS_BUSY_LAG_SECONDS,
+        agents_busy_lag: float = BUSY_LAG_SECONDS,
     ) -> None:
         """``read_timeout``: longest wait for the next byte from a backend before the call fails (504);
         ``max_body_bytes``: the largest request body an agent may send (413 past it); ``switch_interval``: the
@@ -264,7 +262,6 @@ class CaptureProxy:
 
     async def _open(self, sock: socket.socket) -> None:
         self.gate.bind(asyncio.get_running_loop())
-        self._upstream()
         # httptools under a protocol of rollq's own (see .httpserver): the token is the path's first segment, so
         # no router runs per request. An agent that gives up on a call (its client timed out, its attempt was
         # stopped) cancels the handler, which closes the backend request instead of leaving it and its socket open.
