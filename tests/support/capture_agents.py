@@ -10,6 +10,8 @@ Workers load them as ``tests.support.capture_agents:Name``. Each reads ``resourc
 - ``"sync-on-loop"`` (async agent only): the sync client called on the event loop itself, a 2 s timeout;
 - ``"reward:<x>"``: ``emit_reward(x)``;
 - ``"sleep:<s>"``: wait that many seconds (between calls);
+- ``"until:<path>"`` (async agent only): wait until that file exists (up to 60 s), so a test can hold every
+  rollout between two calls for as long as it needs, whatever the machine's load;
 - ``"agent:<name>"`` / ``"end_agent"``: open / close an autogen-style
   ``invoke_agent`` span; ``"tool"``: an ``execute_tool`` span (both carry GenAI
   attributes and must not become triplets).
@@ -26,6 +28,7 @@ import contextlib
 import json
 import subprocess
 import time
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -123,6 +126,14 @@ class _Spans:
         return True
 
 
+async def _until_exists(path: Path, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{path} did not appear in {timeout:g} s")
+        await asyncio.sleep(0.05)
+
+
 class AsyncCaptureAgent(LitAgent):
     async def training_rollout_async(self, task_input: Any, rollout_id: str, resources: NamedResources) -> Any:
         llm = resources["llm"]
@@ -131,6 +142,8 @@ class AsyncCaptureAgent(LitAgent):
         for i, step in enumerate(task_input["steps"]):
             if step.startswith("sleep:"):
                 await asyncio.sleep(float(step.split(":", 1)[1]))
+            elif step.startswith("until:"):
+                await _until_exists(Path(step.split(":", 1)[1]))
             elif not spans.step(step):
                 answers.append(await _async_call(step, llm, rollout_id, i, task_input.get("sampling")))
         spans.stack.close()

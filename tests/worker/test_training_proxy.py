@@ -12,6 +12,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -158,21 +159,32 @@ def test_each_call_carries_the_resources_version_the_worker_knew_when_it_ran(fle
 
 
 def test_upstream_retries_absorb_a_brief_503_and_a_server_going_down_moves_only_its_rollouts(
-    fleet: Fleet,
+    fleet: Fleet, tmp_path: Path
 ) -> None:
     a, b = FakeVLLM(name="a").start(), FakeVLLM(name="b").start()
+    go_on = tmp_path / "go-on"
     try:
+        # Five tries a call (retries=4) for the four 503s below: absorbed even when one call meets all four, as
+        # the first rollout's does here (it runs alone while the servers fail: a, b, a, b).
         llm = with_options(
-            LLM(endpoint=a.url, model="fake-model"), endpoints=[a.url, b.url], backoff_seconds=0.05, eject_seconds=60
+            LLM(endpoint=a.url, model="fake-model"),
+            endpoints=[a.url, b.url],
+            retries=4,
+            backoff_seconds=0.05,
+            eject_seconds=60,
         )
         resources_id = fleet.publish(llm)
         a.fail_next = b.fail_next = 2  # two 503s each (fewer than eject_after in a row): absorbed by retries
-        steps = ["async", "sleep:2", "stream", "sync"]
-        tasks = fleet.producer.enqueue_many(
-            [{"steps": steps} for _ in range(12)], mode="train", resources_id=resources_id
+        steps = ["async", f"until:{go_on}", "stream", "sync"]  # each rollout holds after its first call
+        tasks = fleet.producer.enqueue_many([{"steps": steps}], mode="train", resources_id=resources_id)
+        wait_until(lambda: len(a.sent) + len(b.sent) == 1, "the first rollout's first call answered")
+        assert a.fail_next == b.fail_next == 0, "the first call met all four 503s"
+        tasks += fleet.producer.enqueue_many(
+            [{"steps": steps} for _ in range(11)], mode="train", resources_id=resources_id
         )
         wait_until(lambda: len(a.sent) + len(b.sent) == 12, "every rollout's first call answered")
         a.stop()  # down mid-run: connection refused from here on
+        go_on.touch()
         rollouts = fleet.producer.wait([t.rollout_id for t in tasks], timeout=WAIT)
     finally:
         a.stop()
