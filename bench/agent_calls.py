@@ -8,8 +8,8 @@ Run: python bench/agent_calls.py [--in-flight 16 64 256] [--rounds 3] [--window 
 measures it where it runs: sample-agent rollouts (``bench.agents:CallTimingSampleAgent``: rollq's sample agent, the
 ``openai`` client, 1-2 calls of 0.1-0.5 s to the demo's simulated LLM) on 2 stock worker processes, each call timed
 by the agent's own HTTP client (request sent to answer read) less the generation time the simulated LLM reports:
-what the path to the LLM costs the agent, its own client and loop included. Seven workers take turns at each
-``--in-flight`` (order reversed every round, ``--window`` s measured each):
+what the path to the LLM costs the agent, its own client and loop included. Nine workers take turns at each
+``--in-flight`` (order reversed every round, ``--window`` s measured each; ``--workers`` picks some of them):
 
 - ``capture off`` (``ROLLQ_CAPTURE_LLM=0``): the agents call the LLM directly, nothing recorded;
 - ``proxy thread, socket`` (``ROLLQ_CAPTURE_IN_MEMORY=0``): the capturing proxy on a thread and loop of its own,
@@ -21,6 +21,10 @@ what the path to the LLM costs the agent, its own client and loop included. Seve
   same, without the busy check;
 - ``proxy thread, in memory, served on its thread`` (``ROLLQ_CAPTURE_IN_MEMORY_ON_AGENT_LOOP=0``): the calls handed
   over in memory served on the proxy's thread and passed back (the default until this release);
+- ``proxy thread, in memory, GIL switch interval always 1 ms`` (the bench agent's ``ROLLQ_BENCH_SWITCH_INTERVAL_MS``):
+  the default with the process's switch interval at 1 ms throughout, as the proxy set it from its start until it
+  lowered it only while its thread serves a call;
+- ``proxy thread, in memory, GIL switch interval left at 5 ms`` (``ROLLQ_CAPTURE_SWITCH_INTERVAL_MS=0``);
 - ``proxy on the agents' loop, socket`` (``ROLLQ_CAPTURE_ON_AGENT_LOOP=1``, ``ROLLQ_CAPTURE_IN_MEMORY=0``);
 - ``proxy on the agents' loop, in memory`` (``ROLLQ_CAPTURE_ON_AGENT_LOOP=1``).
 
@@ -54,6 +58,8 @@ SYSTEMS: dict[str, dict[str, str]] = {
     "proxy thread, in memory": {},
     "proxy thread, in memory, always on the agents' loop": {"ROLLQ_CAPTURE_AGENT_LOOP_BUSY_MS": "1000000"},
     "proxy thread, in memory, served on its thread": {"ROLLQ_CAPTURE_IN_MEMORY_ON_AGENT_LOOP": "0"},
+    "proxy thread, in memory, GIL switch interval always 1 ms": {"ROLLQ_BENCH_SWITCH_INTERVAL_MS": "1"},
+    "proxy thread, in memory, GIL switch interval left at 5 ms": {"ROLLQ_CAPTURE_SWITCH_INTERVAL_MS": "0"},
     "proxy on the agents' loop, socket": {"ROLLQ_CAPTURE_ON_AGENT_LOOP": "1", "ROLLQ_CAPTURE_IN_MEMORY": "0"},
     "proxy on the agents' loop, in memory": {"ROLLQ_CAPTURE_ON_AGENT_LOOP": "1"},
 }

@@ -264,13 +264,18 @@ class CallTimingSampleAgent(GcRecordingSampleAgent):
     (``X-Sim-Seconds``): what the path to the LLM costs the agent, in a worker as it runs (bench/agent_calls.py).
 
     With ``ROLLQ_BENCH_GC_THRESHOLDS=young,middle,old`` the process's collector thresholds are set to those as the
-    first rollout starts (after the worker's own setting, rollq.worker.collector). From its first rollout on, it
-    also records how late each 100 ms tick on its loop runs (``lag`` events)."""
+    first rollout starts (after the worker's own setting, rollq.worker.collector). With
+    ``ROLLQ_BENCH_SWITCH_INTERVAL_MS=x`` the GIL switch interval is set to x ms as each rollout starts, for the whole
+    run (the proxy only ever lowers it, so at its own 1 ms it then stays lowered while no call is served on its
+    thread, as it was before it lowered it only then). From its first rollout on, it also records how late each
+    100 ms tick on its loop runs (``lag`` events)."""
 
     def __init__(self) -> None:
         super().__init__()
         wanted = os.environ.get("ROLLQ_BENCH_GC_THRESHOLDS")
         self._thresholds = tuple(int(n) for n in wanted.split(",")) if wanted else None
+        interval = os.environ.get("ROLLQ_BENCH_SWITCH_INTERVAL_MS")
+        self._interval = float(interval) / 1000 if interval else None
         self._ticking = False
 
     def _tick(self, loop: Any, due: float) -> None:
@@ -299,6 +304,8 @@ class CallTimingSampleAgent(GcRecordingSampleAgent):
     async def training_rollout_async(self, task_input: Any, rollout_id: str, resources: Any) -> None:
         if self._thresholds and gc.get_threshold() != self._thresholds:
             gc.set_threshold(*self._thresholds)
+        if self._interval is not None and sys.getswitchinterval() != self._interval:
+            sys.setswitchinterval(self._interval)
         if not self._ticking and self._recorder is not None:
             self._ticking = True
             loop = asyncio.get_running_loop()

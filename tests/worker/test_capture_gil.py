@@ -1,12 +1,17 @@
-"""The GIL switch interval while the capturing proxy runs: lowered to 1 ms (or the worker's setting), a lower one
-kept, put back on stop."""
+"""The GIL switch interval while the capturing proxy's thread serves a call: lowered to 1 ms (or the worker's
+setting) for as long as any call is served there, a lower one kept, put back after the last one and on stop; left
+alone while calls are served on the agents' loop."""
 
 from __future__ import annotations
 
+import asyncio
 import sys
-from collections.abc import Iterator
+import threading
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future
 
 import fakeredis
+import openai
 import pytest
 from opentelemetry import trace
 from opentelemetry.context import Context
@@ -17,6 +22,9 @@ from rollq.worker.capture import CaptureProxy
 from rollq.worker.capture.gil import SWITCH_INTERVAL_SECONDS
 from rollq.worker.config import InvalidSettingError, WorkerSettings
 from rollq.worker.rq_worker import RolloutWorker
+from tests.support.capture import MESSAGES, open_attempt, served_proxy
+from tests.support.fake_vllm import FakeVLLM
+from tests.support.waiting import wait_until
 
 
 @pytest.fixture
@@ -26,33 +34,101 @@ def interval() -> Iterator[None]:
     sys.setswitchinterval(saved)
 
 
-def test_a_running_proxy_lowers_the_switch_interval_and_a_stopped_one_puts_it_back(interval: None) -> None:
+def _socket_call(llm: LLM) -> Future[str]:
+    """A sync client's call over the proxy's socket, made on a thread of its own."""
+    done: Future[str] = Future()
+
+    def call() -> None:
+        try:
+            with openai.OpenAI(base_url=llm.endpoint, api_key="none", max_retries=0, timeout=30) as client:
+                done.set_result(client.chat.completions.create(model="m", messages=MESSAGES).id)
+        except BaseException as exc:
+            done.set_exception(exc)
+
+    threading.Thread(target=call, daemon=True).start()
+    return done
+
+
+def _while_at_the_backend(fake: FakeVLLM, call: Callable[[], Future[str]]) -> tuple[float, str]:
+    """The switch interval while ``call``'s request waits at the backend, and the call's response id."""
+    fake.delay = 0.5
+    answered = call()
+    wait_until(lambda: fake.in_flight == 1, "the call at the backend")
+    during = sys.getswitchinterval()
+    return during, answered.result(timeout=30)
+
+
+def test_the_proxy_s_thread_lowers_the_interval_while_it_serves_a_call_and_puts_it_back_after(
+    interval: None, fake: FakeVLLM
+) -> None:
     sys.setswitchinterval(0.005)  # CPython's default
+    with served_proxy("own thread") as proxy:
+        assert sys.getswitchinterval() == pytest.approx(0.005)  # running, no call yet: left alone
+        llm, attempt, _ = open_attempt(proxy, fake.url)
+        during, reply = _while_at_the_backend(fake, lambda: _socket_call(llm))
+        assert during == pytest.approx(SWITCH_INTERVAL_SECONDS)
+        assert sys.getswitchinterval() == pytest.approx(0.005)  # the last call served: put back
+        assert [c.response_id for c in attempt.calls] == [reply]
+
+
+def test_a_proxy_stopped_while_its_thread_serves_a_call_puts_the_interval_back(interval: None, fake: FakeVLLM) -> None:
+    sys.setswitchinterval(0.005)
     proxy = CaptureProxy().start()
     try:
+        llm, _, _ = open_attempt(proxy, fake.url)
+        fake.delay = 5.0
+        cut = _socket_call(llm)
+        wait_until(lambda: fake.in_flight == 1, "the call at the backend")
         assert sys.getswitchinterval() == pytest.approx(SWITCH_INTERVAL_SECONDS)
     finally:
         proxy.stop()
     assert sys.getswitchinterval() == pytest.approx(0.005)
+    with pytest.raises(openai.APIConnectionError):
+        cut.result(timeout=30)
 
 
-def test_a_shorter_interval_set_by_the_user_is_kept(interval: None) -> None:
+def test_calls_served_on_the_agents_loop_leave_the_interval_and_those_sent_to_the_busy_loop_s_proxy_lower_it(
+    interval: None, fake: FakeVLLM
+) -> None:
+    """An async agent's calls handed over in memory run on its own loop, where no thread waits for the GIL; while
+    that loop is busy they are served on the proxy's thread, which then gets its shorter interval."""
+    sys.setswitchinterval(0.005)
+    lag = [0.0]
+    with served_proxy("own thread, agents' calls on their loop", in_memory=True, agents_lag=lambda: lag[0]) as proxy:
+        agents_loop = proxy._agents_loop
+        assert agents_loop is not None
+        llm, attempt, _ = open_attempt(proxy, fake.url)
+        client = openai.AsyncOpenAI(base_url=llm.endpoint, api_key="none", max_retries=0)
+
+        async def agent() -> str:
+            return (await client.chat.completions.create(model="m", messages=MESSAGES)).id
+
+        def on_agents_loop() -> Future[str]:
+            return asyncio.run_coroutine_threadsafe(agent(), agents_loop)
+
+        on_loop, _ = _while_at_the_backend(fake, on_agents_loop)
+        lag[0] = 1.0
+        on_thread, _ = _while_at_the_backend(fake, on_agents_loop)
+        assert (on_loop, on_thread) == (pytest.approx(0.005), pytest.approx(SWITCH_INTERVAL_SECONDS))
+        assert sys.getswitchinterval() == pytest.approx(0.005)
+        assert len(attempt.calls) == 2
+
+
+def test_a_shorter_interval_set_by_the_user_is_kept(interval: None, fake: FakeVLLM) -> None:
     sys.setswitchinterval(0.0002)
-    proxy = CaptureProxy().start()
-    try:
-        assert sys.getswitchinterval() == pytest.approx(0.0002)
-    finally:
-        proxy.stop()
+    with served_proxy("own thread") as proxy:
+        llm, _, _ = open_attempt(proxy, fake.url)
+        during, _ = _while_at_the_backend(fake, lambda: _socket_call(llm))
+        assert during == pytest.approx(0.0002)
     assert sys.getswitchinterval() == pytest.approx(0.0002)
 
 
-def test_a_proxy_told_to_leave_it_leaves_it(interval: None) -> None:
+def test_a_proxy_told_to_leave_it_leaves_it(interval: None, fake: FakeVLLM) -> None:
     sys.setswitchinterval(0.005)
-    proxy = CaptureProxy(switch_interval=None).start()
-    try:
-        assert sys.getswitchinterval() == pytest.approx(0.005)
-    finally:
-        proxy.stop()
+    with served_proxy("own thread", switch_interval=None) as proxy:
+        llm, _, _ = open_attempt(proxy, fake.url)
+        during, _ = _while_at_the_backend(fake, lambda: _socket_call(llm))
+        assert during == pytest.approx(0.005)
 
 
 class _Noop(LitAgent):
@@ -60,9 +136,9 @@ class _Noop(LitAgent):
         return 1.0
 
 
-@pytest.mark.parametrize(("setting_ms", "expected"), [(None, SWITCH_INTERVAL_SECONDS), (0.25, 0.00025), (0, 0.005)])
+@pytest.mark.parametrize(("setting_ms", "expected"), [(None, SWITCH_INTERVAL_SECONDS), (0.25, 0.00025), (0, None)])
 def test_a_worker_gives_its_proxy_the_switch_interval_of_its_setting(
-    interval: None, setting_ms: float | None, expected: float
+    interval: None, setting_ms: float | None, expected: float | None
 ) -> None:
     """ROLLQ_CAPTURE_SWITCH_INTERVAL_MS: 1 ms unless set; 0 leaves the interpreter's (a CPU-bound worker's choice)."""
     sys.setswitchinterval(0.005)
@@ -78,7 +154,8 @@ def test_a_worker_gives_its_proxy_the_switch_interval_of_its_setting(
             {"llm": LLM(endpoint="http://127.0.0.1:9/v1", model="m")}, Context(), trace.get_tracer(__name__)
         )
         assert attempt is not None and capture.proxy is not None
-        assert sys.getswitchinterval() == pytest.approx(expected)
+        assert capture.proxy.switch_interval == pytest.approx(expected)
+        assert sys.getswitchinterval() == pytest.approx(0.005)  # until its thread serves a call
         attempt.close()
     finally:
         worker.teardown()

@@ -10,8 +10,13 @@ times as often, and a CPU-bound worker running the sample agent spent about 9% l
 8% more at 0.25 ms, than at 1 ms (bench/switch_interval.py). A worker's ``ROLLQ_CAPTURE_SWITCH_INTERVAL_MS`` sets
 the interval its proxy asks for (``WorkerSettings.capture_switch_interval_ms``; 0: leave the interpreter's).
 
-The interval is process-wide: it is only ever lowered (a lower one set by the user is kept), and put back when the
-proxy that lowered it stops, unless someone changed it since.
+Only the proxy's own thread waits for the GIL that way, so the interval is lowered only while that thread serves a
+call (:meth:`CaptureProxy._handle_on_thread`), and put back after the last one. An async agent's calls handed over in
+memory are served on its own loop while that loop keeps up (:mod:`.in_memory`): no thread waits for them, and a worker
+whose calls all go that way keeps the interpreter's interval and the CPU it saves.
+
+The interval is process-wide: it is only ever lowered (a lower one set by the user is kept), and put back after the
+proxy's last call on its thread, or when the proxy stops, unless someone changed it since.
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ import sys
 log = logging.getLogger(__name__)
 
 SWITCH_INTERVAL_SECONDS = 0.001
-"""The longest a thread holds the GIL while another waits for it, in a process whose proxy runs."""
+"""The longest a thread holds the GIL while another waits for it, in a process whose proxy's thread serves a call."""
 
 
 def lower_switch_interval(seconds: float) -> float | None:

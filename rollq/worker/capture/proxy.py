@@ -170,12 +170,12 @@ class CaptureProxy:
         agents_busy_lag: float = BUSY_LAG_SECONDS,
     ) -> None:
         """``read_timeout``: longest wait for the next byte from a backend before the call fails (504);
-        ``max_body_bytes``: the largest request body an agent may send (413 past it); ``switch_interval``: the
-        GIL switch interval the process gets while the proxy runs, if it is longer (see :mod:`.gil`; None leaves
-        it); ``loop``: serve on this running loop (the async agents', run by another thread) instead of a thread
-        and loop of the proxy's own. An agent that makes a blocking call on that loop then blocks the proxy too:
-        a sync client's LLM call from an async agent waits until its own timeout; ``in_memory``: this process's async
-        httpx clients hand their calls to the proxy in memory instead of over its socket (see :mod:`.in_memory`);
+        ``max_body_bytes``: the largest request body an agent may send (413 past it); ``switch_interval``: the GIL
+        switch interval the process gets while the proxy's thread serves a call, if it is longer (see :mod:`.gil`; None
+        leaves it); ``loop``: serve on this running loop (the async agents', run by another thread) instead of a thread
+        and loop of the proxy's own. An agent that makes a blocking call on that loop then blocks the proxy too: a sync
+        client's LLM call from an async agent waits until its own timeout; ``in_memory``: this process's async httpx
+        clients hand their calls to the proxy in memory instead of over its socket (see :mod:`.in_memory`);
         ``agents_loop``: with ``in_memory`` and a thread of the proxy's own, the calls handed over from this loop (the
         async agents') are served on it, with upstream connections of its own, instead of on the proxy's thread;
         ``agents_lag``: how long a callback ready on that loop waits now (seconds), ``agents_busy_lag``: from how long
@@ -185,6 +185,7 @@ class CaptureProxy:
         self.max_body_bytes = max_body_bytes
         self.switch_interval = switch_interval
         self._replaced_interval: float | None = None
+        self._on_thread = 0  # calls being served on the proxy's own thread (counted there)
         self.port = 0
         self.gate = gate or CallGate()
         self.health = UpstreamHealth()
@@ -236,8 +237,6 @@ class CaptureProxy:
         ready.wait()
         if failure:
             raise failure[0]
-        if self.switch_interval is not None:
-            self._replaced_interval = gil.lower_switch_interval(self.switch_interval)
         log.info("capturing LLM calls through http://%s:%d", self.host, self.port)
         self._hand_over()
         return self
@@ -265,7 +264,8 @@ class CaptureProxy:
         # httptools under a protocol of rollq's own (see .httpserver): the token is the path's first segment, so
         # no router runs per request. An agent that gives up on a call (its client timed out, its attempt was
         # stopped) cancels the handler, which closes the backend request instead of leaving it and its socket open.
-        self._server = Server(self._handle, max_body_bytes=self.max_body_bytes)
+        handler = self._handle if self._shares_loop else self._handle_on_thread
+        self._server = Server(handler, max_body_bytes=self.max_body_bytes)
         await self._server.start(sock)
 
     async def _close(self) -> None:
@@ -318,7 +318,7 @@ class CaptureProxy:
             return None
         if caller is self._agents_loop and (self._agents_lag is None or self._agents_lag() < self.agents_busy_lag):
             return caller, self._handle
-        return loop, self._handle
+        return loop, self._handle if self._shares_loop else self._handle_on_thread
 
     def serve_environment(self, concurrency: int, environ: Any = None) -> list[ambient.Upstream]:
         """Capture calls to the URLs in ``OPENAI_BASE_URL`` / ``OPENAI_API_BASE`` too (see :mod:`.ambient`).
@@ -431,6 +431,21 @@ class CaptureProxy:
             message = f"rollq capture: the rollout attempt of {ambient.ATTEMPT_HEADER} has ended or is unknown"
             return json_response({"error": {"message": message, "type": "invalid_request_error"}}, status=404)
         return route
+
+    async def _handle_on_thread(self, request: Request) -> Answer:
+        """:meth:`_handle` on the proxy's own thread, the GIL switch interval lowered while any call is served there
+        (see :mod:`.gil`): a thread with no call to serve needs no turn at the GIL, so a worker whose calls are all
+        served on its agents' loop keeps the interpreter's interval and the CPU it saves."""
+        if self._on_thread == 0 and self.switch_interval is not None:
+            self._replaced_interval = gil.lower_switch_interval(self.switch_interval)
+        self._on_thread += 1
+        try:
+            return await self._handle(request)
+        finally:
+            self._on_thread -= 1
+            if self._on_thread == 0 and self.switch_interval is not None:
+                gil.restore_switch_interval(self._replaced_interval, self.switch_interval)
+                self._replaced_interval = None
 
     async def _handle(self, request: Request) -> Answer:
         path = request.path
