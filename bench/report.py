@@ -1240,11 +1240,15 @@ def _agent_calls_derived(doc: Doc) -> dict[str, Any]:
     in_memory = any("in memory" in name for name in doc.get("workers") or {})
     on_its_thread = "proxy thread, in memory, served on its thread" in (doc.get("workers") or {})
     chosen = doc.get("settings", {}).get("workers")
+    levels = " and ".join(str(level["in_flight"]) for level in doc.get("levels", []))
+    subject = (
+        "the GIL switch interval lowered while the proxy's thread serves a call, always, or never"
+        if chosen and any("switch interval" in name for name in chosen)
+        else "calls handed over in memory, served on the agents' loop or on the proxy's thread"
+    )
     return {
         "title_text": f"the proxy thread with the collector's thresholds at {collector}" if collector else
-        "calls handed over in memory, served on the agents' loop or on the proxy's thread, at "
-        + " and ".join(str(level["in_flight"]) for level in doc.get("levels", []))
-        + " in flight"
+        f"{subject}, at {levels} in flight"
         if chosen
         else
         "the proxy on a thread of its own or on the agents' loop",
@@ -1382,6 +1386,7 @@ ORDER = ["al_own_path", "al", "al_packs", "noop", "handoffs", "mock_llm", "start
          "agent_calls_collector",
          "agent_calls_placement",
          "agent_calls_busy",
+         "agent_calls_switch",
          "call_rate", "answer_read", "answer_read_typed_chunks", "switch_interval", "gc_freeze", "sample_clients",
          "enqueue", "memory", "idle",
          "connections",
