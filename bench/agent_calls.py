@@ -31,7 +31,8 @@ what the path to the LLM costs the agent, its own client and loop included. Nine
 Added latency is each capture setting's p50 and p99 less capture off's in the same round; added CPU per call is its
 worker CPU per rollout less capture off's, over its calls per rollout. Each worker process's garbage collections in
 the window are recorded too (every one stops every thread), and how late the agents' loop's 100 ms ticks ran, on
-average (what the worker reads to serve calls handed over in memory on the proxy's thread while its loop is busy).
+average (what the worker reads to serve calls handed over in memory on the proxy's thread while its loop is busy),
+with the share of those ticks that found the GIL switch interval below Python's 5 ms.
 With ``--collector Y,M,O`` one more worker takes its turn: the proxy thread over its socket with the collector's
 thresholds set to those. Writes bench/results/agent_calls.json (``--out NAME``: NAME.json).
 """
@@ -80,6 +81,7 @@ def _row(row: dict[str, Any], off: dict[str, Any] | None) -> dict[str, Any]:
         "young_longest_ms": window["collection_longest_ms"][0],
         "collector_share_of_wall_percent": window["collector_share_of_wall_percent"],
         "loop_lag_mean_ms": window.get("loop_lag_mean_ms"),
+        "short_switch_interval_percent": window.get("short_switch_interval_percent"),
     }
     if off is not None and row is not off:
         slim["added_p50_ms"] = round(window["call_p50_ms"] - off["in_window"]["call_p50_ms"], 2)
@@ -109,7 +111,7 @@ def _summary(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 for key in (
                     "rollouts_per_s", "worker_cpu_ms_per_rollout", "call_p50_ms", "call_p99_ms", "added_p50_ms",
                     "added_p99_ms", "cpu_over_off", "added_cpu_ms_per_call", "young_p50_ms", "young_longest_ms",
-                    "loop_lag_mean_ms",
+                    "loop_lag_mean_ms", "short_switch_interval_percent",
                 )
             },
         })  # fmt: skip

@@ -199,8 +199,8 @@ class FrozenSampleAgent(GcRecordingSampleAgent):
 
 class _GcRecorder:
     """A process's collections, summed into ``<pid>.json`` every second; each collection and each timed call also
-    appended as a line to ``<pid>.events`` (``gc <wall time> <generation> <seconds>``, ``call <wall time> <seconds>``),
-    so that the bench can keep those of its measurement window."""
+    appended as a line to ``<pid>.events`` (``gc <wall time> <generation> <seconds>``, ``call <wall time> <seconds>``,
+    ``lag <wall time> <seconds> <switch interval>``), so that the bench can keep those of its measurement window."""
 
     def __init__(self, directory: str) -> None:
         self.path = os.path.join(directory, f"{os.getpid()}.json")
@@ -233,8 +233,9 @@ class _GcRecorder:
         self.events.append(f"call {time.time():.4f} {seconds:.6f}\n")
 
     def lag(self, seconds: float) -> None:
-        """How late one 100 ms tick on the agents' loop ran (what rollq's executor averages into its ``lag``)."""
-        self.events.append(f"lag {time.time():.4f} {seconds:.6f}\n")
+        """How late one 100 ms tick on the agents' loop ran (what rollq's executor averages into its ``lag``), and
+        the process's GIL switch interval then."""
+        self.events.append(f"lag {time.time():.4f} {seconds:.6f} {sys.getswitchinterval():.6f}\n")
 
     def _write_every_second(self) -> None:
         while True:

@@ -500,10 +500,12 @@ def _window_events(directory: Path, started: float, ended: float) -> dict[str, A
     """The collections and timed calls (bench.agents._GcRecorder's event lines) of every worker process that fell
     between ``started`` and ``ended`` (wall time): per generation the collections, per second, and their length at
     p50, p99 and longest; the calls' time at the client less the backend's at p50 and p99; how late the agents'
-    loop's 100 ms ticks ran, on average (ms)."""
+    loop's 100 ms ticks ran, on average (ms), and the share of those ticks that found the GIL switch interval
+    below the interpreter's 5 ms (the capturing proxy's thread serving a call)."""
     pauses: list[list[float]] = [[], [], []]
     calls: list[float] = []
     lags: list[float] = []
+    short_interval = 0
     processes = sorted(directory.glob("*.events"))
     for path in processes:
         for line in path.read_text().splitlines():
@@ -514,6 +516,7 @@ def _window_events(directory: Path, started: float, ended: float) -> dict[str, A
                 pauses[int(rest[0])].append(1000 * float(rest[1]))
             elif kind == "lag":
                 lags.append(1000 * float(rest[0]))
+                short_interval += float(rest[1]) < 0.005
             else:
                 calls.append(1000 * float(rest[0]))
     seconds = ended - started
@@ -533,6 +536,7 @@ def _window_events(directory: Path, started: float, ended: float) -> dict[str, A
         "call_p50_ms": ms(calls, 0.5),
         "call_p99_ms": ms(calls, 0.99),
         "loop_lag_mean_ms": round(sum(lags) / len(lags), 2) if lags else None,
+        "short_switch_interval_percent": round(100 * short_interval / len(lags), 1) if lags else None,
     }
 
 
