@@ -96,10 +96,10 @@ class WorkerSettings(Settings):
     capture_llm: bool = True
     """Route agents' LLM calls through this process's capturing proxy (``ROLLQ_CAPTURE_LLM=0`` turns it off)."""
     capture_switch_interval_ms: float = Field(SWITCH_INTERVAL_SECONDS * 1000, ge=0)
-    """The GIL switch interval this process gets while its capturing proxy's thread serves a call, if the interpreter's
-    is longer; 0 leaves the interpreter's (5 ms unless set). 1 ms keeps the proxy's calls from waiting long for the GIL
-    while agents run Python; a CPU-bound worker spent about 9% less CPU per rollout at 5 ms and 8% more at 0.25 ms
-    (``bench/switch_interval.py``; docs/workers.md, "The proxy and the GIL")."""
+    """The GIL switch interval this process gets while its capturing proxy's thread serves a call over its socket, if
+    the interpreter's is longer; 0 leaves the interpreter's (5 ms unless set). 1 ms keeps the proxy's calls from waiting
+    long for the GIL while agents run Python; a CPU-bound worker spent about 9% less CPU per rollout at 5 ms and 8% more
+    at 0.25 ms (``bench/switch_interval.py``; docs/workers.md, "The proxy and the GIL")."""
     capture_on_agent_loop: bool = False
     """Serve the capturing proxy on the async agents' event loop instead of a thread and loop of its own: no GIL
     hand-off between the proxy and the agents per call, but an async agent that makes a blocking LLM call (a sync

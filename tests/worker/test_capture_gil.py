@@ -1,6 +1,6 @@
-"""The GIL switch interval while the capturing proxy's thread serves a call: lowered to 1 ms (or the worker's
-setting) for as long as any call is served there, a lower one kept, put back after the last one and on stop; left
-alone while calls are served on the agents' loop."""
+"""The GIL switch interval while the capturing proxy's thread serves a call over its socket: lowered to 1 ms (or the
+worker's setting) for as long as any is served there, a lower one kept, put back after the last one and on stop; left
+alone by calls handed over in memory."""
 
 from __future__ import annotations
 
@@ -58,7 +58,7 @@ def _while_at_the_backend(fake: FakeVLLM, call: Callable[[], Future[str]]) -> tu
     return during, answered.result(timeout=30)
 
 
-def test_the_proxy_s_thread_lowers_the_interval_while_it_serves_a_call_and_puts_it_back_after(
+def test_the_proxy_s_thread_lowers_the_interval_while_it_serves_a_socket_call_and_puts_it_back_after(
     interval: None, fake: FakeVLLM
 ) -> None:
     sys.setswitchinterval(0.005)  # CPython's default
@@ -87,11 +87,13 @@ def test_a_proxy_stopped_while_its_thread_serves_a_call_puts_the_interval_back(i
         cut.result(timeout=30)
 
 
-def test_calls_served_on_the_agents_loop_leave_the_interval_and_those_sent_to_the_busy_loop_s_proxy_lower_it(
+def test_calls_handed_over_in_memory_leave_the_interval_on_the_agents_loop_and_on_the_proxy_s_thread(
     interval: None, fake: FakeVLLM
 ) -> None:
     """An async agent's calls handed over in memory run on its own loop, where no thread waits for the GIL; while
-    that loop is busy they are served on the proxy's thread, which then gets its shorter interval."""
+    that loop is busy they are served on the proxy's thread, whose answers go back to that loop, which needs the GIL
+    as much: a CPU-bound worker did better at 5 ms (bench/agent_calls.py, agent_calls_switch). Only a call over the
+    socket lowers it."""
     sys.setswitchinterval(0.005)
     lag = [0.0]
     with served_proxy("own thread, agents' calls on their loop", in_memory=True, agents_lag=lambda: lag[0]) as proxy:
@@ -109,9 +111,11 @@ def test_calls_served_on_the_agents_loop_leave_the_interval_and_those_sent_to_th
         on_loop, _ = _while_at_the_backend(fake, on_agents_loop)
         lag[0] = 1.0
         on_thread, _ = _while_at_the_backend(fake, on_agents_loop)
-        assert (on_loop, on_thread) == (pytest.approx(0.005), pytest.approx(SWITCH_INTERVAL_SECONDS))
+        over_socket, _ = _while_at_the_backend(fake, lambda: _socket_call(llm))
+        assert (on_loop, on_thread) == (pytest.approx(0.005), pytest.approx(0.005))
+        assert over_socket == pytest.approx(SWITCH_INTERVAL_SECONDS)
         assert sys.getswitchinterval() == pytest.approx(0.005)
-        assert len(attempt.calls) == 2
+        assert len(attempt.calls) == 3
 
 
 def test_a_shorter_interval_set_by_the_user_is_kept(interval: None, fake: FakeVLLM) -> None:

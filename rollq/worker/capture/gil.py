@@ -10,13 +10,16 @@ times as often, and a CPU-bound worker running the sample agent spent about 9% l
 8% more at 0.25 ms, than at 1 ms (bench/switch_interval.py). A worker's ``ROLLQ_CAPTURE_SWITCH_INTERVAL_MS`` sets
 the interval its proxy asks for (``WorkerSettings.capture_switch_interval_ms``; 0: leave the interpreter's).
 
-Only the proxy's own thread waits for the GIL that way, so the interval is lowered only while that thread serves a
-call (:meth:`CaptureProxy._handle_on_thread`), and put back after the last one. An async agent's calls handed over in
-memory are served on its own loop while that loop keeps up (:mod:`.in_memory`): no thread waits for them, and a worker
-whose calls all go that way keeps the interpreter's interval and the CPU it saves.
+Only calls over the proxy's socket get it: the interval is lowered while the proxy's thread serves one
+(:meth:`CaptureProxy._handle_over_socket`), and put back after the last one. An async agent's calls handed over in
+memory leave it alone. Served on the agents' own loop (while it keeps up, :mod:`.in_memory`), no thread waits for
+them. Served on the proxy's thread (while that loop is busy), their answers go back to a loop that needs the GIL as
+much, and the workers did better at 5 ms: at 256 rollouts in flight, CPU-bound, the sample agent's calls added less
+at p50 with the interval left at 5 ms than with it lowered for them in 6 rounds of 7, and cost less CPU per rollout
+in 5 (bench/agent_calls.py, two runs; docs/workers.md, "Calls handed to the proxy in memory").
 
 The interval is process-wide: it is only ever lowered (a lower one set by the user is kept), and put back after the
-proxy's last call on its thread, or when the proxy stops, unless someone changed it since.
+proxy's last call over its socket, or when the proxy stops, unless someone changed it since.
 """
 
 from __future__ import annotations
@@ -27,7 +30,8 @@ import sys
 log = logging.getLogger(__name__)
 
 SWITCH_INTERVAL_SECONDS = 0.001
-"""The longest a thread holds the GIL while another waits for it, in a process whose proxy's thread serves a call."""
+"""The longest a thread holds the GIL while another waits for it, while the proxy's thread serves a call over its
+socket."""
 
 
 def lower_switch_interval(seconds: float) -> float | None:

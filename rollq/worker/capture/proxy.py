@@ -171,21 +171,21 @@ class CaptureProxy:
     ) -> None:
         """``read_timeout``: longest wait for the next byte from a backend before the call fails (504);
         ``max_body_bytes``: the largest request body an agent may send (413 past it); ``switch_interval``: the GIL
-        switch interval the process gets while the proxy's thread serves a call, if it is longer (see :mod:`.gil`; None
-        leaves it); ``loop``: serve on this running loop (the async agents', run by another thread) instead of a thread
-        and loop of the proxy's own. An agent that makes a blocking call on that loop then blocks the proxy too: a sync
-        client's LLM call from an async agent waits until its own timeout; ``in_memory``: this process's async httpx
-        clients hand their calls to the proxy in memory instead of over its socket (see :mod:`.in_memory`);
-        ``agents_loop``: with ``in_memory`` and a thread of the proxy's own, the calls handed over from this loop (the
-        async agents') are served on it, with upstream connections of its own, instead of on the proxy's thread;
-        ``agents_lag``: how long a callback ready on that loop waits now (seconds), ``agents_busy_lag``: from how long
-        on the calls made there are served on the proxy's thread after all."""
+        switch interval the process gets while the proxy's thread serves a call over its socket, if it is longer (see
+        :mod:`.gil`; None leaves it); ``loop``: serve on this running loop (the async agents', run by another thread)
+        instead of a thread and loop of the proxy's own. An agent that makes a blocking call on that loop then blocks
+        the proxy too: a sync client's LLM call from an async agent waits until its own timeout; ``in_memory``: this
+        process's async httpx clients hand their calls to the proxy in memory instead of over its socket (see
+        :mod:`.in_memory`); ``agents_loop``: with ``in_memory`` and a thread of the proxy's own, the calls handed over
+        from this loop (the async agents') are served on it, with upstream connections of its own, instead of on the
+        proxy's thread; ``agents_lag``: how long a callback ready on that loop waits now (seconds), ``agents_busy_lag``:
+        from how long on the calls made there are served on the proxy's thread after all."""
         self.host = host
         self.read_timeout = read_timeout
         self.max_body_bytes = max_body_bytes
         self.switch_interval = switch_interval
         self._replaced_interval: float | None = None
-        self._on_thread = 0  # calls being served on the proxy's own thread (counted there)
+        self._over_socket = 0  # calls over the socket being served on the proxy's own thread (counted there)
         self.port = 0
         self.gate = gate or CallGate()
         self.health = UpstreamHealth()
@@ -264,7 +264,7 @@ class CaptureProxy:
         # httptools under a protocol of rollq's own (see .httpserver): the token is the path's first segment, so
         # no router runs per request. An agent that gives up on a call (its client timed out, its attempt was
         # stopped) cancels the handler, which closes the backend request instead of leaving it and its socket open.
-        handler = self._handle if self._shares_loop else self._handle_on_thread
+        handler = self._handle if self._shares_loop else self._handle_over_socket
         self._server = Server(handler, max_body_bytes=self.max_body_bytes)
         await self._server.start(sock)
 
@@ -318,7 +318,7 @@ class CaptureProxy:
             return None
         if caller is self._agents_loop and (self._agents_lag is None or self._agents_lag() < self.agents_busy_lag):
             return caller, self._handle
-        return loop, self._handle if self._shares_loop else self._handle_on_thread
+        return loop, self._handle
 
     def serve_environment(self, concurrency: int, environ: Any = None) -> list[ambient.Upstream]:
         """Capture calls to the URLs in ``OPENAI_BASE_URL`` / ``OPENAI_API_BASE`` too (see :mod:`.ambient`).
@@ -432,18 +432,19 @@ class CaptureProxy:
             return json_response({"error": {"message": message, "type": "invalid_request_error"}}, status=404)
         return route
 
-    async def _handle_on_thread(self, request: Request) -> Answer:
-        """:meth:`_handle` on the proxy's own thread, the GIL switch interval lowered while any call is served there
-        (see :mod:`.gil`): a thread with no call to serve needs no turn at the GIL, so a worker whose calls are all
-        served on its agents' loop keeps the interpreter's interval and the CPU it saves."""
-        if self._on_thread == 0 and self.switch_interval is not None:
+    async def _handle_over_socket(self, request: Request) -> Answer:
+        """:meth:`_handle` for a call over the socket to the proxy's own thread, the GIL switch interval lowered
+        while any such call is served (see :mod:`.gil`). Calls handed over in memory leave it alone, wherever they
+        are served: on the agents' loop no thread waits for them, and on the proxy's thread (from a busy agents'
+        loop, or another loop) their answers go back to a loop that needs the GIL as much."""
+        if self._over_socket == 0 and self.switch_interval is not None:
             self._replaced_interval = gil.lower_switch_interval(self.switch_interval)
-        self._on_thread += 1
+        self._over_socket += 1
         try:
             return await self._handle(request)
         finally:
-            self._on_thread -= 1
-            if self._on_thread == 0 and self.switch_interval is not None:
+            self._over_socket -= 1
+            if self._over_socket == 0 and self.switch_interval is not None:
                 gil.restore_switch_interval(self._replaced_interval, self.switch_interval)
                 self._replaced_interval = None
 
