@@ -1242,7 +1242,7 @@ def _agent_calls_derived(doc: Doc) -> dict[str, Any]:
     chosen = doc.get("settings", {}).get("workers")
     levels = " and ".join(str(level["in_flight"]) for level in doc.get("levels", []))
     subject = (
-        "the GIL switch interval lowered while the proxy's thread serves a call, always, or never"
+        "the GIL switch interval as the default sets it, always at 1 ms, or left at 5 ms"
         if chosen and any("switch interval" in name for name in chosen)
         else "calls handed over in memory, served on the agents' loop or on the proxy's thread"
     )
@@ -1389,6 +1389,7 @@ ORDER = ["al_own_path", "al", "al_packs", "noop", "handoffs", "mock_llm", "start
          "agent_calls_placement",
          "agent_calls_busy",
          "agent_calls_switch",
+         "agent_calls_switch_256",
          "call_rate", "answer_read", "answer_read_typed_chunks", "switch_interval", "gc_freeze", "sample_clients",
          "enqueue", "memory", "idle",
          "connections",
