@@ -14,9 +14,11 @@ Only calls over the proxy's socket get it: the interval is lowered while the pro
 (:meth:`CaptureProxy._handle_over_socket`), and put back after the last one. An async agent's calls handed over in
 memory leave it alone. Served on the agents' own loop (while it keeps up, :mod:`.in_memory`), no thread waits for
 them. Served on the proxy's thread (while that loop is busy), their answers go back to a loop that needs the GIL as
-much, and the workers did better at 5 ms: at 256 rollouts in flight, CPU-bound, the sample agent's calls added less
-at p50 with the interval left at 5 ms than with it lowered for them in 6 rounds of 7, and cost less CPU per rollout
-in 5 (bench/agent_calls.py, two runs; docs/workers.md, "Calls handed to the proxy in memory").
+much, and the workers did better at 5 ms: at 256 rollouts in flight, CPU-bound, the sample agent's calls added
+less at p50 with the interval left at 5 ms than with it lowered for them in 4 rounds of 4 (+43.3 against -0.8 ms,
+medians), and cost less CPU per rollout in 3; with it lowered only for calls over the socket, the default added
++1.6 ms against +41.9 at 1 ms throughout (bench/agent_calls.py, agent_calls_switch and agent_calls_switch_256;
+docs/workers.md, "The GIL switch interval and calls handed over in memory").
 
 The interval is process-wide: it is only ever lowered (a lower one set by the user is kept), and put back after the
 proxy's last call over its socket, or when the proxy stops, unless someone changed it since.
