@@ -145,8 +145,9 @@ class OneClientSampleAgent(SampleAgent):
 
 
 class SwitchIntervalSampleAgent(SampleAgent):
-    """rollq's sample agent in a worker process whose GIL switch interval is ``interval`` rather than the 1 ms its
-    capturing proxy sets (bench/switch_interval.py): set as each rollout starts, after the proxy has started."""
+    """rollq's sample agent in a worker process whose GIL switch interval is ``interval`` throughout (here the 1 ms
+    the capturing proxy sets while it serves a call over its socket; bench/switch_interval.py): set as each rollout
+    starts, after the proxy has started."""
 
     interval = SWITCH_INTERVAL_SECONDS
 

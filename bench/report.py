@@ -1083,9 +1083,10 @@ SWITCH_INTERVAL = Spec(
     title="The sample agent beside its proxy: the GIL switch interval at 1 ms, 5 ms and 0.25 ms",
     about="""What the switch interval costs the agents (docs/workers.md, "The proxy and the GIL"): sample-agent
 rollouts (the `openai` client, 1-2 calls of 0.1-0.5 s to the demo's simulated LLM, capture on) at
-{settings[in_flight]} in flight on 2 worker processes, the stock sample agent (its proxy sets 1 ms) and the same agent
-in processes set to 5 ms (the interpreter's default, as if the proxy left it alone) and to 0.25 ms taking turns,
-order reversed every round, {settings[window]:g} s measured each. The workers are CPU-bound here: every setting
+{settings[in_flight]} in flight on 2 worker processes, the sample agent at 1 ms (set by its proxy from its start
+until commit 4c4ec23, by the bench agent since) and the same agent in processes set to 5 ms (the interpreter's
+default, as if the proxy left it alone) and to 0.25 ms taking turns, order reversed every round,
+{settings[window]:g} s measured each. The workers are CPU-bound here: every setting
 runs as many rollouts as its CPU per rollout lets it.""",
     tables=[
         Table(_switch_interval_summary, [
