@@ -267,10 +267,9 @@ class CallTimingSampleAgent(GcRecordingSampleAgent):
 
     With ``ROLLQ_BENCH_GC_THRESHOLDS=young,middle,old`` the process's collector thresholds are set to those as the
     first rollout starts (after the worker's own setting, rollq.worker.collector). With
-    ``ROLLQ_BENCH_SWITCH_INTERVAL_MS=x`` the GIL switch interval is set to x ms as each rollout starts, for the whole
-    run (the proxy only ever lowers it, so at its own 1 ms it then stays lowered while no call is served on its
-    thread, as it was before it lowered it only then). From its first rollout on, it also records how late each
-    100 ms tick on its loop runs (``lag`` events)."""
+    ``ROLLQ_BENCH_SWITCH_INTERVAL_MS=x`` the GIL switch interval is set to x ms as each rollout starts and stays
+    there (at 1 ms: as the proxy kept it from its start before it lowered it only for calls over its socket). From
+    its first rollout on, it also records how late each 100 ms tick on its loop runs (``lag`` events)."""
 
     def __init__(self) -> None:
         super().__init__()

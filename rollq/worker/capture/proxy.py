@@ -316,9 +316,8 @@ class CaptureProxy:
         loop = self._loop
         if loop is None or loop.is_closed() or not loop.is_running() or self._server is None:
             return None
-        if caller is self._agents_loop and (self._agents_lag is None or self._agents_lag() < self.agents_busy_lag):
-            return caller, self._handle
-        return loop, self._handle
+        keeps_up = self._agents_lag is None or self._agents_lag() < self.agents_busy_lag
+        return (caller if caller is self._agents_loop and keeps_up else loop), self._handle
 
     def serve_environment(self, concurrency: int, environ: Any = None) -> list[ambient.Upstream]:
         """Capture calls to the URLs in ``OPENAI_BASE_URL`` / ``OPENAI_API_BASE`` too (see :mod:`.ambient`).
