@@ -1236,6 +1236,39 @@ default){served if on_its_thread else ""}; and the proxy on the agents' loop (`R
 over its socket or in memory"""
 
 
+_AGENT_CALLS_DESCRIBED = {
+    "capture off", "proxy thread", "proxy on the agents' loop", "proxy thread, socket", "proxy thread, in memory",
+    "proxy thread, in memory, served on its thread", "proxy on the agents' loop, socket",
+    "proxy on the agents' loop, in memory",
+}
+"""The workers :func:`_agent_calls_workers` describes."""
+
+
+def _agent_calls_others(doc: Doc) -> str:
+    """The workers of a full bench/agent_calls.py run that :func:`_agent_calls_workers` does not describe."""
+    others = [name for name in doc.get("workers") or {} if name not in _AGENT_CALLS_DESCRIBED]
+    if not others:
+        return ""
+    named = ", ".join(f'"{name}"' for name in others)
+    return f"; and {named} (what each does: the docstring of `bench/agent_calls.py`)"
+
+
+def _agent_calls_aa(doc: Doc) -> str:
+    """What the run's "left at 5 ms" worker says of the method, when it ran beside the default: the sample agent's
+    calls are all handed over in memory, which never lower the switch interval, so the two run the same code."""
+    default, left = "proxy thread, in memory", "proxy thread, in memory, GIL switch interval left at 5 ms"
+    rows = [row for level in doc.get("levels", []) for row in level["rows"]]
+    ticks = [row.get("short_switch_interval_percent") for row in rows if row["system"] == default]
+    if not ticks or any(share != 0 for share in ticks) or not any(row["system"] == left for row in rows):
+        return ""  # the default lowered the interval in that run (or no tick recorded it): not the same code
+    return """
+
+The sample agent's calls all reach the proxy in memory, which never lowers the switch interval (the ticks column
+says so): "GIL switch interval left at 5 ms" runs the same code as "proxy thread, in memory", the default. The gap
+between those two rows at each level is the method's own spread (an A/A pair), and no difference smaller than it is
+shown by this run."""
+
+
 def _agent_calls_derived(doc: Doc) -> dict[str, Any]:
     collector = doc.get("settings", {}).get("collector")
     in_memory = any("in memory" in name for name in doc.get("workers") or {})
@@ -1254,7 +1287,9 @@ def _agent_calls_derived(doc: Doc) -> dict[str, Any]:
         else
         "the proxy on a thread of its own or on the agents' loop",
         "workers_text": "capture off and " + ", ".join(f'"{name}"' for name in chosen) + " (what each does: the "
-        "docstring of `bench/agent_calls.py`)" if chosen else _agent_calls_workers(in_memory, on_its_thread),
+        "docstring of `bench/agent_calls.py`)" if chosen else _agent_calls_workers(in_memory, on_its_thread)
+        + _agent_calls_others(doc),
+        "aa_text": _agent_calls_aa(doc),
         "cpu_text": " Added CPU per call is a capture setting's worker CPU per rollout less capture off's, over its"
         " calls per rollout." if in_memory else "",
         "collector_text": f""" One more worker takes its turn: the proxy thread in processes whose garbage
@@ -1307,7 +1342,7 @@ by more than any proxy adds, and at 256 the workers are CPU-bound and calls wait
 own loop with capture off; there the added latency is mostly the CPU that capture adds to a saturated loop, and a
 negative median says the rounds' spread is larger than the difference. CPU per rollout and rollouts/s compare at
 every level. Collections (young, middle, full) are those of the window, summed over the 2 processes; each stops
-every thread of its process.""",
+every thread of its process.{aa_text}""",
 )
 
 
