@@ -1242,17 +1242,12 @@ default){served if on_its_thread else ""}; and the proxy on the agents' loop (`R
 over its socket or in memory"""
 
 
-_AGENT_CALLS_DESCRIBED = {
-    "capture off", "proxy thread", "proxy on the agents' loop", "proxy thread, socket", "proxy thread, in memory",
-    "proxy thread, in memory, served on its thread", "proxy on the agents' loop, socket",
-    "proxy on the agents' loop, in memory",
-}
-"""The workers :func:`_agent_calls_workers` describes."""
-
-
 def _agent_calls_others(doc: Doc) -> str:
-    """The workers of a full bench/agent_calls.py run that :func:`_agent_calls_workers` does not describe."""
-    others = [name for name in doc.get("workers") or {} if name not in _AGENT_CALLS_DESCRIBED]
+    """The workers of a full bench/agent_calls.py run that :func:`_agent_calls_workers` does not describe: all but
+    capture off, the pairs the targets quote, and the in-memory calls served on the proxy's thread."""
+    described = {"capture off", "proxy thread, in memory, served on its thread"}
+    described.update(name for _, thread, loop in AGENT_CALLS_PAIRS for name in (thread, loop))
+    others = [name for name in doc.get("workers") or {} if name not in described]
     if not others:
         return ""
     named = ", ".join(f'"{name}"' for name in others)
