@@ -16,10 +16,12 @@ This measures, in one run:
 - **forwarders at several call rates**: bench/capture.py's harness (the demo's simulated LLM in a process of its
   own, latency uniform in 0.5-1.5 x the mean; ``--concurrency`` calls in flight from this process with aiohttp),
   for each mean latency in ``--latencies`` (from 2 s, about 130 calls a second, down to 0.02 s, as many as the 2
-  cores carry), three forwarders each in a process of its own, taking turns (order rotated every round):
+  cores carry), four forwarders each in a process of its own, taking turns (order rotated every round):
   ``capture`` (a worker's ``CaptureProxy``, as bench/capture.py runs it), ``rollq_http`` (its HTTP server and client
-  with nothing captured) and ``raw`` (bare asyncio protocols, no HTTP library: bench/proxy_floor.py's). Per
-  forwarder and rate: calls a second reached and its process's CPU (user + system, psutil) per call.
+  with nothing captured), ``raw`` (bare asyncio protocols, no HTTP library: bench/proxy_floor.py's) and ``native``
+  (bench/proxy_floor.py's compiled forwarder, its calls recorded in Python every 20 ms; it needs cargo and
+  Debian's librust-hyper-dev and librust-tokio-dev). Per forwarder and rate: calls a second reached and its
+  process's CPU (user + system, psutil; the native forwarder's binary included, and also given apart) per call.
 
 The ratio that matters is within a row: the capture proxy over the raw forwarder at the same rate, and each
 forwarder at the target's rate over itself when calls come as fast as it takes them.
@@ -45,11 +47,11 @@ import psutil
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.capture import Child, _child, _round, _start  # noqa: E402
-from bench.common import write_result  # noqa: E402
+from bench.common import cpu_split, write_result  # noqa: E402
 from rollq.worker.capture import answers, codec, spans, tokens  # noqa: E402
 from rollq.worker.capture.calls import CallKind, CapturedCall  # noqa: E402
 
-FORWARDERS = ("capture", "rollq_http", "raw")
+FORWARDERS = ("capture", "rollq_http", "raw", "native")
 GAPS_MS = (0.0, 0.5, 2.0, 20.0)
 MAX_CALLS = 16_000
 """Calls per forwarder and round at most (at the highest rates the cores, not the latency, set the pace)."""
@@ -135,10 +137,11 @@ async def _rates(forwarders: dict[str, Child], latency: float, args: argparse.Na
         for n in range(args.rounds):
             for name in names[n % len(names) :] + names[: n % len(names)]:
                 process = psutil.Process(forwarders[name].proc.pid)
-                cpu_before, started = sum(process.cpu_times()[:2]), time.perf_counter()
+                (own, children), started = cpu_split(process), time.perf_counter()
                 values, _ = await _round(session, forwarders[name].line, calls, args.concurrency, token_ids=True)
                 seconds = time.perf_counter() - started
-                used = sum(process.cpu_times()[:2]) - cpu_before
+                own_after, children_after = cpu_split(process)
+                used, by_children = own_after - own + children_after - children, children_after - children
                 rows.append(
                     {
                         "round": n + 1,
@@ -146,13 +149,14 @@ async def _rates(forwarders: dict[str, Child], latency: float, args: argparse.Na
                         "calls": len(values),
                         "calls_per_s": round(len(values) / seconds, 1),
                         "cpu_ms_per_call": round(used * 1000 / len(values), 3),
+                        "children_cpu_ms_per_call": round(by_children * 1000 / len(values), 3),
                     }
                 )
     return rows
 
 
 def at_latency(latency: float, args: argparse.Namespace) -> dict[str, Any]:
-    """The three forwarders against one backend of ``latency`` s (mean), rounds rotated."""
+    """The forwarders against one backend of ``latency`` s (mean), rounds rotated."""
     backend, direct = _child("--serve", "backend", "--latency", str(latency))
     forwarders: dict[str, Child] = {}
     try:
@@ -174,6 +178,10 @@ def at_latency(latency: float, args: argparse.Namespace) -> dict[str, Any]:
             "cpu_ms_per_call": round(sum(r["cpu_ms_per_call"] * r["calls"] for r in mine) / calls, 3),
             "per_round": [r["cpu_ms_per_call"] for r in mine],
         }
+        if name == "native":  # its binary's share; the rest is the Python process recording the calls
+            row[name]["binary_cpu_ms_per_call"] = round(
+                sum(r["children_cpu_ms_per_call"] * r["calls"] for r in mine) / calls, 3
+            )
     row["capture_over_raw"] = round(row["capture"]["cpu_ms_per_call"] / row["raw"]["cpu_ms_per_call"], 2)
     return row
 

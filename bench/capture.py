@@ -43,6 +43,12 @@ server and client, nothing captured), as ``added_p50_ms_rollq_http``/``added_p99
 asks for token ids itself, on every path, so that all paths carry the same answers (the capture proxy asks for them
 when the call does not).
 
+With ``--native`` bench/proxy_floor.py's ``native`` forwarder takes its turn too, set up the same way: a compiled
+forwarder (bench/native_forwarder: hyper, outside Python) that hands each call's request and answer to its Python
+process every 20 ms, where they are recorded as the capture proxy records them (the call's record and span); its CPU
+is both processes'. Not a usable proxy either (no streaming, gate, retries or request rewriting): it measures the
+lever "the proxy's per-call path out of Python", as ``added_p50_ms_native``/``added_p99_ms_native``.
+
 With ``--base COMMIT`` a second proxy, rollq as of that commit (a temporary ``git worktree``), takes its turn in
 every round beside this tree's (their order swapped every round): before and after in one run, per round (the
 base proxy is served by that commit's own ``bench/capture.py``: before 2026-12-03 09:00 UTC it kept every span). With
@@ -59,7 +65,7 @@ differences than those are not a change's.
 
     python bench/capture.py [--calls 4096] [--concurrency 256] [--rounds 4] [--latency 0.5]
                             [--rollout-rounds 2] [--window 20] [--agent-load 0.5] [--load-elsewhere]
-                            [--floor] [--base COMMIT] [--switch-interval S] [--label TEXT] [--out capture]
+                            [--floor] [--native] [--base COMMIT] [--switch-interval S] [--label TEXT] [--out capture]
 """
 
 from __future__ import annotations
@@ -84,7 +90,7 @@ import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import base_tree, commit_of, cpu_ticks, steal_percent, write_result  # noqa: E402
+from bench.common import base_tree, commit_of, cpu_split, cpu_ticks, steal_percent, write_result  # noqa: E402
 
 if TYPE_CHECKING:
     from rollq.worker.tracer import RolloutTrace
@@ -206,9 +212,10 @@ class Child:
                 process.resume() if other is self else process.suspend()
 
     def cpu_seconds(self) -> float:
-        """The process's CPU (user + system), less the agent-load thread's."""
+        """The process's CPU (user + system) and its children's (the native forwarder's binary), less the
+        agent-load thread's."""
         process = psutil.Process(self.proc.pid)
-        used = sum(process.cpu_times()[:2])
+        used = sum(cpu_split(process))
         if self.agents_tid is not None:
             used -= sum(t.user_time + t.system_time for t in process.threads() if t.id == self.agents_tid)
         return used
@@ -354,7 +361,13 @@ async def measure(direct: str, proxies: dict[str, Child], args: argparse.Namespa
             proxies[order[0]].only_one_loading(proxies)
             ticks = cpu_ticks()
             all_values, direct_values = await _round(
-                session, direct, per_round, args.concurrency, args.prompt_chars, token_ids=args.floor, ramp=ramp
+                session,
+                direct,
+                per_round,
+                args.concurrency,
+                args.prompt_chars,
+                token_ids=args.floor or args.native,
+                ramp=ramp,
             )
             row["direct_steal_percent"] = steal_percent(ticks, cpu_ticks())
             results["direct"] += direct_values
@@ -365,7 +378,13 @@ async def measure(direct: str, proxies: dict[str, Child], args: argparse.Namespa
                 proxies[name].only_one_loading(proxies)
                 before, ticks = proxies[name].cpu_seconds(), cpu_ticks()
                 all_values, values = await _round(
-                    session, proxies[name].line, per_round, args.concurrency, args.prompt_chars, args.floor, ramp=ramp
+                    session,
+                    proxies[name].line,
+                    per_round,
+                    args.concurrency,
+                    args.prompt_chars,
+                    args.floor or args.native,
+                    ramp=ramp,
                 )
                 used = proxies[name].cpu_seconds() - before
                 row[f"{name}_steal_percent"] = steal_percent(ticks, cpu_ticks())
@@ -630,6 +649,12 @@ def main() -> None:
         action="store_true",
         help="a raw forwarder (no HTTP library) and the proxy's HTTP alone (nothing captured) take their turns too",
     )
+    parser.add_argument(
+        "--native",
+        action="store_true",
+        help="bench/proxy_floor.py's native forwarder (hyper, outside Python; its calls recorded in Python in "
+        "batches) takes its turn too",
+    )
     parser.add_argument("--base", help="a commit whose proxy takes its turn in every round too (before/after)")
     parser.add_argument(
         "--prompt-chars",
@@ -675,7 +700,8 @@ def main() -> None:
                 children.append(proxies["proxy_base"].proc)
             from rollq.worker.capture.gil import SWITCH_INTERVAL_SECONDS
 
-            for forwarder in ("raw", "rollq_http") if args.floor else ():
+            forwarders = ("raw", "rollq_http") if args.floor else ()
+            for forwarder in forwarders + (("native",) if args.native else ()):
                 proxies[forwarder] = _start(
                     "--serve",
                     forwarder,
@@ -708,6 +734,7 @@ def main() -> None:
     argv += [f"--agent-load={args.agent_load}"] if args.agent_load else []
     argv += ["--load-elsewhere"] if args.load_elsewhere else []
     argv += ["--floor"] if args.floor else []
+    argv += ["--native"] if args.native else []
     argv += [f"--base={args.base}"] if args.base else []
     argv += [f"--switch-interval={args.switch_interval}"] if args.switch_interval else []
     argv += [f"--label={shlex.quote(args.label)}"] if args.label else []

@@ -51,6 +51,13 @@ def sum_over(processes: Sequence[psutil.Process], measure: Callable[[psutil.Proc
     return total
 
 
+def cpu_split(process: psutil.Process) -> tuple[float, float]:
+    """User + system CPU seconds of ``process`` and of its live children (a forwarder that runs a binary of its
+    own): ``(own, children's)``."""
+    children = sum_over(process.children(recursive=True), lambda p: sum(p.cpu_times()[:2]))
+    return sum(process.cpu_times()[:2]), children
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -19,6 +19,12 @@ reported per round:
   only says what is left once no HTTP library runs in Python at all;
 - ``rollq_http``: the capture proxy's own server and client (rollq/worker/capture/httpserver.py, httpclient.py)
   with a handler that forwards and answers, nothing read or recorded: the proxy less its capture.
+- ``native``: bench/native_forwarder (hyper on one thread, outside Python; built with ``cargo --offline`` from
+  Debian's packaged crates: ``apt-get install cargo librust-hyper-dev librust-tokio-dev``) forwards, and hands each
+  call's request and answer to this script's process every 20 ms, which records them as the capture proxy does
+  (the request and answer read into a ``CapturedCall``, its span): the lever "the proxy's per-call path out of
+  Python", measured. Its CPU is both processes' (``children_cpu_ms_per_call``: the binary's). Not a usable proxy
+  either: no streaming, gate, retries or request rewriting.
 
 The gap between ``capture`` and ``rollq_http`` is rollq's capture per call (parsing the request and the answer,
 the record, the span); between ``rollq_http`` and ``httptools_raw``, rollq's HTTP server and client over the bench's
@@ -37,8 +43,14 @@ import argparse
 import asyncio
 import functools
 import json
+import os
+import shutil
 import socket
+import struct
+import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -49,7 +61,7 @@ import psutil
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.capture import Child, _child, _round, _start, _summary  # noqa: E402
-from bench.common import base_tree, commit_of, write_result  # noqa: E402
+from bench.common import base_tree, commit_of, cpu_split, write_result  # noqa: E402
 
 
 def serve_aiohttp(backend: str) -> None:
@@ -313,6 +325,118 @@ def serve_raw(backend: str) -> None:
     new_event_loop().run_until_complete(main())
 
 
+NATIVE_DIR = Path(__file__).resolve().parent / "native_forwarder"
+NATIVE_BINARY = NATIVE_DIR / "target" / "release" / "rollq-bench-native-forwarder"
+NATIVE_FLUSH_MS = 20
+"""How often the native forwarder hands the calls finished since its last hand-over to Python."""
+_FRAME = struct.Struct("<QQHIII")
+
+
+def build_native() -> Path:
+    """bench/native_forwarder's binary, built (offline, from Debian's packaged crates) when missing or older than
+    its sources; a clear error naming what to install when it cannot be."""
+    sources = [*NATIVE_DIR.glob("src/*.rs"), NATIVE_DIR / "Cargo.toml"]
+    if NATIVE_BINARY.exists() and all(NATIVE_BINARY.stat().st_mtime >= s.stat().st_mtime for s in sources):
+        return NATIVE_BINARY
+    if shutil.which("cargo") is None:
+        raise SystemExit("the native forwarder needs cargo (Debian: apt-get install cargo); or leave out `native`")
+    built = subprocess.run(
+        ["cargo", "build", "--release", "--offline", "--quiet"], cwd=NATIVE_DIR, capture_output=True, text=True
+    )
+    if built.returncode != 0:
+        raise SystemExit(
+            "could not build bench/native_forwarder (it takes hyper and tokio from Debian's packages: "
+            f"apt-get install librust-hyper-dev librust-tokio-dev); or leave out `native`:\n{built.stderr[-2000:]}"
+        )
+    return NATIVE_BINARY
+
+
+def _native_calls(buffer: bytearray) -> list[tuple[int, int, int, bytes, bytes, bytes]]:
+    """The whole frames at the head of ``buffer`` (bench/native_forwarder/src/main.rs's format), taken off it."""
+    calls, at = [], 0
+    while len(buffer) - at >= _FRAME.size:
+        start_ns, end_ns, status, path_len, request_len, answer_len = _FRAME.unpack_from(buffer, at)
+        end = at + _FRAME.size + path_len + request_len + answer_len
+        if len(buffer) < end:
+            break
+        body = at + _FRAME.size + path_len
+        path = bytes(buffer[at + _FRAME.size : body])
+        calls.append(
+            (
+                start_ns,
+                end_ns,
+                status,
+                path,
+                bytes(buffer[body : body + request_len]),
+                bytes(buffer[body + request_len : end]),
+            )
+        )
+        at = end
+    del buffer[:at]
+    return calls
+
+
+def serve_native(backend: str) -> None:
+    """bench/native_forwarder (hyper, outside Python) forwards; this process records each call as the capture
+    proxy does (the request read, the answer read into a ``CapturedCall``, the call's span under the rollout), from
+    the batches the forwarder hands over every ``NATIVE_FLUSH_MS``. Its CPU is this process's and the forwarder's."""
+    from opentelemetry import trace
+    from opentelemetry.sdk.trace import TracerProvider
+
+    from bench.capture import RELEASE_SPANS_SECONDS
+    from rollq.worker.capture import answers, codec, tokens
+    from rollq.worker.capture.calls import CallKind, CapturedCall
+    from rollq.worker.capture.spans import record_span
+    from rollq.worker.tracer import OtelTracer
+
+    binary = build_native()
+    tracer = OtelTracer(TracerProvider())
+    rollout = tracer.start_rollout("bench", 1)
+    parent, capture_tracer = trace.set_span_in_context(rollout.root), tracer.capture_tracer()
+    forwarder = subprocess.Popen(
+        [str(binary), "--backend", backend, "--flush-ms", str(NATIVE_FLUSH_MS)], stdout=subprocess.PIPE
+    )
+    assert forwarder.stdout is not None
+    print(forwarder.stdout.readline().decode().strip(), flush=True)
+    recorded = 0
+
+    def record() -> None:
+        nonlocal recorded
+        assert forwarder.stdout is not None
+        fd, buffer, released = forwarder.stdout.fileno(), bytearray(), time.monotonic()
+        while data := os.read(fd, 1 << 22):
+            buffer += data
+            for start_ns, end_ns, status, path, request, answer in _native_calls(buffer):
+                body = codec.loads(request)
+                call = CapturedCall(
+                    kind=CallKind.CHAT,
+                    resource="llm",
+                    path=path.decode(),
+                    start_ns=start_ns,
+                    request_model=body.get("model") if isinstance(body.get("model"), str) else None,
+                    messages=body.get("messages"),
+                    streamed=bool(body.get("stream")),
+                )
+                if not answers.read_whole(call, answer):
+                    tokens.read_response(call, codec.loads(answer))
+                call.end_ns, call.status = end_ns, status
+                record_span(capture_tracer, call, parent)
+                recorded += 1
+            if time.monotonic() - released > RELEASE_SPANS_SECONDS:  # as bench/capture.py's proxy process does
+                trace_id = rollout.root.get_span_context().trace_id
+                rollout._processor.close(trace_id)
+                rollout._processor.open(trace_id)
+                released = time.monotonic()
+
+    recorder = threading.Thread(target=record, daemon=True)
+    recorder.start()
+    sys.stdin.read()
+    forwarder.terminate()
+    forwarder.wait(10)
+    recorder.join(10)
+    print(f"recorded {recorded} calls", file=sys.stderr)
+
+
 SERVE = {
     "aiohttp": serve_aiohttp,
     "uvicorn": serve_uvicorn,
@@ -320,6 +444,7 @@ SERVE = {
     "httptools_raw": functools.partial(serve_httptools, upstream="raw"),
     "raw": serve_raw,
     "rollq_http": serve_rollq_http,
+    "native": serve_native,
 }
 FORWARDERS = tuple(SERVE)
 
@@ -328,6 +453,7 @@ async def measure(proxies: dict[str, Child], args: argparse.Namespace) -> dict[s
     rounds: list[dict[str, Any]] = []
     latencies: dict[str, list[float]] = {name: [] for name in proxies}
     cpu = dict.fromkeys(proxies, 0.0)
+    children_cpu = dict.fromkeys(proxies, 0.0)
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
         for child in proxies.values():
             await _round(session, child.line, args.concurrency, args.concurrency, args.prompt_chars, True)  # warm
@@ -337,12 +463,14 @@ async def measure(proxies: dict[str, Child], args: argparse.Namespace) -> dict[s
             names = list(proxies)
             for name in names[n % len(names) :] + names[: n % len(names)]:
                 process = psutil.Process(proxies[name].proc.pid)
-                before = sum(process.cpu_times()[:2])
+                own, children = cpu_split(process)
                 values, _ = await _round(
                     session, proxies[name].line, per_round, args.concurrency, args.prompt_chars, token_ids=True
                 )
-                used = sum(process.cpu_times()[:2]) - before
+                own_after, children_after = cpu_split(process)
+                used, by_children = own_after - own + children_after - children, children_after - children
                 cpu[name] += used
+                children_cpu[name] += by_children
                 latencies[name] += values
                 row[f"{name}_cpu_ms_per_call"] = round(used * 1000 / len(values), 3)
             rounds.append(row)
@@ -350,6 +478,9 @@ async def measure(proxies: dict[str, Child], args: argparse.Namespace) -> dict[s
         name: {**_summary(values), "cpu_ms_per_call": round(cpu[name] * 1000 / len(values), 3)}
         for name, values in latencies.items()
     }
+    for name, seconds in children_cpu.items():
+        if seconds:  # the native forwarder's binary, beside the Python process that records its calls
+            summary[name]["children_cpu_ms_per_call"] = round(seconds * 1000 / len(latencies[name]), 3)
     summary["rounds"] = rounds
     return summary
 
