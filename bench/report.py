@@ -807,7 +807,7 @@ def _arrow(key: str) -> Callable[[Any, Doc], str]:
 
 
 FAILOVER = Spec(
-    title="Redis failover under load (Sentinel), repeated, at default and tuned settings",
+    title="Redis failover under load (Sentinel){repeated}, at default and tuned settings",
     about="""A primary, one replica {settings[replica_rtt_ms]:g} ms (round trip) away through a delaying proxy, 3
 Sentinels (quorum 2); {settings[workers]} `rollq worker` processes (concurrency {settings[concurrency]}, mock-LLM
 rollouts) and a producer enqueuing {settings[rate]:g} tasks/s, {settings[tasks]} tasks per run, connect with
@@ -819,6 +819,8 @@ runs.{incomplete}""",
         "runs_text": ", ".join(f"`{n}` {c} times" for n, c in (d.get("run_settings") or {})
                                .get("runs_per_profile", {}).items()),
         "incomplete": "" if d.get("complete", True) else " **Incomplete: written while runs were still going.**",
+        "repeated": ", repeated" if max((d.get("run_settings") or {}).get("runs_per_profile", {}).values(),
+                                        default=1) > 1 else ", one run a profile",
     },
     tables=[
         Table(_failover_rows, [Col("measure", nth(0)), Col("`defaults`", nth(1)), Col("`tuned`", nth(2)),
@@ -1478,7 +1480,8 @@ SPECS: dict[str, Spec] = {
 ORDER = ["al_own_path", "al", "al_packs", "noop", "handoffs", "mock_llm", "startup", "fleet_startup", "before_after",
          "before_after_packs", "before_after_stop32", "before_after_fd9d057", "profile", "worker_floor",
          "rollout_cpu", "rollout_cpu_before_after", "big", "results_stream", "inflight10k", "scaling", "cluster",
-         "cluster_256", "cluster_dead_host", "failover", "soak", "capture", "capture_native", "capture_load_elsewhere",
+         "cluster_256", "cluster_dead_host", "failover", "failover_repeated", "soak", "capture", "capture_native",
+         "capture_load_elsewhere",
          "capture_same_code", "capture_no_record", "capture_record_after", "capture_msgspec", "capture_long_prompts",
          "agent_calls",
          "agent_calls_collector",
