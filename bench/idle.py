@@ -84,6 +84,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workers", type=int, default=4)
     parser.add_argument("--seconds", type=float, default=30.0)
+    parser.add_argument("--out", default="idle", help="results name: bench/results/<out>.json (default idle)")
     args = parser.parse_args()
     with private_redis() as server, tempfile.TemporaryDirectory(prefix="rollq-bench-idle-") as logs:
         workers = rollq_workers(
@@ -118,7 +119,7 @@ def main() -> None:
         f"{connections / args.workers:.1f} connections per idle worker process"
     )
     write_result(
-        "idle",
+        args.out,
         {
             "workers": args.workers,
             "seconds": round(t1 - t0, 1),
