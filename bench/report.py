@@ -1490,7 +1490,7 @@ ORDER = ["al_own_path", "al", "al_packs", "noop", "handoffs", "mock_llm", "start
          "agent_calls_switch",
          "agent_calls_switch_256",
          "call_rate", "answer_read", "answer_read_typed_chunks", "switch_interval", "gc_freeze", "sample_clients",
-         "enqueue", "memory", "idle",
+         "enqueue", "memory", "idle", "idle_8", "idle_1",
          "connections",
          "plan_rate", "plan_rate_16", "trainer_api", "embedded_drain"]
 
