@@ -137,11 +137,11 @@ async def _rates(forwarders: dict[str, Child], latency: float, args: argparse.Na
         for n in range(args.rounds):
             for name in names[n % len(names) :] + names[: n % len(names)]:
                 process = psutil.Process(forwarders[name].proc.pid)
-                (own, children), started = cpu_split(process), time.perf_counter()
+                before, started = cpu_split(process), time.perf_counter()
                 values, _ = await _round(session, forwarders[name].line, calls, args.concurrency, token_ids=True)
                 seconds = time.perf_counter() - started
-                own_after, children_after = cpu_split(process)
-                used, by_children = own_after - own + children_after - children, children_after - children
+                after = cpu_split(process)
+                used, by_children = sum(after) - sum(before), after[1] - before[1]
                 rows.append(
                     {
                         "round": n + 1,

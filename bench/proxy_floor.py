@@ -50,7 +50,6 @@ import struct
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -383,7 +382,7 @@ def serve_native(backend: str) -> None:
     from opentelemetry import trace
     from opentelemetry.sdk.trace import TracerProvider
 
-    from bench.capture import RELEASE_SPANS_SECONDS
+    from bench.capture import _release_spans
     from rollq.worker.capture import answers, codec, tokens
     from rollq.worker.capture.calls import CallKind, CapturedCall
     from rollq.worker.capture.spans import record_span
@@ -403,7 +402,7 @@ def serve_native(backend: str) -> None:
     def record() -> None:
         nonlocal recorded
         assert forwarder.stdout is not None
-        fd, buffer, released = forwarder.stdout.fileno(), bytearray(), time.monotonic()
+        fd, buffer = forwarder.stdout.fileno(), bytearray()
         while data := os.read(fd, 1 << 22):
             buffer += data
             for start_ns, end_ns, status, path, request, answer in _native_calls(buffer):
@@ -422,15 +421,15 @@ def serve_native(backend: str) -> None:
                 call.end_ns, call.status = end_ns, status
                 record_span(capture_tracer, call, parent)
                 recorded += 1
-            if time.monotonic() - released > RELEASE_SPANS_SECONDS:  # as bench/capture.py's proxy process does
-                trace_id = rollout.root.get_span_context().trace_id
-                rollout._processor.close(trace_id)
-                rollout._processor.open(trace_id)
-                released = time.monotonic()
 
     recorder = threading.Thread(target=record, daemon=True)
     recorder.start()
+    done = threading.Event()  # the calls' spans let go every second, as bench/capture.py's proxy process does
+    released = threading.Thread(target=_release_spans, args=(rollout, done), daemon=True)
+    released.start()
     sys.stdin.read()
+    done.set()
+    released.join()
     forwarder.terminate()
     forwarder.wait(10)
     recorder.join(10)
@@ -463,14 +462,14 @@ async def measure(proxies: dict[str, Child], args: argparse.Namespace) -> dict[s
             names = list(proxies)
             for name in names[n % len(names) :] + names[: n % len(names)]:
                 process = psutil.Process(proxies[name].proc.pid)
-                own, children = cpu_split(process)
+                before = cpu_split(process)
                 values, _ = await _round(
                     session, proxies[name].line, per_round, args.concurrency, args.prompt_chars, token_ids=True
                 )
-                own_after, children_after = cpu_split(process)
-                used, by_children = own_after - own + children_after - children, children_after - children
+                after = cpu_split(process)
+                used = sum(after) - sum(before)
                 cpu[name] += used
-                children_cpu[name] += by_children
+                children_cpu[name] += after[1] - before[1]
                 latencies[name] += values
                 row[f"{name}_cpu_ms_per_call"] = round(used * 1000 / len(values), 3)
             rounds.append(row)

@@ -1397,17 +1397,7 @@ process's user + system time (psutil) over its turns{native_cpu}.""",
             ("raw.over_fastest_rate", "raw over its fastest-rate CPU", ".2f"),
         ], caption="Forwarders by call rate (calls/s: the capture proxy's):"),
     ],
-    derive=lambda d: {
-        "forwarder_count": "four" if _native_rates(d) else "three",
-        "raw_and": "" if _native_rates(d) else "and ",
-        "native_about": (", and a compiled forwarder (`native`: bench/native_forwarder, hyper on one thread outside "
-                         "Python, built from Debian's packaged crates) that hands each call's request and answer to "
-                         "its Python process every 20 ms, where the call is recorded as the capture proxy records it "
-                         "(request and answer read into a `CapturedCall`, its span); not a usable proxy either: no "
-                         "streaming, weight-sync gate, retries or request rewriting") if _native_rates(d) else "",
-        "native_cpu": (", the native forwarder's binary included (also given apart)") if _native_rates(d) else "",
-        "native_after": _native_after(d),
-    },
+    derive=lambda d: _call_rate_native(d),
     after="""Read within a row: every forwarder, the one with no HTTP library included, costs several times more per
 call at a hundred calls a second than when calls come as fast as it takes them, and the capture proxy stays a
 roughly constant multiple of the raw forwarder until the cores run out. So the part of the proxy's CPU per call
@@ -1415,6 +1405,24 @@ that rollq's code decides is that multiple; the rest is what waking a Python thr
 target's rate (0.5 s) the raw forwarder, which parses no HTTP and records nothing, takes most of the 0.2 ms asked,
 leaving a few hundredths of a millisecond for reading HTTP and recording the call.{native_after}""",
 )
+
+
+def _call_rate_native(doc: Doc) -> dict[str, str]:
+    """The text a bench/call_rate.py section gives the native forwarder, when the run measured it."""
+    if not _native_rates(doc):
+        return {"forwarder_count": "three", "raw_and": "and ", "native_about": "", "native_cpu": "",
+                "native_after": ""}
+    return {
+        "forwarder_count": "four",
+        "raw_and": "",
+        "native_about": ", and a compiled forwarder (`native`: bench/native_forwarder, hyper on one thread outside "
+                        "Python, built from Debian's packaged crates) that hands each call's request and answer to "
+                        "its Python process every 20 ms, where the call is recorded as the capture proxy records it "
+                        "(request and answer read into a `CapturedCall`, its span); not a usable proxy either: no "
+                        "streaming, weight-sync gate, retries or request rewriting",
+        "native_cpu": ", the native forwarder's binary included (also given apart)",
+        "native_after": _native_after(doc),
+    }
 
 
 def _native_rates(doc: Doc) -> list[Doc]:
@@ -1759,34 +1767,35 @@ NATIVE_ANCHOR = (
 )
 
 
-def _with_native(
-    key: str, target: Callable[[dict[str, Doc]], Any], fmt: str = "+.1f"
-) -> Callable[[dict[str, Doc]], Any]:
-    """A proxy target, with what the compiled forwarder of the benchmarks (bench/native_forwarder: outside Python,
-    its calls recorded in Python in batches) measured: the lever, not what rollq ships, so it never decides "met".
-    ``key`` is bench/capture.py's (``added_p50_ms``...), or ``cpu`` for bench/call_rate.py's row at the target's
-    rate."""
+def _with_native_cpu(target: Callable[[dict[str, Doc]], Any]) -> Callable[[dict[str, Doc]], Any]:
+    """The proxy-CPU target, with what the compiled forwarder of the benchmarks (bench/native_forwarder: outside
+    Python, its calls recorded in Python in batches) took at the same call rate (bench/call_rate.py): the lever, not
+    what rollq ships, so it never decides "met"."""
     def measure(docs: dict[str, Doc]) -> Any:
-        measured = target(docs)
-        if measured is None:
+        measured, same = target(docs), _same_rate(docs)
+        if measured is None or same is None or "native" not in same:
             return measured
-        if key == "cpu":
-            same = _same_rate(docs)
-            if same is None or "native" not in same:
-                return measured
-            native = same["native"]
-            value = (f"{measured[0]}; a compiled forwarder recording in Python in batches (bench only, not shipped) "
-                     f"at the same rate: {native['cpu_ms_per_call']:.2f} ms, its binary "
-                     f"{native['binary_cpu_ms_per_call']:.2f} ms of it")
-            return (value, *measured[1:])
-        doc = docs.get("capture_native") or {}
-        if f"{key}_native" not in doc:
+        native = same["native"]
+        value = (f"{measured[0]}; a compiled forwarder recording in Python in batches (bench only, not shipped) "
+                 f"at the same rate: {native['cpu_ms_per_call']:.2f} ms, its binary "
+                 f"{native['binary_cpu_ms_per_call']:.2f} ms of it")
+        return (value, *measured[1:])
+    return measure
+
+
+def _with_native_latency(key: str, target: Callable[[dict[str, Doc]], Any]) -> Callable[[dict[str, Doc]], Any]:
+    """A proxy-latency target (``key``: bench/capture.py's ``added_p50_ms``/``added_p99_ms``), with what the compiled
+    forwarder added in bench/capture.py --native's run, beside the capture proxy in the same rounds; never decides
+    "met" (see :func:`_with_native_cpu`)."""
+    def measure(docs: dict[str, Doc]) -> Any:
+        measured, doc = target(docs), docs.get("capture_native") or {}
+        if measured is None or f"{key}_native" not in doc:
             return measured
         rounds = [r[f"{key}_native"] for r in doc.get("rounds", []) if f"{key}_native" in r]
         value = (f"{measured[0]}; a compiled forwarder recording in Python in batches ([bench only, not shipped]"
                  f"({NATIVE_ANCHOR})), beside agents holding its Python process's GIL half the time: "
-                 f"{format(doc[f'{key}_native'], fmt)} ms (median of rounds {format(statistics.median(rounds), fmt)}), "
-                 f"the capture proxy in the same rounds {format(doc[key], fmt)} ms")
+                 f"{doc[f'{key}_native']:+.1f} ms (median of rounds {statistics.median(rounds):+.1f}), "
+                 f"the capture proxy in the same rounds {doc[key]:+.1f} ms")
         return (value, *measured[1:])
     return measure
 
@@ -1869,13 +1878,13 @@ TARGETS: list[tuple[str, str, Callable[[dict[str, Doc]], tuple[Any, ...] | None]
     ("worker CPU per rollout, 1000 in flight, mock agent", "<= 0.4 ms",
      _with_floor(_with_mock_llm("worker_cpu_ms_per_rollout", "{:.2f} ms")(_al_target(_cpu_1000)))),
     ("capturing proxy CPU per LLM call", "<= 0.2 ms",
-     _with_agent_calls("added_cpu_ms_per_call", _with_native("cpu", _with_call_rate(
+     _with_agent_calls("added_cpu_ms_per_call", _with_native_cpu(_with_call_rate(
          _field("capture", "proxy_cpu_ms_per_call", "{:.2f} ms", lambda v: v <= 0.2))), 0.2, fmt="+.2f")),
     ("proxy's added latency at 256 calls in flight, p50", "<= +1 ms",
-     _with_agent_calls("added_p50_ms", _with_native("added_p50_ms", _with_load_elsewhere(
+     _with_agent_calls("added_p50_ms", _with_native_latency("added_p50_ms", _with_load_elsewhere(
          "added_p50_ms", _added_latency("added_p50_ms", 1))), 1)),
     ("proxy's added latency at 256 calls in flight, p99", "<= +5 ms",
-     _with_agent_calls("added_p99_ms", _with_native("added_p99_ms", _with_load_elsewhere(
+     _with_agent_calls("added_p99_ms", _with_native_latency("added_p99_ms", _with_load_elsewhere(
          "added_p99_ms", _added_latency("added_p99_ms", 5))), 5)),
     ("no-op rollouts vs Agent Lightning 0.1.2 on its own RL path", ">= 3x", _al_target(_noop_vs_al_of)),
     ("no-op rollouts vs a minimal Redis queue on the same box", ">= 10%", _noop_target(_vs_minimal_queue)),
