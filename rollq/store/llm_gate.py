@@ -17,6 +17,8 @@ The blocking and the asyncio gate share the script calls and the reading of thei
 from __future__ import annotations
 
 import asyncio
+import random
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -37,6 +39,9 @@ LISTED = 20
 """Workers named in a status (and a timeout error) at most."""
 REPORT_TTL_BEATS = 3
 """A worker's report stays live for this many of its heartbeat intervals."""
+SWEEP_EVERY = 10
+"""A worker's report drops the expired reports of other workers on one report in this many (from a random start),
+and writes its own then even if unchanged: the fleet sweeps, and a report a failover lost is written again."""
 PAUSE, RESUME = "pause", "resume"
 """The kinds of message on the gate's channel (see :func:`parse_event`)."""
 
@@ -104,13 +109,22 @@ def status_args(keys: Keys) -> tuple[list[str], list[Any]]:
 
 
 def report_args(
-    keys: Keys, worker: str, *, ack: int, in_flight: int, waiting: int, interval: float
+    keys: Keys,
+    worker: str,
+    *,
+    ack: int,
+    in_flight: int,
+    waiting: int,
+    interval: float,
+    write: bool = True,
+    sweep: bool = True,
 ) -> tuple[list[str], list[Any]]:
-    """KEYS and ARGV of ``llm_report.lua`` for one worker's report."""
+    """KEYS and ARGV of ``llm_report.lua`` for one worker's report (``write``: even if the worker's entry is there;
+    ``sweep``: drop expired reports too)."""
     ttl = max(REPORT_TTL_BEATS * interval, 2.0)
     return (
         [keys.llm_workers, keys.llm_calls, keys.llm_pause, keys.resources_latest],
-        [worker, ack, in_flight, waiting, ttl],
+        [worker, ack, in_flight, waiting, ttl, int(write), int(sweep)],
     )
 
 
@@ -246,38 +260,106 @@ class AsyncLLMGate:
 
 
 class GateReporter:
-    """A worker's side of the gate: its reports (queued in the heartbeat's pipeline, or sent alone)."""
+    """A worker's side of the gate: its reports (queued in the heartbeat's pipeline, or sent alone).
 
-    def __init__(self, connection: redis.Redis, keys: Keys, worker: str, interval: float) -> None:
+    A report writes the worker's entry (``ack|in_flight|waiting``) only when the worker does not know that Redis
+    holds it already: most heartbeats of an idle worker cost ``TIME``, ``ZADD`` and ``MGET`` inside Redis. It knows
+    only after a report whose reply it read while no other of its reports was on the way (the heartbeat's and one
+    sent at once from another thread may be applied in either order); a report whose reply never came counts as
+    on the way for :data:`REPORT_TTL_BEATS` intervals. One report in :data:`SWEEP_EVERY` writes in any case.
+    """
+
+    def __init__(
+        self, connection: redis.Redis, keys: Keys, worker: str, interval: float, *, sweep_every: int = SWEEP_EVERY
+    ) -> None:
         self.connection = connection
         self.keys = keys
         self.worker = worker
         self.interval = interval
+        self.sweep_every = sweep_every
         self._report = connection.register_script(script_source("llm_report"))
+        self._lock = threading.Lock()
+        self._held: str | None = None
+        """The entry Redis holds for this worker, when the worker knows it (else None)."""
+        self._sent = 0  # reports sent so far (the number of the latest)
+        self._unread: dict[int, float] = {}  # reports on the way: number -> when sent (monotonic)
+        self._overlapped: set[int] = set()  # reports that were on the way at the same time as another
+        self._count = random.randrange(sweep_every)  # reports so far, from a random start: the fleet's sweeps spread
+
+    def _begin(self, value: str) -> tuple[int, bool, bool]:
+        """Number the report of ``value``; whether it must write its entry, and whether it sweeps."""
+        with self._lock:
+            now = time.monotonic()
+            settled = now - REPORT_TTL_BEATS * self.interval  # a reply this late never comes: its connection failed
+            for number in [n for n, at in self._unread.items() if at < settled]:
+                self._end_locked(number, None)
+            self._count += 1
+            sweep = self._count % self.sweep_every == 0
+            write = sweep or bool(self._unread) or value != self._held
+            self._sent += 1
+            if self._unread:
+                self._overlapped.update((*self._unread, self._sent))
+            self._unread[self._sent] = now
+            return self._sent, write, sweep
+
+    def _end(self, number: int, value: str | None) -> None:
+        """The report ``number`` came back (``value``: what it reported) or failed (None)."""
+        with self._lock:
+            self._end_locked(number, value)
+
+    def _end_locked(self, number: int, value: str | None) -> None:
+        # Known held: it came back, alone on the way all along, and no report was sent after it. A reply that
+        # comes after its report was given up (or any failure) leaves the worker not knowing.
+        alone = self._unread.pop(number, None) is not None and number not in self._overlapped
+        self._overlapped.discard(number)
+        self._held = value if alone and value is not None and number == self._sent else None
+
+    def _args(self, ack: int, in_flight: int, waiting: int) -> tuple[int, str, list[str], list[Any]]:
+        value = f"{ack}|{in_flight}|{waiting}"
+        number, write, sweep = self._begin(value)
+        keys, args = report_args(
+            self.keys,
+            self.worker,
+            ack=ack,
+            in_flight=in_flight,
+            waiting=waiting,
+            interval=self.interval,
+            write=write,
+            sweep=sweep,
+        )
+        return number, value, keys, args
 
     def queue(self, pipe: Any, *, ack: int, in_flight: int, waiting: int) -> Callable[[Any], GateReading]:
         """Queue the report on ``pipe`` (``EVALSHA`` alone, no ``SCRIPT EXISTS`` round trip); returns the reader of
         its reply (``execute(raise_on_error=False)``), which runs the script on its own after a ``NOSCRIPT``."""
-        keys, args = report_args(
-            self.keys, self.worker, ack=ack, in_flight=in_flight, waiting=waiting, interval=self.interval
-        )
+        number, value, keys, args = self._args(ack, in_flight, waiting)
         pipe.evalsha(self._report.sha, len(keys), *keys, *args)
 
         def read(reply: Any) -> GateReading:
-            if isinstance(reply, NoScriptError):
-                reply = self._report(keys=keys, args=args)
-            elif isinstance(reply, BaseException):
-                raise reply
-            return parse_reading(reply)
+            try:
+                if isinstance(reply, NoScriptError):
+                    reply = self._report(keys=keys, args=args)
+                elif isinstance(reply, BaseException):
+                    raise reply
+                reading = parse_reading(reply)
+            except BaseException:
+                self._end(number, None)
+                raise
+            self._end(number, value)
+            return reading
 
         return read
 
     def report(self, *, ack: int, in_flight: int, waiting: int) -> GateReading:
         """Send the report on its own."""
-        keys, args = report_args(
-            self.keys, self.worker, ack=ack, in_flight=in_flight, waiting=waiting, interval=self.interval
-        )
-        return parse_reading(self._report(keys=keys, args=args))
+        number, value, keys, args = self._args(ack, in_flight, waiting)
+        try:
+            reading = parse_reading(self._report(keys=keys, args=args))
+        except BaseException:
+            self._end(number, None)
+            raise
+        self._end(number, value)
+        return reading
 
     def leave(self) -> None:
         """Take this worker's report away (it stops): a pause no longer waits for it."""
