@@ -6,8 +6,8 @@ Run: python bench/idle.py [--workers 4] [--seconds 30]
    redis-server with an empty queue, then counts the commands Redis ran (INFO commandstats) and the
    connections it held over ``--seconds``: the floor a fleet pays before any rollout, which
    docs/scaling.md multiplies by 10,000. ``commands`` counts what Lua scripts run inside Redis too
-   (INFO commandstats does); ``round_trips`` counts only what clients sent, read from ``MONITOR``
-   (which marks a script's own commands as coming from ``lua``).
+   (INFO commandstats does); ``sent`` counts only the commands clients sent, read from ``MONITOR``
+   (which marks a script's own commands as coming from ``lua``); a pipeline of several is one round trip.
 2. Runs 20 mock-LLM rollouts (bench/agents.py: MockLLMAgent) through one in-process worker in burst
    mode and reports the rollout's JSON size and ``MEMORY USAGE`` of a task record and of the results
    stream per entry.
@@ -110,12 +110,12 @@ def main() -> None:
     commands.pop("monitor", None)
     # The probe's own INFO and TIME calls are not the workers'.
     sent = {k: v for k, v in sorted(monitor.counts.items(), key=lambda kv: -kv[1]) if k not in ("info", "time")}
-    round_trips = sum(sent.values()) / (ended - started) / args.workers
+    sent_per_worker = sum(sent.values()) / (ended - started) / args.workers
     footprint = sizes()
     print(f"  a finished mock-LLM rollout: {footprint}")
     per_worker = sum(commands.values()) / (t1 - t0) / args.workers
     print(
-        f"  {per_worker:.2f} commands/s ({round_trips:.2f} sent by the worker, the rest run by its Lua scripts) and "
+        f"  {per_worker:.2f} commands/s ({sent_per_worker:.2f} sent by the worker, the rest run by its Lua scripts) and "
         f"{connections / args.workers:.1f} connections per idle worker process"
     )
     write_result(
@@ -124,7 +124,7 @@ def main() -> None:
             "workers": args.workers,
             "seconds": round(t1 - t0, 1),
             "commands_per_s_per_idle_worker": round(per_worker, 2),
-            "round_trips_per_s_per_idle_worker": round(round_trips, 2),
+            "commands_sent_per_s_per_idle_worker": round(sent_per_worker, 2),
             "connections_per_idle_worker": round(connections / args.workers, 1),
             "commands": commands,
             "sent_by_clients": sent,
