@@ -579,7 +579,18 @@ def agents_taking_turns_main(
         "--window", type=float, default=window, help=f"seconds measured per agent and round (default {window:g})"
     )
     parser.add_argument("--in-flight", type=int, default=256, help="rollouts in flight, over 2 workers (default 256)")
+    parser.add_argument(
+        "--env",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="set in every worker process's environment (repeatable), e.g. ROLLQ_CAPTURE_IN_MEMORY=0",
+    )
+    parser.add_argument(
+        "--out", default=benchmark, help=f"results name: bench/results/<out>.json (default {benchmark})"
+    )
     args = parser.parse_args()
+    common = dict(item.split("=", 1) for item in args.env)
     rows = agents_taking_turns(
         agents,
         rounds=args.rounds,
@@ -587,10 +598,11 @@ def agents_taking_turns_main(
         in_flight=args.in_flight,
         prefix=benchmark.replace("_", "-"),
         record_gc=record_gc,
-        envs=envs,
+        envs={label: {**common, **((envs or {}).get(label) or {})} for label in agents},
     )
     argv = [f"--rounds={args.rounds}", f"--window={args.window}", f"--in-flight={args.in_flight}"]
-    path = write_result(benchmark, {"rows": rows}, argv, settings=vars(args))
+    argv += [f"--env={item}" for item in args.env] + ([f"--out={args.out}"] if args.out != benchmark else [])
+    path = write_result(args.out, {"rows": rows}, argv, settings=vars(args))
     print(f"wrote {path}")
 
 

@@ -115,8 +115,8 @@ def main() -> None:
     print(f"  a finished mock-LLM rollout: {footprint}")
     per_worker = sum(commands.values()) / (t1 - t0) / args.workers
     print(
-        f"  {per_worker:.2f} commands/s ({sent_per_worker:.2f} sent by the worker, the rest run by its Lua scripts) and "
-        f"{connections / args.workers:.1f} connections per idle worker process"
+        f"  {per_worker:.2f} commands/s ({sent_per_worker:.2f} sent by the worker, the rest run by its Lua scripts) "
+        f"and {connections / args.workers:.1f} connections per idle worker process"
     )
     write_result(
         args.out,
