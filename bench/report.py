@@ -1068,12 +1068,23 @@ def _switch_interval_rows(doc: Doc) -> list[Doc]:
     return _vs_base_rows(doc, "1 ms")
 
 
+def _over_socket(doc: Doc) -> bool:
+    """Whether a run's workers sent their calls to the proxy over its socket (``ROLLQ_CAPTURE_IN_MEMORY=0``)."""
+    return "ROLLQ_CAPTURE_IN_MEMORY=0" in ((doc.get("settings") or {}).get("env") or [])
+
+
 SAMPLE_CLIENTS = Spec(
-    title="The sample agent: one openai client for all its rollouts, or several",
+    title="The sample agent: one openai client for all its rollouts, or several{socket_title}",
     about="""Sample-agent rollouts (the `openai` client, 1-2 calls of 0.1-0.5 s to the demo's simulated LLM, capture
-on) at {settings[in_flight]} in flight on 2 worker processes, one client and `SampleAgent.clients` taking turns,
-order swapped every round, {settings[window]:g} s measured each. The client's connection pool looks at every
+on{socket_text}) at {settings[in_flight]} in flight on 2 worker processes, one client and `SampleAgent.clients` taking
+turns, order swapped every round, {settings[window]:g} s measured each. The client's connection pool looks at every
 connection it holds whenever a request starts or ends ([workers.md](workers.md#writing-an-agent)).""",
+    derive=lambda d: {
+        "socket_title": ", calls over the proxy's socket" if _over_socket(d) else "",
+        "socket_text": (": the calls sent to the proxy over its socket, `ROLLQ_CAPTURE_IN_MEMORY=0`" if _over_socket(d)
+                        else ": the calls handed to the proxy in memory, the default since 2026-12-04"
+                        if "2026-12-04" <= d["date"][:10] else ""),
+    },
     tables=[Table(_sample_clients_rows, [
         ("round", "round"), ("system", "clients"), ("rollouts", "rollouts"), ("failed", "failed"),
         ("rollouts_per_s", "rollouts/s", ",.1f"), ("worker_cpu_ms_per_rollout", "worker CPU ms/rollout", ".2f"),
@@ -1503,7 +1514,7 @@ ORDER = ["al_own_path", "al", "al_packs", "noop", "handoffs", "mock_llm", "start
          "agent_calls_switch",
          "agent_calls_switch_256",
          "call_rate", "answer_read", "answer_read_typed_chunks", "switch_interval", "gc_freeze", "sample_clients",
-         "enqueue", "memory", "idle", "idle_8", "idle_1",
+         "sample_clients_socket", "enqueue", "memory", "idle", "idle_8", "idle_1",
          "connections",
          "plan_rate", "plan_rate_16", "trainer_api", "embedded_drain"]
 
