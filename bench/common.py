@@ -359,6 +359,7 @@ def machine() -> dict[str, Any]:
         "redis_py": redis_py.__version__,
         "packages": package_versions(),
         "python_loop_ms": python_loop_ms(),
+        "python_loop_ms_at_start": STARTED["python_loop_ms"],
     }
 
 
@@ -398,12 +399,14 @@ def load_average() -> list[float]:
 
 
 # What the run found when it began: every benchmark imports this module first thing, so the load "before"
-# is the machine's load before the benchmark started its servers and workers, and the commit is the one it
-# started from (a tree edited during a long run does not change what was measured).
+# is the machine's load before the benchmark started its servers and workers, the Python speed the machine's at
+# the start (``machine()`` measures it again at the end), and the commit is the one it started from (a tree edited
+# during a long run does not change what was measured).
 _OUTPUTS = ("bench/results", "docs/benchmarks.md", "docs/throughput.png", "docs/scaling.png")
 STARTED: dict[str, Any] = {
     "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
     "load_average": load_average(),
+    "python_loop_ms": python_loop_ms(),
     **source_commit(),
 }
 

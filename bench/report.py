@@ -194,7 +194,12 @@ def provenance(doc: Doc) -> str:
     else:
         when += "; load not recorded"
     speed = (doc.get("machine") or {}).get("python_loop_ms")
-    if speed:
+    at_start = (doc.get("machine") or {}).get("python_loop_ms_at_start")
+    if speed and at_start:
+        when += (
+            f"; the machine's Python speed: {at_start:g} ms for a million-step loop at the start, {speed:g} at the end"
+        )
+    elif speed:
         when += f"; the machine's Python speed: {speed:g} ms for a million-step loop"
     settings = {k: v for k, v in (doc.get("settings") or {}).items() if v not in (None, False, "")}
     if settings:
