@@ -898,6 +898,15 @@ def _agent_load_text(doc: Doc) -> str:
             "that thread's CPU is not counted")
 
 
+def _forwarder_cols(key: str, header: str) -> list[Col]:
+    """A forwarder's added p50 and p99 and CPU per call in a capture run's round, left out where it did not run."""
+    return [
+        Col(f"{header} added p50 ms", f"added_p50_ms_{key}", "+.1f", optional=True),
+        Col(f"{header} added p99 ms", f"added_p99_ms_{key}", "+.1f", optional=True),
+        Col(f"{header} CPU ms/call", f"{key}_cpu_ms_per_call", ".3f", optional=True),
+    ]
+
+
 CAPTURE = Spec(
     title="LLM calls through the capturing proxy vs straight to the backend{load_where}{label_title}",
     about="""{settings[concurrency]} calls in flight against the demo's simulated LLM ({settings[latency]:g} s per
@@ -969,15 +978,8 @@ that: `rollq/worker/capture/gil.py`).""",
             Col("base proxy CPU ms/call", "proxy_base_cpu_ms_per_call", ".3f", optional=True),
             Col("CPU new / base", "cpu_new_over_base", ".3f", optional=True),
             Col("raw p50 ms", "raw_p50_ms", ".1f", optional=True),
-            Col("raw added p50 ms", "added_p50_ms_raw", "+.1f", optional=True),
-            Col("raw added p99 ms", "added_p99_ms_raw", "+.1f", optional=True),
-            Col("raw CPU ms/call", "raw_cpu_ms_per_call", ".3f", optional=True),
-            Col("HTTP alone added p50 ms", "added_p50_ms_rollq_http", "+.1f", optional=True),
-            Col("HTTP alone added p99 ms", "added_p99_ms_rollq_http", "+.1f", optional=True),
-            Col("HTTP alone CPU ms/call", "rollq_http_cpu_ms_per_call", ".3f", optional=True),
-            Col("compiled added p50 ms", "added_p50_ms_native", "+.1f", optional=True),
-            Col("compiled added p99 ms", "added_p99_ms_native", "+.1f", optional=True),
-            Col("compiled CPU ms/call", "native_cpu_ms_per_call", ".3f", optional=True),
+            *_forwarder_cols("raw", "raw"), *_forwarder_cols("rollq_http", "HTTP alone"),
+            *_forwarder_cols("native", "compiled"),
             ("load_1min", "load (1 min)", ".1f"),
         ], caption="Per round (the base proxy's columns in runs with `--base`, the raw forwarder's and the proxy's "
                    "HTTP alone with `--floor`, the compiled forwarder's with `--native`; a column no round has is "
