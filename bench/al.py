@@ -89,6 +89,25 @@ def ensure_al_venv() -> str:
     return found.stdout.strip()
 
 
+AL_STACK = ("agentlightning", "aiohttp", "fastapi", "starlette", "uvicorn", "h11", "httpx", "requests", "pydantic")
+"""The packages on Agent Lightning's serving and client paths: their versions go with every results file (its venv
+resolves them afresh on each machine, and a run on 2026-12-05 saw its no-op rate move 3x between two venvs)."""
+
+
+def al_packages() -> dict[str, str]:
+    """The versions of :data:`AL_STACK` in bench/.venv-al."""
+    probe = (
+        "import importlib.metadata as m, json, sys\n"
+        "found = {}\n"
+        "for name in sys.argv[1:]:\n"
+        "    try: found[name] = m.version(name)\n"
+        "    except m.PackageNotFoundError: pass\n"
+        "print(json.dumps(found))"
+    )
+    out = subprocess.run([str(AL_PYTHON), "-c", probe, *AL_STACK], capture_output=True, text=True, check=True)
+    return dict(json.loads(out.stdout))
+
+
 class Trainer(threading.Thread):
     """rollq's trainer side: reads finished rollouts as a consumer group member, counting and checking ids."""
 
@@ -394,6 +413,7 @@ def main() -> None:
         args.out,
         {
             "agentlightning": al_version,
+            "agentlightning_packages": None if args.skip_al else al_packages(),
             "worker_processes": WORKER_PROCESSES,
             "window_seconds": args.window,
             "warmup_seconds": WARMUP_SECONDS,
