@@ -18,7 +18,8 @@ Scenarios (same agents on both sides; bench/agents.py and bench/al_side.py):
 - ``big``: 8 triplets of 4096 prompt + 512 response token ids (~0.23 MB of JSON), 16 in flight per
   worker process.
 
-Each setting: both systems' tasks kept queued at least in-flight deep, a warm-up (4 s and at least
+Each setting: rollq's tasks kept queued at least in-flight deep and AL's 4x that, at least 256 (an AL client that
+finds none sleeps 5 s; ``AL_DEPTH_TIMES``), a warm-up (4 s and at least
 in-flight completions), then completions the trainer side received over ``--window`` seconds, with the
 CPU of the worker processes and of the coordinator (redis-server; AL's server process) meanwhile.
 Every rollout id received is checked for duplicates. Settings alternate rollq, AL, so drift hits both
@@ -66,6 +67,12 @@ AL_VENV = ROOT / "bench" / ".venv-al"
 AL_PYTHON = AL_VENV / "bin" / "python"
 AL_SIDE = ROOT / "bench" / "al_side.py"
 WORKER_PROCESSES = 2
+AL_DEPTH_TIMES, AL_DEPTH_MIN = 4, 256
+"""Agent Lightning's server keeps at least this many times the in-flight count of tasks queued, and at least the
+minimum: an AL client that finds no task sleeps its ``poll_interval`` (5 s) before asking again, where a rollq worker
+blocks on the queue and wakes at the next task. Queued only in-flight deep, AL's no-op rate ran 76-608 rollouts/s
+from one 8 s window to the next on 2026-12-05 (CPU per rollout unchanged): its feeder, on the server's busy event
+loop, now and then let the queue run dry."""
 WARMUP_SECONDS = 4.0
 PER_WORKER_FAST = 16  # in flight per worker process for no-op and big rollouts
 ROLLQ_AGENTS = {
@@ -287,7 +294,8 @@ def run_al(
     endpoint = f"http://127.0.0.1:{port}"
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
     env["PYTHONUNBUFFERED"] = "1"
-    command = [str(AL_PYTHON), str(AL_SIDE), "server", "--port", str(port), "--depth", str(in_flight)]
+    depth = max(AL_DEPTH_TIMES * in_flight, AL_DEPTH_MIN)
+    command = [str(AL_PYTHON), str(AL_SIDE), "server", "--port", str(port), "--depth", str(depth)]
     if not with_resources_id:
         command.append("--latest-resources")
     server = Workers([command], env, log_dir)
