@@ -307,6 +307,21 @@ def _al_tasks(doc: Doc) -> str:
     )
 
 
+def _al_queue(doc: Doc) -> str:
+    """How deep AL's tasks were queued in a run, and the versions of AL's HTTP stack where the run recorded them."""
+    stack = doc.get("agentlightning_packages")
+    if not stack:
+        return (
+            "AL's server kept in-flight tasks queued, no deeper: an AL client that finds its queue empty sleeps 5 s, "
+            "which holds AL's rate down whenever the feeder falls behind (the runs from 2026-12-05 queue 4x deeper)."
+        )
+    versions = ", ".join(f"{name} {version}" for name, version in stack.items() if name != "agentlightning")
+    return (
+        "AL's server kept 4x the in-flight count of tasks queued, at least 256 (an AL client that finds its queue "
+        f"empty sleeps 5 s before it asks again). AL's HTTP stack in its venv: {versions}."
+    )
+
+
 AL = Spec(
     title="rollq beside Agent Lightning {agentlightning}{al_path}{packs}",
     about="""Interleaved in one run (rollq, then AL, per setting; the order flips every round), {worker_processes}
@@ -320,8 +335,9 @@ through a consumer group. Rates count rollouts the trainer side received; the pe
 (in flight / {mean_rollout_seconds:g} s, the mean rollout time): a plain rate, nothing is simulated.
 "Coordinator" is redis-server for rollq, AL's server process (its trainer side included) for AL; rollq's
 trainer side (the producer and trainer threads, this process) is a column of its own. Duplicates
-seen: {duplicates}. Other processes on the shared machine used {other:.2f} cores on average meanwhile.""",
+seen: {duplicates}. Other processes on the shared machine used {other:.2f} cores on average meanwhile. {al_queue}""",
     derive=lambda d: {
+        "al_queue": _al_queue(d),
         "duplicates": sum(r["duplicates"] for r in d["rows"]),
         "al_tasks": _al_tasks(d),
         "packs": f", rollq with packs of {_packs_of(d)} tasks per RQ job" if _packs_of(d) > 1 else "",
@@ -2090,7 +2106,15 @@ MACHINES_NOTE = (
     "where it took 0.45 ms on 2026-12-03, and at 1000 in flight the 2 workers are CPU-bound. "
     "`python bench/noop.py` re-run on 2026-12-05 (at `a38b91a`, a machine at 32 ms for the loop) gave the minimal "
     "queue 51,610 jobs/s and rollq 6.9% of it (packs: 10.8%), the rate the no-op section gives now; worker CPU per "
-    "no-op rollout stayed 0.24x RQ's SimpleWorker's (0.25x in the headline run), at 0.28 ms where that run had 0.52."
+    "no-op rollout stayed 0.24x RQ's SimpleWorker's (0.25x in the headline run), at 0.28 ms where that run had 0.52. "
+    "`bench/al.py` (and with `--tasks-per-job 16`) re-run that night, at `cbaf33d` on a quiet machine (load 0.25 to "
+    "2.4), gave rollq's 1000 in flight 98.9% of the ideal rate (packs: 98.0%) at 1.01 ms of worker CPU per "
+    "rollout (packs: 0.57 ms), where the headline run's AL runs, at load 12, gave 78.7% at 1.55 ms. It also "
+    "found that harness holding Agent Lightning back: AL's server had kept only in-flight tasks queued, and an AL "
+    "client that finds none sleeps 5 s, so AL's no-op rate ran 76-608 rollouts/s from one window to the next in "
+    "the first runs that night; queued 4x deeper it ran 1,786-1,877/s, where the headline run had 807. rollq's "
+    "no-op lead over AL is therefore 1.41x at the default (packs of 16: 3.56x), not the 2.01x (3.12x) of the "
+    "headline run."
 )
 
 
