@@ -310,9 +310,10 @@ class GateReporter:
     def _end_locked(self, number: int, value: str | None) -> None:
         # Known held: it came back, alone on the way all along, and no report was sent after it. A reply that
         # comes after its report was given up (or any failure) leaves the worker not knowing.
+        # (Alone all along implies the latest: a report sent while it was on the way would have overlapped it.)
         alone = self._unread.pop(number, None) is not None and number not in self._overlapped
         self._overlapped.discard(number)
-        self._held = value if alone and value is not None and number == self._sent else None
+        self._held = value if alone and value is not None else None
 
     def _args(self, ack: int, in_flight: int, waiting: int) -> tuple[int, str, list[str], list[Any]]:
         value = f"{ack}|{in_flight}|{waiting}"
@@ -336,25 +337,26 @@ class GateReporter:
         pipe.evalsha(self._report.sha, len(keys), *keys, *args)
 
         def read(reply: Any) -> GateReading:
-            try:
+            def script_reply() -> Any:
                 if isinstance(reply, NoScriptError):
-                    reply = self._report(keys=keys, args=args)
-                elif isinstance(reply, BaseException):
+                    return self._report(keys=keys, args=args)
+                if isinstance(reply, BaseException):
                     raise reply
-                reading = parse_reading(reply)
-            except BaseException:
-                self._end(number, None)
-                raise
-            self._end(number, value)
-            return reading
+                return reply
+
+            return self._read(number, value, script_reply)
 
         return read
 
     def report(self, *, ack: int, in_flight: int, waiting: int) -> GateReading:
         """Send the report on its own."""
         number, value, keys, args = self._args(ack, in_flight, waiting)
+        return self._read(number, value, lambda: self._report(keys=keys, args=args))
+
+    def _read(self, number: int, value: str, reply: Callable[[], Any]) -> GateReading:
+        """The reading of report ``number``'s reply, noting that it came back (or failed)."""
         try:
-            reading = parse_reading(self._report(keys=keys, args=args))
+            reading = parse_reading(reply())
         except BaseException:
             self._end(number, None)
             raise
