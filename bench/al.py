@@ -4,7 +4,8 @@ Run: python bench/al.py [--window 10] [--in-flight 32,256,1000] [--rounds 1] [--
      [--skip-al] [--al-without-resources-id] [--out al]
 
 Agent Lightning is installed into its own venv, ``bench/.venv-al`` (made here on first use with
-``pip install agentlightning==0.1.2``; it is never a dependency of rollq), and runs there:
+``pip install agentlightning==0.1.2`` under the pins of ``bench/al_constraints.txt``; it is never a dependency of
+rollq), and runs there:
 ``bench/al_side.py`` starts AL's ``AgentLightningServer`` with the trainer's feeding and taking in
 the same event loop, and 2 client processes, each running in-flight / 2 of AL's own ``AgentRunner``
 loops over one ``AgentLightningClient``. rollq runs 2 ``rq worker -w rollq.worker.RolloutWorker``
@@ -32,8 +33,10 @@ from __future__ import annotations
 
 import argparse
 import functools
+import hashlib
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -66,6 +69,9 @@ AL_VERSION = "0.1.2"
 AL_VENV = ROOT / "bench" / ".venv-al"
 AL_PYTHON = AL_VENV / "bin" / "python"
 AL_SIDE = ROOT / "bench" / "al_side.py"
+AL_CONSTRAINTS = ROOT / "bench" / "al_constraints.txt"
+"""The venv's packages, pinned (pip freeze of a fresh venv): AL's HTTP stack moved its no-op rate 3x between two venvs
+resolved afresh."""
 WORKER_PROCESSES = 2
 AL_DEPTH_TIMES, AL_DEPTH_MIN = 4, 256
 """Agent Lightning's server keeps at least this many times the in-flight count of tasks queued, and at least the
@@ -83,22 +89,25 @@ ROLLQ_AGENTS = {
 
 
 def ensure_al_venv() -> str:
-    """bench/.venv-al with agentlightning==0.1.2 in it; returns the installed version."""
-    if not AL_PYTHON.exists():
-        print(f"creating {AL_VENV.relative_to(ROOT)} with agentlightning=={AL_VERSION} (once)", flush=True)
+    """bench/.venv-al with agentlightning==0.1.2 in it, its packages pinned by :data:`AL_CONSTRAINTS`; returns the
+    installed version. A venv made under other pins (or none: before 2026-12-05) is made again."""
+    pins = hashlib.sha256(AL_CONSTRAINTS.read_bytes()).hexdigest()
+    stamp = AL_VENV / "rollq-constraints.sha256"
+    if not stamp.exists() or stamp.read_text() != pins:
+        print(f"creating {AL_VENV.relative_to(ROOT)} with agentlightning=={AL_VERSION}, pinned (once)", flush=True)
+        shutil.rmtree(AL_VENV, ignore_errors=True)
         subprocess.run([sys.executable, "-m", "venv", str(AL_VENV)], check=True)
-    probe = [str(AL_PYTHON), "-c", "import importlib.metadata as m; print(m.version('agentlightning'))"]
-    found = subprocess.run(probe, capture_output=True, text=True)
-    if found.returncode != 0 or found.stdout.strip() != AL_VERSION:
-        pip = [str(AL_PYTHON), "-m", "pip", "install", "-q", f"agentlightning=={AL_VERSION}"]
+        pip = [str(AL_PYTHON), "-m", "pip", "install", "-q", "-c", str(AL_CONSTRAINTS), f"agentlightning=={AL_VERSION}"]
         subprocess.run(pip, check=True)
-        found = subprocess.run(probe, capture_output=True, text=True, check=True)
-    return found.stdout.strip()
+        stamp.write_text(pins)
+    probe = [str(AL_PYTHON), "-c", "import importlib.metadata as m; print(m.version('agentlightning'))"]
+    return subprocess.run(probe, capture_output=True, text=True, check=True).stdout.strip()
 
 
 AL_STACK = ("agentlightning", "aiohttp", "fastapi", "starlette", "uvicorn", "h11", "httpx", "requests", "pydantic")
-"""The packages on Agent Lightning's serving and client paths: their versions go with every results file (its venv
-resolves them afresh on each machine, and a run on 2026-12-05 saw its no-op rate move 3x between two venvs)."""
+"""The packages on Agent Lightning's serving and client paths: their versions go with every results file (pinned by
+:data:`AL_CONSTRAINTS` since 2026-12-05; before, the venv resolved them afresh on each machine, and a run on
+2026-12-05 saw its no-op rate move 3x between two venvs)."""
 
 
 def al_packages() -> dict[str, str]:

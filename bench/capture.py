@@ -445,6 +445,7 @@ def sample_rollouts(
         inputs=sample_inputs,
         resources=sample_resources(temperature=0.5, endpoint=llm_url),
         extra_env=extra_env,
+        mean_rollout_seconds=None,  # as long as the simulated LLM's answers take: no ideal rate
     )
     kept = ("system", "rollouts", "failed", "seconds", "rollouts_per_s", "worker_cpu_ms_per_rollout")
     return {k: row[k] for k in (*kept, "other_processes_cpu_cores", "window_wall_time")}

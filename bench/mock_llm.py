@@ -169,7 +169,11 @@ def measure(
     enqueue: Callable[[int], object],
     completions: Callable[[], tuple[int, int]],
     window: float,
+    mean_rollout_seconds: float | None = MEAN_ROLLOUT_SECONDS,
 ) -> dict[str, Any]:
+    """The rate, CPU and memory of ``workers`` over ``window`` s, fed ``in_flight`` deep. ``mean_rollout_seconds``:
+    the agent's mean rollout time, the ideal rate's denominator (the mock agent's by default); None for an agent
+    with none known (the sample agent's rollouts last as long as its LLM answers): the row then has no ideal rate."""
     connection = server.client()
     workers.wait_registered(connection, queue_name, expected=processes)
     procs = Processes(workers)
@@ -205,7 +209,6 @@ def measure(
     done = (ok1 - ok0) + (failed1 - failed0)
     elapsed = t1 - t0
     machine_busy = psutil.cpu_count() - (idle1 - idle0) / elapsed
-    ideal = in_flight / MEAN_ROLLOUT_SECONDS
     row = {
         "system": system,
         "in_flight": in_flight,
@@ -214,8 +217,6 @@ def measure(
         "failed": failed1 - failed0,
         "seconds": round(elapsed, 2),
         "rollouts_per_s": rate(done, elapsed),
-        "ideal_rollouts_per_s": round(ideal, 1),
-        "percent_of_ideal": round(100 * done / elapsed / ideal, 1),
         "mean_running": round(mean_running, 1),
         "min_queued": min_queued,
         "worker_rss_mb": round(rss / 2**20, 1),
@@ -230,9 +231,15 @@ def measure(
         "other_processes_cpu_cores": round(machine_busy - ((cpu1 - cpu0) + (rcpu1 - rcpu0) + (me1 - me0)) / elapsed, 2),
         "window_wall_time": [round(wall0, 3), round(wall1, 3)],
     }
+    of_ideal = ""
+    if mean_rollout_seconds is not None:
+        ideal = in_flight / mean_rollout_seconds
+        row["ideal_rollouts_per_s"] = round(ideal, 1)
+        row["percent_of_ideal"] = round(100 * done / elapsed / ideal, 1)
+        of_ideal = f" = {row['percent_of_ideal']:5.1f}% of ideal"
     print(
-        f"  {system:5s} in flight {in_flight:5d} ({processes:3d} processes): {row['rollouts_per_s']:7.1f} rollouts/s "
-        f"= {row['percent_of_ideal']:5.1f}% of ideal; {row['mean_running']:6.1f} running, "
+        f"  {system:5s} in flight {in_flight:5d} ({processes:3d} processes): {row['rollouts_per_s']:7.1f} rollouts/s"
+        f"{of_ideal}; {row['mean_running']:6.1f} running, "
         f">= {row['min_queued']} queued; RSS {row['worker_rss_mb']:7.1f} MB (USS {row['worker_uss_mb']:7.1f}); "
         f"{row['worker_cpu_ms_per_rollout']:5.2f} ms worker CPU/rollout; cores: workers {row['worker_cpu_cores']:.2f}, "
         f"redis {row['redis_cpu_cores']:.2f}, producer {row['producer_cpu_cores']:.2f}, "
@@ -255,10 +262,11 @@ def run_rollq(
     inputs: Callable[[int], list[Any]] | None = None,
     resources: dict[str, Any] | None = None,
     extra_env: dict[str, str] | None = None,
+    mean_rollout_seconds: float | None = MEAN_ROLLOUT_SECONDS,
 ) -> dict[str, Any]:
     """rollq's workers running ``agent`` on ``inputs(n)`` tasks (mock-LLM questions by default) with ``resources``
-    published, measured as :func:`measure` does. ``tasks_per_job``: the producer's and the workers' packs
-    (docs/rq.md); None: ``ROLLQ_TASKS_PER_JOB``, as set."""
+    published, measured as :func:`measure` does (``mean_rollout_seconds`` with it). ``tasks_per_job``: the
+    producer's and the workers' packs (docs/rq.md); None: ``ROLLQ_TASKS_PER_JOB``, as set."""
     namespace = namespace or f"rollq-{in_flight}"
     producer = Producer.from_url(server.url, namespace, tasks_per_job=tasks_per_job)
     if resources is not None:
@@ -293,6 +301,7 @@ def run_rollq(
         enqueue=enqueue,
         completions=completions,
         window=window,
+        mean_rollout_seconds=mean_rollout_seconds,
     )
 
 
