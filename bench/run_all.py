@@ -11,6 +11,10 @@ Each benchmark runs in a subprocess of its own, one after the other, and writes
 bench/results/<name>.json (with the commit, the load before and after, the settings); ``bench/report.py``
 then builds the page from those files, one section per file. The profile (bench/before_after.py runs it
 for this tree and for rollq 0.2.0 as it landed) needs py-spy (pip install py-spy) and is skipped without it.
+
+The run rewrites the results files that docs other than the generated page (docs/scaling.md, docs/workers.md, ...)
+quote by hand; it ends by naming those docs and the files each quotes, for a person to check the figures. A run kept
+for the docs is best written under a name of its own (each script's ``--out``).
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -78,6 +83,7 @@ def main() -> None:
         else:
             print("py-spy is not installed (pip install py-spy): skipping bench/profile.py")
     started = time.monotonic()
+    before = _results_written()
     for name, extra in names:
         # A benchmark is a script, or a package run with -m (bench/cluster/).
         program = [str(BENCH / f"{name}.py")] if (BENCH / f"{name}.py").exists() else ["-m", f"bench.{name}"]
@@ -87,6 +93,42 @@ def main() -> None:
         print(f"=== {' '.join(program)} took {time.monotonic() - t:.0f} s", flush=True)
     subprocess.run([sys.executable, str(BENCH / "report.py")], check=True)
     print(f"all benchmarks in {(time.monotonic() - started) / 60:.1f} min")
+    rewritten = sorted(name for name, written in _results_written().items() if before.get(name) != written)
+    for doc, names_quoted in quoted_by_hand(rewritten).items():
+        print(f"{doc} quotes figures of rewritten results by hand, check them: {', '.join(names_quoted)}")
+
+
+RESULTS = BENCH / "results"
+GENERATED = {"benchmarks.md"}
+"""Docs that bench/report.py writes from the results: every other doc that names a results file quotes it by hand."""
+
+
+def _results_written() -> dict[str, int]:
+    """Each results file's name (without .json) and when it was last written."""
+    return {path.stem: path.stat().st_mtime_ns for path in RESULTS.glob("*.json")}
+
+
+def _naming(name: str) -> str:
+    """A pattern for the ways a doc names the results file ``name``: ``name.json``, the ``--out``/``--output`` that
+    writes it, or the script ``bench/name.py``, whose default results name it is."""
+    escaped = re.escape(name)
+    return rf"(?<![\w-]){escaped}\.json|--out(?:put)?[ =]{escaped}(?![\w-])|bench/{escaped}\.py"
+
+
+def quoted_by_hand(names: list[str], root: Path = BENCH.parent) -> dict[str, list[str]]:
+    """The docs (README.md, docs/*.md but the generated page) that name any of the results files ``names`` (as
+    :func:`_naming` finds them), with the names each one names: a run that rewrote those files left these docs'
+    figures for a person to check."""
+    docs = [root / "README.md", *sorted((root / "docs").glob("*.md"))]
+    found: dict[str, list[str]] = {}
+    for doc in docs:
+        if doc.name in GENERATED:
+            continue
+        text = doc.read_text()
+        named = [name for name in names if re.search(_naming(name), text)]
+        if named:
+            found[str(doc.relative_to(root))] = named
+    return found
 
 
 if __name__ == "__main__":

@@ -68,3 +68,18 @@ def test_every_results_file_a_document_names_is_in_the_repository():
     assert named, "no document names a results file: the pattern no longer matches how the docs cite them"
     missing = sorted(f"{doc}: {name}" for doc, name in named if not (ROOT / "bench" / "results" / name).is_file())
     assert not missing, missing
+
+
+def test_run_all_lists_the_docs_that_quote_a_results_file_it_rewrote(tmp_path, monkeypatch):
+    # bench/run_all.py rewrites every results file, and docs other than the generated page quote some by hand: it
+    # names those docs at the end of a run, found by the file's name, the --out that writes it, or its script.
+    monkeypatch.syspath_prepend(str(ROOT))
+    from bench.run_all import quoted_by_hand
+
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "README.md").write_text("Start here.\n")
+    (tmp_path / "docs" / "benchmarks.md").write_text("bench/results/noop.json, generated\n")
+    (tmp_path / "docs" / "a.md").write_text("quotes `bench/results/noop.json` and `python bench/al.py`\n")
+    (tmp_path / "docs" / "b.md").write_text("`python bench/al.py --tasks-per-job 16 --out al_packs`; al_packsx.json\n")
+    found = quoted_by_hand(["noop", "al", "al_packs", "idle"], tmp_path)
+    assert found == {"docs/a.md": ["noop", "al"], "docs/b.md": ["al", "al_packs"]}
