@@ -488,15 +488,21 @@ BEFORE_AFTER = Spec(
 
 
 PROFILE = Spec(
-    title="Where a worker's time goes at {in_flight} in flight",
+    title="Where a worker's time goes at {in_flight} in flight{packs}",
     about="""Both workers of the mock-LLM setting sampled with `py-spy record --gil` (stacks holding the GIL: Python
 CPU) for {seconds:g} s: {rollouts_per_s:,.1f} rollouts/s while sampled, {worker_cpu_ms_per_rollout:.2f} ms of
 worker CPU per rollout (psutil), {gil_held_ms_per_rollout:.2f} ms of it with the GIL held. CPU ms per rollout by
 the innermost matching frame (`bench/profile.py` lists the rules):""",
     tables=[
         Table(lambda d: sorted(d["buckets_ms_per_rollout"].items(), key=lambda kv: -kv[1]),
-              [Col("where", nth(0)), Col("GIL-held CPU ms per rollout", nth(1), ".3f")])
+              [Col("where", nth(0)), Col("GIL-held CPU ms per rollout", nth(1), ".3f")]),
+        Table(lambda d: list((d.get("cpu_ms_per_rollout_by_thread") or {}).items()),
+              [Col("thread", nth(0)), Col("CPU ms per rollout", nth(1), ".3f")],
+              caption="Each thread's own CPU over the same window (psutil, both workers summed; runs from 2026-12-05). "
+                      "These are exact where the GIL-held samples above are not: py-spy reads the running processes "
+                      "without stopping them, and its samples cover only part of the CPU."),
     ],
+    derive=lambda d: {"packs": f", packs of {_packs_of(d)} tasks per RQ job" if _packs_of(d) > 1 else ""},
 )
 
 
@@ -1526,8 +1532,9 @@ SPECS: dict[str, Spec] = {
 }
 # The page's order; results files not named here follow in name order.
 ORDER = ["al_own_path", "al", "al_packs", "noop", "handoffs", "mock_llm", "startup", "fleet_startup", "before_after",
-         "before_after_packs", "before_after_stop32", "before_after_fd9d057", "profile", "worker_floor",
-         "rollout_cpu", "rollout_cpu_before_after", "big", "results_stream", "inflight10k", "scaling", "cluster",
+         "before_after_packs", "before_after_stop32", "before_after_fd9d057", "profile", "profile_packs",
+         "worker_floor", "rollout_cpu", "rollout_cpu_before_after", "big", "results_stream", "inflight10k", "scaling",
+         "cluster",
          "cluster_256", "cluster_dead_host", "failover", "failover_repeated", "soak", "capture", "capture_native",
          "capture_load_elsewhere",
          "capture_same_code", "capture_no_record", "capture_record_after", "capture_msgspec", "capture_long_prompts",
