@@ -2028,6 +2028,28 @@ def _native_item(docs: dict[str, Doc]) -> str:
     )
 
 
+_THREAD_ROLES = {
+    "rollq-finish": "the finishing thread (each rollout's trace, triplets and JSON built from its spans, and "
+    "published)",
+    "rollq-agent-loop": "the agents' loop (the agent, its spans, the executor)",
+    "rollq-start": "the starting thread (claims and RQ's start of each job)",
+    "MainThread": "RQ's main loop (dequeueing jobs)",
+}
+
+
+def _threads_note(doc: Doc | None) -> str:
+    """Where a worker's CPU per rollout goes, thread by thread, from a profile run that measured it."""
+    threads = (doc or {}).get("cpu_ms_per_rollout_by_thread")
+    if not threads:
+        return ""
+    assert doc is not None
+    parts = [f"{_THREAD_ROLES[name]} {ms:.2f} ms" for name, ms in threads.items() if name in _THREAD_ROLES]
+    total = doc["worker_cpu_ms_per_rollout"]
+    return f" Where it goes, thread by thread (`{doc['command']}`, a run of its own: {total:.2f} ms per rollout): " + (
+        "; ".join(parts) + "."
+    )
+
+
 def _floors_note(docs: dict[str, Doc]) -> str:
     """The missed targets beside their floors, each measured in the same run as the rollq figure it is read with:
     what no implementation in Python reaches here, and what is left above it."""
@@ -2041,7 +2063,7 @@ def _floors_note(docs: dict[str, Doc]) -> str:
             f"{rollq:.2f} ms" + ("" if packs is None else f" (packs of 16: {packs:.2f} ms)") + " in the same run. "
             f"Within 0.4 ms, claiming, running, recording and publishing a rollout, its spans and RQ's records of it "
             f"included, would have to cost {max(0.0, 0.4 - bare):.2f} ms over the sleeps, where the SDK's spans alone "
-            f"cost {spans - bare:.2f}."
+            f"cost {spans - bare:.2f}." + _threads_note(docs.get("profile_packs"))
         )
     same = _same_rate(docs)
     if same is not None:
