@@ -14,9 +14,10 @@ hiredis parsing), and beside each thread's own CPU per rollout (psutil's
 per-thread times over the same window, the threads named as ``py-spy dump``
 names them, summed over both workers). The per-thread figures are exact; the
 GIL-held samples are not: py-spy reads a running process without stopping it
-(``--nonblocking``) at 100 Hz, and on 2026-12-05 they covered 0.48 ms of a
-0.84 ms rollout with packs, where ``perf`` put three quarters of the workers'
-CPU in the interpreter. Writes bench/results/profile.json.
+(``--nonblocking``) at 100 Hz, and on 2026-12-05 they covered 0.55 ms of a
+0.89 ms rollout with packs (``profile_packs.json``), where ``perf record`` of the
+same setting put three quarters of the workers' CPU in the interpreter's own
+code (libpython). Writes bench/results/profile.json (``--out``: another name).
 """
 
 from __future__ import annotations

@@ -318,8 +318,8 @@ def _al_queue(doc: Doc) -> str:
     versions = ", ".join(f"{name} {version}" for name, version in stack.items() if name != "agentlightning")
     return (
         "AL's server kept 4x the in-flight count of tasks queued, at least 256 (an AL client that finds its queue "
-        f"empty sleeps 5 s before it asks again). AL's HTTP stack in its venv: {versions} (pinned by "
-        "`bench/al_constraints.txt` since 2026-12-05: these are its versions)."
+        f"empty sleeps 5 s before it asks again). AL's HTTP stack in its venv: {versions} (the venv's packages are "
+        "pinned by `bench/al_constraints.txt` since 2026-12-05)."
     )
 
 
