@@ -78,6 +78,7 @@ def test_a_post_with_the_token_of_another_attempt_is_refused(redis_server, names
     assert producer.connection.xlen(producer.keys.superseded) == 0
 
 
+@pytest.mark.slow
 def test_a_client_that_polls_and_never_posts_fails_no_task_and_holds_at_most_its_share(
     redis_server, namespace, serve_al
 ) -> None:  # type: ignore[no-untyped-def]

@@ -140,6 +140,7 @@ def test_stale_groups_can_be_queued_again_as_new_groups(producer, serve) -> None
     assert producer.get_task(group.rollouts[0].rollout_id).input == {"rewards": [0.25, 0.75], "tag": "again"}
 
 
+@pytest.mark.slow
 def test_two_trainer_ranks_split_the_groups_without_splitting_a_group(producer, serve) -> None:
     tasks = producer.enqueue_many([{"rewards": [1.0, 0.0]}] * 12, mode="train", group_size=2)
     serve()

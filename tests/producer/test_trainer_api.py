@@ -113,6 +113,7 @@ def test_query_tasks_pages_through_every_match_once(producer, serve) -> None:
     assert len(producer.query_tasks(state=TaskState.SUCCEEDED, limit=1000).tasks) == 28
 
 
+@pytest.mark.slow
 def test_wait_partial_returns_what_finished_and_what_is_missing(producer, serve) -> None:
     quick = producer.enqueue({"sleep": 0}).rollout_id
     slow = producer.enqueue({"sleep": 30}).rollout_id

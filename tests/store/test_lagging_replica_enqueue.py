@@ -71,6 +71,7 @@ def lagging(tmp_path: Path) -> Iterator[LaggingPair]:
         pair.stop()
 
 
+@pytest.mark.slow
 def test_an_enqueue_acknowledged_while_the_replica_lags_survives_the_primarys_death(lagging: LaggingPair) -> None:
     # The replica is 1.5 s behind (each way), longer than the 300 ms WAIT timeout. Before: the WAIT fell short,
     # the shortfall was logged, and the enqueue returned as if held; the primary dying then lost the acknowledged

@@ -60,6 +60,7 @@ def test_an_enqueue_with_wait_replicas_returns_once_the_replica_holds_the_task(r
     assert producer.lifecycle.replication_shortfalls == 0
 
 
+@pytest.mark.slow
 @pytest.mark.redis
 def test_a_replica_that_stops_acknowledging_costs_one_timeout_then_the_process_is_degraded_until_it_is_back(
     replicated: Replicated, caplog: pytest.LogCaptureFixture

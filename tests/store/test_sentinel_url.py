@@ -130,6 +130,7 @@ def test_a_read_cut_short_does_not_hand_its_reply_to_the_next_command(sentinel: 
     assert client.lrange("rollq-desync", 0, -1) == [b"a"]
 
 
+@pytest.mark.slow
 @pytest.mark.redis
 def test_a_command_sent_while_the_primary_dies_reaches_the_promoted_replica(tmp_path: Path) -> None:
     # redis-py 8 reconnected a dropped Sentinel connection to the dead primary's address until its

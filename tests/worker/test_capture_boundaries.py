@@ -120,6 +120,7 @@ def _fds() -> int:
     return len(os.listdir("/proc/self/fd"))
 
 
+@pytest.mark.slow
 def test_calls_an_agent_abandons_on_a_hung_backend_close_the_backend_request_and_leak_no_socket(
     proxy: CaptureProxy, backend: HostileBackend
 ) -> None:
@@ -138,6 +139,7 @@ def test_calls_an_agent_abandons_on_a_hung_backend_close_the_backend_request_and
     assert _fds() <= before + 4
 
 
+@pytest.mark.slow
 def test_a_backend_that_never_answers_is_a_504_after_the_read_timeout_and_recorded(
     proxy: CaptureProxy, backend: HostileBackend
 ) -> None:

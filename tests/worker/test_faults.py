@@ -34,6 +34,7 @@ def running_on(producer: Producer, rollout_ids: list[str], worker: str) -> bool:
     return all(r.state == "running" and r.worker == worker for r in records)
 
 
+@pytest.mark.slow
 def test_task_of_a_sigkilled_worker_completes_on_another_worker_as_attempt_2(redis_server, namespace, workers):
     producer = Producer.from_url(redis_server.url, namespace, policy=RolloutPolicy(unresponsive_seconds=3))
     env = {**AGENT, "ROLLQ_HEARTBEAT_SECONDS": "0.5", "ROLLQ_CONCURRENCY": "2"}

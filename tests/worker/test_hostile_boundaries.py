@@ -31,6 +31,7 @@ ASYNC = {"ROLLQ_AGENT": "tests.support.hostile_agents:HostileAgent", "ROLLQ_HEAR
 # -- 2. a slow on_rollout_start hook ---------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_a_slow_start_hook_fails_no_healthy_task_and_is_reported_over_its_budget(redis_server, namespace, workers):
     # 16 claims at once, each start hook 0.4 s: the last agent starts ~6 s after its claim, three times the 2 s
     # unresponsive limit. On 48fc877 claims were heartbeated only once launched, and the reaper took them over.
@@ -63,6 +64,7 @@ def _fill_up(client: redis.Redis) -> None:
     client.config_set("maxmemory", int(client.info("memory")["used_memory"]) - 1024)
 
 
+@pytest.mark.slow
 def test_a_full_redis_pauses_workers_who_resume_when_memory_frees(own_redis, namespace, workers):
     # On 48fc877 every worker exited at the first refused write ("found an unhandled exception, quitting").
     server = own_redis()

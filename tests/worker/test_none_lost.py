@@ -96,6 +96,7 @@ def test_hooks_raising_system_exit_are_logged_and_the_worker_keeps_its_threads(r
 # -- 3. an agent that blocks the event loop --------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_a_watchdog_fails_an_attempt_that_blocks_the_event_loop_past_its_limit(redis_server, namespace, workers):
     producer = Producer.from_url(redis_server.url, namespace)
     worker = workers(redis_server.url, namespace, env={**ASYNC, "ROLLQ_CONCURRENCY": "4"})
@@ -137,6 +138,7 @@ def test_a_loop_blocked_past_every_limit_hands_rollouts_back_and_exits_non_zero(
     assert_exactly_once(producer.connection, namespace, [warm_up, blocker, *later])
 
 
+@pytest.mark.slow
 def test_heartbeats_stop_vouching_for_attempts_on_a_stalled_loop(redis_server, namespace, workers):
     producer = Producer.from_url(redis_server.url, namespace)
     workers(redis_server.url, namespace, env={**ASYNC, "ROLLQ_CONCURRENCY": "4"})
@@ -248,6 +250,7 @@ def _foreign_job(connection, keys: Keys, job: str, **fields: str) -> None:
     connection.rpush(keys.rq_queue, job)
 
 
+@pytest.mark.slow
 def test_malformed_jobs_on_a_rollq_queue_are_moved_aside_and_no_worker_dies(redis_server, namespace, workers):
     producer = Producer.from_url(redis_server.url, namespace, policy=QUICK)
     keys, connection = producer.keys, producer.connection
@@ -362,6 +365,7 @@ def test_a_queued_task_whose_rq_job_was_deleted_is_requeued_by_the_reaper(own_re
     assert_exactly_once(producer.connection, namespace, ids)
 
 
+@pytest.mark.slow
 def test_the_lost_job_sweep_reads_only_queued_tasks_and_sends_no_lpos_while_every_job_is_on_its_list(own_redis):
     # Issue 25: the sweep SCANned the whole database (every namespace's keys) and sent LPOS, 13.7 ms each with 1M
     # queued, for 20 jobs a second. It now walks the index of queued tasks the transitions keep, and LPOS only when

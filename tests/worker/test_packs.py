@@ -268,6 +268,7 @@ def test_a_worker_with_smaller_packs_than_the_producer_gives_back_jobs_taken_ahe
     assert_exactly_once(producer.connection, namespace, ids)
 
 
+@pytest.mark.slow
 def test_a_pack_larger_than_the_slots_a_worker_held_goes_back_to_the_queue_instead_of_stranding(
     redis_server, namespace, workers
 ):

@@ -146,6 +146,7 @@ def test_a_token_count_mismatch_is_flagged_on_the_triplet_and_in_the_warnings(fl
     assert "token_count_mismatch" not in (plain.triplets or [])[0].metadata
 
 
+@pytest.mark.slow
 def test_each_call_carries_the_resources_version_the_worker_knew_when_it_ran(fleet: Fleet) -> None:
     before = fleet.publish(LLM(endpoint=fleet.fake.url, model="fake-model"))
     time.sleep(1.5)  # a heartbeat: the worker knows `before` as the latest

@@ -42,6 +42,7 @@ def _live(producer: Producer, count: int) -> None:
     [("1", "0"), ("0", "0"), ("1", "1")],
     ids=["listening", "heartbeat-only", "listening, proxy on the agents' loop"],
 )
+@pytest.mark.slow
 def test_a_pause_across_two_workers_lets_running_calls_finish_holds_new_ones_and_resume_releases_them(
     redis_server: RedisServer,
     namespace: str,
@@ -194,6 +195,7 @@ def test_a_worker_that_stops_is_no_longer_waited_for(
     producer.resume_llm()
 
 
+@pytest.mark.slow
 def test_a_worker_killed_with_calls_running_holds_a_pause_only_until_its_report_expires(
     redis_server: RedisServer, namespace: str, workers: Callable[..., WorkerProcess], fake: FakeVLLM
 ) -> None:
