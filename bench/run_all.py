@@ -42,6 +42,8 @@ BENCHMARKS: list[tuple[str, list[str]]] = [
     ("big", ["--window", "10", "--ahead", "512"]),
     # What the mock agent costs a process with no rollq at all, beside rollq's workers (the worker-CPU target's floor).
     ("worker_floor", ["--seconds", "12", "--rounds", "2", "--with-rollq"]),
+    # Every trace published (the default) beside ROLLQ_ROLLOUT_TRACE=failed: bytes, Redis memory and CPU per rollout.
+    ("rollout_trace", ["--window", "10", "--rounds", "2"]),
     ("inflight10k", []),
     ("scaling", ["--window", "8"]),
     ("failover", []),

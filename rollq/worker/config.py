@@ -11,7 +11,7 @@ from __future__ import annotations
 import difflib
 import logging
 from collections.abc import Mapping
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic_settings import NoDecode, SettingsConfigDict
@@ -127,6 +127,12 @@ class WorkerSettings(Settings):
     heartbeat, for one idle Redis connection per worker process (``ROLLQ_LLM_GATE_LISTEN=0``: the heartbeat only)."""
     triplet_agent: str = ""
     """When set, triplets come only from LLM calls made under the agent of this name (``gen_ai.agent.name``)."""
+    rollout_trace: Literal["all", "failed", "none"] = "all"
+    """Which published rollouts keep their ``trace`` (the OpenTelemetry spans as JSON): ``all``; ``failed`` (a
+    succeeded rollout is published with ``trace`` null, a failed one keeps it: its spans say what went wrong);
+    ``none``. Triplets, rewards and metadata are the same either way (they are read from the spans first), and
+    hooks see the whole rollout. A captured LLM call's span repeats its messages and token ids, so the trace is most
+    of a rollout's bytes (docs/workers.md, "Keeping the trace")."""
 
     @model_validator(mode="after")
     def _budget_holds_the_largest_rollouts(self) -> WorkerSettings:

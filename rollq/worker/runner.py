@@ -367,6 +367,8 @@ class AgentRunner:
                 )
                 log.error("task %s: %s", rid, error)
                 rollout = pending.attempt.stamp(rollout, error)
+            if rollout.trace is not None and not self._keeps_trace(failed=error is not None):
+                rollout = rollout.model_copy(update={"trace": None})
             publication = self.attempts.publication(
                 pending.attempt,
                 rollout,
@@ -381,6 +383,11 @@ class AgentRunner:
         finally:
             if not publishing:
                 self._forget(pending.member)
+
+    def _keeps_trace(self, *, failed: bool) -> bool:
+        """Whether a rollout is published with its trace (the worker's ``rollout_trace``)."""
+        kept = self.settings.rollout_trace
+        return kept == "all" or (kept == "failed" and failed)
 
     def _forget(self, member: str | None) -> None:
         if member is not None:

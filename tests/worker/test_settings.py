@@ -49,6 +49,7 @@ def test_process_environment_and_dotenv_file_are_read(monkeypatch: pytest.Monkey
         ({"ROLLQ_CONCURRENCY": "0"}, "ROLLQ_CONCURRENCY='0': Input should be greater than or equal to 1"),
         ({"ROLLQ_RESULT_TTL": str(30 * 24 * 3600)}, "ROLLQ_RESULT_TTL"),
         ({"ROLLQ_LOG_FORMAT": "xml"}, "ROLLQ_LOG_FORMAT='xml'"),
+        ({"ROLLQ_ROLLOUT_TRACE": "some"}, "ROLLQ_ROLLOUT_TRACE='some': Input should be 'all', 'failed' or 'none'"),
     ],
 )
 def test_bad_values_are_a_typed_error_naming_the_variable(env: dict[str, str], needle: str) -> None:
