@@ -1521,6 +1521,52 @@ the machine's CPU time during the run (steal, `/proc/stat`): compare the two wor
     ])],
 )
 
+def _trace_ratios(key: str) -> Callable[[Any, Doc], str]:
+    return lambda row, doc: ratios(row[f"ratio_{key}"])
+
+
+ROLLOUT_TRACE = Spec(
+    title="A rollout's trace: every trace published (the default) beside `ROLLQ_ROLLOUT_TRACE=failed`",
+    about="""A worker publishes each rollout with its trace (its OpenTelemetry spans as JSON) unless
+`ROLLQ_ROLLOUT_TRACE` says otherwise; with `failed`, a succeeded rollout goes out with `trace` null and the same
+triplets and rewards. Two agents on 2 worker processes each, one private redis-server: the benchmark's mock agent
+(`mock`, {settings[mock_in_flight]} in flight: three sleeps in LLM-call spans it makes itself, no LLM called) and
+the demo's sample agent (`sample`, {settings[sample_in_flight]} in flight: 1-2 `openai` calls to the simulated
+LLM through the worker's capturing proxy, whose spans repeat each call's messages, token ids and logprobs). Per
+agent and round the two settings take turns (the first alternates), {settings[window]:g} s measured each. Bytes
+per rollout: the rollout JSON of the row's last 200 results-stream entries. Redis memory per rollout: `used_memory`'s
+growth over the row over the rollouts it finished (stream entry, summary, task record and RQ's finished job; the
+stream is not trimmed within a run).""",
+    tables=[
+        Table("summary", [
+            ("agent", "agent"), ("rounds", "rounds"),
+            ("all_rollout_bytes", "bytes/rollout, all", ",.0f"), ("failed_rollout_bytes", "bytes/rollout, failed", ",.0f"),
+            Col("failed / all, per round", _trace_ratios("rollout_bytes")),
+            ("all_redis_bytes_per_rollout", "Redis memory/rollout, all", ",.0f"),
+            ("failed_redis_bytes_per_rollout", "Redis memory/rollout, failed", ",.0f"),
+            Col("failed / all, per round", _trace_ratios("redis_bytes_per_rollout")),
+            ("all_worker_cpu_ms_per_rollout", "worker CPU ms/rollout, all", ".2f"),
+            ("failed_worker_cpu_ms_per_rollout", "worker CPU ms/rollout, failed", ".2f"),
+            Col("failed / all, per round", _trace_ratios("worker_cpu_ms_per_rollout")),
+            ("all_redis_cpu_ms_per_rollout", "Redis CPU ms/rollout, all", ".3f"),
+            ("failed_redis_cpu_ms_per_rollout", "Redis CPU ms/rollout, failed", ".3f"),
+            Col("failed / all, per round", _trace_ratios("redis_cpu_ms_per_rollout")),
+        ], caption="Medians of the rounds:"),
+        Table("rows", [
+            ("round", "round"), ("agent", "agent"), ("trace", "ROLLQ_ROLLOUT_TRACE"), ("rollouts", "rollouts"),
+            ("failed", "failed"), ("rollouts_per_s", "rollouts/s", ",.1f"),
+            ("worker_cpu_ms_per_rollout", "worker CPU ms/rollout", ".2f"),
+            ("redis_cpu_ms_per_rollout", "Redis CPU ms/rollout", ".3f"),
+            ("rollout_bytes", "bytes/rollout", ",.0f"), ("redis_bytes_per_rollout", "Redis memory/rollout", ",.0f"),
+        ], caption="Per row:"),
+    ],
+    after="""The worker's CPU does not move: the trace is still built from the spans, because triplets and
+rewards are read from it, and only its JSON is left out of what is published. What moves is what every rollout
+costs downstream: the results stream's bytes (the 1 GiB `results_max_bytes` budget holds that many more
+rollouts), the bytes a trainer reads (a reader process is bound by bytes, docs/scaling.md), and Redis's memory
+for as long as the stream keeps the rollout.""",
+)
+
 SPECS: dict[str, Spec] = {
     "al": AL, "noop": NOOP, "mock_llm": MOCK, "before_after": BEFORE_AFTER, "profile": PROFILE, "big": BIG,
     "inflight10k": K10, "scaling": SCALING, "cluster": CLUSTER, "failover": FAILOVER, "soak": SOAK,
@@ -1529,11 +1575,12 @@ SPECS: dict[str, Spec] = {
     "gc_freeze": GC_FREEZE,
     "agent_calls": AGENT_CALLS,
     "handoffs": HANDOFFS, "call_rate": CALL_RATE, "answer_read": ANSWER_READ,
+    "rollout_trace": ROLLOUT_TRACE,
 }
 # The page's order; results files not named here follow in name order.
 ORDER = ["al_own_path", "al", "al_packs", "noop", "handoffs", "mock_llm", "startup", "fleet_startup", "before_after",
          "before_after_packs", "before_after_stop32", "before_after_fd9d057", "profile", "profile_packs",
-         "worker_floor", "rollout_cpu", "rollout_cpu_before_after", "big", "results_stream", "inflight10k", "scaling",
+         "worker_floor", "rollout_cpu", "rollout_cpu_before_after", "rollout_trace", "big", "results_stream", "inflight10k", "scaling",
          "cluster",
          "cluster_256", "cluster_dead_host", "failover", "failover_repeated", "soak", "capture", "capture_native",
          "capture_load_elsewhere",

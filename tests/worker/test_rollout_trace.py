@@ -11,6 +11,7 @@ from collections.abc import Callable
 import pytest
 
 from rollq.models.contract import LLM, Rollout
+from rollq.ops.dashboard import create_app
 from rollq.producer import Producer
 from tests.support.fake_vllm import FakeVLLM
 from tests.support.servers import RedisServer, WorkerProcess
@@ -51,6 +52,8 @@ def test_a_worker_that_drops_traces_publishes_the_same_triplets_and_rewards_with
         assert failed.trace and any(span["name"].startswith("chat") for span in failed.trace)
     else:
         assert failed.trace is None
+    page = create_app(redis_server.url, namespace).test_client().get(f"/rollq/rollout/{succeeded.rollout_id}")
+    assert page.status_code == 200 and "published without its trace" in page.text
 
 
 def test_by_default_every_rollout_keeps_its_trace_and_it_is_most_of_its_bytes(
