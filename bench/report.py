@@ -1540,7 +1540,8 @@ stream is not trimmed within a run).""",
     tables=[
         Table("summary", [
             ("agent", "agent"), ("rounds", "rounds"),
-            ("all_rollout_bytes", "bytes/rollout, all", ",.0f"), ("failed_rollout_bytes", "bytes/rollout, failed", ",.0f"),
+            ("all_rollout_bytes", "bytes/rollout, all", ",.0f"),
+            ("failed_rollout_bytes", "bytes/rollout, failed", ",.0f"),
             Col("failed / all, per round", _trace_ratios("rollout_bytes")),
             ("all_redis_bytes_per_rollout", "Redis memory/rollout, all", ",.0f"),
             ("failed_redis_bytes_per_rollout", "Redis memory/rollout, failed", ",.0f"),
@@ -1580,7 +1581,8 @@ SPECS: dict[str, Spec] = {
 # The page's order; results files not named here follow in name order.
 ORDER = ["al_own_path", "al", "al_packs", "noop", "handoffs", "mock_llm", "startup", "fleet_startup", "before_after",
          "before_after_packs", "before_after_stop32", "before_after_fd9d057", "profile", "profile_packs",
-         "worker_floor", "rollout_cpu", "rollout_cpu_before_after", "rollout_trace", "big", "results_stream", "inflight10k", "scaling",
+         "worker_floor", "rollout_cpu", "rollout_cpu_before_after", "rollout_trace", "big", "results_stream",
+         "inflight10k", "scaling",
          "cluster",
          "cluster_256", "cluster_dead_host", "failover", "failover_repeated", "soak", "capture", "capture_native",
          "capture_load_elsewhere",

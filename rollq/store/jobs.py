@@ -98,6 +98,11 @@ def rq_job_key(job_id: str) -> str:
     return Job.redis_job_namespace_prefix + job_id
 
 
+def rq_results_key(job_id: str) -> str:
+    """RQ's stream of one job's results (``rq:results:<id>``), kept ``result_ttl`` after the job ends."""
+    return str(rq.results.Result.get_key(job_id))
+
+
 class JobTemplate:
     """RQ job hashes for queued attempts of one queue and time limit.
 

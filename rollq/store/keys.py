@@ -30,6 +30,7 @@ from .jobs import (
     rq_job_key,
     rq_queue_key,
     rq_queues_key,
+    rq_results_key,
     rq_suspended_key,
     rq_workers_key,
 )
@@ -275,6 +276,11 @@ class Keys:
     def rq_job(job_id: str) -> str:
         """RQ's hash for one job."""
         return rq_job_key(job_id)
+
+    @staticmethod
+    def rq_results(job_id: str) -> str:
+        """RQ's stream of one job's results."""
+        return rq_results_key(job_id)
 
 
 class TaskField(StrEnum):

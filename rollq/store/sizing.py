@@ -1,14 +1,17 @@
 """Will a namespace's records fit in Redis's memory? A projection from what the namespace has done so far.
 
-What grows with the rate, in steady state: every succeeded task's record (and its RQ job hash) for
-``keep_seconds`` after it ends, and the results stream up to its hard byte limit. At the issue-25 plan's rate
-(32,000 rollouts/s) the former 7-day default would have kept about 21 TB of records; one hour keeps ~1.1 kB x
-rate x 3600 (4 GB per shard at ~1,000 rollouts/s). A worker projects this at start-up and warns when it exceeds
-``maxmemory`` (Redis with ``noeviction`` then refuses writes; with eviction it drops rollq's keys, tasks included).
+What grows with the rate, in steady state: every succeeded task's record for ``keep_seconds`` after it ends, RQ's
+finished job (its hash and its results stream, ``rq:results:<id>``) for ``result_ttl``, and the results stream up to
+its hard byte limit. RQ's results stream is most of the finished job: Redis gives a new stream a node of
+``stream-node-max-bytes`` (4 KB by default) however small its one entry, so a finished job left about 6.4 kB where
+its hash is 1.4 kB (``bench/retained.py``). At the issue-25 plan's rate (32,000 rollouts/s) the former 7-day default
+of ``keep_seconds`` would have kept about 21 TB of records. A worker projects this at start-up and warns when it
+exceeds ``maxmemory`` (Redis with ``noeviction`` then refuses writes; with eviction it drops rollq's keys, tasks
+included).
 
 The rate is estimated from the namespace's own history: the mean rollout duration in the stats hash and the
-capacity of the workers registered on its queue (this worker's concurrency each); a record's size from
-``MEMORY USAGE`` of the task records (and RQ job hashes) of the latest published rollouts. With no finished
+capacity of the workers registered on its queue (this worker's concurrency each); the sizes from ``MEMORY USAGE``
+of the task records, RQ job hashes and RQ results streams of the latest published rollouts. With no finished
 rollout yet there is nothing to project from, and :func:`project_memory` returns None.
 """
 
@@ -36,7 +39,11 @@ class MemoryProjection:
 
     rollouts_per_second: float
     record_bytes: int
+    """A succeeded task's record, kept ``keep_seconds``."""
     keep_seconds: int
+    job_bytes: int
+    """RQ's finished job (its hash and its results stream), kept ``result_ttl``."""
+    result_ttl: int
     results_max_bytes: int
     maxmemory: int
     """Redis's ``maxmemory`` (0: none set; then the host's memory is the bound)."""
@@ -45,10 +52,10 @@ class MemoryProjection:
 
     @property
     def projected_bytes(self) -> int:
-        """Records kept for ``keep_seconds`` at the rate (0 when kept for ever: unbounded) plus a full stream."""
-        return int(
-            self.rollouts_per_second * self.keep_seconds * self.record_bytes + self.results_max_bytes * STREAM_OVERHEAD
-        )
+        """Records kept for ``keep_seconds`` (0 when kept for ever: unbounded) and RQ's finished jobs for
+        ``result_ttl`` at the rate, plus a full results stream."""
+        kept = self.keep_seconds * self.record_bytes + self.result_ttl * self.job_bytes
+        return int(self.rollouts_per_second * kept + self.results_max_bytes * STREAM_OVERHEAD)
 
     @property
     def fits(self) -> bool:
@@ -70,7 +77,13 @@ def _mean_duration(stats: dict[bytes, bytes]) -> float | None:
 
 
 def project_memory(
-    connection: redis.Redis, keys: Keys, *, keep_seconds: int, results_max_bytes: int, concurrency: int
+    connection: redis.Redis,
+    keys: Keys,
+    *,
+    keep_seconds: int,
+    result_ttl: int,
+    results_max_bytes: int,
+    concurrency: int,
 ) -> MemoryProjection | None:
     """The projection for ``keys``'s namespace (see the module), or None when nothing has finished yet or the
     server does not answer ``MEMORY USAGE`` / ``INFO`` (fakeredis)."""
@@ -86,21 +99,26 @@ def project_memory(
     pipe = connection.pipeline(transaction=False)
     for _, fields in latest:
         rid = fields.get(StreamField.ROLLOUT_ID.encode(), b"").decode(errors="replace")
+        jid = keys.job_id(rid)
         pipe.memory_usage(keys.task(rid))
-        pipe.memory_usage(keys.rq_job(keys.job_id(rid)))
+        pipe.memory_usage(keys.rq_job(jid))
+        pipe.memory_usage(keys.rq_results(jid))
     try:
         sizes: list[Any] = pipe.execute()
         info: dict[str, Any] = cast(dict[str, Any], connection.info("memory"))
     except (redis.ResponseError, NotImplementedError, AttributeError):
         return None
-    tasks = [int(s) for s in sizes[0::2] if s]
-    jobs = [int(s) for s in sizes[1::2] if s]
+    tasks, hashes, streams = ([int(s) for s in sizes[i::3] if s] for i in range(3))
     if not tasks:
         return None
-    record = sum(tasks) // len(tasks) + (sum(jobs) // len(jobs) if jobs else 0)
+    job = _mean(hashes) + _mean(streams)
     maxmemory = int(info.get("maxmemory", 0) or 0)
     bound = maxmemory or int(info.get("total_system_memory", 0) or 0)
-    return MemoryProjection(rate, record, keep_seconds, results_max_bytes, maxmemory, bound)
+    return MemoryProjection(rate, _mean(tasks), keep_seconds, job, result_ttl, results_max_bytes, maxmemory, bound)
+
+
+def _mean(sizes: list[int]) -> int:
+    return sum(sizes) // len(sizes) if sizes else 0
 
 
 def warn_if_oversized(projection: MemoryProjection | None) -> bool:
@@ -112,11 +130,14 @@ def warn_if_oversized(projection: MemoryProjection | None) -> bool:
     kept = f"for {p.keep_seconds} s" if p.keep_seconds else "for ever (ROLLQ_KEEP_SECONDS=0)"
     log.warning(
         "memory: at ~%.0f rollouts/s (estimated from this namespace's mean duration and its workers), keeping "
-        "succeeded task records of ~%d bytes %s plus a full results stream needs ~%.1f GB, more than %s: lower "
-        "ROLLQ_KEEP_SECONDS or ROLLQ_RESULTS_MAX_BYTES, or give Redis more memory (docs/scaling.md)",
+        "succeeded task records of ~%d bytes %s, RQ's finished jobs of ~%d bytes for %d s and a full results stream "
+        "needs ~%.1f GB, more than %s: lower ROLLQ_KEEP_SECONDS, ROLLQ_RESULT_TTL or ROLLQ_RESULTS_MAX_BYTES, or "
+        "give Redis more memory (docs/scaling.md)",
         p.rollouts_per_second,
         p.record_bytes,
         kept,
+        p.job_bytes,
+        p.result_ttl,
         p.projected_bytes / 1e9 if p.keep_seconds else float("inf"),
         bound,
     )

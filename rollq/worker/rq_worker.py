@@ -290,6 +290,7 @@ class RolloutWorker(SimpleWorker):
                     self.connection,
                     self.keys,
                     keep_seconds=self.settings.keep_seconds,
+                    result_ttl=self.settings.result_ttl,
                     results_max_bytes=self.settings.results_max_bytes,
                     concurrency=self.settings.concurrency,
                 )

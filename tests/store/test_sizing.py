@@ -51,10 +51,15 @@ def test_a_worker_warns_when_its_namespace_records_would_outgrow_maxmemory(
     client = server.client()
     client.config_set("maxmemory", "64mb")
     producer = Producer.from_url(server.url, namespace)
-    assert project_memory(client, producer.keys, keep_seconds=3600, results_max_bytes=1, concurrency=1) is None
+    assert (
+        project_memory(client, producer.keys, keep_seconds=3600, result_ttl=3600, results_max_bytes=1, concurrency=1)
+        is None
+    )
     _finish_some(producer, 10, duration=0.05)
 
-    fast = project_memory(client, producer.keys, keep_seconds=3600, results_max_bytes=10**6, concurrency=256)
+    fast = project_memory(
+        client, producer.keys, keep_seconds=3600, result_ttl=3600, results_max_bytes=10**6, concurrency=256
+    )
     assert fast is not None and fast.maxmemory == 64 * 2**20
     assert fast.rollouts_per_second == pytest.approx(256 / 0.05, rel=0.3)
     assert 200 < fast.record_bytes < 20_000
@@ -62,7 +67,7 @@ def test_a_worker_warns_when_its_namespace_records_would_outgrow_maxmemory(
         assert warn_if_oversized(fast)
     assert "more than maxmemory 0.1 GB" in caplog.text and "ROLLQ_KEEP_SECONDS" in caplog.text
 
-    slow = project_memory(client, producer.keys, keep_seconds=60, results_max_bytes=10**6, concurrency=1)
+    slow = project_memory(client, producer.keys, keep_seconds=60, result_ttl=60, results_max_bytes=10**6, concurrency=1)
     assert slow is not None and slow.fits and not warn_if_oversized(slow)
 
 
@@ -78,3 +83,33 @@ def test_a_worker_says_at_start_up_that_records_kept_for_ever_do_not_fit(
     wait_until(lambda: "Listening on" in second.log() or "memory:" in second.log(), "the second worker started")
     wait_until(lambda: "keeping succeeded task records" in second.log(), "the memory warning", timeout=10)
     assert "for ever (ROLLQ_KEEP_SECONDS=0)" in second.log()
+
+
+def test_the_projection_counts_rqs_finished_job_with_its_results_stream_for_result_ttl(
+    redis_server: RedisServer, namespace: str, workers: Callable[..., WorkerProcess]
+) -> None:
+    # RQ keeps each finished job's return value in a stream of its own (rq:results:<job>), and Redis gives a new
+    # stream a 4 KB node: that stream was most of what a rollout leaves in Redis, and the projection left it out.
+    producer = Producer.from_url(redis_server.url, namespace)
+    workers(redis_server.url, namespace, env={"ROLLQ_AGENT": "tests.support.fault_agents:FaultAgent"})
+    tasks = producer.enqueue_many([{"sleep": 0}] * 5)
+    producer.wait([t.rollout_id for t in tasks], timeout=30)
+    client = redis_server.client()
+    left = [
+        sum(
+            int(client.memory_usage(key) or 0)
+            for key in (producer.keys.task(t.rollout_id), f"rq:job:{jid}", f"rq:results:{jid}")
+        )
+        for t in tasks
+        for jid in [job_id(t.rollout_id)]
+    ]
+    assert all(client.exists(f"rq:results:{job_id(t.rollout_id)}") for t in tasks)
+
+    projection = project_memory(
+        client, producer.keys, keep_seconds=3600, result_ttl=600, results_max_bytes=10**6, concurrency=4
+    )
+
+    assert projection is not None
+    assert projection.record_bytes + projection.job_bytes >= 0.9 * sum(left) / len(left)
+    per_second = projection.rollouts_per_second * (3600 * projection.record_bytes + 600 * projection.job_bytes)
+    assert projection.projected_bytes == pytest.approx(per_second + 10**6 * 1.15, rel=0.01)
