@@ -1,6 +1,6 @@
 """What finished rollouts leave in Redis, and what that comes to at 100 rollouts/s.
 
-Run: python bench/retained.py [--rollouts 2000] [--concurrency 64] [--rate 100]
+Run: python bench/retained.py [--rollouts 2000] [--concurrency 64] [--rate 100] [--stream-node-max-bytes 4096,512]
 
 Runs ``--rollouts`` mock-LLM rollouts (bench/agents.py: MockLLMAgent, 3 traced LLM calls and rewards each)
 through one stock ``rq worker -w rollq.worker.RolloutWorker`` at the default settings, then reads
@@ -8,11 +8,18 @@ through one stock ``rq worker -w rollq.worker.RolloutWorker`` at the default set
 
 - RQ's finished job: its hash (``rq:job:<id>``), its results stream (``rq:results:<id>``), its execution
   records and its share of the finished registry; kept ``result_ttl`` (``ROLLQ_RESULT_TTL``, an hour);
-- rollq's task record (``{ns}:task:<id>``), kept ``keep_seconds`` (``ROLLQ_KEEP_SECONDS``, 7 days);
-- the results stream, per entry (kept until ``results_maxlen`` / ``results_max_bytes`` push it out).
+- rollq's task record (``{ns}:task:<id>``), kept ``keep_seconds`` (``ROLLQ_KEEP_SECONDS``, an hour);
+- the results stream and the summaries stream beside it, per entry (kept until ``results_maxlen`` /
+  ``results_max_bytes`` push them out).
 
 It also reports ``used_memory`` before and after, per rollout. The steady state at ``--rate`` rollouts/s is
-``rate x retention x bytes`` for each kind. Writes bench/results/retained.json.
+``rate x retention x bytes`` for each kind.
+
+RQ's results stream is most of its finished job: Redis gives a new stream a listpack node of
+``stream-node-max-bytes`` (4096 by default), however small its one entry. ``--stream-node-max-bytes`` runs the
+whole measurement once per value given, each on a redis-server of its own set to it (``CONFIG SET``); the first
+value's figures are the file's top-level ones, every value's are in ``by_stream_node_max_bytes``. Writes
+bench/results/retained.json.
 """
 
 from __future__ import annotations
@@ -23,6 +30,7 @@ import tempfile
 import time
 from collections import defaultdict
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -40,6 +48,8 @@ def kind_of(key: str, keys: Keys) -> str:
         return "task_record"
     if key == keys.results:
         return "results_stream"
+    if key == keys.summaries:
+        return "summaries_stream"
     if key.startswith("rq:job:"):
         return "rq_job_hash"
     if key.startswith("rq:results:"):
@@ -51,17 +61,13 @@ def kind_of(key: str, keys: Keys) -> str:
     return "other"
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rollouts", type=int, default=2000)
-    parser.add_argument("--concurrency", type=int, default=64)
-    parser.add_argument("--rate", type=float, default=100.0, help="rollouts/s to extrapolate to")
-    args = parser.parse_args()
+def measure(args: argparse.Namespace, node_bytes: int) -> dict[str, Any]:
+    """One run of ``--rollouts`` on a redis-server of its own with ``stream-node-max-bytes`` set to ``node_bytes``."""
     settings = WorkerSettings()
     keys = Keys(NAMESPACE)
-
     with private_redis() as server, tempfile.TemporaryDirectory(prefix="rollq-bench-logs-") as logs:
         connection = server.client()
+        connection.config_set("stream-node-max-bytes", node_bytes)
         before = int(connection.info("memory")["used_memory"])
         producer = Producer(connection, NAMESPACE)
         ids = [t.rollout_id for t in producer.enqueue_many([{"question": i} for i in range(args.rollouts)])]
@@ -99,6 +105,7 @@ def main() -> None:
     rq_retained = args.rate * settings.result_ttl * rq_job
     records_retained = args.rate * settings.keep_seconds * record
     result = {
+        "stream_node_max_bytes": node_bytes,
         "rollouts": done,
         "of": len(ids),
         "used_memory_per_rollout_bytes": round((after - before) / done),
@@ -108,22 +115,52 @@ def main() -> None:
         "rq_job_ttl_seconds_sampled": ttl_sample,
         "task_record_bytes": record,
         "results_stream_entry_bytes": stream_entry,
+        "summaries_stream_entry_bytes": per_rollout.get("summaries_stream", 0),
         "at_rate": {
             "rollouts_per_second": args.rate,
             "rq_finished_jobs_gb": round(rq_retained / 1e9, 2),
             "rq_result_ttl_seconds": settings.result_ttl,
-            "task_records_gb": round(records_retained / 1e9, 1),
+            "task_records_gb": round(records_retained / 1e9, 2),
             "keep_seconds": settings.keep_seconds,
         },
     }
     print(
-        f"{done} rollouts: RQ finished job {rq_job / KB:.1f} kB (kept {settings.result_ttl} s), "
-        f"task record {record / KB:.2f} kB (kept {settings.keep_seconds} s), results entry {stream_entry / KB:.1f} kB"
+        f"stream-node-max-bytes {node_bytes}: {done} rollouts: RQ finished job {rq_job / KB:.1f} kB "
+        f"(its results stream {per_rollout.get('rq_job_results', 0) / KB:.1f} kB; kept {settings.result_ttl} s), "
+        f"task record {record / KB:.2f} kB (kept {settings.keep_seconds} s), results entry {stream_entry / KB:.1f} "
+        f"kB, summaries entry {result['summaries_stream_entry_bytes'] / KB:.2f} kB; used_memory "
+        f"{result['used_memory_per_rollout_bytes'] / KB:.1f} kB per rollout",
+        flush=True,
     )
     print(
-        f"at {args.rate:g}/s: RQ finished jobs {rq_retained / 1e9:.2f} GB, task records {records_retained / 1e9:.1f} GB"
+        f"  at {args.rate:g}/s: RQ finished jobs {rq_retained / 1e9:.2f} GB, task records {records_retained / 1e9:.2f} "
+        "GB",
+        flush=True,
     )
-    print(write_result("retained", result, sys.argv[1:]))
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rollouts", type=int, default=2000)
+    parser.add_argument("--concurrency", type=int, default=64)
+    parser.add_argument("--rate", type=float, default=100.0, help="rollouts/s to extrapolate to")
+    parser.add_argument(
+        "--stream-node-max-bytes",
+        default="4096",
+        help="Redis's stream-node-max-bytes for each run, comma-separated (4096: Redis's default)",
+    )
+    args = parser.parse_args()
+    runs = [measure(args, int(v)) for v in args.stream_node_max_bytes.split(",") if v]
+    result = dict(runs[0])
+    if len(runs) > 1:
+        result["by_stream_node_max_bytes"] = [
+            {k: r[k] for k in ("stream_node_max_bytes", "used_memory_per_rollout_bytes", "rq_finished_job_bytes",
+                               "task_record_bytes", "results_stream_entry_bytes", "summaries_stream_entry_bytes")}
+            | {"rq_job_results_bytes": r["bytes_per_rollout"].get("rq_job_results", 0)}
+            for r in runs
+        ]  # fmt: skip
+    print(write_result("retained", result, sys.argv[1:], settings=vars(args)))
 
 
 if __name__ == "__main__":
