@@ -31,6 +31,9 @@ log = logging.getLogger(__name__)
 _SAMPLE = 8  # task records sampled for their size
 STREAM_OVERHEAD = 1.15
 """Redis memory per payload byte of the results stream (measured 1.1-1.3, README)."""
+SMALL_STREAM_NODES = 512
+"""The ``stream-node-max-bytes`` docs/scaling.md advises: RQ's finished job 2.8 kB instead of 6.4 at Redis's 4096,
+rollq's summaries entries 0.52 kB instead of 0.26 (``bench/retained.py --stream-node-max-bytes 4096,1024,512,256``)."""
 
 
 @dataclass(frozen=True)
@@ -49,6 +52,9 @@ class MemoryProjection:
     """Redis's ``maxmemory`` (0: none set; then the host's memory is the bound)."""
     bound_bytes: int
     """What the projection is compared with: ``maxmemory``, else the host's total memory."""
+    stream_node_max_bytes: int | None = None
+    """Redis's ``stream-node-max-bytes`` (None: ``CONFIG GET`` not allowed): above :data:`SMALL_STREAM_NODES`, each
+    of RQ's per-job results streams holds a node that size."""
 
     @property
     def projected_bytes(self) -> int:
@@ -114,7 +120,18 @@ def project_memory(
     job = _mean(hashes) + _mean(streams)
     maxmemory = int(info.get("maxmemory", 0) or 0)
     bound = maxmemory or int(info.get("total_system_memory", 0) or 0)
-    return MemoryProjection(rate, _mean(tasks), keep_seconds, job, result_ttl, results_max_bytes, maxmemory, bound)
+    return MemoryProjection(
+        rate, _mean(tasks), keep_seconds, job, result_ttl, results_max_bytes, maxmemory, bound, _node_bytes(connection)
+    )
+
+
+def _node_bytes(connection: redis.Redis) -> int | None:
+    """Redis's ``stream-node-max-bytes``, or None where ``CONFIG GET`` is renamed away or refused."""
+    try:
+        reply = cast(dict[str, Any], connection.config_get("stream-node-max-bytes"))
+        return int(reply["stream-node-max-bytes"])
+    except (redis.ResponseError, NotImplementedError, AttributeError, KeyError, ValueError):
+        return None
 
 
 def _mean(sizes: list[int]) -> int:
@@ -141,4 +158,12 @@ def warn_if_oversized(projection: MemoryProjection | None) -> bool:
         p.projected_bytes / 1e9 if p.keep_seconds else float("inf"),
         bound,
     )
+    if p.stream_node_max_bytes is not None and p.stream_node_max_bytes > SMALL_STREAM_NODES and p.result_ttl:
+        log.warning(
+            "memory: Redis's stream-node-max-bytes is %d, so each of RQ's finished jobs holds a stream node that size "
+            "for ROLLQ_RESULT_TTL; CONFIG SET stream-node-max-bytes %d (or the same in redis.conf) about halves "
+            "what a finished job keeps (docs/scaling.md)",
+            p.stream_node_max_bytes,
+            SMALL_STREAM_NODES,
+        )
     return True
