@@ -1,6 +1,6 @@
 """What finished rollouts leave in Redis, and what that comes to at 100 rollouts/s.
 
-Run: python bench/retained.py [--rollouts 2000] [--concurrency 64] [--rate 100] [--stream-node-max-bytes 4096,512]
+Run: python bench/retained.py [--rollouts 2000] [--concurrency 64] [--rate 100] [--config default --config ...]
 
 Runs ``--rollouts`` mock-LLM rollouts (bench/agents.py: MockLLMAgent, 3 traced LLM calls and rewards each)
 through one stock ``rq worker -w rollq.worker.RolloutWorker`` at the default settings, then reads
@@ -16,10 +16,12 @@ It also reports ``used_memory`` before and after, per rollout. The steady state 
 ``rate x retention x bytes`` for each kind.
 
 RQ's results stream is most of its finished job: Redis gives a new stream a listpack node of
-``stream-node-max-bytes`` (4096 by default), however small its one entry. ``--stream-node-max-bytes`` runs the
-whole measurement once per value given, each on a redis-server of its own set to it (``CONFIG SET``); the first
-value's figures are the file's top-level ones, every value's are in ``by_stream_node_max_bytes``. Writes
-bench/results/retained.json.
+``stream-node-max-bytes`` (4096 by default), however small its one entry. And a hash with a value longer than
+``hash-max-listpack-value`` (64 by default) is a hash table instead of a listpack: RQ's job hash (its description and
+data) and rollq's task record (the task and policy JSON) are. ``--config`` runs the whole measurement once per value,
+each on a redis-server of its own given those settings (``CONFIG SET``): ``default``, or
+``name=value[,name=value...]``. The first run's figures are the file's top-level ones; every run's are in
+``by_config``, with Redis's CPU per rollout over the run. Writes bench/results/retained.json.
 """
 
 from __future__ import annotations
@@ -33,6 +35,8 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import psutil  # noqa: E402
 
 from bench.common import outcomes, private_redis, rollq_workers, write_result  # noqa: E402
 from rollq.producer import Producer  # noqa: E402
@@ -61,14 +65,24 @@ def kind_of(key: str, keys: Keys) -> str:
     return "other"
 
 
-def measure(args: argparse.Namespace, node_bytes: int) -> dict[str, Any]:
-    """One run of ``--rollouts`` on a redis-server of its own with ``stream-node-max-bytes`` set to ``node_bytes``."""
+def parse_config(text: str) -> dict[str, str]:
+    """``default`` -> {}; ``a=1,b=2`` -> {"a": "1", "b": "2"}."""
+    if text == "default":
+        return {}
+    return dict(item.split("=", 1) for item in text.split(",") if item)
+
+
+def measure(args: argparse.Namespace, config: str) -> dict[str, Any]:
+    """One run of ``--rollouts`` on a redis-server of its own, ``config``'s settings set (see the module)."""
     settings = WorkerSettings()
     keys = Keys(NAMESPACE)
     with private_redis() as server, tempfile.TemporaryDirectory(prefix="rollq-bench-logs-") as logs:
         connection = server.client()
-        connection.config_set("stream-node-max-bytes", node_bytes)
+        for name, value in parse_config(config).items():
+            connection.config_set(name, value)
+        redis_process = psutil.Process(server.process.pid)  # type: ignore[union-attr]
         before = int(connection.info("memory")["used_memory"])
+        cpu_before = sum(redis_process.cpu_times()[:2])
         producer = Producer(connection, NAMESPACE)
         ids = [t.rollout_id for t in producer.enqueue_many([{"question": i} for i in range(args.rollouts)])]
         fleet = rollq_workers(
@@ -87,6 +101,7 @@ def measure(args: argparse.Namespace, node_bytes: int) -> dict[str, Any]:
         finally:
             fleet.stop()
         done = sum(outcomes(connection, NAMESPACE))
+        redis_cpu = sum(redis_process.cpu_times()[:2]) - cpu_before
         after = int(connection.info("memory")["used_memory"])
         totals: dict[str, int] = defaultdict(int)
         counts: dict[str, int] = defaultdict(int)
@@ -105,7 +120,8 @@ def measure(args: argparse.Namespace, node_bytes: int) -> dict[str, Any]:
     rq_retained = args.rate * settings.result_ttl * rq_job
     records_retained = args.rate * settings.keep_seconds * record
     result = {
-        "stream_node_max_bytes": node_bytes,
+        "redis_config": config,
+        "redis_cpu_ms_per_rollout": round(1000 * redis_cpu / max(1, done), 3),
         "rollouts": done,
         "of": len(ids),
         "used_memory_per_rollout_bytes": round((after - before) / done),
@@ -125,11 +141,12 @@ def measure(args: argparse.Namespace, node_bytes: int) -> dict[str, Any]:
         },
     }
     print(
-        f"stream-node-max-bytes {node_bytes}: {done} rollouts: RQ finished job {rq_job / KB:.1f} kB "
+        f"{config}: {done} rollouts: RQ finished job {rq_job / KB:.1f} kB "
         f"(its results stream {per_rollout.get('rq_job_results', 0) / KB:.1f} kB; kept {settings.result_ttl} s), "
         f"task record {record / KB:.2f} kB (kept {settings.keep_seconds} s), results entry {stream_entry / KB:.1f} "
         f"kB, summaries entry {result['summaries_stream_entry_bytes'] / KB:.2f} kB; used_memory "
-        f"{result['used_memory_per_rollout_bytes'] / KB:.1f} kB per rollout",
+        f"{result['used_memory_per_rollout_bytes'] / KB:.1f} kB per rollout; Redis CPU "
+        f"{result['redis_cpu_ms_per_rollout']:.3f} ms per rollout",
         flush=True,
     )
     print(
@@ -146,18 +163,20 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=64)
     parser.add_argument("--rate", type=float, default=100.0, help="rollouts/s to extrapolate to")
     parser.add_argument(
-        "--stream-node-max-bytes",
-        default="4096",
-        help="Redis's stream-node-max-bytes for each run, comma-separated (4096: Redis's default)",
+        "--config",
+        action="append",
+        help="Redis settings of one run: default, or name=value[,name=value...]; repeat for more runs",
     )
     args = parser.parse_args()
-    runs = [measure(args, int(v)) for v in args.stream_node_max_bytes.split(",") if v]
+    runs = [measure(args, config) for config in args.config or ["default"]]
     result = dict(runs[0])
     if len(runs) > 1:
-        result["by_stream_node_max_bytes"] = [
-            {k: r[k] for k in ("stream_node_max_bytes", "used_memory_per_rollout_bytes", "rq_finished_job_bytes",
-                               "task_record_bytes", "results_stream_entry_bytes", "summaries_stream_entry_bytes")}
-            | {"rq_job_results_bytes": r["bytes_per_rollout"].get("rq_job_results", 0)}
+        result["by_config"] = [
+            {k: r[k] for k in ("redis_config", "used_memory_per_rollout_bytes", "rq_finished_job_bytes",
+                               "task_record_bytes", "results_stream_entry_bytes", "summaries_stream_entry_bytes",
+                               "redis_cpu_ms_per_rollout")}
+            | {"rq_job_hash_bytes": r["bytes_per_rollout"].get("rq_job_hash", 0),
+               "rq_job_results_bytes": r["bytes_per_rollout"].get("rq_job_results", 0)}
             for r in runs
         ]  # fmt: skip
     print(write_result("retained", result, sys.argv[1:], settings=vars(args)))
