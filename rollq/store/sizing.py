@@ -31,9 +31,16 @@ log = logging.getLogger(__name__)
 _SAMPLE = 8  # task records sampled for their size
 STREAM_OVERHEAD = 1.15
 """Redis memory per payload byte of the results stream (measured 1.1-1.3, README)."""
-SMALL_STREAM_NODES = 512
-"""The ``stream-node-max-bytes`` docs/scaling.md advises: RQ's finished job 2.8 kB instead of 6.4 at Redis's 4096,
-rollq's summaries entries 0.52 kB instead of 0.26 (``bench/retained.py --stream-node-max-bytes 4096,1024,512,256``)."""
+COMPACT_REDIS = {"stream-node-max-bytes": 512, "hash-max-listpack-value": 256}
+"""The Redis settings docs/scaling.md advises, and what they save (``bench/retained.py --config ...``, 2026-12-05):
+
+- ``stream-node-max-bytes`` 512 (Redis's default 4096): Redis gives each new stream a node that size, and RQ keeps
+  every finished job's result in a stream of its own; a finished job 2.8 kB instead of 6.4, rollq's summaries
+  entries 0.52 kB instead of 0.26;
+- ``hash-max-listpack-value`` 256 (Redis's 64): RQ's job hash (its description and data) and rollq's task record (the
+  task and policy JSON) hold longer values, which make a hash a hash table; as listpacks they take about half.
+
+Both: 3.0 kB kept per rollout instead of 7.9, Redis's CPU per rollout within the runs' spread."""
 
 
 @dataclass(frozen=True)
@@ -52,9 +59,8 @@ class MemoryProjection:
     """Redis's ``maxmemory`` (0: none set; then the host's memory is the bound)."""
     bound_bytes: int
     """What the projection is compared with: ``maxmemory``, else the host's total memory."""
-    stream_node_max_bytes: int | None = None
-    """Redis's ``stream-node-max-bytes`` (None: ``CONFIG GET`` not allowed): above :data:`SMALL_STREAM_NODES`, each
-    of RQ's per-job results streams holds a node that size."""
+    loose_settings: dict[str, int] | None = None
+    """Redis's settings that keep more per rollout than :data:`COMPACT_REDIS` (None: ``CONFIG GET`` refused)."""
 
     @property
     def projected_bytes(self) -> int:
@@ -121,25 +127,31 @@ def project_memory(
     maxmemory = int(info.get("maxmemory", 0) or 0)
     bound = maxmemory or int(info.get("total_system_memory", 0) or 0)
     return MemoryProjection(
-        rate, _mean(tasks), keep_seconds, job, result_ttl, results_max_bytes, maxmemory, bound, _node_bytes(connection)
+        rate, _mean(tasks), keep_seconds, job, result_ttl, results_max_bytes, maxmemory, bound, _loose(connection)
     )
-
-
-def _node_bytes(connection: redis.Redis) -> int | None:
-    """Redis's ``stream-node-max-bytes``, or None where ``CONFIG GET`` is renamed away or refused."""
-    try:
-        reply = cast(dict[str, Any], connection.config_get("stream-node-max-bytes"))
-        return int(reply["stream-node-max-bytes"])
-    except (redis.ResponseError, NotImplementedError, AttributeError, KeyError, ValueError):
-        return None
 
 
 def _mean(sizes: list[int]) -> int:
     return sum(sizes) // len(sizes) if sizes else 0
 
 
+def _loose(connection: redis.Redis) -> dict[str, int] | None:
+    """Redis's settings that differ from :data:`COMPACT_REDIS` the costly way, or None where ``CONFIG GET`` is
+    renamed away or refused."""
+    loose = {}
+    try:
+        for name, advised in COMPACT_REDIS.items():
+            value = int(cast(dict[str, Any], connection.config_get(name))[name])
+            if (value > advised) if name == "stream-node-max-bytes" else (value < advised):
+                loose[name] = value
+    except (redis.ResponseError, NotImplementedError, AttributeError, KeyError, ValueError):
+        return None
+    return loose
+
+
 def warn_if_oversized(projection: MemoryProjection | None) -> bool:
-    """Log one warning when ``projection`` does not fit; True if it did not."""
+    """Log a warning when ``projection`` does not fit, and one more naming Redis's settings that keep more per
+    rollout than :data:`COMPACT_REDIS` where there are such; True if it did not fit."""
     if projection is None or projection.fits:
         return False
     p = projection
@@ -158,12 +170,11 @@ def warn_if_oversized(projection: MemoryProjection | None) -> bool:
         p.projected_bytes / 1e9 if p.keep_seconds else float("inf"),
         bound,
     )
-    if p.stream_node_max_bytes is not None and p.stream_node_max_bytes > SMALL_STREAM_NODES and p.result_ttl:
+    if p.loose_settings:
         log.warning(
-            "memory: Redis's stream-node-max-bytes is %d, so each of RQ's finished jobs holds a stream node that size "
-            "for ROLLQ_RESULT_TTL; CONFIG SET stream-node-max-bytes %d (or the same in redis.conf) about halves "
-            "what a finished job keeps (docs/scaling.md)",
-            p.stream_node_max_bytes,
-            SMALL_STREAM_NODES,
+            "memory: Redis's %s; CONFIG SET %s (or the same in redis.conf) keeps less per finished rollout (both "
+            "settings: about 3.0 kB instead of 7.9; docs/scaling.md)",
+            ", ".join(f"{name} is {value}" for name, value in p.loose_settings.items()),
+            " ".join(f"{name} {COMPACT_REDIS[name]}" for name in p.loose_settings),
         )
     return True

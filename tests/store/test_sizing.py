@@ -66,15 +66,17 @@ def test_a_worker_warns_when_its_namespace_records_would_outgrow_maxmemory(
     with caplog.at_level(logging.WARNING, logger="rollq.store.sizing"):
         assert warn_if_oversized(fast)
     assert "more than maxmemory 0.1 GB" in caplog.text and "ROLLQ_KEEP_SECONDS" in caplog.text
-    assert "stream-node-max-bytes is 4096" in caplog.text  # Redis's default: RQ's per-job streams hold 4 KB each
+    # Redis's defaults: RQ's per-job result streams hold 4 KB nodes, and hashes with long values are hash tables.
+    assert "CONFIG SET stream-node-max-bytes 512 hash-max-listpack-value 256" in caplog.text
     caplog.clear()
     client.config_set("stream-node-max-bytes", 512)
+    client.config_set("hash-max-listpack-value", 256)
     smaller = project_memory(
         client, producer.keys, keep_seconds=3600, result_ttl=3600, results_max_bytes=10**6, concurrency=256
     )
     with caplog.at_level(logging.WARNING, logger="rollq.store.sizing"):
         assert warn_if_oversized(smaller)
-    assert "ROLLQ_RESULT_TTL" in caplog.text and "stream-node-max-bytes" not in caplog.text
+    assert "ROLLQ_RESULT_TTL" in caplog.text and "CONFIG SET" not in caplog.text
 
     slow = project_memory(client, producer.keys, keep_seconds=60, result_ttl=60, results_max_bytes=10**6, concurrency=1)
     assert slow is not None and slow.fits and not warn_if_oversized(slow)
