@@ -61,7 +61,7 @@ from bench.common import (  # noqa: E402
     sum_over,
     write_result,
 )
-from bench.mock_llm import MEAN_ROLLOUT_SECONDS, Feeder  # noqa: E402
+from bench.mock_llm import MEAN_ROLLOUT_SECONDS, Feeder, add_ideal  # noqa: E402
 from rollq.producer import Producer  # noqa: E402
 from rollq.store.stats import outcome_stat  # noqa: E402
 
@@ -399,8 +399,7 @@ def main() -> None:
                     row.update(run(scenario, in_flight, args.window, Path(logs)))
                     row["load_1m"] = {"before": round(load_before, 2), "after": round(os.getloadavg()[0], 2)}
                     if scenario == "mock":
-                        row["ideal_rollouts_per_s"] = round(in_flight / MEAN_ROLLOUT_SECONDS, 1)
-                        row["percent_of_ideal"] = round(100 * row["rollouts_per_s"] / row["ideal_rollouts_per_s"], 1)
+                        add_ideal(row, in_flight)
                     print(
                         f"  {system:14s} {scenario:4s} {in_flight:5d} in flight: {row['rollouts_per_s']:7.1f}/s"
                         + (f" = {row['percent_of_ideal']:5.1f}% of ideal" if "percent_of_ideal" in row else "")

@@ -157,6 +157,14 @@ class Gauge(threading.Thread):
         return sum(r for r, _ in self.samples) / max(len(self.samples), 1), min((q for _, q in self.samples), default=0)
 
 
+def add_ideal(row: dict[str, Any], in_flight: int, mean_rollout_seconds: float = MEAN_ROLLOUT_SECONDS) -> None:
+    """The row's ideal rate (``in_flight`` over the agent's mean rollout time: every slot always busy, nothing else
+    costing time) and its ``rollouts_per_s`` as a percentage of it."""
+    ideal = in_flight / mean_rollout_seconds
+    row["ideal_rollouts_per_s"] = round(ideal, 1)
+    row["percent_of_ideal"] = round(100 * row["rollouts_per_s"] / ideal, 1)
+
+
 def measure(
     server: RedisServer,
     *,
@@ -233,9 +241,7 @@ def measure(
     }
     of_ideal = ""
     if mean_rollout_seconds is not None:
-        ideal = in_flight / mean_rollout_seconds
-        row["ideal_rollouts_per_s"] = round(ideal, 1)
-        row["percent_of_ideal"] = round(100 * done / elapsed / ideal, 1)
+        add_ideal(row, in_flight, mean_rollout_seconds)
         of_ideal = f" = {row['percent_of_ideal']:5.1f}% of ideal"
     print(
         f"  {system:5s} in flight {in_flight:5d} ({processes:3d} processes): {row['rollouts_per_s']:7.1f} rollouts/s"

@@ -2088,10 +2088,9 @@ _THREAD_ROLES = {
 
 def _threads_note(doc: Doc | None) -> str:
     """Where a worker's CPU per rollout goes, thread by thread, from a profile run that measured it."""
-    threads = (doc or {}).get("cpu_ms_per_rollout_by_thread")
-    if not threads:
+    if doc is None or not doc.get("cpu_ms_per_rollout_by_thread"):
         return ""
-    assert doc is not None
+    threads = doc["cpu_ms_per_rollout_by_thread"]
     parts = [f"{_THREAD_ROLES[name]} {ms:.2f} ms" for name, ms in threads.items() if name in _THREAD_ROLES]
     total = doc["worker_cpu_ms_per_rollout"]
     return f" Where it goes, thread by thread (`{doc['command']}`, a run of its own: {total:.2f} ms per rollout): " + (

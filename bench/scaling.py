@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.al import run_rollq  # noqa: E402
 from bench.common import ROOT, write_result  # noqa: E402
-from bench.mock_llm import MEAN_ROLLOUT_SECONDS  # noqa: E402
+from bench.mock_llm import add_ideal  # noqa: E402
 
 PLOT = ROOT / "docs" / "scaling.png"
 PROCESS_SWEEP_IN_FLIGHT = 1000
@@ -85,8 +85,7 @@ def main() -> None:
         for sweep, processes, in_flight in settings:
             row: dict[str, Any] = {"sweep": sweep, "worker_processes": processes, "in_flight": in_flight}
             row.update(run_rollq("mock", in_flight, args.window, Path(logs), processes=processes))
-            row["ideal_rollouts_per_s"] = round(in_flight / MEAN_ROLLOUT_SECONDS, 1)
-            row["percent_of_ideal"] = round(100 * row["rollouts_per_s"] / row["ideal_rollouts_per_s"], 1)
+            add_ideal(row, in_flight)
             print(
                 f"  {processes} processes, {in_flight:5d} in flight: {row['rollouts_per_s']:7.1f}/s "
                 f"({row['percent_of_ideal']:.0f}%), worker CPU {row['worker_cpu_ms_per_rollout']:.2f} ms, "
