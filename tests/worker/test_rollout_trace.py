@@ -6,6 +6,8 @@ trainer that reads only triplets can leave it out, and keep it where it explains
 
 from __future__ import annotations
 
+import os
+import subprocess
 from collections.abc import Callable
 
 import pytest
@@ -14,7 +16,7 @@ from rollq.models.contract import LLM, Rollout
 from rollq.ops.dashboard import create_app
 from rollq.producer import Producer
 from tests.support.fake_vllm import FakeVLLM
-from tests.support.servers import RedisServer, WorkerProcess
+from tests.support.servers import REPO, ROLLQ, RedisServer, WorkerProcess
 
 AGENTS = "tests.support.capture_agents"
 WAIT = 60.0
@@ -64,3 +66,24 @@ def test_by_default_every_rollout_keeps_its_trace_and_it_is_most_of_its_bytes(
     assert succeeded.trace and failed.trace
     without = succeeded.model_copy(update={"trace": None})
     assert len(without.model_dump_json()) < len(succeeded.model_dump_json()) / 2
+
+
+def test_rollq_worker_takes_the_setting_as_an_option(redis_server: RedisServer, namespace: str) -> None:
+    fake = FakeVLLM().start()
+    try:
+        producer = Producer.from_url(redis_server.url, namespace)
+        producer.update_resources({"llm": LLM(endpoint=fake.url, model="fake-model")})
+        [task] = producer.enqueue_many([SUCCEEDS], mode="train")
+        base = [ROLLQ, "--url", redis_server.url, "-n", namespace, "worker", "--burst", "--agent"]
+        env = {k: v for k, v in os.environ.items() if not k.startswith("ROLLQ_")}
+        wrong = subprocess.run([*base, f"{AGENTS}:AsyncCaptureAgent", "--rollout-trace", "some"], cwd=REPO, env=env,
+                               capture_output=True, text=True, timeout=120)  # fmt: skip
+        done = subprocess.run([*base, f"{AGENTS}:AsyncCaptureAgent", "--rollout-trace", "none"], cwd=REPO, env=env,
+                              capture_output=True, text=True, timeout=120)  # fmt: skip
+        [rollout] = producer.wait([task.rollout_id], timeout=WAIT)
+    finally:
+        fake.stop()
+
+    assert wrong.returncode == 2 and "'some' is not one of 'all', 'failed', 'none'" in wrong.stderr
+    assert done.returncode == 0, done.stderr
+    assert rollout.trace is None and rollout.triplets and rollout.final_reward == 1.0

@@ -41,6 +41,12 @@ from .errors import one_line_errors
     "--results-max-bytes", type=int, default=None, help="Hard byte limit of the results stream [default 1 GiB]."
 )
 @click.option("--max-result-bytes", type=int, default=None, help="Largest rollout JSON published [default 8 MiB].")
+@click.option(
+    "--rollout-trace",
+    type=click.Choice(["all", "failed", "none"]),
+    default=None,
+    help="Which published rollouts keep their trace [env: ROLLQ_ROLLOUT_TRACE; default all].",
+)
 @click.option("--burst", is_flag=True, help="Quit once the queue is empty.")
 @click.option("--name", default=None, help="Worker name (default: RQ's random one).")
 @click.option("--worker-ttl", type=int, default=None, help="RQ worker TTL in seconds.")
@@ -64,6 +70,7 @@ def worker(
     results_maxlen: int | None,
     results_max_bytes: int | None,
     max_result_bytes: int | None,
+    rollout_trace: str | None,
     burst: bool,
     name: str | None,
     worker_ttl: int | None,
@@ -87,6 +94,7 @@ def worker(
         results_maxlen=results_maxlen,
         results_max_bytes=results_max_bytes,
         max_result_bytes=max_result_bytes,
+        rollout_trace=rollout_trace,
     )
     logs.configure(logging_level, settings.log_format)
     # A worker started before its Redis (or during a failover) waits for it, bounded and logged.
