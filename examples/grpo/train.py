@@ -178,6 +178,9 @@ def train(args: argparse.Namespace, url: str) -> list[dict[str, Any]]:
     worker_env = {
         "ROLLQ_AGENT": "examples.grpo.agent:ReverseAgent",
         "ROLLQ_CONCURRENCY": str(args.concurrency),
+        # The trainer learns from triplets: succeeded rollouts are published without the trace that repeats their
+        # token ids (docs/workers.md, "Keeping the trace"); a failed one keeps its trace, which says why.
+        "ROLLQ_ROLLOUT_TRACE": "failed",
         "PYTHONPATH": f"{REPO}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
         "PYTHONUNBUFFERED": "1",
     }
