@@ -138,15 +138,18 @@ def _mean(sizes: list[int]) -> int:
 def _loose(connection: redis.Redis) -> dict[str, int] | None:
     """Redis's settings that differ from :data:`COMPACT_REDIS` the costly way, or None where ``CONFIG GET`` is
     renamed away or refused."""
-    loose = {}
     try:
-        for name, advised in COMPACT_REDIS.items():
-            value = int(cast(dict[str, Any], connection.config_get(name))[name])
-            if (value > advised) if name == "stream-node-max-bytes" else (value < advised):
-                loose[name] = value
+        values = {name: int(cast(dict[str, Any], connection.config_get(name))[name]) for name in COMPACT_REDIS}
     except (redis.ResponseError, NotImplementedError, AttributeError, KeyError, ValueError):
         return None
-    return loose
+    return {name: value for name, value in values.items() if _keeps_more(name, value)}
+
+
+def _keeps_more(name: str, value: int) -> bool:
+    """Whether Redis's ``value`` of setting ``name`` keeps more per rollout than :data:`COMPACT_REDIS`'s: a larger
+    stream node, or a lower bound on the values a listpack hash holds."""
+    advised = COMPACT_REDIS[name]
+    return value > advised if name == "stream-node-max-bytes" else value < advised
 
 
 def warn_if_oversized(projection: MemoryProjection | None) -> bool:
