@@ -212,6 +212,18 @@ class Workers:
                 p.wait()
 
 
+def redis_settings(text: str) -> dict[str, str]:
+    """Redis settings for ``CONFIG SET`` from a command line: ``default`` -> {}; ``a=1,b=2`` -> {"a": "1", "b": "2"}."""
+    if text in ("", "default"):
+        return {}
+    return dict(item.split("=", 1) for item in text.split(",") if item)
+
+
+def worker_settings(items: Sequence[str] | None) -> dict[str, str]:
+    """Worker environment variables from a command line's repeated ``KEY=VALUE``."""
+    return dict(item.split("=", 1) for item in items or ())
+
+
 def rollq_workers(
     url: str,
     namespace: str,

@@ -1,7 +1,7 @@
 """Redis's cost per rollout at the 10,000-worker plan's per-process rate, and one trainer process's read rate.
 
 Run: nice -n 10 python bench/plan_rate.py [--processes 4] [--concurrency 64] [--window 120] [--read 20000]
-     [--output plan_rate]
+     [--output plan_rate] [--env ROLLQ_X=value ...] [--redis-config name=value[,name=value...]]
 
 The plan of docs/scaling.md: worker processes each holding 64 rollouts in flight, rollouts of 3 LLM calls of
 3-10 s (about 20 s), so about 3.2 rollouts/s per process. Here ``--processes`` stock ``rq worker -w
@@ -23,6 +23,10 @@ in this process. Measured:
    entries under new rollout ids), then one ``Producer.rollouts(group=...)`` reader, a fresh group, reads
    them all: rollouts/s and MB/s.
 
+``--env`` sets a worker environment variable (repeatable; e.g. ``ROLLQ_ROLLOUT_TRACE=failed``), ``--redis-config``
+Redis settings of the private redis-server (``CONFIG SET`` before anything is queued; e.g. compose.yaml's
+``stream-node-max-bytes=512,hash-max-listpack-value=256``).
+
 Writes bench/results/plan_rate.json; docs/scaling.md builds the 10,000-worker arithmetic on it.
 """
 
@@ -42,7 +46,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import redis  # noqa: E402
 
-from bench.common import commandstats, outcomes, private_redis, rate, rollq_workers, write_result  # noqa: E402
+from bench.common import (  # noqa: E402
+    commandstats,
+    outcomes,
+    private_redis,
+    rate,
+    redis_settings,
+    rollq_workers,
+    worker_settings,
+    write_result,
+)
 from rollq.producer import Producer  # noqa: E402
 from rollq.store.keys import Keys  # noqa: E402
 
@@ -115,18 +128,28 @@ def main() -> None:
     parser.add_argument("--idle-window", type=float, default=30.0, help="seconds of the idle floor measured")
     parser.add_argument("--output", default="plan_rate", help="results file name under bench/results/")
     parser.add_argument("--read", type=int, default=20000, help="stream entries the trainer read rate reads")
+    parser.add_argument("--env", action="append", metavar="KEY=VALUE", help="a worker environment variable")
+    parser.add_argument("--redis-config", default="default", help="Redis settings: name=value[,name=value...]")
     args = parser.parse_args()
     slots = args.processes * args.concurrency
     keys = Keys(NAMESPACE)
     with private_redis() as server, tempfile.TemporaryDirectory(prefix="rollq-plan-") as logs:
         probe = server.client(client_name="bench-probe")
+        for name, value in redis_settings(args.redis_config).items():
+            probe.config_set(name, value)
         producer = Producer.from_url(server.url, NAMESPACE)
         empty = key_memory(probe)
         producer.enqueue_many([{"i": i} for i in range(slots)], mode="train")
         queued_memory = key_memory(probe)
         queued_bytes = (queued_memory - empty) / slots
         workers = rollq_workers(
-            server.url, NAMESPACE, args.processes, agent=AGENT, concurrency=args.concurrency, log_dir=Path(logs)
+            server.url,
+            NAMESPACE,
+            args.processes,
+            agent=AGENT,
+            concurrency=args.concurrency,
+            log_dir=Path(logs),
+            extra_env=worker_settings(args.env),
         )
         stop = threading.Event()
         enqueued = [slots]

@@ -38,7 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import psutil  # noqa: E402
 
-from bench.common import outcomes, private_redis, rollq_workers, write_result  # noqa: E402
+from bench.common import outcomes, private_redis, redis_settings, rollq_workers, write_result  # noqa: E402
 from rollq.producer import Producer  # noqa: E402
 from rollq.store.keys import Keys  # noqa: E402
 from rollq.worker import WorkerSettings  # noqa: E402
@@ -65,20 +65,13 @@ def kind_of(key: str, keys: Keys) -> str:
     return "other"
 
 
-def parse_config(text: str) -> dict[str, str]:
-    """``default`` -> {}; ``a=1,b=2`` -> {"a": "1", "b": "2"}."""
-    if text == "default":
-        return {}
-    return dict(item.split("=", 1) for item in text.split(",") if item)
-
-
 def measure(args: argparse.Namespace, config: str) -> dict[str, Any]:
     """One run of ``--rollouts`` on a redis-server of its own, ``config``'s settings set (see the module)."""
     settings = WorkerSettings()
     keys = Keys(NAMESPACE)
     with private_redis() as server, tempfile.TemporaryDirectory(prefix="rollq-bench-logs-") as logs:
         connection = server.client()
-        for name, value in parse_config(config).items():
+        for name, value in redis_settings(config).items():
             connection.config_set(name, value)
         redis_process = psutil.Process(server.process.pid)  # type: ignore[union-attr]
         before = int(connection.info("memory")["used_memory"])
