@@ -1596,7 +1596,7 @@ ORDER = ["al_own_path", "al", "al_packs", "noop", "handoffs", "mock_llm", "start
          "call_rate", "answer_read", "answer_read_typed_chunks", "switch_interval", "gc_freeze", "sample_clients",
          "sample_clients_socket", "enqueue", "memory", "idle", "idle_8", "idle_1",
          "connections",
-         "plan_rate", "plan_rate_16", "trainer_api", "embedded_drain"]
+         "plan_rate", "plan_rate_16", "plan_rate_16_default", "plan_rate_16_tuned", "trainer_api", "embedded_drain"]
 
 
 def spec_for(doc: Doc) -> Spec | None:
