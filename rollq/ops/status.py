@@ -18,6 +18,7 @@ from rollq.store.keys import Keys, TaskField, parse_inflight_member
 from rollq.store.llm_gate import LLMGate
 from rollq.store.queries import first_entry_id
 from rollq.store.replication import degraded_processes
+from rollq.store.sizing import COMPACT_REDIS, RetainedSizes, retained_sizes
 from rollq.store.stats import REQUEUED_PREFIX, StatsField, outcome_stat
 from rollq.worker.rq_worker import WORKER_CONCURRENCY_FIELD
 
@@ -62,6 +63,9 @@ class Snapshot:
     replication_degraded: int = 0
     """Processes whose transitions do not wait for replicas, none having acknowledged in time
     (:mod:`rollq.store.replication`): a failover now could undo their work."""
+    retained: RetainedSizes | None = None
+    """What a finished rollout leaves in Redis besides its results-stream entry (``snapshot(retained=True)``, as
+    ``rollq status`` asks; None otherwise, or where the server does not answer ``MEMORY USAGE``)."""
 
     @property
     def redis_refusing_writes(self) -> bool:
@@ -87,9 +91,16 @@ def _oldest_age(connection: redis.Redis, keys: Keys, now: float) -> float | None
 
 
 def snapshot(
-    connection: redis.Redis, keys: Keys, now: float | None = None, *, dead_after: float = DEAD_AFTER_SECONDS
+    connection: redis.Redis,
+    keys: Keys,
+    now: float | None = None,
+    *,
+    dead_after: float = DEAD_AFTER_SECONDS,
+    retained: bool = False,
 ) -> Snapshot:
-    """Read everything ``rollq status`` shows, in a few pipelined round trips plus one per consumer-group query."""
+    """Read everything ``rollq status`` shows, in a few pipelined round trips plus one per consumer-group query;
+    ``retained``: also sample what a finished rollout leaves in Redis (:func:`rollq.store.sizing.retained_sizes`:
+    ``MEMORY USAGE`` of the latest rollouts' keys and two ``CONFIG GET``), which pages read on every load skip."""
     now = time.time() if now is None else now
     pipe = connection.pipeline(transaction=False)
     pipe.llen(keys.rq_queue)
@@ -137,6 +148,7 @@ def snapshot(
         reward_missing=int(counters.get(StatsField.REWARD_MISSING, 0)),
         llm_gate=_llm_gate(connection, keys),
         replication_degraded=degraded_processes(connection, keys.replication_degraded, now),
+        retained=retained_sizes(connection, keys) if retained and xlen else None,
     )
 
 
@@ -217,6 +229,18 @@ def group_outcomes(counters: dict[str, float]) -> dict[str, int]:
     return {field.value.removeprefix("groups:"): int(counters.get(field.value, 0)) for field in _GROUP_OUTCOMES}
 
 
+def _retained_text(r: RetainedSizes) -> str:
+    text = (
+        f"task record ~{r.record_bytes / 1000:.1f} kB (ROLLQ_KEEP_SECONDS), RQ's finished job "
+        f"~{r.job_bytes / 1000:.1f} kB (ROLLQ_RESULT_TTL), besides its results-stream entry"
+    )
+    if r.loose_settings:
+        now = ", ".join(f"{name} {value}" for name, value in r.loose_settings.items())
+        advised = ", ".join(f"{name} {COMPACT_REDIS[name]}" for name in r.loose_settings)
+        text += f"; Redis has {now}: set {advised} to keep less (docs/scaling.md)"
+    return text
+
+
 def render_text(s: Snapshot) -> str:
     """The human-readable form ``rollq status`` prints."""
     lines = [
@@ -270,6 +294,8 @@ def render_text(s: Snapshot) -> str:
             else "ok"
         )
         lines.append(f"  redis memory      {limit}, policy {m.policy}: {state}")
+    if s.retained is not None:
+        lines.append("  per rollout kept  " + _retained_text(s.retained))
     refused, released = (int(s.counters.get(f, 0)) for f in (StatsField.GATEWAY_REFUSED, StatsField.GATEWAY_RELEASED))
     if refused or released:
         lines.append(

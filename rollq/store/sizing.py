@@ -88,6 +88,44 @@ def _mean_duration(stats: dict[bytes, bytes]) -> float | None:
     return total / count if count and total > 0 else None
 
 
+@dataclass(frozen=True)
+class RetainedSizes:
+    """What one finished rollout of a namespace leaves in Redis besides its results-stream entry, from ``MEMORY
+    USAGE`` of the latest published rollouts' keys."""
+
+    record_bytes: int
+    """Its task record, kept ``keep_seconds``."""
+    job_bytes: int
+    """RQ's finished job: its hash and its results stream, kept ``result_ttl``."""
+    loose_settings: dict[str, int] | None
+    """Redis's settings that keep more per rollout than :data:`COMPACT_REDIS` (None: ``CONFIG GET`` refused)."""
+
+
+def retained_sizes(connection: redis.Redis, keys: Keys, latest: list[Any] | None = None) -> RetainedSizes | None:
+    """The sizes for ``keys``'s namespace, sampled from ``latest`` (results-stream entries as ``XREVRANGE`` gives
+    them; read here when None); None when nothing was published yet or the server does not answer ``MEMORY USAGE``
+    (fakeredis)."""
+    if latest is None:
+        latest = cast(list[Any], connection.xrevrange(keys.results, count=_SAMPLE))
+    if not latest:
+        return None
+    pipe = connection.pipeline(transaction=False)
+    for _, fields in latest:
+        rid = fields.get(StreamField.ROLLOUT_ID.encode(), b"").decode(errors="replace")
+        jid = keys.job_id(rid)
+        pipe.memory_usage(keys.task(rid))
+        pipe.memory_usage(keys.rq_job(jid))
+        pipe.memory_usage(keys.rq_results(jid))
+    try:
+        sizes: list[Any] = pipe.execute()
+    except (redis.ResponseError, NotImplementedError, AttributeError):
+        return None
+    tasks, hashes, streams = ([int(s) for s in sizes[i::3] if s] for i in range(3))
+    if not tasks:
+        return None
+    return RetainedSizes(_mean(tasks), _mean(hashes) + _mean(streams), _loose(connection))
+
+
 def project_memory(
     connection: redis.Redis,
     keys: Keys,
@@ -108,26 +146,25 @@ def project_memory(
     if duration is None or not latest:
         return None
     rate = max(1, int(workers)) * concurrency / max(duration, 0.001)
-    pipe = connection.pipeline(transaction=False)
-    for _, fields in latest:
-        rid = fields.get(StreamField.ROLLOUT_ID.encode(), b"").decode(errors="replace")
-        jid = keys.job_id(rid)
-        pipe.memory_usage(keys.task(rid))
-        pipe.memory_usage(keys.rq_job(jid))
-        pipe.memory_usage(keys.rq_results(jid))
+    sizes = retained_sizes(connection, keys, latest)
     try:
-        sizes: list[Any] = pipe.execute()
         info: dict[str, Any] = cast(dict[str, Any], connection.info("memory"))
     except (redis.ResponseError, NotImplementedError, AttributeError):
         return None
-    tasks, hashes, streams = ([int(s) for s in sizes[i::3] if s] for i in range(3))
-    if not tasks:
+    if sizes is None:
         return None
-    job = _mean(hashes) + _mean(streams)
     maxmemory = int(info.get("maxmemory", 0) or 0)
     bound = maxmemory or int(info.get("total_system_memory", 0) or 0)
     return MemoryProjection(
-        rate, _mean(tasks), keep_seconds, job, result_ttl, results_max_bytes, maxmemory, bound, _loose(connection)
+        rate,
+        sizes.record_bytes,
+        keep_seconds,
+        sizes.job_bytes,
+        result_ttl,
+        results_max_bytes,
+        maxmemory,
+        bound,
+        sizes.loose_settings,
     )
 
 

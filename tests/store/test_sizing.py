@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections.abc import Callable
 
 import pytest
+from click.testing import CliRunner
 
 from rollq.models.policy import RolloutStatus
+from rollq.ops.cli import main
 from rollq.producer.producer import Producer
 from rollq.store.keys import job_id
 from rollq.store.replies import Claim, Published
@@ -124,3 +127,27 @@ def test_the_projection_counts_rqs_finished_job_with_its_results_stream_for_resu
     assert projection.record_bytes + projection.job_bytes >= 0.9 * sum(left) / len(left)
     per_second = projection.rollouts_per_second * (3600 * projection.record_bytes + 600 * projection.job_bytes)
     assert projection.projected_bytes == pytest.approx(per_second + 10**6 * 1.15, rel=0.01)
+
+
+def test_rollq_status_says_what_a_finished_rollout_keeps_and_which_redis_settings_keep_less(
+    own_redis: Callable[..., RedisServer], namespace: str, workers: Callable[..., WorkerProcess]
+) -> None:
+    server = own_redis()
+    producer = Producer.from_url(server.url, namespace)
+    workers(server.url, namespace, env={"ROLLQ_AGENT": "tests.support.fault_agents:FaultAgent"})
+    producer.wait([t.rollout_id for t in producer.enqueue_many([{"sleep": 0}] * 3)], timeout=30)
+
+    def status(*args: str) -> str:
+        result = CliRunner().invoke(main, ["--url", server.url, "-n", namespace, "status", *args], prog_name="rollq")
+        assert result.exit_code == 0, result.output
+        return result.stdout
+
+    [line] = [ln for ln in status().splitlines() if ln.strip().startswith("per rollout kept")]
+    assert "RQ's finished job ~" in line and "(ROLLQ_RESULT_TTL)" in line
+    assert "Redis has stream-node-max-bytes 4096, hash-max-listpack-value 64: set stream-node-max-bytes 512" in line
+    assert json.loads(status("--json"))["retained"]["job_bytes"] > 4096  # the 4 KB node of its results stream
+
+    client = server.client()
+    client.config_set("stream-node-max-bytes", 512)
+    client.config_set("hash-max-listpack-value", 256)
+    assert "Redis has" not in status()

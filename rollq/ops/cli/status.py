@@ -31,7 +31,7 @@ def status(ctx: click.Context, as_json: bool, prometheus: bool, watch: float | N
     if hint:
         click.echo(f"rollq: {hint}", err=True)
     while True:
-        s = snapshot(producer.connection, producer.keys)
+        s = snapshot(producer.connection, producer.keys, retained=not prometheus)
         text = json.dumps(s.to_dict(), indent=2) if as_json else render_prometheus(s) if prometheus else render_text(s)
         if watch:
             click.clear()
