@@ -1521,8 +1521,14 @@ the machine's CPU time during the run (steal, `/proc/stat`): compare the two wor
     ])],
 )
 
-def _trace_ratios(key: str) -> Callable[[Any, Doc], str]:
-    return lambda row, doc: ratios(row[f"ratio_{key}"])
+def _trace_cols(key: str, header: str, fmt: str) -> list[Col | tuple[str, ...]]:
+    """One figure of bench/rollout_trace.py's summary: its median with every trace, with failed ones only, and the
+    per-round ratios."""
+    return [
+        (f"all_{key}", f"{header}, all", fmt),
+        (f"failed_{key}", f"{header}, failed", fmt),
+        Col("failed / all, per round", lambda row, doc: ratios(row[f"ratio_{key}"])),
+    ]
 
 
 ROLLOUT_TRACE = Spec(
@@ -1540,18 +1546,10 @@ stream is not trimmed within a run).""",
     tables=[
         Table("summary", [
             ("agent", "agent"), ("rounds", "rounds"),
-            ("all_rollout_bytes", "bytes/rollout, all", ",.0f"),
-            ("failed_rollout_bytes", "bytes/rollout, failed", ",.0f"),
-            Col("failed / all, per round", _trace_ratios("rollout_bytes")),
-            ("all_redis_bytes_per_rollout", "Redis memory/rollout, all", ",.0f"),
-            ("failed_redis_bytes_per_rollout", "Redis memory/rollout, failed", ",.0f"),
-            Col("failed / all, per round", _trace_ratios("redis_bytes_per_rollout")),
-            ("all_worker_cpu_ms_per_rollout", "worker CPU ms/rollout, all", ".2f"),
-            ("failed_worker_cpu_ms_per_rollout", "worker CPU ms/rollout, failed", ".2f"),
-            Col("failed / all, per round", _trace_ratios("worker_cpu_ms_per_rollout")),
-            ("all_redis_cpu_ms_per_rollout", "Redis CPU ms/rollout, all", ".3f"),
-            ("failed_redis_cpu_ms_per_rollout", "Redis CPU ms/rollout, failed", ".3f"),
-            Col("failed / all, per round", _trace_ratios("redis_cpu_ms_per_rollout")),
+            *_trace_cols("rollout_bytes", "bytes/rollout", ",.0f"),
+            *_trace_cols("redis_bytes_per_rollout", "Redis memory/rollout", ",.0f"),
+            *_trace_cols("worker_cpu_ms_per_rollout", "worker CPU ms/rollout", ".2f"),
+            *_trace_cols("redis_cpu_ms_per_rollout", "Redis CPU ms/rollout", ".3f"),
         ], caption="Medians of the rounds:"),
         Table("rows", [
             ("round", "round"), ("agent", "agent"), ("trace", "ROLLQ_ROLLOUT_TRACE"), ("rollouts", "rollouts"),

@@ -18,7 +18,7 @@ from rollq.store.keys import Keys, TaskField, parse_inflight_member
 from rollq.store.llm_gate import LLMGate
 from rollq.store.queries import first_entry_id
 from rollq.store.replication import degraded_processes
-from rollq.store.sizing import COMPACT_REDIS, RetainedSizes, retained_sizes
+from rollq.store.sizing import RetainedSizes, retained_sizes
 from rollq.store.stats import REQUEUED_PREFIX, StatsField, outcome_stat
 from rollq.worker.rq_worker import WORKER_CONCURRENCY_FIELD
 
@@ -235,9 +235,7 @@ def _retained_text(r: RetainedSizes) -> str:
         f"~{r.job_bytes / 1000:.1f} kB (ROLLQ_RESULT_TTL), besides its results-stream entry"
     )
     if r.loose_settings:
-        now = ", ".join(f"{name} {value}" for name, value in r.loose_settings.items())
-        advised = ", ".join(f"{name} {COMPACT_REDIS[name]}" for name in r.loose_settings)
-        text += f"; Redis has {now}: set {advised} to keep less (docs/scaling.md)"
+        text += f"; Redis has {r.loose_now}: set {r.advised} to keep less (docs/scaling.md)"
     return text
 
 

@@ -44,23 +44,51 @@ Both: 3.0 kB kept per rollout instead of 7.9, Redis's CPU per rollout within the
 
 
 @dataclass(frozen=True)
+class RetainedSizes:
+    """What one finished rollout of a namespace leaves in Redis besides its results-stream entry, from ``MEMORY
+    USAGE`` of the latest published rollouts' keys."""
+
+    record_bytes: int
+    """Its task record, kept ``keep_seconds``."""
+    job_bytes: int
+    """RQ's finished job: its hash and its results stream, kept ``result_ttl``."""
+    loose_settings: dict[str, int] | None
+    """Redis's settings that keep more per rollout than :data:`COMPACT_REDIS` (None: ``CONFIG GET`` refused)."""
+
+    @property
+    def loose_now(self) -> str:
+        """The loose settings as Redis has them: ``stream-node-max-bytes 4096, hash-max-listpack-value 64``."""
+        return ", ".join(f"{name} {value}" for name, value in (self.loose_settings or {}).items())
+
+    @property
+    def advised(self) -> str:
+        """What to set them to, as ``CONFIG SET``'s arguments: ``stream-node-max-bytes 512 ...``."""
+        return " ".join(f"{name} {COMPACT_REDIS[name]}" for name in self.loose_settings or {})
+
+
+@dataclass(frozen=True)
 class MemoryProjection:
     """Steady-state memory of a namespace's records at its estimated rate, beside what Redis allows."""
 
     rollouts_per_second: float
-    record_bytes: int
-    """A succeeded task's record, kept ``keep_seconds``."""
+    sizes: RetainedSizes
     keep_seconds: int
-    job_bytes: int
-    """RQ's finished job (its hash and its results stream), kept ``result_ttl``."""
+    """How long a succeeded task's record is kept."""
     result_ttl: int
+    """How long RQ keeps a finished job."""
     results_max_bytes: int
     maxmemory: int
     """Redis's ``maxmemory`` (0: none set; then the host's memory is the bound)."""
     bound_bytes: int
     """What the projection is compared with: ``maxmemory``, else the host's total memory."""
-    loose_settings: dict[str, int] | None = None
-    """Redis's settings that keep more per rollout than :data:`COMPACT_REDIS` (None: ``CONFIG GET`` refused)."""
+
+    @property
+    def record_bytes(self) -> int:
+        return self.sizes.record_bytes
+
+    @property
+    def job_bytes(self) -> int:
+        return self.sizes.job_bytes
 
     @property
     def projected_bytes(self) -> int:
@@ -86,19 +114,6 @@ def _mean_duration(stats: dict[bytes, bytes]) -> float | None:
             except ValueError:
                 continue
     return total / count if count and total > 0 else None
-
-
-@dataclass(frozen=True)
-class RetainedSizes:
-    """What one finished rollout of a namespace leaves in Redis besides its results-stream entry, from ``MEMORY
-    USAGE`` of the latest published rollouts' keys."""
-
-    record_bytes: int
-    """Its task record, kept ``keep_seconds``."""
-    job_bytes: int
-    """RQ's finished job: its hash and its results stream, kept ``result_ttl``."""
-    loose_settings: dict[str, int] | None
-    """Redis's settings that keep more per rollout than :data:`COMPACT_REDIS` (None: ``CONFIG GET`` refused)."""
 
 
 def retained_sizes(connection: redis.Redis, keys: Keys, latest: list[Any] | None = None) -> RetainedSizes | None:
@@ -147,25 +162,15 @@ def project_memory(
         return None
     rate = max(1, int(workers)) * concurrency / max(duration, 0.001)
     sizes = retained_sizes(connection, keys, latest)
+    if sizes is None:
+        return None
     try:
         info: dict[str, Any] = cast(dict[str, Any], connection.info("memory"))
     except (redis.ResponseError, NotImplementedError, AttributeError):
         return None
-    if sizes is None:
-        return None
     maxmemory = int(info.get("maxmemory", 0) or 0)
     bound = maxmemory or int(info.get("total_system_memory", 0) or 0)
-    return MemoryProjection(
-        rate,
-        sizes.record_bytes,
-        keep_seconds,
-        sizes.job_bytes,
-        result_ttl,
-        results_max_bytes,
-        maxmemory,
-        bound,
-        sizes.loose_settings,
-    )
+    return MemoryProjection(rate, sizes, keep_seconds, result_ttl, results_max_bytes, maxmemory, bound)
 
 
 def _mean(sizes: list[int]) -> int:
@@ -210,11 +215,11 @@ def warn_if_oversized(projection: MemoryProjection | None) -> bool:
         p.projected_bytes / 1e9 if p.keep_seconds else float("inf"),
         bound,
     )
-    if p.loose_settings:
+    if p.sizes.loose_settings:
         log.warning(
-            "memory: Redis's %s; CONFIG SET %s (or the same in redis.conf) keeps less per finished rollout (both "
+            "memory: Redis has %s; CONFIG SET %s (or the same in redis.conf) keeps less per finished rollout (both "
             "settings: about 3.0 kB instead of 7.9; docs/scaling.md)",
-            ", ".join(f"{name} is {value}" for name, value in p.loose_settings.items()),
-            " ".join(f"{name} {COMPACT_REDIS[name]}" for name in p.loose_settings),
+            p.sizes.loose_now,
+            p.sizes.advised,
         )
     return True
