@@ -60,8 +60,11 @@ def test_an_async_producer_on_a_cluster_namespace_survives_a_primary_kill(
             stop = asyncio.Event()
 
             async def produce() -> None:
+                # Paced (at most 200 tasks/s), so what it enqueues while the replica is promoted stays bounded:
+                # the two workers run 160 tasks/s at best, and everything acknowledged must drain in the timeout.
                 while not stop.is_set():
                     acknowledged.extend(t.rollout_id for t in await producer.enqueue_many([{"sleep": 0.1}] * 10))
+                    await asyncio.sleep(0.05)
 
             producing = asyncio.create_task(produce())
             await asyncio.to_thread(wait_until, lambda: len(acknowledged) >= 400, "400 tasks acknowledged", 120)
