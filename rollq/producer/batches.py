@@ -180,12 +180,15 @@ class BatchReader:
             if not self._mine(group_id):
                 self._to_ack.append(entry_id)
                 continue
-            self._entries.setdefault(group_id, []).append(entry_id)
             complete = self.assembler.add(rollout)
+            if complete is None and group_id not in self.assembler._pending:
+                # A duplicate of a member of a group already complete: this entry alone is done with. The
+                # group's own entries are acknowledged with its batch (or when it is dropped), not before.
+                self._to_ack.append(entry_id)
+                continue
+            self._entries.setdefault(group_id, []).append(entry_id)
             if complete is not None:
                 self._ready.append(complete)
-            elif group_id not in self.assembler._pending:  # a duplicate of a group already handed over
-                self._to_ack += self._entries.pop(group_id, [])
 
     def _look_up_overdue(self) -> None:
         for group_id, missing in self.assembler.overdue():

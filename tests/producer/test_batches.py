@@ -184,6 +184,30 @@ def test_duplicate_deliveries_of_a_member_do_not_complete_a_group_twice(producer
     assert reader.assembler.duplicates == 2
 
 
+def test_a_duplicate_read_with_its_group_does_not_acknowledge_the_group_before_it_is_trained_on(
+    producer, serve
+) -> None:
+    tasks = producer.enqueue_many([{"rewards": [1.0, 0.0]}], mode="train", group_size=2)
+    serve()
+    producer.wait([t.rollout_id for t in tasks], timeout=60)
+    stream = producer.keys.results
+    first = next(
+        fields
+        for _, fields in producer.connection.xrange(stream)
+        if tasks[0].rollout_id.encode() in fields[b"rollout_id"]
+    )
+    producer.connection.xadd(stream, first)  # member 0 published twice, read in the same chunk as the group
+    crashed = producer.batches(1, timeout=10, consumer="trainer-0")
+    (group,) = crashed.next_batch().groups
+    # While the trainer trains on the group, its two entries stay pending (the duplicate alone is acknowledged).
+    assert producer.connection.xpending(stream, "batches")["pending"] == 2
+    del crashed  # dies mid-step
+    again = producer.batches(1, timeout=5, consumer="trainer-0")
+    assert [g.group_id for g in again.next_batch().groups] == [group.group_id]
+    again.close()
+    assert producer.connection.xpending(stream, "batches")["pending"] == 0
+
+
 def test_async_producer_batches(redis_server, namespace, serve) -> None:
     async def main() -> list[list[float | None]]:
         producer = AsyncProducer.from_url(redis_server.url, namespace)
