@@ -85,8 +85,14 @@ class GroupPolicy:
             raise ValueError(f"on_failure must be 'drop' or 'keep', not {self.on_failure!r}")
         if self.on_stale not in ("drop", "requeue"):
             raise ValueError(f"on_stale must be 'drop' or 'requeue', not {self.on_stale!r}")
-        if self.group_timeout <= 0:
-            raise ValueError("group_timeout must be positive")
+        if not (isinstance(self.eps, (int, float)) and math.isfinite(self.eps) and self.eps >= 0):
+            raise ValueError(f"eps must be a finite number of 0 or more, not {self.eps!r}")
+        if not (
+            isinstance(self.group_timeout, (int, float))
+            and math.isfinite(self.group_timeout)
+            and self.group_timeout > 0
+        ):
+            raise ValueError(f"group_timeout must be a finite number of seconds above 0, not {self.group_timeout!r}")
 
     def advantages(self, rewards: Sequence[float | None]) -> list[float]:
         """Group-normalised advantages; members with no reward (failed) get 0 and do not count."""

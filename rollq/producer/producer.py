@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -164,6 +165,17 @@ class Producer:
         """
         policy = policy or self.policy
         per_job = self.tasks_per_job if tasks_per_job is None else _checked_pack(tasks_per_job)
+        if group_size is not None and (
+            isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 1
+        ):
+            raise ValueError(f"group_size must be a whole number of at least 1, not {group_size!r}")
+        if max_pending is not None and max_pending < 1:
+            raise ValueError("max_pending must be at least 1")
+        if max_pending is not None and group_size is not None and max_pending < group_size:
+            raise ValueError(
+                f"max_pending={max_pending} is less than group_size={group_size}: a group is queued whole, so "
+                "none could ever be queued"
+            )
         now = time.time()
         inputs = list(inputs)
         per_task: list[dict[str, Any]] | None = None
@@ -198,11 +210,7 @@ class Producer:
         if not self._policy_checked:
             self._policy_checked = True
             warn_if_evicting(self.connection, f"producer of namespace {self.namespace!r}")
-        if max_pending is not None and max_pending < 1:
-            raise ValueError("max_pending must be at least 1")
-        step = _ENQUEUE_CHUNK if max_pending is None else min(_ENQUEUE_CHUNK, max_pending)
-        if step >= per_job:  # whole packs per chunk (a pack is made within one chunk)
-            step -= step % per_job
+        step = _chunk_size(max_pending, group_size or 1, per_job)
         outcomes: list[Enqueued] = []
         for start in range(0, len(serialized), step):
             chunk = serialized[start : start + step]
@@ -501,6 +509,17 @@ class Producer:
     def reap(self) -> ReapReport:
         """Requeue or fail attempts whose worker stopped heartbeating (workers do this too)."""
         return reap(self.lifecycle, results_maxlen=self.results_maxlen)
+
+
+def _chunk_size(max_pending: int | None, group_size: int, per_job: int) -> int:
+    """How many tasks one enqueue transaction takes: at most 2000 (and ``max_pending``), in whole groups and whole
+    packs where it can (a pack is made within one chunk; a group queued in one chunk is never left half queued by
+    a back-pressure timeout, and its members start on one resources version)."""
+    step = _ENQUEUE_CHUNK if max_pending is None else min(_ENQUEUE_CHUNK, max_pending)
+    for unit in (math.lcm(group_size, per_job), group_size, per_job):
+        if step >= unit:
+            return step - step % unit
+    return step
 
 
 def _checked_pack(tasks_per_job: int) -> int:

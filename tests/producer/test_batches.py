@@ -245,6 +245,42 @@ def test_status_metrics_and_dashboard_show_what_became_of_training_groups(produc
     assert "delivered 1 · stale-dropped 0 · stale-requeued 0 · failed-dropped 1" in page
 
 
+@pytest.mark.parametrize("size", [0, -1, 2.5, True, "2"])
+def test_a_group_size_that_is_not_a_whole_number_of_one_or_more_is_refused_with_a_value_error(producer, size) -> None:
+    with pytest.raises(ValueError, match="group_size must be a whole number of at least 1"):
+        producer.enqueue_many([{"rewards": [1.0]}], mode="train", group_size=size)
+    assert producer.pending() == 0
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"eps": -1.0}, "eps must be a finite number of 0 or more"),
+        ({"eps": float("nan")}, "eps must be a finite number of 0 or more"),
+        ({"group_timeout": float("inf")}, "group_timeout must be a finite number of seconds"),
+        ({"group_timeout": 0}, "group_timeout must be a finite number of seconds"),
+    ],
+)
+def test_a_group_policy_with_a_meaningless_value_is_refused(fields, message) -> None:
+    with pytest.raises(ValueError, match=message):
+        GroupPolicy(**fields)
+
+
+def test_back_pressure_queues_whole_groups_so_a_timeout_leaves_no_group_half_queued(producer) -> None:
+    # max_pending=4 with groups of 3: chunks of 3 (one group each), never a chunk of 4 that splits a group.
+    with pytest.raises(BackpressureTimeoutError) as refused:
+        producer.enqueue_many([{"rewards": [1.0]}] * 2, mode="train", group_size=3, max_pending=4, pending_timeout=0.5)
+    assert refused.value.queued == 3 and producer.pending() == 3
+    queued = producer.query_tasks(limit=10).tasks
+    assert len({t.rollout_id.rsplit(".", 1)[0] for t in queued}) == 1  # a member's id is its group's id + index
+
+
+def test_back_pressure_below_one_group_is_refused_before_anything_is_queued(producer) -> None:
+    with pytest.raises(ValueError, match="max_pending=2 is less than group_size=3"):
+        producer.enqueue_many([{"rewards": [1.0]}], mode="train", group_size=3, max_pending=2)
+    assert producer.pending() == 0
+
+
 def test_pending_counts_a_task_a_worker_took_off_the_queue_and_has_not_claimed_yet(producer) -> None:
     # test_max_pending_holds_enqueue_until_rollouts_finish saw 5 pending under max_pending=4 in CI: a job a worker
     # had moved to RQ's intermediate list (BLMOVE) but not yet claimed was counted nowhere, so a chunk got in.
