@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import base64
 import os
 import re
 import shutil
+import socket
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -20,7 +24,7 @@ from rollq.models.policy import RolloutPolicy
 from rollq.worker.agent import LitAgent
 from rollq.worker.loader import load_object
 from tests.support.doc_blocks import DOCS, section
-from tests.support.servers import REPO, RedisServer, WorkerProcess
+from tests.support.servers import REPO, ROLLQ, RedisServer, WorkerProcess, free_port
 
 COMPOSE = REPO / "compose.yaml"
 DOCKERFILE = REPO / "Dockerfile"
@@ -127,6 +131,47 @@ def test_only_the_dashboard_publishes_a_port_and_only_on_loopback(services: dict
         host_ip = port["host_ip"] if isinstance(port, dict) else str(port).split(":")[0]
         assert host_ip == "127.0.0.1", port
     assert command[:2] == ["rollq", "dashboard"] and arg_after(command, "--bind") == "0.0.0.0"
+
+
+@pytest.mark.redis
+def test_the_dashboard_service_starts_with_its_compose_environment_and_asks_for_the_token(
+    services: dict[str, Any], redis_server: RedisServer
+) -> None:
+    # The compose command binds 0.0.0.0 (Docker forwards to it), which rollq refuses without a token: the service
+    # must carry one, or it exits at once and restarts forever.
+    password = "a-redis-password"
+    service = services["dashboard"]
+    env = {
+        name: interpolate(str(value), {"REDIS_PASSWORD": password}) for name, value in service["environment"].items()
+    }
+    env["ROLLQ_REDIS_URL"] = redis_server.url  # the compose network's redis:6379, here a private server
+    command = list(service["command"])
+    port = free_port()
+    command[command.index("--port") + 1] = str(port)
+    command[0] = ROLLQ  # the image's rollq on its PATH; this checkout's here
+    process = subprocess.Popen(command, env={**os.environ, **env}, cwd=REPO, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            if process.poll() is not None:
+                pytest.fail(f"the dashboard service exited {process.returncode}: {process.communicate()[1][-1000:]}")
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                assert time.monotonic() < deadline, "the dashboard did not listen"
+                time.sleep(0.1)
+        url = f"http://127.0.0.1:{port}/rollq/"
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            urllib.request.urlopen(url, timeout=10)
+        assert refused.value.code == 401
+        login = base64.b64encode(f"me:{password}".encode()).decode()
+        request = urllib.request.Request(url, headers={"Authorization": f"Basic {login}"})
+        with urllib.request.urlopen(request, timeout=10) as response:
+            assert response.status == 200
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
 
 
 def test_the_image_is_built_once_and_every_service_runs_it(services: dict[str, Any]) -> None:
