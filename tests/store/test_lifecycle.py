@@ -170,12 +170,21 @@ def test_a_claim_of_a_record_with_a_bad_number_writes_nothing(lifecycle: Lifecyc
 def test_a_call_that_finds_every_promise_overdue_holds_reaping_off_for_the_longest_interval(
     lifecycle: Lifecycle,
 ) -> None:
+    assert isinstance(lifecycle.claim("r1", JOB, "worker-a"), Claim)  # an attempt whose heartbeats the stall held up
     first = lifecycle.beat(within=2)
     assert not first.in_grace
     # As if Redis had been stopped for 10 s since that call promised the next within 2 s.
     lifecycle.connection.hset(lifecycle.keys.clock, "due", first.now - 10)
     after = lifecycle.beat()
     assert after.in_grace and after.grace_until is not None and after.grace_until >= after.now + 2
+
+
+def test_the_first_call_after_every_worker_stopped_with_nothing_in_flight_is_no_stall(lifecycle: Lifecycle) -> None:
+    # A fleet that stopped cleanly (a restart, a deploy) broke its promises, but no attempt's deadline could have
+    # passed unseen: the next worker's first pass neither waits nor logs that Redis was stalled.
+    first = lifecycle.beat(within=2)
+    lifecycle.connection.hset(lifecycle.keys.clock, "due", first.now - 10)
+    assert not lifecycle.beat(within=2).in_grace
 
 
 def test_a_heartbeat_counts_from_when_it_reaches_redis(lifecycle: Lifecycle) -> None:

@@ -4,7 +4,8 @@
 -- The clock notices stalls and outages: every caller promises its next call within `within` seconds; when a call
 -- finds every promise broken by more than a second (Redis was stopped, restarted or out of reach of all clients),
 -- reaping waits for the longest promised interval plus a second, so that the workers' first heartbeats after the
--- stall land before any reaper judges a deadline.
+-- stall land before any reaper judges a deadline. With no attempt in flight there is no deadline to misjudge (a
+-- fleet that stopped cleanly and started again broke its promises too): no wait.
 -- Returns {now, grace_until|''} as strings.
 local inflight = KEYS[1]
 local clock = KEYS[2]
@@ -17,7 +18,7 @@ local now = tonumber(time[1]) + tonumber(time[2]) / 1000000
 local c = redis.call('HMGET', clock, 'due', 'grace_until', 'longest')
 local due, grace_until = tonumber(c[1]), tonumber(c[2])
 local longest = math.max(tonumber(c[3]) or 0, within)
-if due and now > due + 1 then
+if due and now > due + 1 and redis.call('ZCARD', inflight) > 0 then
   grace_until = now + longest + 1
   redis.call('HSET', clock, 'grace_until', tostring(grace_until))
 end
