@@ -364,16 +364,34 @@ class AsyncProducer:
         claim_idle_seconds: float = 60.0,
         batch: int = 100,
         start: str = "0",
+        limit: int | None = None,
     ) -> AsyncIterator[Rollout]:
-        """``async for rollout in producer.rollouts()``: see :meth:`Producer.rollouts` (same consumer-group rules)."""
+        """``async for rollout in producer.rollouts()``: see :meth:`Producer.rollouts` (same consumer-group rules,
+        ``limit`` included)."""
+        if limit is not None and limit < 1:
+            raise ValueError(f"limit must be at least 1 (None: no limit), not {limit}")
         return self._read_group(
-            group, consumer or default_consumer_name(), idle_timeout, int(claim_idle_seconds * 1000), batch, start
+            group,
+            consumer or default_consumer_name(),
+            idle_timeout,
+            int(claim_idle_seconds * 1000),
+            batch,
+            start,
+            limit,
         )
 
     async def _read_group(
-        self, group: str, consumer: str, idle_timeout: float | None, claim_idle_ms: int, batch: int, start: str
+        self,
+        group: str,
+        consumer: str,
+        idle_timeout: float | None,
+        claim_idle_ms: int,
+        batch: int,
+        start: str,
+        limit: int | None,
     ) -> AsyncIterator[Rollout]:
         conn, stream = self.connection, self.keys.results
+        handed = 0
         try:
             await conn.xgroup_create(stream, group, id=start, mkstream=True)
         except Exception as exc:
@@ -384,21 +402,23 @@ class AsyncProducer:
         idle_since = time.monotonic()
         next_claim = 0.0
         try:
-            while True:
+            while limit is None or handed < limit:
                 if unacked:
                     await conn.xack(stream, group, *unacked)
                     unacked = []
-                mine: Any = await conn.xreadgroup(group, consumer, {stream: "0"}, count=batch)
+                # With a limit, no read takes more than is left to hand over (see ResultReader).
+                count = batch if limit is None else max(1, min(batch, limit - handed))
+                mine: Any = await conn.xreadgroup(group, consumer, {stream: "0"}, count=count)
                 entries = [e for _, es in mine or [] for e in es if e[1]]
                 idle = idle_timeout is not None and time.monotonic() - idle_since >= idle_timeout
                 if not entries and (time.monotonic() >= next_claim or idle):
                     next_claim = time.monotonic() + claim_idle_ms / 4000
-                    claimed: Any = await conn.xautoclaim(stream, group, consumer, claim_idle_ms, count=batch)
+                    claimed: Any = await conn.xautoclaim(stream, group, consumer, claim_idle_ms, count=count)
                     entries = [e for e in claimed[1] if e[1]]
                 if not entries and not idle:
                     block_s = 1.0 if idle_timeout is None else max(0.001, min(1.0, idle_timeout))
                     new: Any = await conn.xreadgroup(
-                        group, consumer, {stream: ">"}, count=batch, block=int(block_s * 1000)
+                        group, consumer, {stream: ">"}, count=count, block=int(block_s * 1000)
                     )
                     entries = [e for _, es in new or [] for e in es]
                 if not entries:
@@ -416,6 +436,7 @@ class AsyncProducer:
                             continue  # trimmed since it was delivered: counted for the group (see ResultReader)
                         rollout = parse_entry(fields)
                         if delivered.first(rollout):
+                            handed += 1
                             yield rollout
                 finally:
                     await loading.aclose()  # cancels a chunk still being read

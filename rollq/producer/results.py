@@ -372,7 +372,9 @@ class ResultReader:
     Entries are fetched in batches and acknowledged when the reader fetches its
     next batch or the loop ends; if the process dies before that, another reader
     of the group claims them after ``claim_idle_seconds`` (at-least-once).
-    Iteration stops after ``idle_timeout`` seconds with nothing new (None: never).
+    Iteration stops after ``idle_timeout`` seconds with nothing new (None: never), or once ``limit`` rollouts
+    were handed over: a reader with a limit never takes more entries off the group than it has left to hand over,
+    so what it did not read stays with the group for its next reader rather than pending under this one.
 
     Trimming never removes an entry the group still needs, unless the stream hits
     its hard byte limit; then the reader raises :class:`RolloutsTrimmedError` (once
@@ -391,7 +393,10 @@ class ResultReader:
         idle_timeout: float | None = None,
         batch: int = 100,
         start: str = "0",
+        limit: int | None = None,
     ) -> None:
+        if limit is not None and limit < 1:
+            raise ValueError(f"limit must be at least 1 (None: no limit), not {limit}")
         self.connection = connection
         self.keys = keys
         self.group = group
@@ -399,6 +404,8 @@ class ResultReader:
         self.claim_idle_ms = int(claim_idle_seconds * 1000)
         self.idle_timeout = idle_timeout
         self.batch = batch
+        self.limit = limit
+        self._handed = 0
         self._start = start
         self._unacked: list[bytes] = []
         self._next_claim_check = 0.0
@@ -428,7 +435,7 @@ class ResultReader:
             return []
         self._next_claim_check = time.monotonic() + self.claim_idle_ms / 4000
         claimed: Any = self.connection.xautoclaim(
-            self.keys.results, self.group, self.consumer, self.claim_idle_ms, count=self.batch
+            self.keys.results, self.group, self.consumer, self.claim_idle_ms, count=self._wanted()
         )
         entries = [e for e in claimed[1] if e[1]]
         if entries:
@@ -446,16 +453,20 @@ class ResultReader:
             self._reported_lost = lost
             raise RolloutsTrimmedError(self.group, new, (from_id or b"?").decode())
 
+    def _wanted(self) -> int:
+        """How many entries the next read may take: a batch, or what is left of the limit."""
+        return self.batch if self.limit is None else max(1, min(self.batch, self.limit - self._handed))
+
     def _next_batch(self, block_ms: int) -> list[tuple[bytes, dict[bytes, bytes]]]:
         k = self.keys
         self._check_lost()
         # Our own unacknowledged entries first (a restart under the same name), then those of dead readers.
-        mine: Any = self.connection.xreadgroup(self.group, self.consumer, {k.results: "0"}, count=self.batch)
+        mine: Any = self.connection.xreadgroup(self.group, self.consumer, {k.results: "0"}, count=self._wanted())
         entries = [e for _, es in mine or [] for e in es if e[1]] or self._claim_abandoned()
         if entries:
             return entries
         new: Any = self.connection.xreadgroup(
-            self.group, self.consumer, {k.results: ">"}, count=self.batch, block=block_ms
+            self.group, self.consumer, {k.results: ">"}, count=self._wanted(), block=block_ms
         )
         return [e for _, es in new or [] for e in es]
 
@@ -463,7 +474,7 @@ class ResultReader:
         outage = Outage(f"reader {self.consumer} of group {self.group!r}")
         idle_since = time.monotonic()
         try:
-            while True:
+            while self.limit is None or self._handed < self.limit:
                 try:
                     self._ensure_group()
                     self._ack()
@@ -497,6 +508,7 @@ class ResultReader:
                             continue  # trimmed since it was delivered: counted for the group, raised by _check_lost
                         rollout = parse_entry(fields)
                         if self.delivered.first(rollout):  # a second copy is acknowledged, not handed over
+                            self._handed += 1
                             yield rollout
                 finally:
                     loading.close()  # gives its connection back to the pool

@@ -303,6 +303,21 @@ def test_rollouts_tail_prints_count_rollouts_from_the_start(
     assert all(r.final_reward == 1.0 for r in rollouts)
 
 
+def test_rollouts_tail_of_a_group_takes_only_the_rollouts_it_prints_and_the_next_reader_gets_the_rest(
+    rollq: Callable[..., Result], producer: Producer, run_worker: Callable[[], None]
+) -> None:
+    ids = [task.rollout_id for task in producer.enqueue_many([{"n": i} for i in range(5)], mode="train")]
+    run_worker()
+
+    first = rollq("rollouts", "tail", "--count", "2", "--from-start", "--group", "g2")
+    assert first.exit_code == 0, first.output
+    assert producer.connection.xpending(producer.keys.results, "g2")["pending"] == 0  # none held by a gone reader
+    second = rollq("rollouts", "tail", "--count", "3", "--group", "g2")
+    assert second.exit_code == 0, second.output
+    printed = [Rollout.model_validate_json(line).rollout_id for line in (first.stdout + second.stdout).splitlines()]
+    assert sorted(printed) == sorted(ids)
+
+
 @pytest.mark.redis
 def test_enqueue_and_status_through_the_entry_point_on_a_real_redis(redis_server: RedisServer, namespace: str) -> None:
     base = [ROLLQ, "--url", redis_server.url, "-n", namespace]

@@ -80,4 +80,11 @@ def test_async_for_over_rollouts_reads_each_once_as_a_group_member(redis_server,
             pending = await producer.connection.xpending(producer.keys.results, "g")
             assert pending["pending"] == 0
 
+            # With a limit a reader takes no more than it hands over: the rest stay with the group.
+            first = [r.rollout_id async for r in producer.rollouts(group="h", consumer="c1", limit=15, batch=10)]
+            assert len(first) == 15
+            assert (await producer.connection.xpending(producer.keys.results, "h"))["pending"] == 0
+            rest = [r.rollout_id async for r in producer.rollouts(group="h", consumer="c2", idle_timeout=1)]
+            assert sorted(first + rest) == sorted(ids)
+
     asyncio.run(main())

@@ -36,7 +36,7 @@ def rollouts_get(ctx: click.Context, rollout_id: str) -> None:
     help="Read as a member of this consumer group (acknowledged, shared); default: just follow the stream.",
 )
 @click.option("--from-start", is_flag=True, help="Start at the oldest entry instead of new ones.")
-@click.option("--count", type=int, default=None, help="Stop after this many rollouts.")
+@click.option("--count", type=click.IntRange(min=1), default=None, help="Stop after this many rollouts.")
 @click.pass_context
 @one_line_errors
 def rollouts_tail(ctx: click.Context, group: str | None, from_start: bool, count: int | None) -> None:
@@ -44,10 +44,9 @@ def rollouts_tail(ctx: click.Context, group: str | None, from_start: bool, count
     producer = context.producer(ctx)
     try:
         if group:
-            for n, rollout in enumerate(producer.rollouts(group, start="0" if from_start else "$"), 1):
+            # With --count the reader takes no more entries than it prints: the rest stay with the group.
+            for rollout in producer.rollouts(group, start="0" if from_start else "$", limit=count or None):
                 click.echo(rollout.model_dump_json())
-                if count and n >= count:
-                    return
             return
         cursor = "0-0" if from_start else "$"
         seen = 0
