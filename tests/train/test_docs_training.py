@@ -170,3 +170,38 @@ def test_each_block_builds_the_trainer_inputs_aligned_with_its_own_slicing(index
     exec(compile(block, f"{DOC.name}[python block {index}]", "exec"), namespace)
     (name,) = [name for name in CHECKS if name in namespace]
     CHECKS[name](torch, namespace, batch)
+
+
+def test_the_trl_wrap_takes_each_step_from_a_batch_reader(monkeypatch: pytest.MonkeyPatch) -> None:
+    # TRL is not installed here: a stand-in GRPOTrainer base lets the doc's subclass run its own line, the call
+    # into rollq's reader (what producer.batches(...) returns), on a real BatchReader.
+    import importlib.util
+    import sys
+    import types
+
+    from rollq.producer.batches import BatchReader
+
+    torch = _torch()
+    if importlib.util.find_spec("trl") is None:
+        trl = types.ModuleType("trl")
+        trl.GRPOTrainer = type("GRPOTrainer", (), {})  # type: ignore[attr-defined]
+        monkeypatch.setitem(sys.modules, "trl", trl)
+        real_find_spec = importlib.util.find_spec
+        monkeypatch.setattr(
+            importlib.util, "find_spec", lambda n, *a: object() if n == "trl" else real_find_spec(n, *a)
+        )
+    batch = _batch()
+
+    class OneBatch(BatchReader):
+        def __init__(self) -> None:  # no Redis: the batch is at hand
+            pass
+
+        def next_batch(self) -> Batch:
+            return batch
+
+    namespace: dict[str, Any] = {"batch": batch, "__name__": "docs_block"}
+    exec(compile(_blocks()[2], f"{DOC.name}[python block 2]", "exec"), namespace)
+    trainer = namespace["RollqGRPOTrainer"].__new__(namespace["RollqGRPOTrainer"])
+    trainer.rollq_batches = OneBatch()
+    inputs = trainer._generate_and_score_completions(None)
+    assert torch.equal(inputs["advantages"], namespace["inputs"]["advantages"])
