@@ -7,7 +7,10 @@ Reading is a Redis consumer group, so a trainer that restarts under the same ``c
 it had read but not yet trained on: a group's stream entries are acknowledged only when the trainer asks for the
 batch after the one that held the group (or closes the reader); entries of dropped groups at once. Several
 trainer processes share the stream by ``rank``/``world_size``: each reads every entry (one consumer group per
-rank) and keeps the groups whose id hashes to its rank, so a group is never split across trainers.
+rank) and keeps the groups whose id hashes to its rank, so a group is never split across trainers. A consumer
+group that does not exist yet starts where the results stream stood when the producer first queued a task (its
+beginning, logged, for a producer that queued nothing), so a new group name or ``world_size`` is not handed
+earlier runs' rollouts.
 
 Counts of delivered, stale and failed groups go to the namespace's stats hash, where ``rollq status``,
 ``/metrics`` and the dashboard read them.
@@ -111,6 +114,7 @@ class BatchReader:
         rank: int = 0,
         world_size: int = 1,
         read_count: int = 200,
+        start: str | None = None,
     ) -> None:
         if batch_size < 1:
             raise ValueError("batch_size must be at least 1")
@@ -130,6 +134,7 @@ class BatchReader:
         self.group = group if world_size == 1 else f"{group}.rank{rank}"
         self.consumer = consumer or f"{self.group}-consumer"
         self.read_count = read_count
+        self.start = start
         self._entries: dict[str, list[bytes]] = {}
         self._to_ack: list[bytes] = []
         self._handed: list[bytes] = []  # entries of the batch last handed over
@@ -142,11 +147,22 @@ class BatchReader:
     def _ensure_group(self) -> None:
         if self._group_ready:
             return
+        first = self.producer.first_queued_after
+        start = self.start or (first.decode() if first is not None else "0")
         try:
-            self.connection.xgroup_create(self.keys.results, self.group, id="0", mkstream=True)
+            self.connection.xgroup_create(self.keys.results, self.group, id=start, mkstream=True)
         except redis.ResponseError as exc:
             if "BUSYGROUP" not in str(exc):
                 raise
+        else:
+            if self.start is None and first is None and (held := int(self.connection.xlen(self.keys.results))):
+                log.warning(
+                    "consumer group %r is new and this producer has queued nothing: it reads the %d rollout(s) "
+                    "already in the results stream, earlier runs' included (batches(start='$') reads only what is "
+                    "published from now on)",
+                    self.group,
+                    held,
+                )
         self._group_ready = True
 
     def _read(self, block_ms: int) -> list[tuple[bytes, dict[bytes, bytes]]]:

@@ -94,6 +94,9 @@ class Producer:
         self._cancel = connection.register_script(cancel_script_source())
         self._policy_checked = False  # the eviction-policy warning, at the first enqueue
         self._queued_after = QueuedAfter()  # where the results stream stood as each task was queued (for wait)
+        self.first_queued_after: bytes | None = None
+        """Where the results stream stood when this producer first queued a task (None until it has): a new
+        consumer group of :meth:`batches` starts there, not at earlier runs' rollouts."""
         self._llm_gate = LLMGate(connection, self.keys)
 
     @classmethod
@@ -228,6 +231,8 @@ class Producer:
                 raise
             outcomes += chunk_outcomes
             if position is not None:
+                if self.first_queued_after is None:
+                    self.first_queued_after = position
                 self._queued_after.record(
                     (t.rollout_id for (t, _), got in zip(chunk, chunk_outcomes, strict=True) if got is Enqueued.QUEUED),
                     position,
@@ -465,6 +470,7 @@ class Producer:
         consumer: str | None = None,
         rank: int = 0,
         world_size: int = 1,
+        start: str | None = None,
     ) -> BatchReader:
         """Training batches of ``batch_size`` complete groups, in the order groups complete.
 
@@ -475,7 +481,11 @@ class Producer:
         raised when not one group completed. ``policy`` says what to do with failed members and how advantages
         are computed (:class:`~rollq.producer.groups.GroupPolicy`). Several trainer processes share the stream
         with ``rank``/``world_size``; a restart under the same ``consumer`` name gets back the groups it had not
-        finished. See ``docs/training.md``.
+        finished. ``start`` is where a consumer group that does not exist yet starts reading: by default where
+        the results stream stood when this producer first queued a task (so a new group, or a new ``world_size``,
+        is not handed earlier runs' rollouts), or its beginning for a producer that has queued nothing (logged with
+        how many rollouts that is); ``"0"`` the beginning, ``"$"`` what is published from now on, or an entry id.
+        See ``docs/training.md``.
         """
         return BatchReader(
             self,
@@ -487,6 +497,7 @@ class Producer:
             consumer=consumer,
             rank=rank,
             world_size=world_size,
+            start=start,
         )
 
     # -- operations ----------------------------------------------------------

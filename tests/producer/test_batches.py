@@ -208,6 +208,36 @@ def test_a_duplicate_read_with_its_group_does_not_acknowledge_the_group_before_i
     assert producer.connection.xpending(stream, "batches")["pending"] == 0
 
 
+def test_a_new_consumer_group_starts_where_this_producer_first_queued_not_at_earlier_runs(
+    redis_server, namespace, serve, caplog
+) -> None:
+    serve()
+    run1 = Producer.from_url(redis_server.url, namespace)
+    old = run1.enqueue_many([{"rewards": [1.0, 0.0]}], mode="train", group_size=2)
+    run1.wait([t.rollout_id for t in old], timeout=60)
+    first = run1.batches(1, timeout=10)
+    first.next_batch()
+    first.close()
+
+    run2 = Producer.from_url(redis_server.url, namespace)  # a new run in the same namespace, under a new name
+    new = run2.enqueue_many([{"rewards": [0.0, 1.0]}], mode="train", group_size=2)
+    run2.wait([t.rollout_id for t in new], timeout=60)
+    reader = run2.batches(2, timeout=3, group="run2")
+    assert [g.rewards for g in reader.next_batch().groups] == [[0.0, 1.0]]  # run 1's group is not replayed
+    reader.close()
+
+    # A reader that queued nothing has no first enqueue to start at: it reads the stream from its start, and says so.
+    looker = Producer.from_url(redis_server.url, namespace)
+    with caplog.at_level("WARNING", logger="rollq.producer.batches"):
+        every = looker.batches(2, timeout=3, group="audit")
+        assert len(every.next_batch().groups) == 2
+    every.close()
+    assert "reads the 4 rollout(s) already in the results stream" in caplog.text
+    latest = looker.batches(1, timeout=1, group="from-now", start="$")
+    with pytest.raises(BatchTimeoutError):
+        latest.next_batch()
+
+
 def test_async_producer_batches(redis_server, namespace, serve) -> None:
     async def main() -> list[list[float | None]]:
         producer = AsyncProducer.from_url(redis_server.url, namespace)
