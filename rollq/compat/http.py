@@ -11,7 +11,6 @@ body over ``max_body_bytes``). With a ``key``, every route needs it (401 otherwi
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -61,8 +60,8 @@ async def _resources(request: web.Request) -> web.Response:
 async def _post_rollout(request: web.Request) -> web.Response:
     try:
         payload = await request.json()  # over client_max_size: aiohttp answers 413
-    except (json.JSONDecodeError, RecursionError) as exc:
-        return _error(400, f"the body is not JSON (or nested too deep): {str(exc)[:200]}")
+    except (ValueError, RecursionError) as exc:  # ValueError: JSONDecodeError, and UnicodeDecodeError (not UTF-8)
+        return _error(400, f"the body is not JSON (or not UTF-8, or nested too deep): {str(exc)[:200]}")
     try:
         outcome, message = await asyncio.to_thread(request.app[_GATEWAY].post_rollout, payload, _client(request))
     except AttemptTokenError as exc:

@@ -168,6 +168,16 @@ def test_bodies_over_the_limit_or_nested_too_deep_are_refused_and_store_nothing(
     assert api.client.post(proxy, content=b'{"messages": ' + b"[" * 100 + b"]" * 100 + b"}").status_code == 400
     assert api.client.post("/api/rollouts", content=b"[" * 3000 + b"]" * 3000).status_code == 400
     assert store.connection.llen(store.agl.events("b1")) == 0
+    # Bytes that are not UTF-8 are not JSON: 400 (or FastAPI's 422), never a 500.
+    not_utf8 = {"content": b'{"input": "\xff\xfe"}', "headers": {"content-type": "application/json"}}
+    assert api.client.post("/api/rollouts", **not_utf8).status_code in (400, 422)
+    not_utf8_event = b'{"event_type": "reward", "data": {"x": "\xff"}}'
+    assert api.client.post(url, content=not_utf8_event, headers={"content-type": "application/json"}).status_code in (
+        400,
+        422,
+    )
+    assert api.client.post(proxy, content=b'{"messages": "\xff"}').status_code == 400
+    assert store.connection.llen(store.agl.events("b1")) == 0
 
 
 def test_serve_agl_refuses_to_bind_beyond_loopback_without_a_key(redis_server: RedisServer, namespace: str) -> None:

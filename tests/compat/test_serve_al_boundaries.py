@@ -128,6 +128,16 @@ def test_a_body_over_the_limit_is_refused_and_stores_nothing(redis_server, names
     assert producer.connection.xlen(producer.keys.results) == 0
 
 
+def test_a_body_that_is_not_utf8_is_a_400_and_stores_nothing(redis_server, namespace, serve_al) -> None:  # type: ignore[no-untyped-def]
+    producer = Producer.from_url(redis_server.url, namespace, policy=RolloutPolicy(timeout_seconds=60))
+    producer.enqueue({"q": 1}, mode="train")
+    endpoint = serve_al()
+    handed = _take(endpoint)
+    body = b'{"rollout_id": "' + handed.encode() + b'", "final_reward": 1.0, "metadata": {"x": "\xff\xfe"}}'
+    assert _status(endpoint + "rollout", data=body) == 400
+    assert producer.connection.xlen(producer.keys.results) == 0
+
+
 def test_serve_al_refuses_to_bind_beyond_loopback_without_a_key(redis_server, namespace) -> None:  # type: ignore[no-untyped-def]
     result = subprocess.run(
         [ROLLQ, "--url", redis_server.url, "-n", namespace, "serve-al", "--host", "0.0.0.0", "--port", "1"],

@@ -52,12 +52,19 @@ def _depth(value: Any) -> int:
 
 
 def parse_json(raw: bytes, default: Any = None) -> Any:
-    """A request body's JSON (``default`` when empty): 400 if it nests deeper than :data:`MAX_JSON_DEPTH`,
-    ``ValueError`` if it is not JSON. (Bodies over the server's byte limit never get here: aiohttp answers 413.)"""
+    """A request body's JSON (``default`` when empty): 400 if it is not UTF-8 or nests deeper than
+    :data:`MAX_JSON_DEPTH`, ``ValueError`` if it is not JSON. (Bodies over the server's byte limit never get here:
+    aiohttp answers 413.)"""
     if not raw:
         return default
     try:
-        value = json.loads(raw)
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:  # JSON is UTF-8 (RFC 8259); a ValueError would fall through to pydantic
+        raise BadRequest(
+            400, f"the body is not UTF-8: byte {exc.start} is {raw[exc.start : exc.start + 1]!r}"
+        ) from None
+    try:
+        value = json.loads(text)
     except RecursionError:
         value = None
         too_deep = True
