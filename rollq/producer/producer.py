@@ -22,6 +22,7 @@ from rollq.models.errors import (
     PayloadTooLargeError,
     UnknownResourcesError,
 )
+from rollq.models.finite import non_finite_at
 from rollq.models.groups import Membership, member_rollout_id, new_group_id
 from rollq.models.policy import RolloutPolicy, TaskState
 from rollq.store.connection import connect, process_client_name
@@ -541,8 +542,16 @@ def _checked_pack(tasks_per_job: int) -> int:
 
 def _task_json(task: Task) -> str:
     """The task's JSON; :class:`InvalidTaskError` naming the task when its input cannot be stored (nested deeper
-    than JSON serialisation allows, about 250 levels, or not JSON-serialisable): nothing of the batch is queued."""
+    than JSON serialisation allows, about 250 levels, not JSON-serialisable, or holding NaN or +-Infinity in its
+    input or metadata): nothing of the batch is queued."""
     try:
-        return task.model_dump_json()
+        data = task.model_dump_json()
     except (ValueError, TypeError, RecursionError) as exc:  # pydantic's PydanticSerializationError is a ValueError
         raise InvalidTaskError(f"task {task.rollout_id} cannot be queued: its input {str(exc)[:300]}") from None
+    # NaN and +-Infinity were written as null: looked for only where a null was written.
+    if "null" in data and (where := non_finite_at(task.input, "input") or non_finite_at(task.metadata, "metadata")):
+        raise InvalidTaskError(
+            f"task {task.rollout_id} cannot be queued: {where} is not a finite number, which JSON cannot carry "
+            "(it would be stored as null)"
+        )
+    return data

@@ -15,7 +15,8 @@ import redis
 from pydantic import TypeAdapter
 
 from rollq.models.contract import ResourcesUpdate
-from rollq.models.errors import InvalidResourcesError, UnknownResourcesError
+from rollq.models.errors import ContractShapeError, InvalidResourcesError, UnknownResourcesError
+from rollq.models.finite import non_finite_at
 from rollq.models.llm_options import check_resources
 from rollq.models.resource_kinds import ResourcesVersion, StoredResource
 
@@ -40,6 +41,11 @@ class ResourceStore:
         :class:`InvalidLLMOptionsError` for an LLM whose ``sampling_parameters["rollq"]`` is not valid."""
         named = _NAMED.validate_python(dict(resources))
         check_resources(named)  # rollq's LLM options: refused here rather than by every worker that reads them
+        dumped = {name: resource.model_dump() for name, resource in named.items()}
+        if where := non_finite_at(dumped, "resources"):
+            raise ContractShapeError(
+                f"{where} is not a finite number, which JSON cannot carry (it would be stored as null)", field=where
+            )
         number = int(self.connection.incr(self.keys.resources_seq))
         resources_id = f"v{number}"
         update = ResourcesVersion(resources_id=resources_id, resources=named)

@@ -177,6 +177,11 @@ def test_bodies_over_the_limit_or_nested_too_deep_are_refused_and_store_nothing(
         422,
     )
     assert api.client.post(proxy, content=b'{"messages": "\xff"}').status_code == 400
+    # NaN is not JSON (Python's parser takes it): refused naming where, not queued as null.
+    nan = api.client.post(
+        "/api/rollouts", content=b'[{"input": {"x": NaN}}]', headers={"content-type": "application/json"}
+    )
+    assert nan.status_code == 422 and "['input']['x'] is not a finite number" in nan.json()["detail"], nan.text
     assert store.connection.llen(store.agl.events("b1")) == 0
 
 

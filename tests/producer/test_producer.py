@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import signal
 import threading
 from collections.abc import Callable, Iterator
@@ -12,7 +13,14 @@ from rq.job import Job, JobStatus
 from rq.serializers import JSONSerializer
 
 from rollq.models.contract import LLM, Rollout
-from rollq.models.errors import RolloutTimeoutError, RolloutTrimmedError, UnknownResourcesError, UnknownTaskError
+from rollq.models.errors import (
+    ContractShapeError,
+    InvalidTaskError,
+    RolloutTimeoutError,
+    RolloutTrimmedError,
+    UnknownResourcesError,
+    UnknownTaskError,
+)
 from rollq.producer import Producer
 from rollq.store.connection import connect
 from rollq.store.keys import job_id
@@ -275,3 +283,27 @@ def test_rollouts_a_reader_left_unacknowledged_go_to_another_after_claim_idle(
     assert taken in got
     assert sorted(got) == sorted(finished)
     assert producer.connection.xpending(producer.keys.results, "trainers")["pending"] == 0
+
+
+@pytest.mark.parametrize(
+    ("task_input", "metadata", "where"),
+    [
+        ({"x": [1.0, float("nan")]}, None, "input['x'][1]"),
+        ({"x": 1}, {"weights": {"a": float("inf")}}, "metadata['weights']['a']"),
+        (float("-inf"), None, "input"),
+    ],
+)
+def test_a_task_holding_nan_or_infinity_is_refused_naming_where_not_queued_as_null(
+    producer: Producer, task_input: Any, metadata: Any, where: str
+) -> None:
+    # JSON has no NaN or Infinity: stored, they would become null and the agent would see another input.
+    with pytest.raises(InvalidTaskError, match=re.escape(where)):
+        producer.enqueue_many([{"ok": 1}, task_input], mode="train", metadata=metadata)
+    assert producer.connection.llen(producer.keys.rq_queue) == 0
+
+
+def test_resources_holding_nan_are_refused_naming_where(producer: Producer) -> None:
+    llm = LLM(endpoint="http://llm", model="m", sampling_parameters={"temperature": float("nan")})
+    with pytest.raises(ContractShapeError, match=re.escape("resources['main_llm']['sampling_parameters']")):
+        producer.update_resources({"main_llm": llm})
+    assert producer.connection.get(producer.keys.resources_latest) is None

@@ -19,7 +19,7 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
-from rollq.models.errors import AttemptTokenError
+from rollq.models.errors import AttemptTokenError, ContractShapeError, InvalidTaskError
 from rollq.worker.config import WorkerSettings
 
 from ..binding import authorized
@@ -49,6 +49,8 @@ def _middleware(key: str) -> Any:
             return await handler(request)
         except BadRequest as exc:
             return error(exc.status, exc.detail)
+        except (InvalidTaskError, ContractShapeError) as exc:  # what the producer refuses of a client's values
+            return error(422, str(exc))
         except AttemptTokenError as exc:
             return error(403, str(exc))
         except HeldTooMany as exc:
