@@ -30,6 +30,7 @@ What a claim refusal, a published rollout and the finish transition's reply mean
 from __future__ import annotations
 
 import logging
+import math
 import socket
 import threading
 import time
@@ -41,7 +42,7 @@ import redis
 
 from rollq.models.coerce import coerce
 from rollq.models.contract import ResourcesUpdate, Rollout, Task
-from rollq.models.errors import AttemptTokenError, InvalidTaskError, UnknownResourcesError
+from rollq.models.errors import AttemptTokenError, InvalidRewardError, InvalidTaskError, UnknownResourcesError
 from rollq.models.policy import RolloutPolicy
 from rollq.store.jobs import read_rollq_jobs, rollout_ids_of
 from rollq.store.keys import Keys, inflight_member
@@ -359,10 +360,17 @@ class Gateway:
             if held is not None
             else Attempt(rollout_id, attempt, self.attempts.generation_of(rollout_id), client)
         ).run_by(client)
+        # A reward JSON cannot carry fails the rollout as a worker fails an agent's (it would be published as null).
+        bad_reward = _non_finite_reward(posted)
+        kept: dict[str, Any] = {"rollout_id": rollout_id}
+        if bad_reward is not None:
+            kept.update(
+                final_reward=None, triplets=[t.model_copy(update={"reward": None}) for t in posted.triplets or []]
+            )
         publication = self.attempts.publication(
             who,
-            who.stamp(posted.model_copy(update={"rollout_id": rollout_id})),
-            failed=False,
+            who.stamp(posted.model_copy(update=kept), bad_reward),
+            failed=bad_reward is not None,
             duration=time.time() - held.handed_at if held else None,
             task=held.task if held else None,
             resources_id=held.resources_id if held else None,
@@ -372,4 +380,16 @@ class Gateway:
             return settled, f"rollout {rollout_id} was cancelled; this result is dropped"
         if settled == Settled.SUPERSEDED:
             return settled, f"attempt {attempt} of {rollout_id} is no longer current; not delivered"
+        if bad_reward is not None:
+            return settled, f"rollout {rollout_id} (attempt {attempt}) stored as failed: {bad_reward}"
         return settled, f"rollout {rollout_id} (attempt {attempt}) received and stored"
+
+
+def _non_finite_reward(rollout: Rollout) -> InvalidRewardError | None:
+    """The error for a posted rollout whose final reward or a triplet's reward is NaN or infinite, else None."""
+    rewards = [("the final reward", rollout.final_reward)]
+    rewards += [(f"the reward of triplet {i}", t.reward) for i, t in enumerate(rollout.triplets or [])]
+    for where, reward in rewards:
+        if reward is not None and not math.isfinite(reward):
+            return InvalidRewardError(f"{where} is {reward}; rewards must be finite numbers")
+    return None

@@ -128,6 +128,22 @@ def test_a_body_over_the_limit_is_refused_and_stores_nothing(redis_server, names
     assert producer.connection.xlen(producer.keys.results) == 0
 
 
+@pytest.mark.parametrize("reward", [b"NaN", b"Infinity", b"1e400"])
+def test_a_posted_reward_that_is_not_finite_fails_the_rollout_naming_it(
+    redis_server, namespace, serve_al, reward
+) -> None:  # type: ignore[no-untyped-def]
+    # As a worker fails an agent's non-finite reward: never a "succeeded" rollout whose reward became null.
+    producer = Producer.from_url(redis_server.url, namespace, policy=RolloutPolicy(timeout_seconds=60, max_attempts=1))
+    rid = producer.enqueue({"q": 1}, mode="train").rollout_id
+    endpoint = serve_al()
+    handed = _take(endpoint)
+    body = b'{"rollout_id": "' + handed.encode() + b'", "final_reward": ' + reward + b"}"
+    assert _status(endpoint + "rollout", data=body) == 200
+    (rollout,) = producer.wait([rid], timeout=10)
+    assert rollout.metadata["status"] == "failed" and rollout.final_reward is None
+    assert rollout.metadata["error"]["type"] == "InvalidRewardError"
+
+
 def test_a_body_that_is_not_utf8_is_a_400_and_stores_nothing(redis_server, namespace, serve_al) -> None:  # type: ignore[no-untyped-def]
     producer = Producer.from_url(redis_server.url, namespace, policy=RolloutPolicy(timeout_seconds=60))
     producer.enqueue({"q": 1}, mode="train")
