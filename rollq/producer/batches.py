@@ -47,12 +47,23 @@ log = logging.getLogger(__name__)
 
 
 class BatchTimeoutError(RollqError, TimeoutError):
-    """No complete group arrived within the batch timeout."""
+    """No group to hand over within the batch timeout: none completed, or every one that did was dropped (stale,
+    or with failed members under ``on_failure="drop"``); the counts say which."""
 
-    def __init__(self, timeout: float, waiting: int) -> None:
-        super().__init__(f"no complete group within {timeout:g}s ({waiting} group(s) still incomplete)")
+    def __init__(
+        self, timeout: float, waiting: int, *, stale_dropped: int = 0, failed_dropped: int = 0, stale_requeued: int = 0
+    ) -> None:
+        dropped = stale_dropped + failed_dropped + stale_requeued
+        why = (
+            f": {dropped} complete group(s) dropped ({stale_dropped + stale_requeued} stale, {failed_dropped} with "
+            f"failed members), {waiting} still incomplete"
+            if dropped
+            else f" ({waiting} group(s) still incomplete)"
+        )
+        super().__init__(f"no complete group within {timeout:g}s{why}")
         self.timeout = timeout
         self.waiting = waiting
+        self.stale_dropped, self.failed_dropped, self.stale_requeued = stale_dropped, failed_dropped, stale_requeued
 
 
 class GroupLostError(RollqError):
@@ -295,6 +306,7 @@ class BatchReader:
         counts = _Counts()
         chosen: list[Group] = []
         latest: int | None = None
+        next_word = start + _QUIET_WAIT
         while True:
             try:
                 self._ensure_group()
@@ -316,13 +328,31 @@ class BatchReader:
                 continue
             if len(chosen) >= self.batch_size or (deadline is not None and time.monotonic() >= deadline):
                 break
+            if not chosen and time.monotonic() >= next_word:
+                next_word = time.monotonic() + _QUIET_WAIT
+                log.warning(
+                    "reader %s: no group to hand over for %.0fs: %d still incomplete; dropped meanwhile: %d stale, "
+                    "%d with failed members (requeued: %d)",
+                    self.group,
+                    time.monotonic() - start,
+                    self.assembler.waiting,
+                    counts.stale_dropped,
+                    counts.failed_dropped,
+                    counts.stale_requeued,
+                )
         self._handed = counts.entries
         try:
             self._flush(counts)
         except (redis.ConnectionError, redis.TimeoutError) as exc:
             log.warning("could not record batch counts: %s", exc)
         if not chosen:
-            raise BatchTimeoutError(self.timeout or 0.0, self.assembler.waiting)
+            raise BatchTimeoutError(
+                self.timeout or 0.0,
+                self.assembler.waiting,
+                stale_dropped=counts.stale_dropped,
+                failed_dropped=counts.failed_dropped,
+                stale_requeued=counts.stale_requeued,
+            )
         return Batch(
             groups=chosen,
             latest_version=latest,
@@ -352,3 +382,5 @@ class BatchReader:
 
 
 _UNFINISHED = (TaskState.QUEUED, TaskState.RUNNING)
+_QUIET_WAIT = 60.0
+"""Seconds a reader waits with no group to hand over before it logs what it is waiting on (then as often)."""

@@ -87,6 +87,16 @@ def test_a_group_with_a_failed_member_is_dropped_and_counted_by_default(producer
     assert group_outcomes(counters) == {"delivered": 1, "stale-dropped": 0, "stale-requeued": 0, "failed-dropped": 1}
 
 
+def test_a_timeout_after_every_complete_group_was_dropped_says_so(producer, serve) -> None:
+    tasks = producer.enqueue_many([{"rewards": [1.0, 0.0], "fail": [1]}] * 2, mode="train", group_size=2)
+    serve()
+    producer.wait([t.rollout_id for t in tasks], timeout=60)
+    with pytest.raises(BatchTimeoutError) as timed_out:
+        producer.batches(2, timeout=3).next_batch()
+    assert (timed_out.value.failed_dropped, timed_out.value.stale_dropped, timed_out.value.waiting) == (2, 0, 0)
+    assert "2 complete group(s) dropped (0 stale, 2 with failed members)" in str(timed_out.value)
+
+
 def test_kept_failed_members_are_marked_and_left_out_of_the_advantages(producer, serve) -> None:
     producer.enqueue_many([{"rewards": [1.0, 0.0, 0.5], "fail": [0], "no_reward": [2]}], mode="train", group_size=3)
     serve()
