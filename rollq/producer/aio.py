@@ -203,15 +203,20 @@ class AsyncProducer:
 
     @contextlib.asynccontextmanager
     async def weight_sync(self, timeout: float = 60.0, *, lease: float | None = None) -> AsyncIterator[PauseReport]:
-        """``async with producer.weight_sync(): ...``: see :meth:`Producer.weight_sync`."""
+        """``async with producer.weight_sync(): ...``: see :meth:`Producer.weight_sync` (nested blocks included)."""
+        if self.sync._weight_sync is not None:
+            yield self.sync._weight_sync
+            return
         try:
             report = await self.pause_llm(timeout, lease=lease)
         except BaseException:
             await self.resume_llm()
             raise
+        self.sync._weight_sync = report
         try:
             yield report
         finally:
+            self.sync._weight_sync = None
             await self.resume_llm()
 
     async def get_resources(self, resources_id: str | None = None) -> ResourcesUpdate:

@@ -99,6 +99,7 @@ class Producer:
         """Where the results stream stood when this producer first queued a task (None until it has): a new
         consumer group of :meth:`batches` starts there, not at earlier runs' rollouts."""
         self._llm_gate = LLMGate(connection, self.keys)
+        self._weight_sync: PauseReport | None = None  # the pause of the weight_sync block open, if any
 
     @classmethod
     def from_url(cls, url: str | None = None, namespace: str = DEFAULT_NAMESPACE, **kwargs: Any) -> Producer:
@@ -378,15 +379,22 @@ class Producer:
     @contextlib.contextmanager
     def weight_sync(self, timeout: float = 60.0, *, lease: float | None = None) -> Iterator[PauseReport]:
         """``with producer.weight_sync(): load weights; producer.update_resources(...)``: pauses on enter (see
-        :meth:`pause_llm`) and resumes on exit, also when the body or the pause itself raises."""
+        :meth:`pause_llm`) and resumes on exit, also when the body or the pause itself raises. A ``weight_sync``
+        inside another of the same producer changes nothing: the outer block's pause holds until it ends (its
+        report is the inner one's too)."""
+        if self._weight_sync is not None:
+            yield self._weight_sync
+            return
         try:
             report = self.pause_llm(timeout, lease=lease)
         except BaseException:
             self.resume_llm()
             raise
+        self._weight_sync = report
         try:
             yield report
         finally:
+            self._weight_sync = None
             self.resume_llm()
 
     # -- results -------------------------------------------------------------

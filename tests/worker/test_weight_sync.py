@@ -148,6 +148,29 @@ def test_a_pause_that_does_not_drain_in_time_names_the_busy_worker_and_weight_sy
     assert rollout.metadata["status"] == "succeeded"
 
 
+def test_a_weight_sync_inside_another_keeps_the_pause_until_the_outer_block_ends(
+    redis_server: RedisServer, namespace: str, workers: Callable[..., WorkerProcess], fake: FakeVLLM
+) -> None:
+    producer, _ = _producer(redis_server, namespace, fake)
+    workers(redis_server.url, namespace, env=AGENT)
+    _live(producer, 1)
+    with producer.weight_sync(timeout=10) as outer:
+        with producer.weight_sync(timeout=10) as inner:  # e.g. a helper that syncs, called inside a step that does
+            assert inner is outer
+        assert producer.llm_gate_status().paused  # the inner block's end did not lift the outer's pause
+    assert not producer.llm_gate_status().paused
+
+    async def nested() -> tuple[bool, bool]:
+        async with AsyncProducer.from_url(redis_server.url, namespace=namespace) as aio:
+            async with aio.weight_sync(timeout=10):
+                async with aio.weight_sync(timeout=10):
+                    pass
+                inside = (await aio.llm_gate_status()).paused
+            return inside, (await aio.llm_gate_status()).paused
+
+    assert asyncio.run(nested()) == (True, False)
+
+
 def test_the_async_producer_pauses_and_resumes(
     redis_server: RedisServer, namespace: str, workers: Callable[..., WorkerProcess], fake: FakeVLLM
 ) -> None:
