@@ -21,7 +21,7 @@ from __future__ import annotations
 import logging
 import time
 import zlib
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -44,6 +44,10 @@ if TYPE_CHECKING:
     from .producer import Producer
 
 log = logging.getLogger(__name__)
+
+TRAINING_MODES: frozenset[str | None] = frozenset({"train", None})
+"""The task modes whose rollouts :class:`BatchReader` hands over by default: ``"train"``, and tasks queued without
+a mode (``"val"`` and ``"test"`` rollouts in the same namespace are acknowledged and left out)."""
 
 
 class BatchTimeoutError(RollqError, TimeoutError):
@@ -126,6 +130,7 @@ class BatchReader:
         world_size: int = 1,
         read_count: int = 200,
         start: str | None = None,
+        modes: Collection[str | None] | None = TRAINING_MODES,
     ) -> None:
         if batch_size < 1:
             raise ValueError("batch_size must be at least 1")
@@ -146,6 +151,8 @@ class BatchReader:
         self.consumer = consumer or f"{self.group}-consumer"
         self.read_count = read_count
         self.start = start
+        self.modes = None if modes is None else frozenset(modes)
+        self._skipped_modes: set[str | None] = set()
         self._entries: dict[str, list[bytes]] = {}
         self._to_ack: list[bytes] = []
         self._handed: list[bytes] = []  # entries of the batch last handed over
@@ -202,6 +209,13 @@ class BatchReader:
                 self._to_ack.append(entry_id)
                 continue
             rollout = parse_entry(fields)
+            mode = rollout.metadata.get("mode")
+            if self.modes is not None and mode not in self.modes:  # a validation rollout: not trained on
+                self._to_ack.append(entry_id)
+                if mode not in self._skipped_modes:
+                    self._skipped_modes.add(mode)
+                    log.info("reader %s: rollouts of mode %r are not trained on (batches(modes=...))", self.group, mode)
+                continue
             found = membership(rollout.rollout_id, rollout.metadata)
             group_id = found.group_id if found is not None else rollout.rollout_id
             if not self._mine(group_id):

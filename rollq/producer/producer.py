@@ -7,7 +7,7 @@ import logging
 import math
 import time
 import uuid
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from typing import Any, Literal, cast, overload
 
 import redis
@@ -39,7 +39,7 @@ from rollq.store.resources import ResourceStore
 from rollq.store.settings import Settings
 from rollq.store.transitions import DEFAULT_RESULTS_MAX_BYTES, Lifecycle
 
-from .batches import BatchReader
+from .batches import TRAINING_MODES, BatchReader
 from .groups import GroupPolicy
 from .results import QueuedAfter, ResultReader, WaitResult, collect, fetch_rollouts, wait
 
@@ -480,6 +480,7 @@ class Producer:
         rank: int = 0,
         world_size: int = 1,
         start: str | None = None,
+        modes: Collection[str | None] | None = TRAINING_MODES,
     ) -> BatchReader:
         """Training batches of ``batch_size`` complete groups, in the order groups complete.
 
@@ -494,7 +495,8 @@ class Producer:
         the results stream stood when this producer first queued a task (so a new group, or a new ``world_size``,
         is not handed earlier runs' rollouts), or its beginning for a producer that has queued nothing (logged with
         how many rollouts that is); ``"0"`` the beginning, ``"$"`` what is published from now on, or an entry id.
-        See ``docs/training.md``.
+        ``modes``: the task modes whose rollouts are handed over (default ``"train"`` and no mode; None: all);
+        the others (``"val"``, ``"test"``) are acknowledged and left out. See ``docs/training.md``.
         """
         return BatchReader(
             self,
@@ -507,6 +509,7 @@ class Producer:
             rank=rank,
             world_size=world_size,
             start=start,
+            modes=modes,
         )
 
     # -- operations ----------------------------------------------------------

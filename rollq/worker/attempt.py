@@ -192,8 +192,10 @@ class Attempts:
         """``rollout`` (stamped by ``attempt``) as it will be published, with its finish call; one that cannot
         be serialised or is larger than ``max_result_bytes`` becomes a failed rollout that says so."""
         rollout_id = attempt.rollout_id
-        # The task's group (GRPO-style) travels with its rollout, for Producer.batches.
+        # The task's group (GRPO-style) and mode travel with its rollout, for Producer.batches.
         stamped = {k: task.metadata[k] for k in GROUP_FIELDS if k in task.metadata} if task is not None else {}
+        if task is not None and task.mode is not None:
+            stamped["mode"] = task.mode
         if resources_id:
             stamped["resources_id"] = resources_id
         if stamped:

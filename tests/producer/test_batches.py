@@ -248,6 +248,21 @@ def test_a_new_consumer_group_starts_where_this_producer_first_queued_not_at_ear
         latest.next_batch()
 
 
+def test_validation_rollouts_in_the_namespace_stay_out_of_training_batches(producer, serve) -> None:
+    val = producer.enqueue_many([{"rewards": [0.5]}] * 2, mode="val")
+    train = producer.enqueue_many([{"rewards": [1.0, 0.0]}] * 2, mode="train", group_size=2)
+    serve()
+    producer.wait([t.rollout_id for t in val + train], timeout=60)
+    reader = producer.batches(3, timeout=3)
+    batch = reader.next_batch()
+    assert [len(g.rollouts) for g in batch.groups] == [2, 2] and batch.partial  # no val rollout as a group of one
+    assert {r.metadata["mode"] for r in batch.rollouts} == {"train"}
+    reader.close()
+    assert producer.connection.xpending(producer.keys.results, "batches")["pending"] == 0  # the val ones acknowledged
+    (evaluated,) = producer.batches(1, timeout=3, group="evals", modes=["val"]).next_batch().groups[:1]
+    assert evaluated.rollouts[0].metadata["mode"] == "val"
+
+
 def test_async_producer_batches(redis_server, namespace, serve) -> None:
     async def main() -> list[list[float | None]]:
         producer = AsyncProducer.from_url(redis_server.url, namespace)
