@@ -14,12 +14,12 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Collection, Iterable, Mapping, Sequence
 from typing import Any, Literal, overload
 
-from rollq.models.contract import ResourcesUpdate, Rollout, Task
+from rollq.models.contract import ResourcesUpdate, Rollout, Task, TaskInput
 from rollq.models.errors import RolloutTimeoutError, RolloutTrimmedError, UnknownTaskError
-from rollq.models.policy import TaskState
+from rollq.models.policy import RolloutPolicy, TaskState
 from rollq.store.connection import connect, connect_async, process_client_name
 from rollq.store.control import CancelResult, cancel_call, cancel_script_source, parse_cancel
 from rollq.store.keys import DEFAULT_NAMESPACE, StreamField, TaskField
@@ -37,8 +37,9 @@ from rollq.store.queries import (
 )
 from rollq.store.records import RECORD_FIELDS, TaskRecord
 
-from .batches import Batch
-from .producer import Producer
+from .batches import TRAINING_MODES, Batch
+from .groups import GroupPolicy
+from .producer import Mode, Producer
 from .results import REAP_EVERY_SECONDS, Delivered, WaitResult, default_consumer_name, parse_entry
 
 log = logging.getLogger(__name__)
@@ -177,13 +178,55 @@ class AsyncProducer:
 
     # -- writes (one round trip each, on a thread) -------------------------------------
 
-    async def enqueue(self, input: Any, **kwargs: Any) -> Task:
+    async def enqueue(
+        self,
+        input: TaskInput,
+        mode: Mode = None,
+        resources_id: str | None = None,
+        metadata: Mapping[str, Any] | None = None,
+        rollout_id: str | None = None,
+        policy: RolloutPolicy | None = None,
+    ) -> Task:
         """See :meth:`Producer.enqueue`."""
-        return await asyncio.to_thread(self.sync.enqueue, input, **kwargs)
+        return await asyncio.to_thread(
+            self.sync.enqueue,
+            input,
+            mode=mode,
+            resources_id=resources_id,
+            metadata=metadata,
+            rollout_id=rollout_id,
+            policy=policy,
+        )
 
-    async def enqueue_many(self, inputs: Sequence[Any], **kwargs: Any) -> list[Task]:
-        """See :meth:`Producer.enqueue_many`."""
-        return await asyncio.to_thread(self.sync.enqueue_many, list(inputs), **kwargs)
+    async def enqueue_many(
+        self,
+        inputs: Iterable[TaskInput],
+        mode: Mode = None,
+        resources_id: str | None = None,
+        metadata: Mapping[str, Any] | None = None,
+        rollout_ids: Sequence[str] | None = None,
+        policy: RolloutPolicy | None = None,
+        on_progress: Callable[[int], None] | None = None,
+        group_size: int | None = None,
+        max_pending: int | None = None,
+        pending_timeout: float | None = None,
+        tasks_per_job: int | None = None,
+    ) -> list[Task]:
+        """See :meth:`Producer.enqueue_many` (``on_progress`` is called on the worker thread that queues)."""
+        return await asyncio.to_thread(
+            self.sync.enqueue_many,
+            list(inputs),
+            mode=mode,
+            resources_id=resources_id,
+            metadata=metadata,
+            rollout_ids=rollout_ids,
+            policy=policy,
+            on_progress=on_progress,
+            group_size=group_size,
+            max_pending=max_pending,
+            pending_timeout=pending_timeout,
+            tasks_per_job=tasks_per_job,
+        )
 
     async def update_resources(self, resources: Any) -> str:
         """See :meth:`Producer.update_resources`."""
@@ -347,13 +390,37 @@ class AsyncProducer:
             raise RolloutTimeoutError(missing, timeout)
         return finished
 
-    async def batches(self, batch_size: int, **kwargs: Any) -> AsyncIterator[Batch]:
+    async def batches(
+        self,
+        batch_size: int,
+        *,
+        max_staleness: int | None = None,
+        timeout: float | None = None,
+        policy: GroupPolicy | None = None,
+        group: str = "batches",
+        consumer: str | None = None,
+        rank: int = 0,
+        world_size: int = 1,
+        start: str | None = None,
+        modes: Collection[str | None] | None = TRAINING_MODES,
+    ) -> AsyncIterator[Batch]:
         """``async for batch in producer.batches(16, max_staleness=1)``: see :meth:`Producer.batches`.
 
         The groups are assembled by the blocking reader on a worker thread (``asyncio.to_thread``), one batch
         at a time, so the event loop never waits on Redis.
         """
-        reader = self.sync.batches(batch_size, **kwargs)
+        reader = self.sync.batches(
+            batch_size,
+            max_staleness=max_staleness,
+            timeout=timeout,
+            policy=policy,
+            group=group,
+            consumer=consumer,
+            rank=rank,
+            world_size=world_size,
+            start=start,
+            modes=modes,
+        )
         try:
             while True:
                 yield await asyncio.to_thread(reader.next_batch)

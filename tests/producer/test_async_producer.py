@@ -88,3 +88,16 @@ def test_async_for_over_rollouts_reads_each_once_as_a_group_member(redis_server,
             assert sorted(first + rest) == sorted(ids)
 
     asyncio.run(main())
+
+
+@pytest.mark.parametrize("name", ["enqueue", "enqueue_many", "batches", "weight_sync", "pause_llm"])
+def test_async_methods_take_the_same_named_parameters_as_the_producers_so_a_misspelt_one_is_a_type_error(
+    name: str,
+) -> None:
+    import inspect
+
+    sync = inspect.signature(getattr(Producer, name)).parameters
+    aio = inspect.signature(getattr(AsyncProducer, name)).parameters
+    assert not [p for p in aio.values() if p.kind is inspect.Parameter.VAR_KEYWORD], f"{name} takes **kwargs"
+    assert list(aio) == list(sync)
+    assert [(p.default, p.kind) for p in aio.values()] == [(p.default, p.kind) for p in sync.values()]
