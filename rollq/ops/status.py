@@ -103,7 +103,7 @@ def snapshot(
     ``MEMORY USAGE`` of the latest rollouts' keys and two ``CONFIG GET``), which pages read on every load skip."""
     now = time.time() if now is None else now
     pipe = connection.pipeline(transaction=False)
-    pipe.llen(keys.rq_queue)
+    pipe.scard(keys.queued_tasks)  # tasks, not RQ jobs: a pack is one job, a cancelled task's job lingers
     pipe.zrange(keys.inflight, 0, -1)
     pipe.zcount(keys.inflight, "-inf", now)
     pipe.zcard(keys.dead_letter)

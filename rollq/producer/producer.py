@@ -265,19 +265,17 @@ class Producer:
             log.error("could not cancel them (%s): they stay queued", exc)
 
     def pending(self) -> int:
-        """Tasks queued or running in this namespace (one round trip): RQ's queue, RQ's intermediate list (taken
-        off the queue by a worker, not claimed yet), or the queued-task index where that counts more (packs), and
-        the running set. A task moving from the list to the set
-        may count twice for a moment, never zero times: back-pressure errs on the side of waiting."""
+        """Tasks queued or running in this namespace (one round trip): the queued-task index and the running set.
+
+        A task is in the index from its enqueue (or requeue) until its claim, which moves it to the running set in
+        the same script, so it counts once, also while a worker has taken its job off RQ's queue and not claimed
+        it yet, and a pack's tasks count one each. RQ's lists are not counted: a cancelled task's job stays on them
+        until a worker drops it."""
         pipe = self.connection.pipeline(transaction=False)
-        pipe.llen(self.keys.rq_queue)
-        pipe.llen(self.keys.rq_intermediate)
-        pipe.zcard(self.keys.inflight)
         pipe.scard(self.keys.queued_tasks)
-        queued, taken, running, tasks = pipe.execute()
-        # A pack (tasks_per_job > 1) is one entry on RQ's lists for several queued tasks: the index of queued tasks
-        # counts them all; never fewer than the lists hold.
-        return max(int(queued) + int(taken), int(tasks)) + int(running)
+        pipe.zcard(self.keys.inflight)
+        queued, running = pipe.execute()
+        return int(queued) + int(running)
 
     def _wait_for_room(self, wanted: int, max_pending: int, timeout: float | None, *, queued: int) -> None:
         deadline = None if timeout is None else time.monotonic() + timeout

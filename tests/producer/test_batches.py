@@ -344,6 +344,18 @@ def test_pending_counts_a_task_a_worker_took_off_the_queue_and_has_not_claimed_y
     assert producer.pending() == 3
 
 
+def test_cancelled_tasks_leave_pending_and_status_at_once_and_packs_count_as_their_tasks(producer) -> None:
+    # A cancelled task's RQ job stays on the list until a worker drops it: it is no longer queued for back-pressure
+    # or rollq status. A pack is one job on RQ's list for several queued tasks: status counts the tasks.
+    tasks = producer.enqueue_many([{"rewards": [1.0]}] * 3, mode="train")
+    producer.cancel([t.rollout_id for t in tasks])
+    assert producer.pending() == 0
+    assert snapshot(producer.connection, producer.keys).queued == 0
+    producer.enqueue_many([{"rewards": [1.0]}] * 32, mode="train", tasks_per_job=16)
+    assert producer.pending() == 32
+    assert snapshot(producer.connection, producer.keys).queued == 32
+
+
 def test_max_pending_holds_enqueue_until_rollouts_finish(producer, serve) -> None:
     first = producer.enqueue_many([{"rewards": [1.0], "sleep": 0.5}] * 4, mode="train", group_size=2)
     assert producer.pending() == 8
