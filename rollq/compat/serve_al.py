@@ -9,6 +9,7 @@ import logging
 
 import click
 
+from rollq.models.policy import MAX_POLICY_SECONDS
 from rollq.store.connection import connect
 from rollq.store.settings import Settings
 
@@ -17,13 +18,15 @@ from .gateway_options import client_limits
 
 @click.command("serve-al")
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to bind (not loopback: needs --key).")
-@click.option("--port", "-p", default=8000, show_default=True, type=int, help="Port to listen on.")
+@click.option(
+    "--port", "-p", default=8000, show_default=True, type=click.IntRange(min=0, max=65535), help="Port to listen on."
+)
 @click.option(
     "--lease",
     "lease_seconds",
     default=300.0,
     show_default=True,
-    type=float,
+    type=click.FloatRange(min=1.0, max=MAX_POLICY_SECONDS),
     help="Seconds a handed-out attempt is heartbeated for (capped by the task's timeout_seconds); "
     "a client silent longer loses it to a retry after unresponsive_seconds.",
 )

@@ -34,6 +34,11 @@ class RolloutStatus(StrEnum):
     CANCELLED = "cancelled"
 
 
+MAX_POLICY_SECONDS = 366 * 86400
+"""The longest ``timeout_seconds`` / ``unresponsive_seconds`` a policy takes (a year): a finite bound, so that a
+deadline computed from it stays a number Redis and Python agree on."""
+
+
 class RolloutPolicy(BaseModel):
     """How hard rollq tries with one task.
 
@@ -46,9 +51,15 @@ class RolloutPolicy(BaseModel):
     # so that a mixed fleet during an upgrade keeps running.
     model_config = ConfigDict(extra="ignore", frozen=True)
 
-    timeout_seconds: float = Field(default=300.0, gt=0, description="Hard limit on one attempt.")
+    timeout_seconds: float = Field(
+        default=300.0, gt=0, le=MAX_POLICY_SECONDS, allow_inf_nan=False, description="Hard limit on one attempt."
+    )
     unresponsive_seconds: float = Field(
-        default=30.0, gt=0, description="An attempt whose worker has not heartbeated for this long is requeued."
+        default=30.0,
+        gt=0,
+        le=MAX_POLICY_SECONDS,
+        allow_inf_nan=False,
+        description="An attempt whose worker has not heartbeated for this long is requeued.",
     )
     max_attempts: int = Field(default=3, ge=1)
     retry_on: frozenset[FailureKind] = Field(

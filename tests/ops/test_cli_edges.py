@@ -72,6 +72,17 @@ def test_enqueue_policy_flags_reach_the_task_and_a_rerun_queues_nothing_twice(
         (("dead-letter", "requeue", "some-id", "--all"), None, 2, "not both"),
         (("task", "nope"), None, 1, "no task 'nope'"),
         (("rollouts", "get", "nope"), None, 1, "no task 'nope'"),
+        (("enqueue", "--timeout", "inf"), '{"input": 1}', 2, "--timeout"),
+        (("enqueue",), '{"input": 1, "metadata": {"w": Infinity}}', 1, "metadata['w'] is not a finite number"),
+        (("enqueue",), '{"input": ' + "[" * 5000 + "]" * 5000 + "}", 1, "line 1"),
+        (("status", "--watch", "-1"), None, 2, "--watch"),
+        (("groups", "idle-after", "nan"), None, 2, "SECONDS"),
+        (("demo", "--concurrency", "0"), None, 2, "--concurrency"),
+        (("demo", "--tasks", "-1"), None, 2, "--tasks"),
+        (("metrics", "--port", "99999"), None, 2, "--port"),
+        (("dashboard", "--port", "99999"), None, 2, "--port"),
+        (("serve-al", "--port", "99999"), None, 2, "--port"),
+        (("serve-al", "--lease", "-1"), None, 2, "--lease"),
     ],
 )
 def test_user_errors_are_one_line_with_exit_1_or_usage_exit_2(

@@ -18,7 +18,9 @@ from ..gateway_options import client_limits
 
 @click.command("serve-agl")
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to bind (not loopback: needs --key).")
-@click.option("--port", "-p", default=8080, show_default=True, type=int, help="Port to listen on.")
+@click.option(
+    "--port", "-p", default=8080, show_default=True, type=click.IntRange(min=0, max=65535), help="Port to listen on."
+)
 @click.option(
     "--key",
     envvar=["ROLLQ_AGL_KEY", "AGL_KEY"],

@@ -4,20 +4,32 @@ from __future__ import annotations
 
 import click
 
+from rollq.models.policy import MAX_POLICY_SECONDS
 from rollq.store.connection import check_reachable
 
 from . import context
 from .errors import one_line_errors
+from .params import Seconds
 
 
 @click.command()
 @click.option(
     "--redis-url", default=None, metavar="URL", hidden=True, help="Same as the global --url (older spelling)."
 )
-@click.option("--tasks", default=300, show_default=True, help="Tasks to queue.")
-@click.option("--workers", default=3, show_default=True, help="Worker processes to start.")
-@click.option("--concurrency", default=16, show_default=True, help="Rollouts in flight per worker.")
-@click.option("--timeout", default=300.0, show_default=True, help="Seconds to wait for every rollout.")
+@click.option("--tasks", default=300, show_default=True, type=click.IntRange(min=1), help="Tasks to queue.")
+@click.option(
+    "--workers", default=3, show_default=True, type=click.IntRange(min=1, max=64), help="Worker processes to start."
+)
+@click.option(
+    "--concurrency", default=16, show_default=True, type=click.IntRange(min=1), help="Rollouts in flight per worker."
+)
+@click.option(
+    "--timeout",
+    default=300.0,
+    show_default=True,
+    type=Seconds(0, MAX_POLICY_SECONDS, min_open=True),
+    help="Seconds to wait for every rollout.",
+)
 @click.pass_context
 @one_line_errors
 def demo(ctx: click.Context, redis_url: str | None, tasks: int, workers: int, concurrency: int, timeout: float) -> None:

@@ -14,9 +14,11 @@ from pydantic import ValidationError
 from tqdm import tqdm
 
 from rollq.models.contract import Task
+from rollq.models.policy import MAX_POLICY_SECONDS
 
 from . import context
 from .errors import one_line_errors
+from .params import Seconds
 
 _LINE_KEYS = {"input", "rollout_id", "mode", "resources_id", "metadata"}
 
@@ -27,6 +29,8 @@ def _parse_line(number: int, line: str, mode: str | None, resources_id: str | No
         entry = json.loads(line)
     except json.JSONDecodeError as exc:
         raise ValueError(f"line {number}: not JSON ({exc.msg})") from exc
+    except RecursionError:
+        raise ValueError(f"line {number}: nested deeper than JSON parsing allows") from None
     if not isinstance(entry, dict) or "input" not in entry:
         raise ValueError(f'line {number}: expected an object with an "input" key')
     unknown = set(entry) - _LINE_KEYS
@@ -77,7 +81,7 @@ def _read_tasks(stream: IO[str], mode: str | None, resources_id: str | None) -> 
 @click.option(
     "--timeout",
     "timeout_seconds",
-    type=click.FloatRange(min=0, min_open=True),
+    type=Seconds(0, MAX_POLICY_SECONDS, min_open=True),
     default=None,
     help="Hard limit per attempt, seconds [default 300].",
 )

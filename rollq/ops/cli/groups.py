@@ -10,6 +10,7 @@ from rollq.store.consumer_groups import delete_group, idle_after, list_groups, s
 
 from . import context
 from .errors import one_line_errors
+from .params import Seconds
 
 
 @click.group()
@@ -56,7 +57,7 @@ def groups_delete(ctx: click.Context, names: tuple[str, ...]) -> None:
 
 
 @groups.command("idle-after")
-@click.argument("seconds", type=float, required=False)
+@click.argument("seconds", type=Seconds(), required=False)
 @click.option("--default", "use_default", is_flag=True, help="Go back to the default bound.")
 @click.pass_context
 @one_line_errors

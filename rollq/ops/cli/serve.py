@@ -19,7 +19,7 @@ TOKEN_HELP = (
 
 @click.command()
 @click.option("--bind", default="127.0.0.1", show_default=True, help="Address to listen on.")
-@click.option("--port", default=9181, show_default=True)
+@click.option("--port", default=9181, show_default=True, type=click.IntRange(min=0, max=65535))
 @click.option("--threads", default=8, show_default=True, help="Request threads of the WSGI server (waitress).")
 @click.option("--token", envvar=TOKEN_ENV, default="", show_default=False, help=TOKEN_HELP)
 @click.pass_context
@@ -38,7 +38,7 @@ def dashboard(ctx: click.Context, bind: str, port: int, threads: int, token: str
 
 @click.command()
 @click.option("--bind", default="127.0.0.1", show_default=True, help="Address to listen on.")
-@click.option("--port", default=9182, show_default=True)
+@click.option("--port", default=9182, show_default=True, type=click.IntRange(min=0, max=65535))
 @click.option("--token", envvar=TOKEN_ENV, default="", show_default=False, help=TOKEN_HELP)
 @click.pass_context
 @one_line_errors

@@ -11,12 +11,19 @@ from rollq.store.namespaces import namespace_hint
 
 from . import context
 from .errors import one_line_errors
+from .params import Seconds
 
 
 @click.command()
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.option("--prometheus", is_flag=True, help="Prometheus text exposition format.")
-@click.option("--watch", type=float, default=None, metavar="SECONDS", help="Refresh every SECONDS until Ctrl+C.")
+@click.option(
+    "--watch",
+    type=Seconds(0, 86400, min_open=True),
+    default=None,
+    metavar="SECONDS",
+    help="Refresh every SECONDS until Ctrl+C.",
+)
 @click.pass_context
 @one_line_errors
 def status(ctx: click.Context, as_json: bool, prometheus: bool, watch: float | None) -> None:
