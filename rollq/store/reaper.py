@@ -41,7 +41,7 @@ from rollq.models.wire import rollout_json
 
 from .jobs import read_rollq_jobs, rollout_ids_of
 from .keys import Keys, TaskField, parse_inflight_member
-from .records import TaskRecord, read_records_or_errors
+from .records import TaskRecord, not_a_record, read_records_or_errors, wrong_type
 from .replies import Clock, JobTaken, Published, Requeued
 from .summaries import summary_json
 from .transitions import Finish, Lifecycle, Reissue
@@ -111,13 +111,29 @@ def _reap_stale(lifecycle: Lifecycle, clock: Clock, *, results_maxlen: int, limi
     stale = cast(list[bytes], connection.zrangebyscore(keys.inflight, "-inf", now, start=0, num=limit))
     if not stale:
         return
-    members = [(member, *parse_inflight_member(member)) for member in stale]
+    members = []
+    for member in stale:
+        try:
+            members.append((member, *parse_inflight_member(member)))
+        except ValueError:  # not written by rollq: no attempt to judge, and it must not stop the pass
+            _drop_member(lifecycle, member, "it names no attempt")
     records, invalid = read_records_or_errors(connection, keys, list(dict.fromkeys(rid for _, rid, _ in members)))
     for member, rid, attempt in members:
         try:
             _judge(lifecycle, member, rid, attempt, records, invalid, now=now, maxlen=results_maxlen, report=report)
         except redis.ResponseError as exc:  # one record a script refuses must not stop the pass for the others
-            log.error("could not reap %s attempt %d: %s", rid, attempt, exc)
+            if wrong_type(exc):  # its task key holds no hash: no script can end the attempt, every pass would fail
+                _drop_member(lifecycle, member, f"its task key {keys.task(rid)} holds no hash")
+            else:
+                log.error("could not reap %s attempt %d: %s", rid, attempt, exc)
+
+
+def _drop_member(lifecycle: Lifecycle, member: bytes, why: str) -> None:
+    """Take a member no reaper can judge out of the in-flight set, saying so once."""
+    if lifecycle.connection.zrem(lifecycle.keys.inflight, member):
+        log.error(
+            "dropped %r from the in-flight set %s: %s", member.decode(errors="replace"), lifecycle.keys.inflight, why
+        )
 
 
 def _judge(
@@ -266,7 +282,16 @@ def _audit(lifecycle: Lifecycle, clock: Clock) -> int:
     pipe.llen(keys.rq_queue)
     pipe.llen(keys.rq_intermediate)
     pipe.scard(keys.queued_tasks)
-    *states, queue_length, intermediate_length, queued = pipe.execute()
+    *replies, queue_length, intermediate_length, queued = pipe.execute(raise_on_error=False)
+    for length in (queue_length, intermediate_length, queued):
+        if isinstance(length, Exception):
+            raise length
+    states: list[tuple[bytes | None, bytes | None]] = []
+    for rid, reply in zip(rids, replies, strict=True):
+        if isinstance(reply, Exception):  # a key overwritten with another type: one bad key must not stop the sweep
+            log.error("%s; dropped from the queued-task index", not_a_record(rid, keys.task(rid), reply))
+            reply = [None, None]  # not queued: unindex.lua drops it
+        states.append((reply[0], reply[1]))
     jobs = {rid: job.decode() for rid, (state, job) in zip(rids, states, strict=True) if state == b"queued" and job}
     gone = [keys.task(rid) for rid, (state, _) in zip(rids, states, strict=True) if state != b"queued"]
     if gone:

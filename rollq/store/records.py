@@ -136,6 +136,18 @@ class TaskRecord:
         )
 
 
+def wrong_type(error: BaseException) -> bool:
+    """True for Redis's WRONGTYPE: a command (or a script's) met a key holding another type than rollq wrote."""
+    return isinstance(error, redis.ResponseError) and "WRONGTYPE" in str(error)
+
+
+def not_a_record(rollout_id: str, key: str, error: Exception) -> InvalidTaskError:
+    """The :class:`InvalidTaskError` of a task key that holds no hash (WRONGTYPE); any other error is raised."""
+    if not wrong_type(error):
+        raise error
+    return InvalidTaskError(f"task {rollout_id} is not a valid rollq task: its key {key} holds no hash ({error})")
+
+
 def read_records_or_errors(
     connection: redis.Redis, keys: Keys, rollout_ids: list[str]
 ) -> tuple[dict[str, TaskRecord], dict[str, InvalidTaskError]]:
@@ -146,7 +158,10 @@ def read_records_or_errors(
         pipe.hmget(keys.task(rid), RECORD_FIELDS)
     records: dict[str, TaskRecord] = {}
     errors: dict[str, InvalidTaskError] = {}
-    for rid, values in zip(rollout_ids, pipe.execute(), strict=True):
+    for rid, values in zip(rollout_ids, pipe.execute(raise_on_error=False), strict=True):
+        if isinstance(values, Exception):
+            errors[rid] = not_a_record(rid, keys.task(rid), values)
+            continue
         if values[0] is None and values[1] is None:
             continue
         try:

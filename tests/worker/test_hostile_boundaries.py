@@ -172,6 +172,39 @@ def test_a_record_nested_100000_deep_fails_its_task_and_never_stops_reaping_or_w
     assert rollouts[good].metadata["error"]["type"] == "WorkerUnresponsiveError"
 
 
+@pytest.mark.parametrize(
+    "broken", ["task key holding a string", "in-flight member with no attempt", "running task key holding a string"]
+)
+def test_one_broken_key_is_skipped_once_and_the_rest_of_the_namespace_is_still_reaped(
+    redis_server, namespace, caplog, broken
+):
+    # An outside audit: a queued task's key overwritten with a string made the lost-job sweep raise WRONGTYPE, a
+    # junk member of the in-flight set made parsing it raise ValueError; either way every reaper pass (and
+    # Producer.wait for any id) raised before it reached stale attempts, so a killed worker's task ran forever.
+    producer = Producer.from_url(
+        redis_server.url, namespace, policy=RolloutPolicy(unresponsive_seconds=1, max_attempts=1)
+    )
+    lifecycle = Lifecycle(producer.connection, producer.keys)
+    victim, _queued, poisoned = (t.rollout_id for t in producer.enqueue_many([{}, {}, {}]))
+    lifecycle.claim(victim, job_id(victim), "gone-worker")
+    if broken == "running task key holding a string":
+        lifecycle.claim(poisoned, job_id(poisoned), "gone-worker")
+    if broken != "in-flight member with no attempt":
+        producer.connection.delete(producer.keys.task(poisoned))
+        producer.connection.set(producer.keys.task(poisoned), "garbage")
+        named = producer.keys.task(poisoned)
+    else:
+        producer.connection.zadd(producer.keys.inflight, {"junk-member-without-attempt": 0})
+        named = "junk-member-without-attempt"
+    time.sleep(2)  # the victim's attempt is now past its deadline
+
+    [rollout] = producer.wait([victim], timeout=15)  # the producer's own reaping fails it
+    assert rollout.metadata["error"]["type"] == "WorkerUnresponsiveError"
+    time.sleep(1.1)  # past the sweep's one-pass-a-second lock
+    producer.reap()
+    assert len([r for r in caplog.records if named in r.getMessage()]) == 1
+
+
 def test_a_record_nested_too_deep_fails_one_task_on_a_worker_which_runs_the_others(redis_server, namespace, workers):
     producer = Producer.from_url(redis_server.url, namespace, policy=RolloutPolicy(timeout_seconds=30))
     deep, *good = (t.rollout_id for t in producer.enqueue_many([{}] * 4))
