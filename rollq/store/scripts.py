@@ -44,8 +44,9 @@ def lua_header() -> str:
     from its one Python owner, so that no script spells them.
 
     ``F.<field>`` for task record fields, ``S.<field>`` for stream fields, ``STATE.<state>`` for task states
-    (:class:`~rollq.models.policy.TaskState`), ``REPLY.<word>`` and ``ENQUEUED.<word>`` for the words scripts
-    answer with (:mod:`rollq.store.replies`), ``member(rid, attempt)`` for an in-flight member,
+    (:class:`~rollq.models.policy.TaskState`; ``is_state(s)`` whether ``s`` is one), ``REPLY.<word>`` and
+    ``ENQUEUED.<word>`` for the words scripts answer with (:mod:`rollq.store.replies`), ``member(rid, attempt)``
+    for an in-flight member,
     ``outcome_stat``/``requeue_stat``/``duration_stat``/``reward_stat`` and ``STATS_*`` for the stats hash,
     ``count(key, field, by)`` and ``add_float(key, field, by)`` to add to a counter without failing on a corrupt
     one, ``list_from(t, first, last)`` for the tail of ``KEYS`` or ``ARGV`` a script names as one list,
@@ -61,6 +62,8 @@ def lua_header() -> str:
             f"local F = {table(TaskField)}",
             f"local S = {table(StreamField)}",
             f"local STATE = {table(TaskState)}",
+            "local function is_state(s) for _, v in pairs(STATE) do if v == s then return true end end "
+            "return false end",
             f"local REPLY = {table(Word)}",
             f"local ENQUEUED = {table(Enqueued)}",
             f"local STATS_SUPERSEDED, STATS_DURATION_SUM = '{StatsField.SUPERSEDED}', '{StatsField.DURATION_SUM}'",

@@ -48,6 +48,10 @@ local function claim_one(task_key, rollout_id, job_id)
     -- This worker's own claim, sent again because a connection drop swallowed the reply.
     return {REPLY.claimed, tonumber(t[7]), t[1], t[2], latest_resources(), tonumber(t[8]), at_text, generation}
   end
+  if t[3] and t[4] == job_id and not is_state(t[3]) then
+    -- A state rollq never writes, on the job that stands for the task: no other claim would ever run it.
+    return {REPLY.invalid, F.state .. ' is ' .. t[3] .. ', not a task state'}
+  end
   if t[3] ~= STATE.queued or t[4] ~= job_id then
     return {REPLY.stale, t[3] or ''}
   end

@@ -1,5 +1,6 @@
--- Fail a queued task that cannot be run because its record is invalid (a field that is not what rollq wrote):
--- its failed rollout, naming the problem, is published as the task's outcome and the task is dead-lettered.
+-- Fail a queued task that cannot be run because its record is invalid (a field that is not what rollq wrote, a
+-- state it never writes among them): its failed rollout, naming the problem, is published as the task's outcome
+-- and the task is dead-lettered.
 -- Only the job that currently stands for the task may do this, as only it may claim the task.
 -- The results stream is kept within its bounds by trim_results (lua/trim_results.lua, put before this script).
 -- Returns {'published', entry_id} | {'superseded'} when the task no longer waits for that job.
@@ -20,7 +21,8 @@ local max_bytes = tonumber(ARGV[6])
 local summary = ARGV[7]  -- the rollout's compact summary, JSON (rollq.store.summaries)
 
 local t = redis.call('HMGET', task_key, F.state, F.job, F.mode, F.resources_id)
-if t[1] ~= STATE.queued or t[2] ~= job_id then
+local waiting = t[1] == STATE.queued or (t[1] and not is_state(t[1]))  -- queued, or a state rollq never writes
+if not waiting or t[2] ~= job_id then
   return {REPLY.superseded}
 end
 local id = redis.call('XADD', results, '*', S.rollout_id, rollout_id, S.rollout, rollout_json)
