@@ -13,7 +13,7 @@ from rollq.models.wire import parse_rollout
 from rollq.producer import Producer
 from rollq.store.keys import StreamField, TaskField
 from rollq.store.payloads import load_payloads, missing_payload
-from rollq.store.records import TaskRecord, read_record, read_records
+from rollq.store.records import TaskRecord, read_record, read_records_or_errors
 
 
 def _fetch_rollouts(producer: Producer, entry_ids: list[str]) -> dict[str, Rollout]:
@@ -130,19 +130,22 @@ class Failure:
 
 
 def failures(producer: Producer, limit: int | None = None) -> list[Failure]:
-    """The dead-letter list, oldest first, each with the error its final rollout carries."""
+    """The dead-letter list, oldest first, each with the error its final rollout carries (a record that cannot be
+    read: why, as an :class:`~rollq.models.errors.InvalidTaskError`)."""
     end = -1 if limit is None else limit - 1
     entries = cast(
         list[tuple[bytes, float]], producer.connection.zrange(producer.keys.dead_letter, 0, end, withscores=True)
     )
     ids = [member.decode() for member, _ in entries]
-    records = read_records(producer.connection, producer.keys, ids)
+    records, invalid = read_records_or_errors(producer.connection, producer.keys, ids)
     rollouts = _fetch_rollouts(producer, [r.result_id for r in records.values() if r.result_id])
     out = []
     for (_member, score), rid in zip(entries, ids, strict=True):
         record = records.get(rid)
         rollout = rollouts.get(record.result_id) if record and record.result_id else None
         error = (rollout.metadata.get("error") if rollout else None) or {}
+        if rid in invalid:  # named, not raised: one bad record must not hide the others
+            error = {"type": type(invalid[rid]).__name__, "message": str(invalid[rid])}
         out.append(
             Failure(
                 rollout_id=rid,

@@ -18,7 +18,7 @@ from collections.abc import AsyncIterator, Callable, Collection, Iterable, Mappi
 from typing import Any, Literal, overload
 
 from rollq.models.contract import ResourcesUpdate, Rollout, Task, TaskInput
-from rollq.models.errors import RolloutTimeoutError, RolloutTrimmedError, UnknownTaskError
+from rollq.models.errors import InvalidTaskError, RolloutTimeoutError, RolloutTrimmedError, UnknownTaskError
 from rollq.models.policy import RolloutPolicy, TaskState
 from rollq.store.connection import connect, connect_async, process_client_name
 from rollq.store.control import CancelResult, cancel_call, cancel_script_source, parse_cancel
@@ -35,7 +35,7 @@ from rollq.store.queries import (
     TaskPager,
     parse_attempts,
 )
-from rollq.store.records import RECORD_FIELDS, TaskRecord
+from rollq.store.records import RECORD_FIELDS, TaskRecord, parse_records_or_errors
 
 from .batches import TRAINING_MODES, Batch
 from .groups import GroupPolicy
@@ -279,6 +279,15 @@ class AsyncProducer:
         values = await pipe.execute()
         return {rid: TaskRecord.parse(rid, v) for rid, v in zip(rollout_ids, values, strict=True) if v[0] is not None}
 
+    async def _records_or_errors(
+        self, rollout_ids: Sequence[str]
+    ) -> tuple[dict[str, TaskRecord], dict[str, InvalidTaskError]]:
+        """:func:`rollq.store.records.read_records_or_errors`, on asyncio."""
+        pipe = self.connection.pipeline(transaction=False)
+        for rid in rollout_ids:
+            pipe.hmget(self.keys.task(rid), RECORD_FIELDS)
+        return parse_records_or_errors(self.keys, rollout_ids, await pipe.execute(raise_on_error=False))
+
     async def _record(self, rollout_id: str) -> TaskRecord:
         records = await self._records([rollout_id])
         if rollout_id not in records:
@@ -320,8 +329,10 @@ class AsyncProducer:
 
     async def get_rollout(self, rollout_id: str) -> Rollout | None:
         """See :meth:`Producer.get_rollout`."""
-        await self._record(rollout_id)
-        return (await self.get_rollouts([rollout_id])).get(rollout_id)
+        found = (await self.get_rollouts([rollout_id])).get(rollout_id)
+        if found is None:
+            await self._record(rollout_id)
+        return found
 
     async def query_tasks(
         self,
@@ -339,8 +350,8 @@ class AsyncProducer:
             pipe = self.connection.pipeline(transaction=False)
             for rid in rids:
                 pipe.hmget(self.keys.task(rid), FILTER_FIELDS)
-            pager.add(after, rids, await pipe.execute())
-        return pager.page(await self._records(pager.found))
+            pager.add(after, rids, await pipe.execute(raise_on_error=False))
+        return pager.page(*await self._records_or_errors(pager.found))
 
     async def cancel(self, rollout_ids: Sequence[str]) -> list[CancelResult]:
         """See :meth:`Producer.cancel`."""

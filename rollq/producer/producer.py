@@ -33,7 +33,7 @@ from rollq.store.keys import DEFAULT_NAMESPACE, Keys
 from rollq.store.llm_gate import GateStatus, LLMGate, PauseReport
 from rollq.store.queries import AttemptInfo, TaskInfo, TaskPage, query_tasks, read_attempts
 from rollq.store.reaper import ReapReport, reap
-from rollq.store.records import read_record, read_records
+from rollq.store.records import read_record, read_records, read_records_or_errors
 from rollq.store.replies import Enqueued
 from rollq.store.resources import ResourceStore
 from rollq.store.settings import Settings
@@ -452,9 +452,12 @@ class Producer:
         )
 
     def get_rollout(self, rollout_id: str) -> Rollout | None:
-        """The task's rollout if it has finished, else None, without blocking; :class:`UnknownTaskError` if unknown."""
-        read_record(self.connection, self.keys, rollout_id)
-        return fetch_rollouts(self.connection, self.keys, [rollout_id]).get(rollout_id)
+        """The task's rollout if it has finished (as :meth:`get_rollouts` finds it, even for a record that cannot be
+        read), else None, without blocking; :class:`UnknownTaskError` if unknown."""
+        found = fetch_rollouts(self.connection, self.keys, [rollout_id]).get(rollout_id)
+        if found is None:
+            read_record(self.connection, self.keys, rollout_id)  # unknown (or unreadable, unfinished): raises
+        return found
 
     def get_rollouts(self, rollout_ids: Sequence[str]) -> dict[str, Rollout]:
         """The rollouts of those of ``rollout_ids`` that have finished (unknown ids are left out), without blocking."""
@@ -517,9 +520,12 @@ class Producer:
         return [m.decode() for m in cast(list[bytes], self.connection.zrange(self.keys.dead_letter, 0, -1))]
 
     def requeue_dead(self, rollout_ids: Sequence[str] | None = None) -> list[str]:
-        """Queue dead-lettered tasks again with a fresh attempt budget (None: all); returns those requeued."""
+        """Queue dead-lettered tasks again with a fresh attempt budget (None: all); returns those requeued. A task
+        whose record is not what rollq wrote cannot be queued again: it is logged and left, the others requeued."""
         ids = list(rollout_ids) if rollout_ids is not None else self.dead_letter()
-        records = read_records(self.connection, self.keys, ids)
+        records, invalid = read_records_or_errors(self.connection, self.keys, ids)
+        for error in invalid.values():
+            log.error("not requeued: %s", error)
         return [
             rid
             for rid in ids

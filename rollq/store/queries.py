@@ -9,7 +9,7 @@ the transitions (a claim field ``worker|claim time`` at claim, an end field
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import cast
 
@@ -18,7 +18,7 @@ import redis
 from rollq.models.policy import TaskState
 
 from .keys import HISTORY_MATCH, Keys, TaskField, parse_history, rollout_id_of_task_key
-from .records import TaskRecord, read_records
+from .records import TaskRecord, read_records_or_errors
 
 SCAN_COUNT = 500
 """Keys SCAN looks at per round trip in :func:`query_tasks`."""
@@ -89,6 +89,8 @@ class TaskPage:
 
     tasks: list[TaskInfo]
     cursor: str | None
+    invalid: dict[str, str] = field(default_factory=dict)
+    """The page's records that are not what rollq wrote, by rollout id: why each cannot be read."""
 
 
 ATTEMPT_FIELDS = HISTORY_MATCH
@@ -139,11 +141,21 @@ def encode_cursor(scan: int, skip: int) -> str:
 
 
 def matching(
-    rollout_ids: Iterable[str], states_modes: Iterable[list[bytes | None]], state: TaskState | None, mode: str | None
+    rollout_ids: Iterable[str],
+    states_modes: Iterable[list[bytes | None] | Exception],
+    state: TaskState | None,
+    mode: str | None,
 ) -> list[str]:
-    """The ids whose (state, mode) from HMGET pass the filters; ids whose record vanished meanwhile are left out."""
+    """The ids whose (state, mode) from HMGET pass the filters; ids whose record vanished meanwhile are left out.
+    A key HMGET could not read (it holds no hash: its error as the reply) passes no filter, but is listed without
+    them, for the page to name it."""
     out = []
-    for rid, (raw_state, raw_mode) in zip(rollout_ids, states_modes, strict=True):
+    for rid, reply in zip(rollout_ids, states_modes, strict=True):
+        if isinstance(reply, Exception):
+            if state is None and mode is None:
+                out.append(rid)
+            continue
+        raw_state, raw_mode = reply
         if raw_state is None:
             continue
         if state is not None and raw_state.decode() != state.value:
@@ -180,8 +192,10 @@ class TaskPager:
         """The rollout ids of the task keys one SCAN returned, in a stable order (the cursor counts into it)."""
         return sorted(rollout_id_of_task_key(self.keys, k) for k in raw_keys)
 
-    def add(self, after: int | bytes, rollout_ids: list[str], states_modes: Iterable[list[bytes | None]]) -> None:
-        """Take one SCAN batch (``after`` is SCAN's next cursor) with its HMGET replies."""
+    def add(
+        self, after: int | bytes, rollout_ids: list[str], states_modes: Iterable[list[bytes | None] | Exception]
+    ) -> None:
+        """Take one SCAN batch (``after`` is SCAN's next cursor) with its HMGET replies (``raise_on_error=False``)."""
         matches = matching(rollout_ids, states_modes, self.state, self.mode)[self._skip :]
         room = self.limit - len(self.found)
         if len(matches) > room:
@@ -197,9 +211,12 @@ class TaskPager:
             self.next_cursor = encode_cursor(self.scan, 0)
             self.done = True
 
-    def page(self, records: Mapping[str, TaskRecord]) -> TaskPage:
-        """The page, from the records of :attr:`found` (a task deleted meanwhile is left out)."""
-        return TaskPage([TaskInfo.from_record(records[rid]) for rid in self.found if rid in records], self.next_cursor)
+    def page(self, records: Mapping[str, TaskRecord], invalid: Mapping[str, Exception] | None = None) -> TaskPage:
+        """The page, from the records of :attr:`found` (a task deleted meanwhile is left out) and the errors of
+        those that cannot be read (named on the page, not raised: one bad record must not hide the others)."""
+        tasks = [TaskInfo.from_record(records[rid]) for rid in self.found if rid in records]
+        bad = {rid: str(invalid[rid]) for rid in self.found if invalid and rid in invalid}
+        return TaskPage(tasks, self.next_cursor, bad)
 
 
 def query_tasks(
@@ -225,8 +242,8 @@ def query_tasks(
         pipe = connection.pipeline(transaction=False)
         for rid in rids:
             pipe.hmget(keys.task(rid), FILTER_FIELDS)
-        pager.add(after, rids, pipe.execute())
-    return pager.page(read_records(connection, keys, pager.found))
+        pager.add(after, rids, pipe.execute(raise_on_error=False))
+    return pager.page(*read_records_or_errors(connection, keys, pager.found))
 
 
 # XRANGE inside Redis, answering only the id: the oldest results entry can be megabytes, and XINFO STREAM sends

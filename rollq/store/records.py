@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -156,9 +157,16 @@ def read_records_or_errors(
     pipe = connection.pipeline(transaction=False)
     for rid in rollout_ids:
         pipe.hmget(keys.task(rid), RECORD_FIELDS)
+    return parse_records_or_errors(keys, rollout_ids, pipe.execute(raise_on_error=False))
+
+
+def parse_records_or_errors(
+    keys: Keys, rollout_ids: Sequence[str], replies: Sequence[Any]
+) -> tuple[dict[str, TaskRecord], dict[str, InvalidTaskError]]:
+    """:func:`read_records_or_errors` from the replies of its ``HMGET`` pipeline (``raise_on_error=False``)."""
     records: dict[str, TaskRecord] = {}
     errors: dict[str, InvalidTaskError] = {}
-    for rid, values in zip(rollout_ids, pipe.execute(raise_on_error=False), strict=True):
+    for rid, values in zip(rollout_ids, replies, strict=True):
         if isinstance(values, Exception):
             errors[rid] = not_a_record(rid, keys.task(rid), values)
             continue

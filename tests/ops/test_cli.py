@@ -7,6 +7,7 @@ run it as a subprocess against a real redis-server.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 import subprocess
@@ -21,6 +22,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from rollq.models.contract import NamedResources, Rollout
 from rollq.ops.cli import main
 from rollq.producer import Producer
+from rollq.producer.aio import AsyncProducer
 from rollq.store.connection import connect
 from rollq.worker.agent import LitAgent
 from rollq.worker.config import WorkerSettings
@@ -267,6 +269,52 @@ def test_dead_letter_list_and_requeue(
     assert requeued.exit_code == 0 and requeued.stdout.strip() == "requeued 1 task(s)"
     assert after == []
     assert producer.connection.llen(producer.keys.rq_queue) == 1
+
+
+def test_one_corrupt_record_is_named_and_the_other_dead_lettered_tasks_are_listed_and_requeued(
+    rollq: Callable[..., Result],
+    producer: Producer,
+    run_worker: Callable[[], None],
+) -> None:
+    # An outside audit: one corrupt record made `dead-letter list`, `dead-letter requeue --all` and
+    # Producer.requeue_dead() fail whole with "task ... is not a valid rollq task", for every other task too.
+    corrupt, wrong_type, good = (producer.enqueue({"fail": True}).rollout_id for _ in range(3))
+    run_worker()
+    producer.connection.hset(producer.keys.task(corrupt), "task", "not json")
+    producer.connection.delete(producer.keys.task(wrong_type))
+    producer.connection.set(producer.keys.task(wrong_type), "a string")
+
+    listed = rollq("dead-letter", "list")
+    requeued = rollq("dead-letter", "requeue", "--all")
+
+    assert listed.exit_code == 0, listed.output
+    lines = dict(line.split("\t", 1) for line in listed.stdout.splitlines())
+    assert lines[good] == f"1 attempt(s)\tRuntimeError: asked to fail {good}"
+    assert lines[corrupt].startswith(f"0 attempt(s)\tInvalidTaskError: task {corrupt} is not a valid rollq task")
+    assert lines[wrong_type].startswith("0 attempt(s)\tInvalidTaskError:") and "holds no hash" in lines[wrong_type]
+    assert requeued.exit_code == 1 and requeued.stdout.strip() == "requeued 1 task(s)"
+    assert corrupt in requeued.stderr and wrong_type in requeued.stderr
+    assert sorted(producer.dead_letter()) == sorted([corrupt, wrong_type])
+    assert producer.requeue_dead() == []
+
+
+def test_tasks_list_shows_the_other_tasks_and_names_an_invalid_record(
+    rollq: Callable[..., Result], producer: Producer, url: str, namespace: str
+) -> None:
+    corrupt, wrong_type, good = (t.rollout_id for t in producer.enqueue_many([{}, {}, {}]))
+    producer.connection.hset(producer.keys.task(corrupt), "state", "weird")
+    producer.connection.delete(producer.keys.task(wrong_type))
+    producer.connection.set(producer.keys.task(wrong_type), "a string")
+
+    result = rollq("tasks", "list")
+
+    assert result.exit_code == 0, result.output
+    listed = {line["rollout_id"]: line for line in map(json.loads, result.stdout.splitlines())}
+    assert listed[good]["state"] == "queued"
+    assert listed[corrupt]["state"] == "invalid" and "weird" in listed[corrupt]["error"]
+    assert listed[wrong_type]["state"] == "invalid" and "holds no hash" in listed[wrong_type]["error"]
+    for page in (producer.query_tasks(), asyncio.run(AsyncProducer.from_url(url, namespace).query_tasks())):
+        assert [t.rollout_id for t in page.tasks] == [good] and sorted(page.invalid) == sorted([corrupt, wrong_type])
 
 
 def test_dead_letter_requeue_of_an_unknown_id_exits_1_and_names_it(rollq: Callable[..., Result]) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import re
 import signal
 import threading
@@ -22,6 +23,7 @@ from rollq.models.errors import (
     UnknownTaskError,
 )
 from rollq.producer import Producer
+from rollq.producer.aio import AsyncProducer
 from rollq.store.connection import connect
 from rollq.store.keys import job_id
 from rollq.worker.agent import LitAgent
@@ -75,6 +77,21 @@ def test_enqueue_gives_fresh_ids_a_create_time_and_no_claims(producer: Producer)
 def test_get_task_of_an_unknown_id_raises(producer: Producer) -> None:
     with pytest.raises(UnknownTaskError, match="never-enqueued"):
         producer.get_task("never-enqueued")
+
+
+def test_get_rollout_returns_the_published_failure_of_an_invalid_record_as_get_rollouts_does(
+    url: str, namespace: str, producer: Producer, run_worker: Callable[..., None]
+) -> None:
+    # An outside audit: get_rollout raised InvalidTaskError for a task whose failed rollout (naming it) was
+    # published, while get_rollouts returned that rollout.
+    rid = producer.enqueue({}).rollout_id
+    producer.connection.hset(producer.keys.task(rid), "task", "not json")
+    run_worker()
+
+    rollout = producer.get_rollout(rid)
+    assert rollout is not None and rollout.metadata["error"]["type"] == "InvalidTaskError"
+    assert producer.get_rollouts([rid]) == {rid: rollout}
+    assert asyncio.run(AsyncProducer.from_url(url, namespace).get_rollout(rid)) == rollout
 
 
 def test_enqueueing_a_known_rollout_id_again_queues_it_once(producer: Producer) -> None:

@@ -42,9 +42,17 @@ def dead_letter_requeue(ctx: click.Context, rollout_ids: tuple[str, ...], requeu
         raise click.UsageError("name rollout ids or pass --all")
     if rollout_ids and requeue_all:
         raise click.UsageError("name rollout ids or pass --all, not both")
-    done = context.producer(ctx).requeue_dead(None if requeue_all else list(rollout_ids))
+    producer = context.producer(ctx)
+    ids = producer.dead_letter() if requeue_all else list(rollout_ids)
+    done = producer.requeue_dead(ids)
     click.echo(f"requeued {len(done)} task(s)")
-    missing = set(rollout_ids) - set(done)
+    left = set(ids) - set(done)
+    if not left:
+        return
+    dead = set(producer.dead_letter())
+    missing, invalid = sorted(left - dead), sorted(left & dead)
+    if invalid:
+        click.echo(f"still dead-lettered, not requeued (see the errors above): {', '.join(invalid)}", err=True)
     if missing:
-        click.echo(f"not in the dead-letter list: {', '.join(sorted(missing))}", err=True)
-        sys.exit(EXIT_FAILED)
+        click.echo(f"not in the dead-letter list: {', '.join(missing)}", err=True)
+    sys.exit(EXIT_FAILED)

@@ -44,10 +44,13 @@ def _plain(value: Any) -> Any:
 @click.pass_context
 @one_line_errors
 def tasks_list(ctx: click.Context, state: str | None, mode: str | None, limit: int, cursor: str | None) -> None:
-    """Tasks by state and mode, one JSON line each (SCAN paging: a full walk costs O(keys in the database))."""
+    """Tasks by state and mode, one JSON line each (SCAN paging: a full walk costs O(keys in the database)); a record
+    that is not what rollq wrote is listed with state "invalid" and why."""
     page = context.producer(ctx).query_tasks(state=state, mode=mode, limit=limit, cursor=cursor)
     for info in page.tasks:
         click.echo(json.dumps(_plain(info)))
+    for rollout_id, why in page.invalid.items():
+        click.echo(json.dumps({"rollout_id": rollout_id, "state": "invalid", "error": why}))
     if page.cursor is not None:
         click.echo(f"more: rollq tasks list --cursor {page.cursor}", err=True)
 
