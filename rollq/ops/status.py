@@ -115,8 +115,16 @@ def snapshot(
 
     pipe = connection.pipeline(transaction=False)
     for member in inflight:
-        pipe.hget(keys.task(parse_inflight_member(member)[0]), TaskField.WORKER)
-    by_worker = Counter((w or b"?").decode() for w in pipe.execute())
+        try:
+            rollout_id = parse_inflight_member(member)[0]
+        except ValueError:  # not rollq's (the reapers drop it): counted, its worker unknown
+            pipe.echo(b"")
+            continue
+        pipe.hget(keys.task(rollout_id), TaskField.WORKER)
+    # A task key that is not a hash (WRONGTYPE) counts as unknown too, not as a failed status.
+    by_worker = Counter(
+        (w if isinstance(w, bytes) and w else b"?").decode() for w in pipe.execute(raise_on_error=False)
+    )
 
     counters = {k.decode(): float(v) for k, v in stats.items()}
     total = lambda prefix: int(sum(v for k, v in counters.items() if k.startswith(prefix)))  # noqa: E731

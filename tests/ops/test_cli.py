@@ -252,6 +252,18 @@ def test_status_text_names_the_namespace(rollq: Callable[..., Result], namespace
     assert namespace in result.stdout
 
 
+def test_status_counts_a_junk_in_flight_member_or_a_broken_task_key_instead_of_failing(
+    rollq: Callable[..., Result], producer: Producer
+) -> None:
+    producer.connection.zadd(producer.keys.inflight, {"no-attempt-number": 1, "string-key|1": 2})
+    producer.connection.set(producer.keys.task("string-key"), "not a hash")
+    result = rollq("status", "--json")
+
+    assert result.exit_code == 0, result.output
+    status = json.loads(result.stdout)
+    assert status["in_flight"] == 2 and status["in_flight_by_worker"] == {"?": 2}
+
+
 def test_dead_letter_list_and_requeue(
     rollq: Callable[..., Result],
     producer: Producer,
