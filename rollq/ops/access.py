@@ -22,16 +22,18 @@ from rollq.compat.binding import is_loopback  # one definition, shared with serv
 from rollq.models.errors import RollqError
 
 TOKEN_ENV = "ROLLQ_DASHBOARD_TOKEN"
+DASHBOARD_EXPOSES = "read (and requeue) your tasks"
 
 WSGIApp = Callable[[dict[str, Any], Callable[..., Any]], Iterable[bytes]]
 
 
-def check_bind(host: str, token: str, what: str) -> None:
-    """Raise :class:`RollqError` when serving ``what`` on ``host`` without a token is not allowed."""
+def check_bind(host: str, token: str, what: str, exposes: str) -> None:
+    """Raise :class:`RollqError` when serving ``what`` on ``host`` without a token is not allowed; ``exposes`` says
+    what anyone who reaches it could do."""
     if not token and not is_loopback(host):
         raise RollqError(
-            f"refusing to serve {what} on {host} without a token: anyone who reaches it could read (and requeue) "
-            f"your tasks; set {TOKEN_ENV} (or --token), or bind 127.0.0.1 and use an SSH tunnel"
+            f"refusing to serve {what} on {host} without a token: anyone who reaches it could {exposes}; set "
+            f"{TOKEN_ENV} (or --token), or bind 127.0.0.1 and use an SSH tunnel"
         )
 
 

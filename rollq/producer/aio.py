@@ -39,7 +39,7 @@ from rollq.store.records import RECORD_FIELDS, TaskRecord, parse_records_or_erro
 
 from .batches import TRAINING_MODES, Batch
 from .groups import GroupPolicy
-from .producer import Mode, Producer
+from .producer import Mode, Producer, checked_ids, checked_timeout
 from .results import REAP_EVERY_SECONDS, Delivered, WaitResult, default_consumer_name, parse_entry
 
 log = logging.getLogger(__name__)
@@ -234,7 +234,7 @@ class AsyncProducer:
 
     async def pause_llm(self, timeout: float = 60.0, *, lease: float | None = None) -> PauseReport:
         """See :meth:`Producer.pause_llm`."""
-        return await self._llm_gate.pause(timeout, lease=lease)
+        return await self._llm_gate.pause(checked_timeout(timeout), lease=lease)
 
     async def resume_llm(self) -> None:
         """See :meth:`Producer.resume_llm`."""
@@ -377,7 +377,8 @@ class AsyncProducer:
         self, rollout_ids: Sequence[str], timeout: float, *, partial: bool = False
     ) -> list[Rollout] | WaitResult:
         """See :meth:`Producer.wait`; many concurrent waits share one reader of the results stream."""
-        wanted = list(dict.fromkeys(rollout_ids))
+        wanted = list(dict.fromkeys(checked_ids(rollout_ids)))
+        checked_timeout(timeout)
         if self._follower is None:
             self._follower = _Follower(self)
         follower = self._follower

@@ -168,6 +168,10 @@ class Producer:
         tasks side by side, one slot each, and RQ's per-job bookkeeping is paid once per pack (docs/rq.md,
         "Packs"). A task that goes back to the queue (retry, hand-back, reaper) goes as a job of its own.
         """
+        if isinstance(inputs, (str, bytes, bytearray, Mapping)):
+            raise TypeError(
+                f"inputs must be a list of task inputs, not a {type(inputs).__name__} (enqueue() queues one input)"
+            )
         policy = policy or self.policy
         per_job = self.tasks_per_job if tasks_per_job is None else _checked_pack(tasks_per_job)
         if group_size is not None and (
@@ -364,7 +368,7 @@ class Producer:
         ``timeout`` (the pause stays in place: call :meth:`resume_llm`). ``lease``: the pause lifts itself after
         that many seconds, should this process die before resuming.
         """
-        return self._llm_gate.pause(timeout, lease=lease)
+        return self._llm_gate.pause(checked_timeout(timeout), lease=lease)
 
     def resume_llm(self) -> None:
         """Lift the pause; paused workers open at once, stamping new calls with the latest resources version."""
@@ -432,6 +436,8 @@ class Producer:
         ``partial=True`` it returns a :class:`WaitResult` instead: the rollouts that
         finished by the timeout, in order, and the ids still missing.
         """
+        checked_ids(rollout_ids)
+        checked_timeout(timeout)
         after = self._queued_after.start_for(rollout_ids)
         if partial:
             return collect(
@@ -536,6 +542,21 @@ class Producer:
     def reap(self) -> ReapReport:
         """Requeue or fail attempts whose worker stopped heartbeating (workers do this too)."""
         return reap(self.lifecycle, results_maxlen=self.results_maxlen)
+
+
+def checked_ids(rollout_ids: Sequence[str]) -> Sequence[str]:
+    """``rollout_ids``, or TypeError for one id given where a list of them is meant (a str is a sequence of
+    one-character ids)."""
+    if isinstance(rollout_ids, (str, bytes, bytearray)):
+        raise TypeError(f"rollout_ids must be a list of rollout ids, not a {type(rollout_ids).__name__}")
+    return rollout_ids
+
+
+def checked_timeout(timeout: float) -> float:
+    """``timeout``, or ValueError when it is NaN, infinite or negative (seconds to wait: use a large number)."""
+    if not isinstance(timeout, (int, float)) or not math.isfinite(timeout) or timeout < 0:
+        raise ValueError(f"timeout must be a finite number of seconds, 0 or more, not {timeout!r}")
+    return timeout
 
 
 def _chunk_size(max_pending: int | None, group_size: int, per_job: int) -> int:

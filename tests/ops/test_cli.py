@@ -264,6 +264,19 @@ def test_status_counts_a_junk_in_flight_member_or_a_broken_task_key_instead_of_f
     assert status["in_flight"] == 2 and status["in_flight_by_worker"] == {"?": 2}
 
 
+def test_resources_set_takes_what_resources_get_printed(rollq: Callable[..., Result], producer: Producer) -> None:
+    first = rollq(
+        "resources", "set", input='{"main_llm": {"resource_type": "llm", "endpoint": "http://x", "model": "m"}}'
+    )
+    assert first.exit_code == 0, first.output
+    printed = rollq("resources", "get").stdout
+
+    again = rollq("resources", "set", input=printed)  # a round trip: get's output edited and set again
+
+    assert again.exit_code == 0, again.output
+    assert producer.get_resources().resources == producer.get_resources(first.stdout.strip()).resources
+
+
 def test_dead_letter_list_and_requeue(
     rollq: Callable[..., Result],
     producer: Producer,

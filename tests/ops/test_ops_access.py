@@ -77,6 +77,8 @@ def test_a_non_loopback_bind_without_a_token_is_refused_in_one_line(command: str
     assert done.returncode == 1
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and "refusing to serve" in lines[0] and "ROLLQ_DASHBOARD_TOKEN" in lines[0], done.stderr
+    # Each says what it would give away: the dashboard can requeue, /metrics only tells how runs go.
+    assert ("requeue" in lines[0]) == (command == "dashboard"), lines[0]
 
 
 @pytest.mark.redis

@@ -324,3 +324,21 @@ def test_resources_holding_nan_are_refused_naming_where(producer: Producer) -> N
     with pytest.raises(ContractShapeError, match=re.escape("resources['main_llm']['sampling_parameters']")):
         producer.update_resources({"main_llm": llm})
     assert producer.connection.get(producer.keys.resources_latest) is None
+
+
+@pytest.mark.parametrize("inputs", ["abc", b"abc", {"a": 1}])
+def test_inputs_given_as_a_string_or_a_mapping_are_refused_not_queued_one_per_character(
+    producer: Producer, inputs: Any
+) -> None:
+    with pytest.raises(TypeError, match="a list of task inputs"):
+        producer.enqueue_many(inputs, mode="train")
+    assert producer.pending() == 0
+
+
+def test_waiting_on_a_string_of_ids_or_for_nan_seconds_is_refused(producer: Producer) -> None:
+    with pytest.raises(TypeError, match="a list of rollout ids"):
+        producer.wait("rollout-1", timeout=1)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="timeout must be a finite number"):
+        producer.wait(["rollout-1"], timeout=float("nan"))
+    with pytest.raises(ValueError, match="timeout must be a finite number"):
+        producer.pause_llm(timeout=float("nan"))

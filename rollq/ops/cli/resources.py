@@ -21,11 +21,14 @@ def resources() -> None:
 @click.pass_context
 @one_line_errors
 def resources_set(ctx: click.Context, source: IO[str]) -> None:
-    """Publish a new version from JSON: {"name": {"resource_type": "llm", ...}, ...}. Prints its id."""
+    """Publish a new version from JSON: {"name": {"resource_type": "llm", ...}, ...} (or what `resources get`
+    printed). Prints its id."""
     try:
         named = json.load(source)
     except json.JSONDecodeError as exc:
         raise ValueError(f"resources are not valid JSON: {exc.msg} (line {exc.lineno})") from exc
+    if isinstance(named, dict) and set(named) == {"resources_id", "resources"}:
+        named = named["resources"]  # what `rollq resources get` printed: its resources become a new version
     if not isinstance(named, dict):
         raise ValueError(
             "resources must be a JSON object of name -> resource, "

@@ -7,7 +7,7 @@ import click
 
 from rollq.store.connection import describe, resolve_url
 
-from ..access import TOKEN_ENV, check_bind, port_in_use, require_token
+from ..access import DASHBOARD_EXPOSES, TOKEN_ENV, check_bind, port_in_use, require_token
 from . import context
 from .errors import one_line_errors
 
@@ -32,7 +32,7 @@ def dashboard(ctx: click.Context, bind: str, port: int, threads: int, token: str
     from rollq.ops.dashboard import serve
 
     token = token or context.settings(ctx).dashboard_token
-    check_bind(bind, token, "the dashboard")
+    check_bind(bind, token, "the dashboard", DASHBOARD_EXPOSES)
     serve(context.redis_url(ctx), context.namespace(ctx), bind=bind, port=port, threads=threads, token=token)
 
 
@@ -57,7 +57,7 @@ def metrics(ctx: click.Context, bind: str, port: int, token: str) -> None:
             pass
 
     token = token or context.settings(ctx).dashboard_token
-    check_bind(bind, token, "/metrics")
+    check_bind(bind, token, "/metrics", "read how your runs go (counts, rewards, workers, queue depths)")
     producer = context.producer(ctx)
     app = require_token(make_wsgi_app(registry(lambda: snapshot(producer.connection, producer.keys))), token)
     try:

@@ -26,7 +26,7 @@ from rollq.models.errors import RollqError
 from rollq.store.connection import connect, describe
 from rollq.store.keys import DEFAULT_NAMESPACE
 
-from ..access import check_bind, port_in_use, require_token
+from ..access import DASHBOARD_EXPOSES, check_bind, port_in_use, require_token
 
 if TYPE_CHECKING:
     from flask import Flask
@@ -155,7 +155,7 @@ def serve(
 ) -> None:
     """Serve the dashboard on ``bind:port`` with waitress until interrupted; behind ``token`` when given (a
     non-loopback ``bind`` needs one)."""
-    check_bind(bind, token, "the dashboard")
+    check_bind(bind, token, "the dashboard", DASHBOARD_EXPOSES)
     app = create_app(redis_url, namespace)
     try:
         import waitress
