@@ -32,10 +32,12 @@ def test_tasks_list_and_cancel(url: str, namespace: str, rollq: Callable[..., Re
     producer = Producer.from_url(url, namespace)
     ran, cancelled = [t.rollout_id for t in producer.enqueue_many([{}, {}], mode="train")]
     result = rollq("tasks", "cancel", cancelled, "nope")
-    assert result.exit_code == 0 and result.output.splitlines() == [
+    # An unknown id fails the command (exit 1, as dead-letter requeue does), after the others were cancelled.
+    assert result.exit_code == 1 and result.stdout.splitlines() == [
         f"{cancelled}: cancelled (was queued)",
         "nope: unknown",
     ]
+    assert result.stderr.strip() == "rollq: no task 'nope' (1 of 2 id(s) unknown)"
     run_worker(url, namespace)
     listed = rollq("tasks", "list", "--state", "succeeded")
     assert [json.loads(line)["rollout_id"] for line in listed.stdout.splitlines()] == [ran]

@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import sys
 from typing import Any
 
 import click
 
 from rollq.models.policy import TaskState
+from rollq.store.control import CancelOutcome
 
 from . import context
-from .errors import one_line_errors
+from .errors import EXIT_FAILED, one_line_errors
 
 
 @click.command()
@@ -60,7 +62,15 @@ def tasks_list(ctx: click.Context, state: str | None, mode: str | None, limit: i
 @click.pass_context
 @one_line_errors
 def tasks_cancel(ctx: click.Context, rollout_ids: tuple[str, ...]) -> None:
-    """Cancel unfinished tasks; prints what happened to each (cancelled, finished, unknown)."""
+    """Cancel unfinished tasks; prints what happened to each (cancelled, finished, unknown). Exit 1 if any id
+    is unknown (the others are cancelled all the same)."""
+    unknown = []
     for result in context.producer(ctx).cancel(list(rollout_ids)):
         was = f" (was {result.state})" if result.state else ""
         click.echo(f"{result.rollout_id}: {result.outcome}{was}")
+        if result.outcome == CancelOutcome.UNKNOWN:
+            unknown.append(result.rollout_id)
+    if unknown:
+        named = ", ".join(repr(rid) for rid in unknown[:5]) + (", ..." if len(unknown) > 5 else "")
+        click.echo(f"rollq: no task {named} ({len(unknown)} of {len(rollout_ids)} id(s) unknown)", err=True)
+        sys.exit(EXIT_FAILED)
