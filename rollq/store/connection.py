@@ -313,12 +313,18 @@ def wait_out_refusals(client: redis.Redis, *, outage_retries: int | None = None)
     client.set_retry(_Retry(backoff, -1, outage_retries=outage_retries))
 
 
-def _check_scheme(scheme: str, url: str) -> None:
-    """Refuse a URL scheme neither client speaks (``memory`` is handled before this)."""
+def _check_url(scheme: str, url: str) -> None:
+    """Refuse a URL scheme neither client speaks (``memory`` is handled before this), and a ``redis://`` or
+    ``rediss://`` database that is not a number (redis-py would take it as database 0)."""
     if scheme not in ("redis", "rediss", "unix", "redis+sentinel", CLUSTER_SCHEME):
         raise ValueError(
             f"unsupported Redis URL scheme {scheme!r} in {describe(url)!r}: "
             "use redis://, rediss://, unix://, redis+sentinel://, redis+cluster:// or memory://"
+        )
+    database = unquote(urlsplit(url).path).strip("/")
+    if scheme in ("redis", "rediss") and database and not database.isdigit():
+        raise ValueError(
+            f"the database in {describe(url)!r} is {database!r}, not a number: use redis://host:port/<n> (default 0)"
         )
 
 
@@ -362,7 +368,7 @@ def connect(url: str | None = None, *, retries: int | None = None, client_name: 
         import fakeredis
 
         return fakeredis.FakeRedis(server=memory_server(urlsplit(url).netloc))
-    _check_scheme(scheme, url)
+    _check_url(scheme, url)
     # TCP keepalive is a TCP socket option; redis-py's unix socket connection refuses it.
     tcp_only = {} if scheme == "unix" else {"socket_keepalive": True}
     options: dict[str, Any] = {
@@ -518,7 +524,7 @@ def connect_async(
         import fakeredis
 
         return fakeredis.FakeAsyncRedis(server=memory_server(urlsplit(url).netloc))
-    _check_scheme(scheme, url)
+    _check_url(scheme, url)
     tcp_only = {} if scheme == "unix" else {"socket_keepalive": True}
     retry_class: Any = redis.asyncio.retry.Retry
     if scheme == CLUSTER_SCHEME:

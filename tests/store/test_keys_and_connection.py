@@ -163,6 +163,13 @@ def test_unknown_url_scheme_is_rejected_naming_it_and_the_supported_ones() -> No
     assert "hunter2" not in message
 
 
+@pytest.mark.parametrize("url", ["redis://localhost:6379/abc", "rediss://h:6380/1x", "redis://h/0/extra"])
+def test_a_database_that_is_not_a_number_is_refused_not_taken_as_db_0(url: str) -> None:
+    for make in (connect, connect_async):
+        with pytest.raises(ValueError, match="database"):
+            make(url)
+
+
 def test_rollq_redis_url_beats_redis_url(monkeypatch: pytest.MonkeyPatch) -> None:
     ours, generic = f"memory://ours-{uuid.uuid4().hex}", f"memory://generic-{uuid.uuid4().hex}"
     monkeypatch.setenv("ROLLQ_REDIS_URL", ours)
