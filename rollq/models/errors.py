@@ -122,8 +122,14 @@ class InvalidResourcesError(RollqError, ValueError):
 
 
 class AgentExitError(RollqError):
-    """An agent raised a BaseException that is not an Exception (SystemExit, KeyboardInterrupt, GeneratorExit):
-    the rollout fails with it, and the worker carries on."""
+    """An agent raised a BaseException that is not an Exception (SystemExit, KeyboardInterrupt, GeneratorExit, a
+    CancelledError of its own) or stopped the worker's event loop: the rollout fails with it, and the worker
+    carries on."""
+
+
+class RolloutBuildError(RollqError):
+    """Turning a settled attempt into its rollout raised (a fault in rollq, or in something of the agent's it had
+    to read): the rollout is published failed with this error, which names the fault and how the agent ended."""
 
 
 class UnserializableResultError(RollqError, TypeError):

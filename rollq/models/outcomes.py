@@ -20,11 +20,28 @@ TRACEBACK_LIMIT = 8000
 """Characters of a formatted traceback a failed rollout keeps (the end: the frame that raised)."""
 
 
+def message_of(exc: BaseException) -> str:
+    """``str(exc)``, or a note saying it could not be read when that raises (an agent's exception class whose
+    ``__str__`` is broken): formatting an agent's error must never keep its rollout from being published."""
+    try:
+        return str(exc)
+    except BaseException as failure:  # whatever __str__ raises, SystemExit included, is not the caller's to stop on
+        return f"(its message could not be read: str() raised {type(failure).__name__})"
+
+
+def describe(exc: BaseException) -> str:
+    """``"Type: message"`` for a log line or another error's message (see :func:`message_of`)."""
+    return f"{type(exc).__name__}: {message_of(exc)}"
+
+
 def error_info(exc: BaseException) -> dict[str, str]:
     """The ``metadata["error"]`` entry for ``exc``: type, message and, when it was raised, its traceback."""
-    info = {"type": type(exc).__name__, "message": str(exc)}
+    info = {"type": type(exc).__name__, "message": message_of(exc)}
     if exc.__traceback__ is not None:
-        text = "".join(traceback.format_exception(exc))
+        try:
+            text = "".join(traceback.format_exception(exc))
+        except Exception as failure:  # the message is kept whatever the stack holds
+            text = f"(the traceback could not be formatted: {type(failure).__name__})"
         info["traceback"] = text if len(text) <= TRACEBACK_LIMIT else "…" + text[-TRACEBACK_LIMIT:]
     return info
 

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from rollq.models.errors import AgentExitError, AgentTimeoutError
+from rollq.models.outcomes import describe
 
 from .event_loop import new_event_loop
 
@@ -97,15 +98,17 @@ def _call(fn: Callable[[Future[Any]], object], future: Future[Any]) -> None:
         log.exception("exception calling callback for %r", future)
 
 
-def _contained(exc: BaseException, name: str) -> BaseException:
+def contained(exc: BaseException, name: str) -> Exception:
     """``exc`` as the rollout's failure: a BaseException that is not an Exception (SystemExit, KeyboardInterrupt,
-    GeneratorExit) would stop the thread or loop that sees it, so it becomes an :class:`AgentExitError` naming it."""
-    if isinstance(exc, Exception | asyncio.CancelledError):
+    GeneratorExit, a CancelledError the agent raised itself) would stop the thread or loop that sees it, or pass
+    every ``except Exception`` on its way to the publication, so it becomes an :class:`AgentExitError` naming it.
+
+    rollq's own cancels (time limit, hand-back, a lost attempt) settle the attempt before they cancel the agent, so
+    the CancelledError they raise in the agent never reaches here as the rollout's failure."""
+    if isinstance(exc, Exception):
         return exc
-    log.error(
-        "rollout %s: the agent raised %s(%s); failing the rollout, the worker carries on", name, type(exc).__name__, exc
-    )
-    error = AgentExitError(f"the agent raised {type(exc).__name__}: {exc}")
+    log.error("rollout %s: the agent raised %s; failing the rollout, the worker carries on", name, describe(exc))
+    error = AgentExitError(f"the agent raised {describe(exc)}")
     error.__cause__ = exc
     return error
 
@@ -231,7 +234,7 @@ class AgentExecutor:
                 try:
                     _settle(future, context.run(fn, *args))
                 except BaseException as exc:  # the agent's failure is the rollout's, not this thread's
-                    _settle(future, error=_contained(exc, name))
+                    _settle(future, error=contained(exc, name))
 
             threading.Thread(target=target, name="rollq-sync-agent", daemon=True).start()
         elif wake:
@@ -266,19 +269,21 @@ class AgentExecutor:
             try:
                 return await fn(*args)
             except BaseException as exc:
-                raise _contained(exc, name) from None
+                if isinstance(exc, asyncio.CancelledError) and future.done():
+                    raise  # rollq's own cancel: the attempt was settled (timed out, handed back, lost) first
+                raise contained(exc, name) from None
 
         try:
             task = self._loop.create_task(guarded(), name=name or None, context=context)
         except BaseException as exc:
-            _settle(future, error=_contained(exc, name))
+            _settle(future, error=contained(exc, name))
             return
         self._tasks[future] = task
 
         def done(t: asyncio.Task[Any]) -> None:
             self._tasks.pop(future, None)
-            if t.cancelled():
-                _settle(future, error=asyncio.CancelledError())
+            if t.cancelled():  # by rollq once it settled the attempt; else by the agent's code, which fails it
+                _settle(future, error=AgentExitError("the agent's task was cancelled, not by rollq"))
             elif t.exception() is not None:
                 _settle(future, error=t.exception())
             else:

@@ -34,9 +34,11 @@ from rollq.models.errors import (
     InvalidTaskError,
     LLMBackendError,
     RetryNotQueuedError,
+    RolloutBuildError,
     UnknownResourcesError,
 )
 from rollq.models.llm_options import InvalidLLMOptionsError, agent_view
+from rollq.models.outcomes import describe
 from rollq.models.policy import FailureKind, RolloutPolicy
 from rollq.store.keys import inflight_member
 from rollq.store.records import parse_task
@@ -47,7 +49,7 @@ from .agent import LitAgent
 from .attempt import Attempt, Attempts, Publication, PublishLimits, Settled
 from .capture.ambient import CURRENT_ATTEMPT
 from .config import WorkerSettings
-from .executor import AgentExecutor, BlockedByNeighbour
+from .executor import AgentExecutor, BlockedByNeighbour, contained
 from .hooks import HookSet
 from .lean_spans import set_attributes
 from .normalize import to_rollout
@@ -297,92 +299,121 @@ class AgentRunner:
         """Turn a settled attempt into the rollout to publish, or retry or hand it back (the job's result then).
 
         A :class:`Publication` still counts as running (heartbeated) until :meth:`settle` is given its reply.
+        Whatever building the rollout raises (an agent's exception whose message cannot be read, say), a failed
+        rollout naming it is published: a task whose attempt settled is never left for a reaper to find.
         """
+        publishing = False
+        try:
+            outcome: AttemptResult | Publication
+            try:
+                outcome = self._conclude(pending)
+            except BaseException as fault:
+                outcome = self._unbuilt(pending, fault)
+            publishing = isinstance(outcome, Publication)
+            return outcome
+        finally:
+            if not publishing:
+                self._forget(pending.member)
+
+    def _unbuilt(self, pending: Pending, fault: BaseException) -> Publication:
+        """A failed rollout of ``pending``'s attempt naming ``fault``, raised while its rollout was built, and how
+        the agent ended. (The finish call publishes it only if the attempt is still the task's current one.)"""
+        rid, attempt = pending.task.rollout_id, pending.claim.attempt
+        agent_error = pending.future.exception(timeout=0)
+        if isinstance(agent_error, AttemptReleased | AttemptLost | BlockedByNeighbour):
+            raise fault  # not this attempt's to fail: left running, a reaper hands it back or drops it
+        ended = f"the agent failed with {describe(agent_error)}" if agent_error is not None else "the agent returned"
+        error = RolloutBuildError(f"the rollout of attempt {attempt} could not be built ({describe(fault)}); {ended}")
+        error.__cause__ = fault
+        log.error("task %s: %s", rid, error, exc_info=(type(fault), fault, fault.__traceback__))
+        return self.attempts.publication(
+            pending.attempt,
+            pending.attempt.failed(error),
+            failed=True,
+            duration=time.monotonic() - pending.started,
+            task=pending.task,
+            resources_id=pending.task.resources_id or pending.claim.latest_resources_id,
+            member=pending.member,
+        )
+
+    def _conclude(self, pending: Pending) -> AttemptResult | Publication:
         task, policy, claim = pending.task, pending.policy, pending.claim
         rid, attempt = task.rollout_id, claim.attempt
         if pending.capture is not None:
             pending.capture.close()  # from here on, calls on this attempt's addresses are refused
-        publishing = False
+        error: BaseException | None = None
+        kind: FailureKind | None = None
+        raw: Any = None
         try:
-            error: BaseException | None = None
-            kind: FailureKind | None = None
-            raw: Any = None
+            raw = pending.future.result(timeout=0)
+        except (AttemptReleased, BlockedByNeighbour) as exc:
+            pending.trace.finish()
+            self.lifecycle.requeue(task, attempt, policy, "released")
+            why = f" ({exc})" if isinstance(exc, BlockedByNeighbour) else ""
+            log.info("handed %s back to the queue (attempt %d)%s", rid, attempt, why)
+            return AttemptResult(rid, AttemptStatus.RELEASED, attempt)
+        except AttemptLost:
+            pending.trace.finish()
+            log.info("stopped %s attempt %d: it was cancelled or taken over", rid, attempt)
+            return AttemptResult(rid, AttemptStatus.LOST, attempt)
+        except AgentTimeoutError as exc:
+            error, kind = AgentTimeoutError(f"attempt {attempt} {exc}"), "timeout"
+        except Exception as exc:
+            error, kind = _backend_error(exc, pending.capture), "exception"
+        except BaseException as exc:  # the executor contains these already; one that got through still fails it
+            error, kind = contained(exc, rid), "exception"
+        spans = pending.trace.finish(error=error, reward=_early_reward(raw))
+        if error is None:
             try:
-                raw = pending.future.result(timeout=0)
-            except (AttemptReleased, BlockedByNeighbour) as exc:
-                pending.trace.finish()
-                self.lifecycle.requeue(task, attempt, policy, "released")
-                why = f" ({exc})" if isinstance(exc, BlockedByNeighbour) else ""
-                log.info("handed %s back to the queue (attempt %d)%s", rid, attempt, why)
-                return AttemptResult(rid, AttemptStatus.RELEASED, attempt)
-            except AttemptLost:
-                pending.trace.finish()
-                log.info("stopped %s attempt %d: it was cancelled or taken over", rid, attempt)
-                return AttemptResult(rid, AttemptStatus.LOST, attempt)
-            except AgentTimeoutError as exc:
-                error, kind = AgentTimeoutError(f"attempt {attempt} {exc}"), "timeout"
+                rollout = to_rollout(rid, raw, spans, only_agent=self.settings.triplet_agent or None)
             except Exception as exc:
-                error, kind = _backend_error(exc, pending.capture), "exception"
-            spans = pending.trace.finish(error=error, reward=_early_reward(raw))
-            if error is None:
-                try:
-                    rollout = to_rollout(rid, raw, spans, only_agent=self.settings.triplet_agent or None)
-                except Exception as exc:
-                    error, kind = exc, "exception"
-            if error is not None:
-                # With the stack (the agent's frames), where an operator looks first.
-                log.error(
-                    "task %s attempt %d failed: %s: %s",
-                    rid,
-                    attempt,
-                    type(error).__name__,
-                    error,
-                    exc_info=(type(error), error, error.__traceback__) if error.__traceback__ else None,
-                )
-                rollout = to_rollout(rid, None, spans, only_agent=self.settings.triplet_agent or None, strict=False)
-            rollout = pending.attempt.stamp(rollout, error)
-            if error is None:
-                rollout = flag_missing_reward(rollout)
-            overruns = {
-                **pending.hook_overruns,
-                **self.hooks.rollout_end(task, rollout, self, self.tracer, pending.trace.context),
-            }
-            if overruns:
-                rollout = rollout.model_copy(update={"metadata": {**rollout.metadata, "hook_overruns": overruns}})
-            if error is not None and kind is not None and policy.retries(kind, claim.attempts_used):
-                reply = self.lifecycle.requeue(task, attempt, policy, "retry")
-                if not isinstance(reply, JobTaken):
-                    log.warning(
-                        "attempt %d/%d of %s failed (%s: %s); retrying",
-                        claim.attempts_used,
-                        policy.max_attempts,
-                        rid,
-                        type(error).__name__,
-                        error,
-                    )
-                    return AttemptResult(rid, AttemptStatus.RETRYING, attempt)
-                # The retry's job id holds another job: fail for good, saying so and why the attempt failed.
-                error = RetryNotQueuedError(
-                    self.lifecycle.keys.job_id(rid, after_attempt=attempt), rid, f"{type(error).__name__}: {error}"
-                )
-                log.error("task %s: %s", rid, error)
-                rollout = pending.attempt.stamp(rollout, error)
-            if rollout.trace is not None and not self._keeps_trace(failed=error is not None):
-                rollout = rollout.model_copy(update={"trace": None})
-            publication = self.attempts.publication(
-                pending.attempt,
-                rollout,
-                failed=error is not None,
-                duration=time.monotonic() - pending.started,
-                task=task,
-                resources_id=task.resources_id or claim.latest_resources_id,
-                member=pending.member,
+                error, kind = exc, "exception"
+        if error is not None:
+            # With the stack (the agent's frames), where an operator looks first.
+            log.error(
+                "task %s attempt %d failed: %s",
+                rid,
+                attempt,
+                describe(error),
+                exc_info=(type(error), error, error.__traceback__) if error.__traceback__ else None,
             )
-            publishing = True
-            return publication
-        finally:
-            if not publishing:
-                self._forget(pending.member)
+            rollout = to_rollout(rid, None, spans, only_agent=self.settings.triplet_agent or None, strict=False)
+        rollout = pending.attempt.stamp(rollout, error)
+        if error is None:
+            rollout = flag_missing_reward(rollout)
+        overruns = {
+            **pending.hook_overruns,
+            **self.hooks.rollout_end(task, rollout, self, self.tracer, pending.trace.context),
+        }
+        if overruns:
+            rollout = rollout.model_copy(update={"metadata": {**rollout.metadata, "hook_overruns": overruns}})
+        if error is not None and kind is not None and policy.retries(kind, claim.attempts_used):
+            reply = self.lifecycle.requeue(task, attempt, policy, "retry")
+            if not isinstance(reply, JobTaken):
+                log.warning(
+                    "attempt %d/%d of %s failed (%s); retrying",
+                    claim.attempts_used,
+                    policy.max_attempts,
+                    rid,
+                    describe(error),
+                )
+                return AttemptResult(rid, AttemptStatus.RETRYING, attempt)
+            # The retry's job id holds another job: fail for good, saying so and why the attempt failed.
+            error = RetryNotQueuedError(self.lifecycle.keys.job_id(rid, after_attempt=attempt), rid, describe(error))
+            log.error("task %s: %s", rid, error)
+            rollout = pending.attempt.stamp(rollout, error)
+        if rollout.trace is not None and not self._keeps_trace(failed=error is not None):
+            rollout = rollout.model_copy(update={"trace": None})
+        publication = self.attempts.publication(
+            pending.attempt,
+            rollout,
+            failed=error is not None,
+            duration=time.monotonic() - pending.started,
+            task=task,
+            resources_id=task.resources_id or claim.latest_resources_id,
+            member=pending.member,
+        )
+        return publication
 
     def _keeps_trace(self, *, failed: bool) -> bool:
         """Whether a rollout is published with its trace (the worker's ``rollout_trace``)."""

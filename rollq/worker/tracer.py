@@ -30,6 +30,7 @@ from opentelemetry.trace import Link, SpanKind, Status, StatusCode, TraceState
 from opentelemetry.util.types import Attributes
 
 from rollq.models.errors import InvalidRewardError
+from rollq.models.outcomes import describe, message_of
 
 from .lean_spans import LeanTracer, attributes_of, decides_as_parent_based, end_span, set_attributes
 
@@ -157,8 +158,7 @@ class RolloutTrace:
         if reward is not None:
             set_attributes(self.root, {"rollq.final_reward": reward})
         if error is not None:
-            self.root.record_exception(error)
-            self.root.set_status(Status(StatusCode.ERROR, f"{type(error).__name__}: {error}"))
+            record_error(self.root, error)
         else:
             self.root.set_status(_OK)
         end_span(self.root)
@@ -168,6 +168,19 @@ class RolloutTrace:
     def spans_so_far(self) -> list[ReadableSpan]:
         """The spans finished so far (all of them, root included, once :meth:`finish` ran)."""
         return self._capture.spans_so_far()
+
+
+def record_error(span: trace.Span, error: BaseException) -> None:
+    """Mark ``span`` failed with ``error`` (an ``exception`` event, status ERROR), even when ``str(error)`` raises:
+    the SDK's ``record_exception`` reads it, so an exception whose message cannot be read gets the event's type and
+    a note instead (:func:`~rollq.models.outcomes.message_of`)."""
+    try:
+        span.record_exception(error)
+    except BaseException:  # whatever __str__ raises
+        span.add_event(
+            "exception", {"exception.type": type(error).__qualname__, "exception.message": message_of(error)}
+        )
+    span.set_status(Status(StatusCode.ERROR, describe(error)))
 
 
 _CURRENT: contextvars.ContextVar[_Capture | None] = contextvars.ContextVar("rollq_rollout_trace", default=None)
@@ -347,8 +360,7 @@ class _CallSpan:
             otel_context.detach(self._token)  # type: ignore[arg-type]
             # Exceptions only, as use_span: a CancelledError or GeneratorExit is not the call's failure.
             if isinstance(exc, Exception) and span.is_recording():
-                span.record_exception(exc)
-                span.set_status(Status(StatusCode.ERROR, f"{type(exc).__name__}: {exc}"))
+                record_error(span, exc)
         finally:
             end_span(span)
 

@@ -8,6 +8,7 @@ ones, which shows that it kept serving.
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 from typing import Any
 
@@ -21,12 +22,38 @@ _BASE_EXCEPTIONS: dict[str, type[BaseException]] = {
 }
 
 
+class Unprintable(Exception):
+    """An exception whose message cannot be read: ``str()`` and ``repr()`` of it raise."""
+
+    def __str__(self) -> str:
+        raise ValueError("str() of this exception fails")
+
+    def __repr__(self) -> str:
+        raise ValueError("repr() of this exception fails")
+
+
+class Unmeasurable(list[Any]):
+    """A list whose ``len()`` raises: any code that reads the agent's result as a list fails on it."""
+
+    def __len__(self) -> int:
+        raise RuntimeError("len() of this result fails")
+
+
 def _misbehave(spec: dict[str, Any], rollout_id: str) -> Any:
     for key, kind in _BASE_EXCEPTIONS.items():
         if key in spec:
             raise kind(spec[key])
     if "raise" in spec:
         raise ValueError(spec["raise"])
+    if spec.get("unprintable"):
+        raise Unprintable()
+    if "cancelled" in spec:
+        raise asyncio.CancelledError(spec["cancelled"])  # the agent's own, not rollq's cancel or time limit
+    if spec.get("unmeasurable"):
+        return Unmeasurable([1.0])
+    if spec.get("leak_thread"):
+        # A non-daemon thread that never ends (a forgotten executor, a library's background thread).
+        threading.Thread(target=time.sleep, args=(3600,), name="leaked-by-the-agent", daemon=False).start()
     if spec.get("huge"):
         return 10**400  # an int no float (nor JSON number a trainer reads) can carry
     if "block" in spec:
@@ -40,13 +67,25 @@ def _misbehave(spec: dict[str, Any], rollout_id: str) -> Any:
 
 class HostileAgent(LitAgent):
     """Async. Input keys: ``sleep`` (awaited), then ``exit``/``interrupt``/``generator_exit`` (raise that
-    BaseException), ``block`` (``time.sleep`` on the event loop), ``unserialisable`` (a Rollout holding an
-    object; ``"triplet"``: a Triplet whose prompt is one)."""
+    BaseException), ``unprintable`` (raise an exception whose ``str()`` raises), ``cancelled`` (raise
+    ``asyncio.CancelledError`` of its own), ``unmeasurable`` (return a list whose ``len()`` raises),
+    ``leak_thread`` (start a non-daemon thread that outlives the worker's stop), ``block`` (``time.sleep`` on the
+    event loop), ``unserialisable`` (a Rollout holding an object; ``"triplet"``: a Triplet whose prompt is one),
+    ``stop_loop`` (call ``stop()`` on the running event loop, then return 1.0; ``"callback"``: schedule that call
+    as a callback instead)."""
 
     async def training_rollout_async(self, task_input: Any, rollout_id: str, resources: NamedResources) -> Any:
         spec = task_input if isinstance(task_input, dict) else {}
         if "sleep" in spec:
             await asyncio.sleep(spec["sleep"])
+        if spec.get("stop_loop") == "callback":
+            loop = asyncio.get_running_loop()
+            loop.call_soon(loop.stop)
+            await asyncio.sleep(0.2)
+            return 1.0
+        if spec.get("stop_loop"):
+            asyncio.get_running_loop().stop()
+            return 1.0
         return _misbehave(spec, rollout_id)
 
 

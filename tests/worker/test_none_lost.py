@@ -80,6 +80,66 @@ def test_an_agent_raising_a_base_exception_fails_its_rollout_and_the_worker_runs
     assert all(name in worker.log() for name in kinds.values())
 
 
+# One attempt, and no reaper before the test gives up: a rollout that is not published at once is lost to the test.
+ONCE = RolloutPolicy(unresponsive_seconds=60, timeout_seconds=30, max_attempts=1)
+
+
+@pytest.mark.parametrize("env", [ASYNC, SYNC], ids=["async", "sync"])
+def test_an_agent_error_whose_message_cannot_be_read_fails_its_rollout_at_once_naming_its_type(
+    redis_server, namespace, workers, env
+):
+    # str() and repr() of the exception raise: building the failed rollout raised in its turn, nothing was
+    # published, and only the reaper failed the task (WorkerUnresponsiveError) unresponsive_seconds later.
+    producer = Producer.from_url(redis_server.url, namespace, policy=ONCE)
+    worker = workers(redis_server.url, namespace, env=env)
+    bad = producer.enqueue({"unprintable": True}).rollout_id
+    good = producer.enqueue({"sleep": 0.05}).rollout_id
+
+    rollouts = {r.rollout_id: r for r in producer.wait([bad, good], timeout=20)}
+    kind, message = error_of(rollouts[bad])
+    assert (rollouts[bad].metadata["status"], kind) == ("failed", "Unprintable")
+    assert "could not be read" in message and "ValueError" in message, message
+    assert rollouts[good].metadata["status"] == "succeeded"
+    assert worker.process.poll() is None
+    assert "Unprintable" in worker.log()
+
+
+@pytest.mark.parametrize("env", [ASYNC, SYNC], ids=["async", "sync"])
+def test_an_agent_raising_cancelled_error_of_its_own_fails_its_rollout_at_once_naming_it(
+    redis_server, namespace, workers, env
+):
+    # Not rollq's cancel or time limit (those settle the attempt before they cancel the agent): the agent's own
+    # CancelledError, a BaseException, went past the runner and left the task unpublished until a reaper came.
+    producer = Producer.from_url(redis_server.url, namespace, policy=ONCE)
+    worker = workers(redis_server.url, namespace, env=env)
+    bad = producer.enqueue({"cancelled": "cancelled by the agent"}).rollout_id
+    good = producer.enqueue({"sleep": 0.05}).rollout_id
+
+    rollouts = {r.rollout_id: r for r in producer.wait([bad, good], timeout=20)}
+    kind, message = error_of(rollouts[bad])
+    assert (rollouts[bad].metadata["status"], kind) == ("failed", "AgentExitError")
+    assert "CancelledError" in message and "cancelled by the agent" in message, message
+    assert rollouts[good].metadata["status"] == "succeeded"
+    assert worker.process.poll() is None
+    assert "handed" not in worker.log() and "timed out" not in worker.log()
+
+
+def test_a_result_whose_reading_raises_fails_its_rollout_at_once_naming_the_fault(redis_server, namespace, workers):
+    # Whatever raises while a settled attempt is turned into its rollout (here len() of the agent's list), the
+    # attempt is published failed saying so, not left for a reaper to fail as an unresponsive worker's.
+    producer = Producer.from_url(redis_server.url, namespace, policy=ONCE)
+    worker = workers(redis_server.url, namespace, env=SYNC)
+    bad = producer.enqueue({"unmeasurable": True}).rollout_id
+    good = producer.enqueue({"sleep": 0.05}).rollout_id
+
+    rollouts = {r.rollout_id: r for r in producer.wait([bad, good], timeout=20)}
+    kind, message = error_of(rollouts[bad])
+    assert (rollouts[bad].metadata["status"], kind) == ("failed", "RolloutBuildError")
+    assert "len() of this result fails" in message and "the agent returned" in message, message
+    assert rollouts[good].metadata["status"] == "succeeded"
+    assert worker.process.poll() is None
+
+
 def test_hooks_raising_system_exit_are_logged_and_the_worker_keeps_its_threads(redis_server, namespace, workers):
     producer = Producer.from_url(redis_server.url, namespace, policy=QUICK)
     env = {**ASYNC, "ROLLQ_CONCURRENCY": "2", "ROLLQ_HOOKS": "tests.support.hostile_agents:ExitingHook"}
