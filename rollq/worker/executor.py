@@ -113,6 +113,10 @@ def contained(exc: BaseException, name: str) -> Exception:
     return error
 
 
+_AGENT_CALL: contextvars.ContextVar[Future[Any] | None] = contextvars.ContextVar("rollq_agent_call", default=None)
+"""The attempt whose agent code runs now (set in each async rollout's context): who called the loop's stop()."""
+
+
 class BlockedByNeighbour(Exception):
     """Set on an async attempt whose time limit passed while another rollout blocked the event loop: the runner
     hands it back to the queue instead of failing it."""
@@ -167,22 +171,49 @@ class AgentExecutor:
         ready = threading.Event()
 
         def serve() -> None:
-            self._loop = new_agent_loop()
-            asyncio.set_event_loop(self._loop)
-            self._loop.call_soon(self._stamp)
+            loop = self._loop = new_agent_loop()
+            loop.stop = self._refuse_stop(loop.stop)  # type: ignore[method-assign]
+            asyncio.set_event_loop(loop)
+            loop.call_soon(self._stamp)
             ready.set()
             while not self._stopping.is_set():
                 try:
-                    self._loop.run_forever()
+                    loop.run_forever()
                 except BaseException:  # a callback let something through: log it and keep the loop turning
                     log.exception("the agent event loop stopped on an exception; restarting it")
                 else:
-                    return
+                    if not self._stopping.is_set():  # stopped past the guard below (the loop class's own stop)
+                        log.error("the agent event loop was stopped, not by rollq; restarting it")
 
         self._thread = threading.Thread(target=serve, name="rollq-agent-loop", daemon=True)
         self._thread.start()
         ready.wait()
         threading.Thread(target=self._watch, name="rollq-watchdog", daemon=True).start()
+
+    def _refuse_stop(self, stop: Callable[[], None]) -> Callable[[], None]:
+        """The agent loop's ``stop``: rollq's own (from :meth:`stop`) stops it; any other is refused, and the rollout
+        whose code asked for it (from its task, or a callback it scheduled, which runs in its context) fails with
+        an :class:`AgentExitError` saying so. A stopped loop had ended its thread, and with it every async rollout
+        of the worker, until the watchdog made the worker exit."""
+
+        def refused() -> None:
+            if self._stopping.is_set():
+                stop()
+                return
+            future = _AGENT_CALL.get()
+            with self._lock:
+                running = self._running.get(future) if future is not None else None
+            name = running.name if running is not None else "(none: not called from a rollout)"
+            log.error("rollout %s called stop() on the agent event loop: refused, the loop keeps running", name)
+            if future is not None:
+                error = AgentExitError(
+                    "the agent called stop() on the worker's event loop, which runs every async rollout of the "
+                    "worker; refused, the loop keeps running"
+                )
+                _settle(future, error=error)
+                self.cancel(future)
+
+        return refused
 
     def stop(self) -> None:
         self._stopping.set()
@@ -274,6 +305,7 @@ class AgentExecutor:
                 raise contained(exc, name) from None
 
         try:
+            context.run(_AGENT_CALL.set, future)  # the agent's code runs in it (its callbacks too): stop() looks
             task = self._loop.create_task(guarded(), name=name or None, context=context)
         except BaseException as exc:
             _settle(future, error=contained(exc, name))

@@ -15,6 +15,7 @@ from typing import Any
 import fakeredis
 import pytest
 
+from rollq.models.errors import AgentExitError
 from rollq.worker import LitAgent, RolloutWorker, WorkerSettings
 from rollq.worker.collector import YOUNG_THRESHOLD, widen_young_generation
 from rollq.worker.executor import EVENT_LOOP_VARIABLE, AgentExecutor, new_agent_loop
@@ -201,3 +202,34 @@ def test_the_loop_s_lag_rises_while_its_callbacks_wait_for_their_turn_and_falls_
     assert executor.lag > 0.01, f"a loop held 30 ms a turn lags {executor.lag * 1000:.1f} ms"
     time.sleep(1.5)
     assert executor.lag < 0.005, f"{executor.lag * 1000:.1f} ms once it turns freely again"
+
+
+async def stop_the_loop(how: str) -> float:
+    loop = asyncio.get_running_loop()
+    if how == "stop":
+        loop.stop()
+    elif how == "callback":
+        loop.call_soon(loop.stop)
+    else:  # past any guard on the instance: the loop class's own stop
+        type(loop).stop(loop)
+    await asyncio.sleep(0.3)
+    return 1.0
+
+
+@pytest.mark.parametrize("how", ["stop", "callback", "class"])
+def test_an_agent_stopping_the_loop_leaves_it_turning_for_the_others(executor: AgentExecutor, how: str) -> None:
+    # loop.stop() from an agent had ended the loop's thread: no async rollout of the worker could finish after it.
+    gate = threading.Event()
+    neighbour = executor.submit(answer, (gate,), contextvars.copy_context(), True, 10.0, "neighbour")
+    stopper = executor.submit(stop_the_loop, (how,), contextvars.copy_context(), True, 10.0, "stopper")
+    if how == "class":  # nothing can tell this one from rollq's own stop: the loop is run again, the rollout goes on
+        assert stopper.result(timeout=5) == 1.0
+    else:  # the stop is refused, and the rollout that asked for it fails saying what it did
+        with pytest.raises(AgentExitError, match=r"stop\(\).*event loop"):
+            stopper.result(timeout=5)
+    gate.set()
+    assert neighbour.result(timeout=5) == 42
+    time.sleep(1.5)
+    assert executor.stalled_for() == 0
+    later = executor.submit(answer, (gate,), contextvars.copy_context(), True, 10.0, "later")
+    assert later.result(timeout=5) == 42

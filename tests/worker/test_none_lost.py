@@ -140,6 +140,29 @@ def test_a_result_whose_reading_raises_fails_its_rollout_at_once_naming_the_faul
     assert worker.process.poll() is None
 
 
+def test_an_async_agent_stopping_the_event_loop_fails_its_rollout_and_the_worker_runs_the_others(
+    redis_server, namespace, workers
+):
+    # loop.stop() from an agent ended the loop's thread: the rollout that did it was published as succeeded, the
+    # others on the loop never ended, and the watchdog made the worker exit with status 3.
+    producer = Producer.from_url(redis_server.url, namespace, policy=ONCE)
+    worker = workers(redis_server.url, namespace, env={**ASYNC, "ROLLQ_CONCURRENCY": "4"})
+    neighbours = [t.rollout_id for t in producer.enqueue_many([{"sleep": 1.5}] * 2)]
+    stopper = producer.enqueue({"stop_loop": True}).rollout_id
+    scheduler = producer.enqueue({"stop_loop": "callback"}).rollout_id  # loop.call_soon(loop.stop)
+
+    rollouts = {r.rollout_id: r for r in producer.wait([stopper, scheduler, *neighbours], timeout=20)}
+    for rid in (stopper, scheduler):
+        kind, message = error_of(rollouts[rid])
+        assert (rollouts[rid].metadata["status"], kind) == ("failed", "AgentExitError")
+        assert "stop()" in message and "event loop" in message, message
+    assert [rollouts[rid].metadata["status"] for rid in neighbours] == ["succeeded"] * 2
+    [later] = producer.wait([producer.enqueue({"sleep": 0.05}).rollout_id], timeout=20)
+    assert later.metadata["status"] == "succeeded"
+    assert worker.process.poll() is None
+    assert "is blocked" not in worker.log()
+
+
 def test_hooks_raising_system_exit_are_logged_and_the_worker_keeps_its_threads(redis_server, namespace, workers):
     producer = Producer.from_url(redis_server.url, namespace, policy=QUICK)
     env = {**ASYNC, "ROLLQ_CONCURRENCY": "2", "ROLLQ_HOOKS": "tests.support.hostile_agents:ExitingHook"}
