@@ -117,6 +117,45 @@ PUBSUB_WAKE_SECONDS = 1.0
 # The exit status of a worker whose agent event loop is wedged (see _on_loop_wedged): not 0, so that a
 # supervisor restarts it.
 EXIT_LOOP_WEDGED = 3
+LEFTOVER_THREADS_SECONDS = 1.0
+"""At least this long, once the worker is done, for threads it did not start to end before the process exits."""
+
+
+def _leftover_threads() -> list[threading.Thread]:
+    """Non-daemon threads still running besides the main thread and this one: Python waits for each before the
+    process exits."""
+    main, current = threading.main_thread(), threading.current_thread()
+    return [t for t in threading.enumerate() if not t.daemon and t.is_alive() and t is not main and t is not current]
+
+
+def _exit_despite_leftover_threads(deadline: float, log: logging.Logger) -> None:
+    """Once the main thread is done, let non-daemon threads left behind (an agent's or a hook's: a forgotten
+    executor, a library's background thread) run until ``deadline`` (``time.monotonic()``; at least
+    :data:`LEFTOVER_THREADS_SECONDS`), then exit the process without waiting for them, naming them.
+
+    Python waits for every non-daemon thread before a process exits, and nothing can stop a thread from outside:
+    one that never ends kept a stopped worker alive for good. Only called once the worker has stopped (its tasks
+    published or handed back, itself unregistered), so the exit status is the one of a clean stop, 0."""
+
+    def watch() -> None:
+        threading.main_thread().join()  # returns as the interpreter starts to shut down and join the others
+        until = max(deadline, time.monotonic() + LEFTOVER_THREADS_SECONDS)
+        for thread in _leftover_threads():
+            thread.join(max(0.0, until - time.monotonic()))
+        left = _leftover_threads()
+        if not left:
+            return
+        names = ", ".join(t.name for t in left[:10]) + (f" and {len(left) - 10} more" if len(left) > 10 else "")
+        log.warning(
+            "exiting without waiting for %d non-daemon thread(s) the agent or a hook left running: %s", len(left), names
+        )
+        logging.shutdown()
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):
+                stream.flush()
+        os._exit(0)
+
+    threading.Thread(target=watch, name="rollq-exit", daemon=True).start()
 
 
 class _NoDeathPenalty(BaseDeathPenalty):
@@ -739,6 +778,7 @@ class RolloutWorker(SimpleWorker):
         self.handle_job_failure(job, queue, exc_string=f"{type(error).__name__}: {error}")
 
     def teardown(self) -> None:
+        deadline = time.monotonic() + self.settings.grace_seconds
         if self.runner is not None:
             self._give_back_taken()
             self._drain()
@@ -762,6 +802,8 @@ class RolloutWorker(SimpleWorker):
             # would (the agent loop's thread is stuck for good; a clean exit status would hide that).
             logging.shutdown()
             os._exit(EXIT_LOOP_WEDGED)
+        if threading.current_thread() is threading.main_thread() and _leftover_threads():
+            _exit_despite_leftover_threads(deadline, self.log)
 
     def _drain(self) -> None:
         """Let running rollouts finish for ``grace_seconds`` (a second signal cuts it short); hand back the rest."""

@@ -10,6 +10,7 @@ worker waits with it. On a loaded 2-core box that interleaving is common.
 
 from __future__ import annotations
 
+import signal
 import time
 from collections.abc import Callable
 from typing import Any
@@ -19,6 +20,7 @@ from rq.command import send_shutdown_command
 from rq.queue import Queue
 from rq.worker import Worker
 
+from rollq.producer import Producer
 from rollq.worker import RolloutWorker, WorkerSettings
 from tests.support.fault_agents import FaultAgent
 from tests.support.servers import RedisServer, WorkerProcess
@@ -66,3 +68,19 @@ def test_rq_shutdown_reaches_a_running_worker_through_its_pubsub_thread_and_it_e
     send_shutdown_command(connection, name)
     assert worker.wait(15) == 0
     assert "received shutdown command" in worker.log().lower()
+
+
+def test_a_worker_exits_after_a_stop_even_when_an_agent_left_a_non_daemon_thread_running(
+    redis_server: RedisServer, namespace: str, workers: Callable[..., WorkerProcess]
+) -> None:
+    # Python waits for every non-daemon thread before a process exits: a thread an agent started and forgot kept
+    # the stopped worker alive for as long as the thread ran (an hour here), its supervisor waiting on it.
+    producer = Producer.from_url(redis_server.url, namespace)
+    env = {"ROLLQ_AGENT": "tests.support.hostile_agents:HostileSyncAgent", "ROLLQ_GRACE_SECONDS": "2"}
+    worker = workers(redis_server.url, namespace, env=env)
+    [rollout] = producer.wait([producer.enqueue({"leak_thread": True}).rollout_id], timeout=30)
+    assert rollout.metadata["status"] == "succeeded"
+
+    worker.signal(signal.SIGTERM)
+    assert worker.wait(15) == 0
+    assert "leaked-by-the-agent" in worker.log()
