@@ -37,6 +37,10 @@ from .jobs import (
 
 DEFAULT_NAMESPACE = "rollq"
 
+RESULTS_KEY, PAYLOAD_KEY = "results", "payload"
+"""The names of the results stream and of the payload keys after their namespace's tag (``{ns}:results``,
+``{ns}:payload:...``): ``lua/trim_results.lua`` tells a payload key from the stream's name by them."""
+
 _NAMESPACE = re.compile(r"[A-Za-z0-9_.-]{1,64}|\{[A-Za-z0-9_.-]{1,64}\}")
 
 
@@ -90,7 +94,7 @@ class Keys:
     @property
     def results(self) -> str:
         """Stream of final rollouts, one entry per task outcome, bounded by MAXLEN ~."""
-        return f"{self._tag}:results"
+        return f"{self._tag}:{RESULTS_KEY}"
 
     @property
     def summaries(self) -> str:
@@ -109,7 +113,7 @@ class Keys:
     def payload(self, rollout_id: str, attempt: int, token: str) -> str:
         """String: one big rollout's JSON, kept out of its results entry, which names this key instead (see
         :mod:`rollq.store.payloads`); ``token`` is the publication's own, so that no other one overwrites it."""
-        return f"{self._tag}:payload:{rollout_id}{MEMBER_SEPARATOR}{attempt}{MEMBER_SEPARATOR}{token}"
+        return f"{self._tag}:{PAYLOAD_KEY}:{rollout_id}{MEMBER_SEPARATOR}{attempt}{MEMBER_SEPARATOR}{token}"
 
     @property
     def superseded(self) -> str:

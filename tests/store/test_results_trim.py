@@ -1,15 +1,22 @@
 """Trimming the results stream keeps its byte count exact while it learns entry sizes from the summaries stream
 (never reading a rollout back), and still when the summaries cannot tell it: written by an older rollq, gone, or
 the stream trimmed by something else. Cancelling queued tasks publishes their cancelled rollouts through the same
-trim as finishing them (lua/trim_results.lua), with no worker needed."""
+trim as finishing them (lua/trim_results.lua), with no worker needed. An entry rollq did not write (no rollout
+fields, or a ref that names no payload) is trimmed like any other and never stops a publication half way."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
+from rollq.models.contract import Task
+from rollq.models.policy import RolloutPolicy, RolloutStatus, TaskState
 from rollq.producer import Producer
 from rollq.store.keys import SUMMARIES_FROM, TRIMMED_TO, StreamField
+from rollq.store.replies import Published
 from rollq.store.stats import StatsField
+from rollq.store.transitions import Finish, Lifecycle
 from tests.support.servers import RedisServer
 
 MAXLEN = 10
@@ -90,3 +97,90 @@ def test_a_stream_trimmed_by_something_else_gets_its_byte_count_recounted_at_the
     assert client.xlen(keys.results) <= MAXLEN
     counted, actual = _counted_and_actual(producer)
     assert counted == actual
+
+
+def _finish(lifecycle: Lifecycle, n: int) -> list[object]:
+    """``n`` tasks queued, claimed and finished one call each, as a worker publishes them: each call's reply."""
+    ids = [f"f{i}" for i in range(n)]
+    tasks = [Task(rollout_id=rid, input={}, create_time=time.time(), num_claims=0) for rid in ids]
+    lifecycle.enqueue_many([(t, t.model_dump_json()) for t in tasks], RolloutPolicy())
+    replies: list[object] = []
+    for rid in ids:
+        lifecycle.claim(rid, lifecycle.keys.job_id(rid), "worker-a")
+        finish = Finish(
+            rollout_id=rid,
+            attempt=1,
+            rollout_json=f'{{"rollout_id":"{rid}","final_reward":1.0}}',
+            status=RolloutStatus.SUCCEEDED,
+            results_maxlen=MAXLEN,
+            dead_letter=False,
+            now=time.time(),
+        )
+        replies.append(lifecycle.finish(finish))
+    return replies
+
+
+FOREIGN_ENTRIES = {
+    "no rollq fields": {"foo": "bar"},
+    "a rollout id only": {"rollout_id": "x"},
+    "a ref naming a hash": {"rollout_id": "x", "ref": "{ns}:stats"},
+    "a ref naming a string that is no payload": {"rollout_id": "x", "ref": "{ns}:not-a-payload"},
+    "a ref naming nothing": {"rollout_id": "x", "ref": "{ns}:payload:gone"},
+}
+
+
+@pytest.mark.redis
+@pytest.mark.parametrize("entry", FOREIGN_ENTRIES.values(), ids=FOREIGN_ENTRIES.keys())
+def test_an_entry_rollq_did_not_write_is_trimmed_and_never_stops_a_publication(
+    producer: Producer, entry: dict[str, str]
+) -> None:
+    # Found by an outside audit: the trim measured such an entry (the length of a missing field, STRLEN of a hash)
+    # and failed after finish.lua had XADDed the rollout: every later publish stood half done, its RQ job failed,
+    # no summary written, the stream never trimmed.
+    client, keys = producer.connection, producer.keys
+    lifecycle = Lifecycle(client, keys)
+    _publish(producer, 3)
+    client.set(keys.results.replace(":results", ":not-a-payload"), "kept")
+    client.xadd(keys.results, {k: v.replace("{ns}", keys.results.split(":")[0]) for k, v in entry.items()})
+    replies = _finish(lifecycle, 12)
+    assert all(isinstance(reply, Published) for reply in replies), replies
+    states = [client.hget(keys.task(f"f{i}"), "state") for i in range(12)]
+    assert states == [TaskState.SUCCEEDED.value.encode()] * 12
+    _publish(producer, 12)  # cancel.lua: the same trim
+    assert client.xlen(keys.results) <= MAXLEN
+    summarised = {f[StreamField.ROLLOUT_ID.encode()] for _, f in client.xrange(keys.summaries)}
+    assert {f"f{i}".encode() for i in range(12)} <= summarised
+    # The keys such an entry names are not the trim's to delete.
+    assert client.exists(keys.stats) and client.get(keys.results.replace(":results", ":not-a-payload")) == b"kept"
+    counted, actual = _counted_and_actual(producer)
+    assert counted == actual
+
+
+@pytest.mark.redis
+def test_a_byte_counter_that_is_not_a_number_is_counted_again_and_the_publication_stands(producer: Producer) -> None:
+    client, keys = producer.connection, producer.keys
+    _publish(producer, 3)
+    client.hset(keys.stats, StatsField.RESULTS_BYTES, "abc")
+    replies = _finish(Lifecycle(client, keys), 12)
+    assert all(isinstance(reply, Published) for reply in replies), replies
+    assert client.xlen(keys.results) <= MAXLEN
+    counted, actual = _counted_and_actual(producer)
+    assert counted == actual
+
+
+@pytest.mark.redis
+def test_a_trim_that_fails_leaves_every_publication_whole_and_the_stream_for_the_next_trim(producer: Producer) -> None:
+    # The trim runs after the script's first write: its failure (here its own hash of the wrong type) must not
+    # leave the rollout published with its task still running and no summary.
+    client, keys = producer.connection, producer.keys
+    _publish(producer, 3)
+    client.delete(keys.results_trim)
+    client.rpush(keys.results_trim, "not a hash")
+    replies = _finish(Lifecycle(client, keys), 12)
+    assert all(isinstance(reply, Published) for reply in replies), replies
+    states = [client.hget(keys.task(f"f{i}"), "state") for i in range(12)]
+    assert states == [TaskState.SUCCEEDED.value.encode()] * 12
+    assert client.xlen(keys.summaries) == 15
+    client.delete(keys.results_trim)
+    _publish(producer, 1)
+    assert client.xlen(keys.results) <= MAXLEN

@@ -81,14 +81,31 @@ local function needed_by(need, id)
   return id_lt(need.delivered, id) or (need.first_pending ~= nil and not id_lt(id, need.first_pending))
 end
 
+-- The name every payload key of `stream`'s namespace starts with (rollq.store.keys: RESULTS_KEY, PAYLOAD_KEY).
+local function payload_prefix(stream)
+  return string.sub(stream, 1, #stream - #RESULTS_KEY) .. PAYLOAD_KEY .. ':'
+end
+
 -- A results entry's payload bytes (rollout id + rollout JSON, in the entry or at the payload key it names instead:
--- rollq.store.payloads), what STATS_RESULTS_BYTES counts; and that payload key, or nil.
-local function entry_size(e)
+-- rollq.store.payloads), what STATS_RESULTS_BYTES counts; and that payload key, or nil. An entry rollq did not
+-- write (other fields, a ref that is not a payload key of this namespace, or names no string) counts 0 bytes, as
+-- none were counted when it was added, and names no key: it is trimmed like any other, and the key it names is not
+-- the trim's to delete. (An outside audit found one such entry failing every later publication half way.)
+local function entry_size(e, payloads)
   local f = e[2]
-  if f[3] == S.ref then
-    return #f[2] + redis.call('STRLEN', f[4]), f[4]
+  if f[1] ~= S.rollout_id or type(f[2]) ~= 'string' or type(f[4]) ~= 'string' then
+    return 0, nil
   end
-  return #f[2] + #f[4], nil
+  if f[3] == S.rollout then
+    return #f[2] + #f[4], nil
+  end
+  if f[3] == S.ref and string.sub(f[4], 1, #payloads) == payloads then
+    local length = redis.pcall('STRLEN', f[4])
+    if type(length) == 'number' and length > 0 then
+      return #f[2] + length, f[4]
+    end
+  end
+  return 0, nil
 end
 
 -- Delete the payload keys of removed entries, a few hundred a call (unpack has a limit).
@@ -115,7 +132,7 @@ end
 -- entry from there on has its summary, in order. Otherwise (the first trim of a stream, summaries trimmed shorter
 -- than the results by a smaller maxlen, a summary without a size from an older rollq, the summaries run out) it
 -- reads the results stream itself, from where the summaries left off.
-local function entry_reader(stream, summaries, trim)
+local function entry_reader(stream, summaries, trim, payloads)
   local reader = {from_results = true, last = nil}
   local scursor = redis.call('HGET', trim, SUMMARIES_FROM)
   local first = redis.call('HGET', trim, TRIMMED_TO)
@@ -152,7 +169,7 @@ local function entry_reader(stream, summaries, trim)
     if reader.from_results and #out < n then
       local from = reader.last and ('(' .. reader.last) or '-'
       for _, e in ipairs(redis.call('XRANGE', stream, from, '+', 'COUNT', n - #out)) do
-        local size, ref = entry_size(e)
+        local size, ref = entry_size(e, payloads)
         out[#out + 1] = {e[1], size, nil, ref}
         reader.last = e[1]
       end
@@ -180,29 +197,38 @@ end
 -- The payload bytes of the whole stream, counted entry by entry: after a trim removed entries the summaries did
 -- not describe (the stream was trimmed or emptied by something else), the counter starts over from this.
 local function stream_bytes(stream)
-  local total, cursor = 0, '-'
+  local total, cursor, payloads = 0, '-', payload_prefix(stream)
   while true do
     local entries = redis.call('XRANGE', stream, cursor, '+', 'COUNT', 100)
     if #entries == 0 then
       return total
     end
     for _, e in ipairs(entries) do
-      total = total + entry_size(e)
+      total = total + entry_size(e, payloads)
     end
     cursor = '(' .. entries[#entries][1]
   end
 end
 
--- KEYS-free: the caller passes the key names. NEWEST is the newest entry the caller added, ADDED (1 if nil) how many
--- entries it added in this call, ADDED_BYTES their payload bytes. Returns nothing.
-local function trim_results(stream, stats, trim, maxlen, max_bytes, newest, added_bytes, summaries, added)
+-- Add `by` to the payload byte counter; a counter that is not a whole number (corrupt, or written by something
+-- else) is counted again from the stream. Returns the count.
+local function add_bytes(stream, stats, by)
+  local bytes = redis.pcall('HINCRBY', stats, STATS_RESULTS_BYTES, by)
+  if type(bytes) ~= 'number' then
+    bytes = stream_bytes(stream)
+    redis.pcall('HSET', stats, STATS_RESULTS_BYTES, bytes)
+  end
+  return bytes
+end
+
+local function trim_within_bounds(stream, stats, trim, maxlen, max_bytes, newest, added_bytes, summaries, added)
   local len = redis.call('XLEN', stream)
   local bytes
   if len <= (added or 1) then
     bytes = added_bytes  -- a new (or emptied) stream: the counter starts over, whatever drifted before
-    redis.call('HSET', stats, STATS_RESULTS_BYTES, bytes)
+    redis.pcall('HSET', stats, STATS_RESULTS_BYTES, bytes)
   else
-    bytes = redis.call('HINCRBY', stats, STATS_RESULTS_BYTES, added_bytes)
+    bytes = add_bytes(stream, stats, added_bytes)
   end
   local soft_bytes = math.floor(max_bytes / 2)
   if len <= maxlen and bytes <= soft_bytes then
@@ -217,7 +243,8 @@ local function trim_results(stream, stats, trim, maxlen, max_bytes, newest, adde
   local cut_summary, last_summary = nil, nil  -- where the next trim's walk of the summaries starts
   local lost_now = {}  -- group -> {count, from}: entries it was never delivered
   local refs = {}  -- the payload keys of removed entries
-  local reader = entry_reader(stream, summaries, trim)
+  local payloads = payload_prefix(stream)
+  local reader = entry_reader(stream, summaries, trim, payloads)
   while true do
     -- Read about as many entries as the bounds need gone (ids and sizes), at most 100 at a time.
     local want = len - target_len
@@ -252,7 +279,9 @@ local function trim_results(stream, stats, trim, maxlen, max_bytes, newest, adde
       first_removed = first_removed or id
       local size = e[2]
       removed, removed_bytes = removed + 1, removed_bytes + size
-      refs[#refs + 1] = e[4]
+      if e[4] and string.sub(e[4], 1, #payloads) == payloads then  -- a summary names only its result's payload
+        refs[#refs + 1] = e[4]
+      end
       len, bytes = len - 1, bytes - size
       last_summary = e[3] or last_summary
     end
@@ -266,9 +295,9 @@ local function trim_results(stream, stats, trim, maxlen, max_bytes, newest, adde
   cut = cut or newest
   delete_payloads(refs)
   if redis.call('XTRIM', stream, 'MINID', cut) == removed then
-    redis.call('HINCRBY', stats, STATS_RESULTS_BYTES, -removed_bytes)
+    add_bytes(stream, stats, -removed_bytes)
   else
-    redis.call('HSET', stats, STATS_RESULTS_BYTES, stream_bytes(stream))
+    redis.pcall('HSET', stats, STATS_RESULTS_BYTES, stream_bytes(stream))
   end
   redis.call('HSET', trim, TRIMMED_TO, cut)
   if cut == newest then
@@ -296,5 +325,19 @@ local function trim_results(stream, stats, trim, maxlen, max_bytes, newest, adde
         redis.call('HSETNX', trim, 'from:' .. need.name, l.from)
       end
     end
+  end
+end
+
+-- KEYS-free: the caller passes the key names. NEWEST is the newest entry the caller added, ADDED (1 if nil) how many
+-- entries it added in this call, ADDED_BYTES their payload bytes. Returns nothing.
+-- Its callers run it after their first write (the XADD it trims for), and Redis does not undo a script that fails
+-- part way: nothing in it may fail theirs. A trim that fails (a key of the wrong type) is logged and leaves the
+-- stream as it is, for the next publication's trim.
+local function trim_results(stream, stats, trim_key, maxlen, max_bytes, newest, added_bytes, summaries, added)
+  local ok, err = pcall(
+    trim_within_bounds, stream, stats, trim_key, maxlen, max_bytes, newest, added_bytes, summaries, added)
+  if not ok then
+    local message = type(err) == 'table' and (err.err or tostring(err)) or tostring(err)
+    redis.log(redis.LOG_WARNING, 'rollq: trimming ' .. stream .. ' failed, left for the next trim: ' .. message)
   end
 end
