@@ -22,7 +22,7 @@ from rollq.models.errors import InvalidTaskError, RolloutTimeoutError, RolloutTr
 from rollq.models.policy import RolloutPolicy, TaskState
 from rollq.store.connection import connect, connect_async, process_client_name
 from rollq.store.control import CancelResult, cancel_call, cancel_script_source, parse_cancel
-from rollq.store.keys import DEFAULT_NAMESPACE, StreamField, TaskField
+from rollq.store.keys import DEFAULT_NAMESPACE, TaskField
 from rollq.store.llm_gate import AsyncLLMGate, GateStatus, PauseReport
 from rollq.store.payloads import aload_payloads, aloaded_one_by_one, missing_payload
 from rollq.store.queries import (
@@ -40,7 +40,14 @@ from rollq.store.records import RECORD_FIELDS, TaskRecord, parse_records_or_erro
 from .batches import TRAINING_MODES, Batch
 from .groups import GroupPolicy
 from .producer import Mode, Producer, checked_ids, checked_timeout
-from .results import REAP_EVERY_SECONDS, Delivered, WaitResult, default_consumer_name, parse_entry
+from .results import (
+    REAP_EVERY_SECONDS,
+    Delivered,
+    WaitResult,
+    default_consumer_name,
+    entry_rollout_id,
+    parse_entry,
+)
 
 log = logging.getLogger(__name__)
 
@@ -109,21 +116,21 @@ class _Follower:
                 await asyncio.sleep(1.0)
                 continue
             for _, entries in reply or []:
-                wanted = [f for _, f in entries if f[StreamField.ROLLOUT_ID.encode()].decode() in self.waiters]
+                ids = [entry_rollout_id(entry_id, fields) for entry_id, fields in entries]  # None: not rollq's
+                wanted = [f for i, (_, f) in zip(ids, entries, strict=True) if i in self.waiters]
                 try:
                     await aload_payloads(p.connection, wanted)
                 except Exception as exc:  # as an outage above: the waits' record look-up finds them
                     log.warning("reading big rollouts failed (%s); retrying", exc)
                     lost_track = True
                     continue
-                for entry_id, fields in entries:
+                for rollout_id, (entry_id, fields) in zip(ids, entries, strict=True):
                     cursor = entry_id
-                    rid = fields[StreamField.ROLLOUT_ID.encode()].decode()
-                    if rid in self.waiters:
+                    if rollout_id is not None and rollout_id in self.waiters:
                         if missing_payload(fields) is not None:  # trimmed meanwhile: the records say how it ended
                             lost_track = True
                         else:
-                            self.settle(rid, parse_entry(fields))
+                            self.settle(rollout_id, parse_entry(fields))
             if self.waiters and time.monotonic() >= next_reap:
                 # As the blocking wait does: a run with every worker gone still ends.
                 await asyncio.to_thread(p.sync.reap)

@@ -49,6 +49,24 @@ def parse_entry(fields: dict[bytes, bytes]) -> Rollout:
         return failed_rollout(rid, attempt=0, worker="", error=error)
 
 
+_ROLLOUT_ID = StreamField.ROLLOUT_ID.encode()
+_foreign_seen = False
+
+
+def entry_rollout_id(entry_id: bytes, fields: dict[bytes, bytes]) -> str | None:
+    """The rollout id of a results entry; None for an entry rollq did not write (no rollout id, or one that is not
+    UTF-8), which a reader that looks for ids skips: the first such entry of a process is logged. One garbage entry
+    once made every wait over it raise (found by an outside audit)."""
+    global _foreign_seen
+    try:
+        return fields[_ROLLOUT_ID].decode()
+    except (KeyError, UnicodeDecodeError):
+        if not _foreign_seen:
+            _foreign_seen = True
+            log.warning("skipped results entry %s: rollq did not write it (no UTF-8 rollout id)", entry_id.decode())
+        return None
+
+
 DELIVERED_LIMIT = 100_000
 """How many recent (rollout id, generation) pairs a reader remembers to skip second copies of."""
 
@@ -151,8 +169,8 @@ def _published_since(
         budget -= len(entries)
         if budget < 0:
             return None
-        for _, fields in entries:
-            rid = fields[StreamField.ROLLOUT_ID.encode()].decode()
+        for entry_id, fields in entries:
+            rid = entry_rollout_id(entry_id, fields)
             if rid in got.missing:
                 found.add(rid)
         if len(entries) < count:
@@ -312,11 +330,10 @@ def _wait(
             block_ms = max(1, int(min(remaining, REAP_EVERY_SECONDS) * 1000))
             reply: Any = connection.xread({keys.results: cursor}, count=1000, block=block_ms)
             for _, entries in reply or []:
-                wanted = [f for _, f in entries if f[StreamField.ROLLOUT_ID.encode()].decode() in got.missing]
-                load_payloads(connection, wanted)
-                for entry_id, fields in entries:
+                ids = [entry_rollout_id(entry_id, fields) for entry_id, fields in entries]
+                load_payloads(connection, [f for rid, (_, f) in zip(ids, entries, strict=True) if rid in got.missing])
+                for rid, (entry_id, fields) in zip(ids, entries, strict=True):
                     cursor = entry_id
-                    rid = fields[StreamField.ROLLOUT_ID.encode()].decode()
                     if rid in got.missing and missing_payload(fields) is None:  # else trimmed: see below
                         got.found[rid] = parse_entry(fields)
                         got.missing.discard(rid)
