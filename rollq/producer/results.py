@@ -90,7 +90,13 @@ class Delivered:
     def first(self, rollout: Rollout) -> bool:
         """Whether ``rollout`` is the first of its (rollout id, generation) this reader sees; counts the others."""
         key = (rollout.rollout_id, rollout.metadata.get("generation", 1))
-        if key in self._seen:
+        try:
+            seen = key in self._seen
+        except TypeError:
+            # A generation rollq did not write (a list, a dict: found by an outside audit to crash every reader of
+            # the group): handed over, as there is nothing to compare it with; never remembered.
+            return True
+        if seen:
             self.duplicates += 1
             log.info("skipped a second copy of rollout %s (generation %s)", key[0], key[1])
             return False

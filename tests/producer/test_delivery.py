@@ -359,3 +359,22 @@ def test_a_wait_skips_results_entries_rollq_did_not_write(redis_server, namespac
 
     more_and_got = asyncio.run(wait_async())
     assert more_and_got[:2] == more_and_got[2:]
+
+
+def test_a_group_reader_hands_over_an_entry_with_a_generation_rollq_did_not_write(redis_server, namespace):
+    # Found by an outside audit: metadata.generation = [1] (unhashable) made the readers' duplicate filter raise
+    # TypeError, and every new reader of the group raised again on the same pending entry.
+    producer = Producer.from_url(redis_server.url, namespace)
+    _publish_copy(producer, "r1", generation=1, attempt=1)
+    forged = {"rollout_id": "r2", "final_reward": 1.0, "metadata": {"generation": [1], "attempt": 1}}
+    producer.connection.xadd(producer.keys.results, {"rollout_id": "r2", "rollout": json.dumps(forged)})
+    producer.connection.xadd(producer.keys.results, {"rollout_id": "r2", "rollout": json.dumps(forged)})
+    _publish_copy(producer, "r3", generation=1, attempt=1)
+    got = [r.rollout_id for r in producer.rollouts("sync", idle_timeout=0.5)]
+    assert got == ["r1", "r2", "r2", "r3"]
+
+    async def read_async() -> list[str]:
+        async with AsyncProducer.from_url(redis_server.url, namespace) as aio:
+            return [r.rollout_id async for r in aio.rollouts("async", idle_timeout=0.5)]
+
+    assert asyncio.run(read_async()) == ["r1", "r2", "r2", "r3"]
