@@ -376,6 +376,20 @@ def test_rollouts_tail_prints_count_rollouts_from_the_start(
     assert all(r.final_reward == 1.0 for r in rollouts)
 
 
+def test_rollouts_tail_skips_entries_rollq_did_not_write(rollq: Callable[..., Result], producer: Producer) -> None:
+    # Found by an outside audit: `tail --from-start` raised KeyError on one entry without a rollout.
+    (task,) = producer.enqueue_many([{"n": 1}])
+    for entry in ({"foo": "bar"}, {"rollout_id": "x"}, {"rollout_id": "x", "rollout": b"\xff\xfe"}):
+        producer.connection.xadd(producer.keys.results, entry)  # type: ignore[arg-type]
+    producer.cancel([task.rollout_id])  # its cancelled rollout follows them
+
+    result = rollq("rollouts", "tail", "--count", "1", "--from-start")
+
+    assert result.exit_code == 0, result.output
+    (line,) = result.stdout.splitlines()
+    assert Rollout.model_validate_json(line).rollout_id == task.rollout_id
+
+
 def test_rollouts_tail_of_a_group_takes_only_the_rollouts_it_prints_and_the_next_reader_gets_the_rest(
     rollq: Callable[..., Result], producer: Producer, run_worker: Callable[[], None]
 ) -> None:

@@ -58,7 +58,11 @@ def rollouts_tail(ctx: click.Context, group: str | None, from_start: bool, count
                     cursor = entry_id
                     if missing_payload(fields) is not None:
                         continue  # trimmed before it was read
-                    click.echo(fields[StreamField.ROLLOUT.encode()].decode())
+                    try:
+                        rollout = fields[StreamField.ROLLOUT.encode()].decode()
+                    except (KeyError, UnicodeDecodeError):
+                        continue  # an entry rollq did not write (found by an outside audit to stop the tail)
+                    click.echo(rollout)
                     seen += 1
                     if count and seen >= count:
                         return
