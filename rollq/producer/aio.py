@@ -60,11 +60,28 @@ class _Follower:
         self.waiters: dict[str, list[asyncio.Future[Rollout]]] = {}
         self.ready = asyncio.Event()
         self.task: asyncio.Task[None] | None = None
+        self.stopping = False
 
     def ensure_running(self) -> None:
         if self.task is None or self.task.done():
             self.ready = asyncio.Event()
+            self.stopping = False
             self.task = asyncio.get_running_loop().create_task(self._run())
+
+    async def stop(self) -> None:
+        """End the task: it stops after its current read (a second at most). Cancelling alone is not enough:
+        redis-py's asyncio client can take a cancel that lands in a blocking read for its read timeout and retry
+        the command (the task then read on for ever)."""
+        task = self.task
+        if task is None or task.done():
+            return
+        self.stopping = True
+        done, _ = await asyncio.wait({task}, timeout=3.0)
+        if not done:
+            task.cancel()
+            await asyncio.wait({task}, timeout=3.0)
+        if task.done() and not task.cancelled() and task.exception() is not None:
+            log.warning("following the results stream ended with %r", task.exception())
 
     def add(self, rollout_id: str) -> asyncio.Future[Rollout]:
         future: asyncio.Future[Rollout] = asyncio.get_running_loop().create_future()
@@ -91,7 +108,7 @@ class _Follower:
         self.ready.set()
         next_reap = time.monotonic() + REAP_EVERY_SECONDS
         lost_track = False
-        while True:
+        while not self.stopping:
             try:
                 if lost_track:
                     # After an outage (a failover) the cursor may name an entry the new primary never had, and
@@ -170,10 +187,8 @@ class AsyncProducer:
 
     async def aclose(self) -> None:
         """Stop following the results stream and close the connections."""
-        if self._follower is not None and self._follower.task is not None:
-            self._follower.task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._follower.task
+        if self._follower is not None:
+            await self._follower.stop()
         await self.connection.aclose()
         self.sync.connection.close()
 

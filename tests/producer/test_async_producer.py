@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 
@@ -101,3 +102,17 @@ def test_async_methods_take_the_same_named_parameters_as_the_producers_so_a_miss
     assert not [p for p in aio.values() if p.kind is inspect.Parameter.VAR_KEYWORD], f"{name} takes **kwargs"
     assert list(aio) == list(sync)
     assert [(p.default, p.kind) for p in aio.values()] == [(p.default, p.kind) for p in sync.values()]
+
+
+def test_closing_right_after_a_wait_returns_at_once(redis_server, namespace, workers) -> None:
+    # The follower of the results stream may be inside a blocking XREAD when the wait returns: closing must not
+    # wait on it (it hung until the XREAD's block ran out and beyond).
+    async def main() -> float:
+        async with AsyncProducer.from_url(redis_server.url, namespace) as producer:
+            ids = [t.rollout_id for t in await producer.enqueue_many([{"sleep": 0.5}] * 2)]
+            workers(redis_server.url, namespace, env=AGENT)
+            await producer.wait(ids, timeout=60)
+            started = time.monotonic()
+        return time.monotonic() - started
+
+    assert asyncio.run(asyncio.wait_for(main(), 120)) < 3

@@ -352,9 +352,6 @@ def test_a_wait_skips_results_entries_rollq_did_not_write(redis_server, namespac
             for entry in FOREIGN:
                 await aio.connection.xadd(aio.keys.results, entry)
             got = [r.rollout_id for r in await waiting]
-            # Closing at once, while the follower starts its next blocking read, can hang in aclose (seen on main
-            # too, a defect of its own): let that read end first.
-            await asyncio.sleep(1.5)
             return more + got
 
     more_and_got = asyncio.run(wait_async())
