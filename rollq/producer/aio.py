@@ -12,14 +12,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Collection, Iterable, Mapping, Sequence
-from typing import Any, Literal, overload
+from collections.abc import AsyncIterator, Callable, Collection, Coroutine, Sequence
+from typing import Any, Concatenate, Literal, ParamSpec, TypeVar, overload
 
-from rollq.models.contract import ResourcesUpdate, Rollout, Task, TaskInput
+from rollq.models.contract import ResourcesUpdate, Rollout, Task
 from rollq.models.errors import InvalidTaskError, RolloutTimeoutError, RolloutTrimmedError, UnknownTaskError
-from rollq.models.policy import RolloutPolicy, TaskState
+from rollq.models.policy import TaskState
 from rollq.store.connection import connect, connect_async, process_client_name
 from rollq.store.control import CancelResult, cancel_call, cancel_script_source, parse_cancel
 from rollq.store.keys import DEFAULT_NAMESPACE, TaskField
@@ -39,7 +40,7 @@ from rollq.store.records import RECORD_FIELDS, TaskRecord, parse_records_or_erro
 
 from .batches import TRAINING_MODES, Batch
 from .groups import GroupPolicy
-from .producer import Mode, Producer, checked_ids, checked_timeout
+from .producer import Producer, checked_ids, checked_timeout
 from .results import (
     REAP_EVERY_SECONDS,
     Delivered,
@@ -154,6 +155,24 @@ class _Follower:
                 next_reap = time.monotonic() + REAP_EVERY_SECONDS
 
 
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def _on_a_thread(
+    method: Callable[Concatenate[Producer, P], R],
+) -> Callable[Concatenate[AsyncProducer, P], Coroutine[Any, Any, R]]:
+    """``method`` of :class:`Producer` as a coroutine method of :class:`AsyncProducer`, with the same parameters:
+    it runs on a worker thread (``asyncio.to_thread``), one round trip each."""
+
+    @functools.wraps(method)
+    async def on_a_thread(self: AsyncProducer, /, *args: P.args, **kwargs: P.kwargs) -> R:
+        return await asyncio.to_thread(method, self.sync, *args, **kwargs)
+
+    on_a_thread.__doc__ = f"See :meth:`Producer.{method.__name__}` (run on a worker thread)."
+    return on_a_thread
+
+
 class AsyncProducer:
     """The :class:`Producer` verbs as coroutines, for one namespace.
 
@@ -200,55 +219,9 @@ class AsyncProducer:
 
     # -- writes (one round trip each, on a thread) -------------------------------------
 
-    async def enqueue(
-        self,
-        input: TaskInput,
-        mode: Mode = None,
-        resources_id: str | None = None,
-        metadata: Mapping[str, Any] | None = None,
-        rollout_id: str | None = None,
-        policy: RolloutPolicy | None = None,
-    ) -> Task:
-        """See :meth:`Producer.enqueue`."""
-        return await asyncio.to_thread(
-            self.sync.enqueue,
-            input,
-            mode=mode,
-            resources_id=resources_id,
-            metadata=metadata,
-            rollout_id=rollout_id,
-            policy=policy,
-        )
-
-    async def enqueue_many(
-        self,
-        inputs: Iterable[TaskInput],
-        mode: Mode = None,
-        resources_id: str | None = None,
-        metadata: Mapping[str, Any] | None = None,
-        rollout_ids: Sequence[str] | None = None,
-        policy: RolloutPolicy | None = None,
-        on_progress: Callable[[int], None] | None = None,
-        group_size: int | None = None,
-        max_pending: int | None = None,
-        pending_timeout: float | None = None,
-        tasks_per_job: int | None = None,
-    ) -> list[Task]:
-        """See :meth:`Producer.enqueue_many` (``on_progress`` is called on the worker thread that queues)."""
-        return await asyncio.to_thread(
-            self.sync.enqueue_many,
-            list(inputs),
-            mode=mode,
-            resources_id=resources_id,
-            metadata=metadata,
-            rollout_ids=rollout_ids,
-            policy=policy,
-            on_progress=on_progress,
-            group_size=group_size,
-            max_pending=max_pending,
-            pending_timeout=pending_timeout,
-            tasks_per_job=tasks_per_job,
-        )
+    # Producer's own signatures, one place for each parameter list: a misspelt keyword is a type error.
+    enqueue = _on_a_thread(Producer.enqueue)
+    enqueue_many = _on_a_thread(Producer.enqueue_many)
 
     async def update_resources(self, resources: Any) -> str:
         """See :meth:`Producer.update_resources`."""
