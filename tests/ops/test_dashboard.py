@@ -18,7 +18,7 @@ from rq.worker import Worker
 from rollq.models.errors import RollqError
 from rollq.ops.dashboard import create_app
 from rollq.producer import Producer
-from rollq.store.keys import job_id
+from rollq.store.keys import Keys, job_id
 from tests.support.browser import chromium, rendered_rows, require_chromium
 from tests.support.dashboard import SCREENSHOTS, Dashboard
 from tests.support.http_json import get_json
@@ -216,3 +216,20 @@ def test_dashboard_changes_state_only_by_post_with_its_csrf_token_and_reads_only
     assert web.get(f"/rollq/?namespace={namespace}").status_code == 200
     assert web.get("/rollq/?namespace=someone-else").status_code == 404
     assert web.get("/rollq/workers?namespace=someone-else").status_code == 404
+
+
+@pytest.mark.parametrize("corrupt", ["bad fields", "not a hash"])
+def test_a_corrupt_task_record_gets_a_page_that_says_so_not_a_server_error(
+    redis_server: RedisServer, namespace: str, corrupt: str
+) -> None:
+    client = redis_server.client()
+    key = Keys(namespace).task("t1")
+    if corrupt == "not a hash":
+        client.set(key, "junk")
+    else:
+        client.hset(key, mapping={"task": "{not json", "state": "queued", "claims": "0"})
+    app = create_app(redis_server.url, namespace).test_client()
+    for path in ("/rollq/rollout/t1", "/rollq/api/rollout/t1"):
+        response = app.get(path)
+        assert response.status_code == 422, (path, response.status_code)
+        assert "t1" in response.get_data(as_text=True)

@@ -13,9 +13,10 @@ from typing import Any
 
 import redis
 from flask import Blueprint, Flask, Response, abort, current_app, jsonify, render_template, request
-from markupsafe import Markup
+from markupsafe import Markup, escape
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from rollq.models.errors import InvalidTaskError
 from rollq.store.keys import Keys
 
 from ..metrics import registry
@@ -24,6 +25,16 @@ from . import data
 from .svg import line_chart
 
 pages = Blueprint("rollq", __name__, url_prefix="/rollq", template_folder="templates")
+
+
+@pages.errorhandler(InvalidTaskError)
+@pages.errorhandler(redis.ResponseError)
+def _unreadable(exc: Exception) -> tuple[str, int]:
+    """A task record that is not rollq's (corrupt, or a key of another type): a page that says so, not a 500."""
+    if isinstance(exc, redis.ResponseError) and "WRONGTYPE" not in str(exc):
+        raise exc
+    rollout_id = (request.view_args or {}).get("rollout_id", "?")
+    return str(escape(f"task {rollout_id!r}: its record in Redis is not a valid rollq task: {exc}")), 422
 
 
 def _conn() -> redis.Redis:
