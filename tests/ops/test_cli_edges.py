@@ -142,7 +142,20 @@ def test_worker_imports_the_agent_from_the_current_directory_like_rq_worker(
 @pytest.mark.redis
 def test_demo_runs_on_the_global_url_and_says_where(redis_server: RedisServer) -> None:
     done = subprocess.run(
-        [ROLLQ, "--url", redis_server.url, "demo", "--tasks", "8", "--workers", "1", "--concurrency", "4"],
+        [
+            ROLLQ,
+            "--url",
+            redis_server.url,
+            "-n",
+            "demo-here",
+            "demo",
+            "--tasks",
+            "8",
+            "--workers",
+            "1",
+            "--concurrency",
+            "4",
+        ],
         capture_output=True,
         text=True,
         timeout=240,
@@ -153,6 +166,7 @@ def test_demo_runs_on_the_global_url_and_says_where(redis_server: RedisServer) -
     assert done.stdout.splitlines()[0] == f"Redis: {redis_server.url}"
     assert "embedded" not in done.stdout
     assert "rollouts   8 of 8 tasks" in done.stdout
+    assert len(list(redis_server.client().scan_iter("{demo-here}:task:*"))) == 8  # -n given: that namespace
 
 
 def test_demo_without_a_url_says_it_uses_the_embedded_redis(monkeypatch: pytest.MonkeyPatch) -> None:

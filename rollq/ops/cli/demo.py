@@ -37,7 +37,8 @@ def demo(ctx: click.Context, redis_url: str | None, tasks: int, workers: int, co
 
     With no URL at all (or --url memory://) it starts an embedded fake Redis
     and says so; with --url (or ROLLQ_REDIS_URL) it runs on that Redis, in the
-    namespace rollq-demo.
+    namespace rollq-demo, or the one -n names on the command line (ROLLQ_NAMESPACE
+    is not taken: the demo stays out of a namespace you work in unless you say so).
     """
     from rollq.ops.demo import run_demo
 
@@ -46,5 +47,15 @@ def demo(ctx: click.Context, redis_url: str | None, tasks: int, workers: int, co
         url = context.redis_url(ctx) if not redis_url else check_reachable(redis_url)
     else:
         url = None
-    summary = run_demo(url, tasks=tasks, workers=workers, concurrency=concurrency, timeout=timeout, echo=click.echo)
+    root = ctx.find_root()
+    given = root.get_parameter_source("namespace") is click.core.ParameterSource.COMMANDLINE
+    summary = run_demo(
+        url,
+        tasks=tasks,
+        workers=workers,
+        concurrency=concurrency,
+        timeout=timeout,
+        echo=click.echo,
+        **({"namespace": root.params["namespace"]} if given else {}),
+    )
     click.echo(summary.render())
