@@ -30,7 +30,6 @@ What a claim refusal, a published rollout and the finish transition's reply mean
 from __future__ import annotations
 
 import logging
-import math
 import socket
 import threading
 import time
@@ -54,6 +53,7 @@ from rollq.store.transitions import Lifecycle
 from rollq.worker.attempt import Attempt, Attempts, PublishLimits, Settled
 from rollq.worker.config import WorkerSettings
 from rollq.worker.heartbeat import Heartbeat
+from rollq.worker.rewards import check_rewards
 
 from .tokens import AttemptTokens
 
@@ -386,10 +386,10 @@ class Gateway:
 
 
 def _non_finite_reward(rollout: Rollout) -> InvalidRewardError | None:
-    """The error for a posted rollout whose final reward or a triplet's reward is NaN or infinite, else None."""
-    rewards = [("the final reward", rollout.final_reward)]
-    rewards += [(f"the reward of triplet {i}", t.reward) for i, t in enumerate(rollout.triplets or [])]
-    for where, reward in rewards:
-        if reward is not None and not math.isfinite(reward):
-            return InvalidRewardError(f"{where} is {reward}; rewards must be finite numbers")
+    """The error for a posted rollout whose final reward or a triplet's reward is NaN or infinite (the check a
+    worker makes of its agent's), else None."""
+    try:
+        check_rewards(rollout.final_reward, rollout.triplets)
+    except InvalidRewardError as exc:
+        return exc
     return None

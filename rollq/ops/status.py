@@ -113,18 +113,18 @@ def snapshot(
     pipe.get(keys.resources_latest)
     queued, inflight, stale, dead, stats, xlen, versions, latest = pipe.execute()
 
-    pipe = connection.pipeline(transaction=False)
+    rollout_ids = []
     for member in inflight:
         try:
-            rollout_id = parse_inflight_member(member)[0]
-        except ValueError:  # not rollq's (the reapers drop it): counted, its worker unknown
-            pipe.echo(b"")
-            continue
+            rollout_ids.append(parse_inflight_member(member)[0])
+        except ValueError:  # not rollq's (the reapers drop it): counted below, its worker unknown
+            pass
+    pipe = connection.pipeline(transaction=False)
+    for rollout_id in rollout_ids:
         pipe.hget(keys.task(rollout_id), TaskField.WORKER)
     # A task key that is not a hash (WRONGTYPE) counts as unknown too, not as a failed status.
-    by_worker = Counter(
-        (w if isinstance(w, bytes) and w else b"?").decode() for w in pipe.execute(raise_on_error=False)
-    )
+    workers_of = [w if isinstance(w, bytes) and w else b"?" for w in pipe.execute(raise_on_error=False)]
+    by_worker = Counter(w.decode() for w in workers_of + [b"?"] * (len(inflight) - len(rollout_ids)))
 
     counters = {k.decode(): float(v) for k, v in stats.items()}
     total = lambda prefix: int(sum(v for k, v in counters.items() if k.startswith(prefix)))  # noqa: E731

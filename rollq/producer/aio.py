@@ -15,7 +15,7 @@ import contextlib
 import functools
 import logging
 import time
-from collections.abc import AsyncIterator, Callable, Collection, Coroutine, Sequence
+from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
 from typing import Any, Concatenate, Literal, ParamSpec, TypeVar, overload
 
 from rollq.models.contract import ResourcesUpdate, Rollout, Task
@@ -38,8 +38,7 @@ from rollq.store.queries import (
 )
 from rollq.store.records import RECORD_FIELDS, TaskRecord, parse_records_or_errors
 
-from .batches import TRAINING_MODES, Batch
-from .groups import GroupPolicy
+from .batches import Batch, BatchReader
 from .producer import Producer, checked_ids, checked_timeout
 from .results import (
     REAP_EVERY_SECONDS,
@@ -171,6 +170,26 @@ def _on_a_thread(
 
     on_a_thread.__doc__ = f"See :meth:`Producer.{method.__name__}` (run on a worker thread)."
     return on_a_thread
+
+
+def _batches_on_a_thread(
+    method: Callable[Concatenate[Producer, P], BatchReader],
+) -> Callable[Concatenate[AsyncProducer, P], AsyncIterator[Batch]]:
+    """``Producer.batches`` as ``async for batch in producer.batches(16, max_staleness=1)``, with its parameters:
+    the groups are assembled by the blocking reader on a worker thread (``asyncio.to_thread``), one batch at a
+    time, so the event loop never waits on Redis."""
+
+    @functools.wraps(method)
+    async def batches(self: AsyncProducer, /, *args: P.args, **kwargs: P.kwargs) -> AsyncIterator[Batch]:
+        reader = method(self.sync, *args, **kwargs)
+        try:
+            while True:
+                yield await asyncio.to_thread(reader.next_batch)
+        finally:
+            await asyncio.to_thread(reader.close)
+
+    batches.__doc__ = _batches_on_a_thread.__doc__
+    return batches
 
 
 class AsyncProducer:
@@ -397,42 +416,8 @@ class AsyncProducer:
             raise RolloutTimeoutError(missing, timeout)
         return finished
 
-    async def batches(
-        self,
-        batch_size: int,
-        *,
-        max_staleness: int | None = None,
-        timeout: float | None = None,
-        policy: GroupPolicy | None = None,
-        group: str = "batches",
-        consumer: str | None = None,
-        rank: int = 0,
-        world_size: int = 1,
-        start: str | None = None,
-        modes: Collection[str | None] | None = TRAINING_MODES,
-    ) -> AsyncIterator[Batch]:
-        """``async for batch in producer.batches(16, max_staleness=1)``: see :meth:`Producer.batches`.
-
-        The groups are assembled by the blocking reader on a worker thread (``asyncio.to_thread``), one batch
-        at a time, so the event loop never waits on Redis.
-        """
-        reader = self.sync.batches(
-            batch_size,
-            max_staleness=max_staleness,
-            timeout=timeout,
-            policy=policy,
-            group=group,
-            consumer=consumer,
-            rank=rank,
-            world_size=world_size,
-            start=start,
-            modes=modes,
-        )
-        try:
-            while True:
-                yield await asyncio.to_thread(reader.next_batch)
-        finally:
-            await asyncio.to_thread(reader.close)
+    # Producer.batches's own signature (see _batches_on_a_thread).
+    batches = _batches_on_a_thread(Producer.batches)
 
     def rollouts(
         self,

@@ -39,7 +39,7 @@ from rollq.models.contract import Rollout, Triplet
 from rollq.models.errors import InvalidRewardError, UnsupportedResultError
 
 from .lean_spans import attributes_of, fields_of
-from .rewards import check_finite
+from .rewards import check_rewards
 from .triplets import derive
 
 log = logging.getLogger(__name__)
@@ -314,11 +314,7 @@ def to_rollout(
     if final_reward is None and triplets and triplets[-1].reward is not None:
         final_reward = update["final_reward"] = triplets[-1].reward
     if strict:
-        if final_reward is not None:
-            check_finite(final_reward, "the final reward")
-        for i, triplet in enumerate(triplets or []):
-            if triplet.reward is not None:
-                check_finite(triplet.reward, f"the reward of triplet {i}")
+        check_rewards(final_reward, triplets)
     elif final_reward is not None and not math.isfinite(final_reward):
         update["final_reward"] = None
     return rollout.model_copy(update=update) if update else rollout

@@ -16,10 +16,11 @@ import json
 import logging
 import math
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from rollq.models.contract import Rollout
+from rollq.models.contract import Rollout, Triplet
 from rollq.models.errors import InvalidRewardError
 
 from .tracer import REWARD_ATTRIBUTE, REWARD_SPAN
@@ -46,6 +47,16 @@ def check_finite(value: float, where: str) -> float:
     if not math.isfinite(value):
         raise InvalidRewardError(f"{where} is {value}; rewards must be finite numbers")
     return value
+
+
+def check_rewards(final_reward: float | None, triplets: Sequence[Triplet] | None) -> None:
+    """:class:`InvalidRewardError` for the first of a rollout's rewards (its final one, then each triplet's) that is
+    NaN or infinite: JSON cannot carry it."""
+    if final_reward is not None:
+        check_finite(final_reward, "the final reward")
+    for i, triplet in enumerate(triplets or []):
+        if triplet.reward is not None:
+            check_finite(triplet.reward, f"the reward of triplet {i}")
 
 
 def _number(value: Any) -> float | None:
