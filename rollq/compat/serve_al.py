@@ -9,6 +9,7 @@ import logging
 
 import click
 
+from rollq.models.click_types import Seconds
 from rollq.models.policy import MAX_POLICY_SECONDS
 from rollq.store.connection import connect
 from rollq.store.settings import Settings
@@ -26,7 +27,7 @@ from .gateway_options import client_limits
     "lease_seconds",
     default=300.0,
     show_default=True,
-    type=click.FloatRange(min=1.0, max=MAX_POLICY_SECONDS),
+    type=Seconds(1.0, MAX_POLICY_SECONDS),
     help="Seconds a handed-out attempt is heartbeated for (capped by the task's timeout_seconds); "
     "a client silent longer loses it to a retry after unresponsive_seconds.",
 )
@@ -38,7 +39,14 @@ from .gateway_options import client_limits
     "empty: none, allowed on loopback only.",
 )
 @client_limits(unfinished="Unposted", past_the_limit="its polls get no task", what="task")
-@click.option("--heartbeat", "heartbeat_seconds", default=5.0, show_default=True, type=float, hidden=True)
+@click.option(
+    "--heartbeat",
+    "heartbeat_seconds",
+    default=5.0,
+    show_default=True,
+    type=Seconds(0, MAX_POLICY_SECONDS, min_open=True),
+    hidden=True,
+)
 @click.pass_context
 def serve_al(
     ctx: click.Context,

@@ -97,6 +97,33 @@ def test_user_errors_are_one_line_with_exit_1_or_usage_exit_2(
     assert line.startswith("rollq: "), line
 
 
+@pytest.mark.parametrize(
+    "command, option, value",
+    [
+        ("serve-al", "--lease", "nan"),
+        ("serve-al", "--lease", "inf"),
+        ("serve-al", "--heartbeat", "nan"),
+        ("serve-al", "--heartbeat", "-1"),
+        ("serve-agl", "--lease", "nan"),
+        ("serve-agl", "--lease", "inf"),
+        ("serve-agl", "--unresponsive-seconds", "nan"),
+        ("serve-agl", "--unresponsive-seconds", "-1"),
+        ("serve-agl", "--train-temperature", "nan"),
+        ("serve-agl", "--val-temperature", "-1"),
+    ],
+)
+def test_the_gateways_refuse_a_float_option_that_is_not_a_finite_number_in_range(
+    rollq: Callable[..., Result], command: str, option: str, value: str
+) -> None:
+    # --host 0.0.0.0 without --key: a gateway that took the value goes on to refuse the host (exit 2 naming --key)
+    # instead of serving forever.
+    result = rollq(command, option, value, "--host", "0.0.0.0")
+
+    assert result.exit_code == 2, result.output
+    (line,) = result.stderr.strip().splitlines()
+    assert line.startswith("rollq: ") and option in line and "--key" not in line, line
+
+
 def _env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if k not in ("ROLLQ_REDIS_URL", "REDIS_URL", "PYTHONPATH")}
 

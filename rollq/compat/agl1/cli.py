@@ -9,7 +9,8 @@ import logging
 import click
 from pydantic import ValidationError
 
-from rollq.models.policy import RolloutPolicy
+from rollq.models.click_types import FiniteFloat, Seconds
+from rollq.models.policy import MAX_POLICY_SECONDS, RolloutPolicy
 from rollq.store.connection import connect
 
 from ..binding import refusal
@@ -30,8 +31,8 @@ from ..gateway_options import client_limits
 @click.option(
     "--model-name", default="Qwen/Qwen2.5-7B-Instruct", show_default=True, help="AL's default_proxy.model_name."
 )
-@click.option("--train-temperature", default=1.0, show_default=True, type=float)
-@click.option("--val-temperature", default=0.7, show_default=True, type=float)
+@click.option("--train-temperature", default=1.0, show_default=True, type=FiniteFloat(min=0))
+@click.option("--val-temperature", default=0.7, show_default=True, type=FiniteFloat(min=0))
 @click.option("--log-probs/--no-log-probs", default=True, show_default=True, help="Ask for logprobs in train mode.")
 @click.option("--routed-experts/--no-routed-experts", default=False, show_default=True)
 @click.option("--max-attempts", default=3, show_default=True, type=click.IntRange(min=1), help="Attempts per rollout.")
@@ -45,7 +46,7 @@ from ..gateway_options import client_limits
     "--unresponsive-seconds",
     default=30.0,
     show_default=True,
-    type=float,
+    type=Seconds(0, MAX_POLICY_SECONDS, min_open=True),
     help="A worker silent this long loses its attempt to a retry.",
 )
 @click.option(
@@ -53,7 +54,7 @@ from ..gateway_options import client_limits
     "lease_seconds",
     default=300.0,
     show_default=True,
-    type=click.FloatRange(min=1.0),
+    type=Seconds(1.0, MAX_POLICY_SECONDS),
     help="Seconds an attempt a runner claimed (PATCH running) is held without a sign of life (an accepted write, "
     "or a listing by its claimant); then it is handed back. Never past the rollout's timeout + 60 s.",
 )

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import click
 
+from rollq.models.click_types import Seconds
 from rollq.models.policy import MAX_POLICY_SECONDS
 from rollq.store.connection import check_reachable
 
 from . import context
 from .errors import one_line_errors
-from .params import Seconds
 
 
 @click.command()

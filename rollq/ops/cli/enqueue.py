@@ -13,12 +13,12 @@ import click
 from pydantic import ValidationError
 from tqdm import tqdm
 
+from rollq.models.click_types import Seconds
 from rollq.models.contract import Task
 from rollq.models.policy import MAX_POLICY_SECONDS
 
 from . import context
 from .errors import one_line_errors
-from .params import Seconds
 
 _LINE_KEYS = {"input", "rollout_id", "mode", "resources_id", "metadata"}
 

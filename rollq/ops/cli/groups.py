@@ -6,11 +6,11 @@ import json
 
 import click
 
+from rollq.models.click_types import Seconds
 from rollq.store.consumer_groups import delete_group, idle_after, list_groups, set_idle_after
 
 from . import context
 from .errors import one_line_errors
-from .params import Seconds
 
 
 @click.group()

@@ -7,11 +7,11 @@ import time
 
 import click
 
+from rollq.models.click_types import Seconds
 from rollq.store.namespaces import namespace_hint
 
 from . import context
 from .errors import one_line_errors
-from .params import Seconds
 
 
 @click.command()
