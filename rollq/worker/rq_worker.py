@@ -25,7 +25,9 @@ It differs from RQ's ``SimpleWorker`` in these ways:
   (:data:`EXIT_LOOP_WEDGED`) for its supervisor to restart it;
 - on the first SIGTERM/SIGINT it stops taking jobs, lets running rollouts finish
   for ``grace_seconds``, then hands the rest back to the queue; a second signal
-  hands them back at once.
+  hands them back at once. Non-daemon threads an agent or a hook left running
+  get until the end of that grace period, then the process exits without them
+  with status 4 (:data:`EXIT_THREADS_LEFT`), naming them.
 """
 
 from __future__ import annotations
@@ -117,6 +119,10 @@ PUBSUB_WAKE_SECONDS = 1.0
 # The exit status of a worker whose agent event loop is wedged (see _on_loop_wedged): not 0, so that a
 # supervisor restarts it.
 EXIT_LOOP_WEDGED = 3
+EXIT_THREADS_LEFT = 4
+"""The exit status of a worker that stopped but had to leave without non-daemon threads an agent or a hook left
+running (see _exit_despite_leftover_threads): not 0, so that a supervisor sees a process it had to force out (RQ's
+own cold shutdown exits 0), and not 1 or 3, so that it tells this from a failed start or a wedged loop."""
 LEFTOVER_THREADS_SECONDS = 1.0
 """At least this long, once the worker is done, for threads it did not start to end before the process exits."""
 
@@ -135,7 +141,9 @@ def _exit_despite_leftover_threads(deadline: float, log: logging.Logger) -> None
 
     Python waits for every non-daemon thread before a process exits, and nothing can stop a thread from outside:
     one that never ends kept a stopped worker alive for good. Only called once the worker has stopped (its tasks
-    published or handed back, itself unregistered), so the exit status is the one of a clean stop, 0."""
+    published or handed back, itself unregistered); still, the process did not end as asked (those threads die
+    mid-work), so leaving them is an exit with :data:`EXIT_THREADS_LEFT`, logged naming them. Threads that end in
+    time leave the exit status to the interpreter (0 for a clean stop)."""
 
     def watch() -> None:
         threading.main_thread().join()  # returns as the interpreter starts to shut down and join the others
@@ -146,14 +154,18 @@ def _exit_despite_leftover_threads(deadline: float, log: logging.Logger) -> None
         if not left:
             return
         names = ", ".join(t.name for t in left[:10]) + (f" and {len(left) - 10} more" if len(left) > 10 else "")
-        log.warning(
-            "exiting without waiting for %d non-daemon thread(s) the agent or a hook left running: %s", len(left), names
+        log.error(
+            "%d non-daemon thread(s) the agent or a hook left running did not end by the end of the grace period; "
+            "exiting with status %d without waiting for them: %s",
+            len(left),
+            EXIT_THREADS_LEFT,
+            names,
         )
         logging.shutdown()
         for stream in (sys.stdout, sys.stderr):
             with contextlib.suppress(Exception):
                 stream.flush()
-        os._exit(0)
+        os._exit(EXIT_THREADS_LEFT)
 
     threading.Thread(target=watch, name="rollq-exit", daemon=True).start()
 

@@ -52,8 +52,10 @@ def _misbehave(spec: dict[str, Any], rollout_id: str) -> Any:
     if spec.get("unmeasurable"):
         return Unmeasurable([1.0])
     if spec.get("leak_thread"):
-        # A non-daemon thread that never ends (a forgotten executor, a library's background thread).
-        threading.Thread(target=time.sleep, args=(3600,), name="leaked-by-the-agent", daemon=False).start()
+        # A non-daemon thread that outlives the rollout (a forgotten executor, a library's background thread): an
+        # hour for ``True``, else that many seconds.
+        seconds = 3600 if spec["leak_thread"] is True else spec["leak_thread"]
+        threading.Thread(target=time.sleep, args=(seconds,), name="leaked-by-the-agent", daemon=False).start()
     if spec.get("huge"):
         return 10**400  # an int no float (nor JSON number a trainer reads) can carry
     if "block" in spec:
@@ -69,7 +71,8 @@ class HostileAgent(LitAgent):
     """Async. Input keys: ``sleep`` (awaited), then ``exit``/``interrupt``/``generator_exit`` (raise that
     BaseException), ``unprintable`` (raise an exception whose ``str()`` raises), ``cancelled`` (raise
     ``asyncio.CancelledError`` of its own), ``unmeasurable`` (return a list whose ``len()`` raises),
-    ``leak_thread`` (start a non-daemon thread that outlives the worker's stop), ``block`` (``time.sleep`` on the
+    ``leak_thread`` (start a non-daemon thread that outlives the worker's stop; a number: for that many seconds),
+    ``block`` (``time.sleep`` on the
     event loop), ``unserialisable`` (a Rollout holding an object; ``"triplet"``: a Triplet whose prompt is one),
     ``stop_loop`` (call ``stop()`` on the running event loop, then return 1.0; ``"callback"``: schedule that call
     as a callback instead)."""

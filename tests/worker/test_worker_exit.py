@@ -22,6 +22,7 @@ from rq.worker import Worker
 
 from rollq.producer import Producer
 from rollq.worker import RolloutWorker, WorkerSettings
+from rollq.worker.rq_worker import EXIT_THREADS_LEFT
 from tests.support.fault_agents import FaultAgent
 from tests.support.servers import RedisServer, WorkerProcess
 from tests.support.waiting import wait_until
@@ -70,11 +71,12 @@ def test_rq_shutdown_reaches_a_running_worker_through_its_pubsub_thread_and_it_e
     assert "received shutdown command" in worker.log().lower()
 
 
-def test_a_worker_exits_after_a_stop_even_when_an_agent_left_a_non_daemon_thread_running(
+def test_a_worker_forced_out_past_a_non_daemon_thread_an_agent_left_exits_non_zero_naming_it(
     redis_server: RedisServer, namespace: str, workers: Callable[..., WorkerProcess]
 ) -> None:
     # Python waits for every non-daemon thread before a process exits: a thread an agent started and forgot kept
-    # the stopped worker alive for as long as the thread ran (an hour here), its supervisor waiting on it.
+    # the stopped worker alive for as long as the thread ran (an hour here), its supervisor waiting on it. The
+    # worker leaves without it after its grace period, and says so with its exit status, as a supervisor reads it.
     producer = Producer.from_url(redis_server.url, namespace)
     env = {"ROLLQ_AGENT": "tests.support.hostile_agents:HostileSyncAgent", "ROLLQ_GRACE_SECONDS": "2"}
     worker = workers(redis_server.url, namespace, env=env)
@@ -82,5 +84,21 @@ def test_a_worker_exits_after_a_stop_even_when_an_agent_left_a_non_daemon_thread
     assert rollout.metadata["status"] == "succeeded"
 
     worker.signal(signal.SIGTERM)
-    assert worker.wait(15) == 0
-    assert "leaked-by-the-agent" in worker.log()
+    assert worker.wait(15) == EXIT_THREADS_LEFT
+    (line,) = [ln for ln in worker.log().splitlines() if "leaked-by-the-agent" in ln]
+    assert f"exiting with status {EXIT_THREADS_LEFT}" in line, line
+
+
+def test_a_worker_whose_leftover_thread_ends_within_its_grace_period_exits_0(
+    redis_server: RedisServer, namespace: str, workers: Callable[..., WorkerProcess]
+) -> None:
+    # Only a worker that had to leave threads behind is forced out: one the process could wait for is waited for.
+    producer = Producer.from_url(redis_server.url, namespace)
+    env = {"ROLLQ_AGENT": "tests.support.hostile_agents:HostileSyncAgent", "ROLLQ_GRACE_SECONDS": "20"}
+    worker = workers(redis_server.url, namespace, env=env)
+    [rollout] = producer.wait([producer.enqueue({"leak_thread": 3}).rollout_id], timeout=30)
+    assert rollout.metadata["status"] == "succeeded"
+
+    worker.signal(signal.SIGTERM)
+    assert worker.wait(30) == 0
+    assert "leaked-by-the-agent" not in worker.log()
