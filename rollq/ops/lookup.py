@@ -55,9 +55,9 @@ class TaskView:
     attempts_used: int
     max_attempts: int
     worker: str | None
-    created: float | None
-    last_claimed: float | None
-    ended: float | None
+    created_at: float | None
+    last_claim_at: float | None
+    ended_at: float | None
     error: dict[str, Any] | None
     reward: float | None
 
@@ -74,9 +74,9 @@ class TaskView:
             f"mode       {self.mode or '-'}   resources {self.resources_id or 'latest'}",
             f"attempts   {self.attempts_used} of {self.max_attempts} used (current attempt {self.attempt})",
             f"worker     {self.worker or '-'}",
-            f"created    {when(self.created)}",
-            f"claimed    {when(self.last_claimed)}",
-            f"ended      {when(self.ended)}",
+            f"created    {when(self.created_at)}",
+            f"claimed    {when(self.last_claim_at)}",
+            f"ended      {when(self.ended_at)}",
         ]
         if self.reward is not None:
             lines.append(f"reward     {self.reward:g}")
@@ -107,9 +107,9 @@ def _view(record: TaskRecord, ended: float | None, rollout: Rollout | None) -> T
         attempts_used=record.attempts_used,
         max_attempts=record.policy.max_attempts,
         worker=record.worker,
-        created=task.create_time,
-        last_claimed=task.last_claim_time,
-        ended=ended,
+        created_at=task.create_time,
+        last_claim_at=task.last_claim_time,
+        ended_at=ended,
         error=metadata.get("error"),
         reward=rollout.final_reward if rollout else None,
     )
@@ -120,8 +120,9 @@ class Failure:
     """A dead-lettered task and why it failed."""
 
     rollout_id: str
-    failed_at: float
-    attempts: int
+    ended_at: float
+    """When it failed for good (its dead-letter score: the ``ended_at`` of ``rollq task``, which names it so)."""
+    attempts_used: int
     error_type: str
     message: str
 
@@ -149,8 +150,8 @@ def failures(producer: Producer, limit: int | None = None) -> list[Failure]:
         out.append(
             Failure(
                 rollout_id=rid,
-                failed_at=score,
-                attempts=record.attempts_used if record else 0,
+                ended_at=score,
+                attempts_used=record.attempts_used if record else 0,
                 error_type=str(error.get("type") or ("unknown (record expired)" if record is None else "unknown")),
                 message=" ".join(str(error.get("message") or "").split()),
             )

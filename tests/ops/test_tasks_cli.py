@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import signal
 from collections.abc import Callable
+from typing import Any
 
 from click.testing import Result
 
@@ -15,6 +16,8 @@ from rollq.worker import LitAgent, RolloutWorker, WorkerSettings
 
 class OneAgent(LitAgent):
     def training_rollout(self, task_input, rollout_id, resources):  # type: ignore[no-untyped-def]
+        if task_input.get("fail"):
+            raise ValueError("asked to fail")
         return 1.0
 
 
@@ -49,3 +52,26 @@ def test_tasks_list_and_cancel(url: str, namespace: str, rollq: Callable[..., Re
     assert len(first.stdout.splitlines()) == 1 and "--cursor" in first.stderr
     bad = rollq("tasks", "list", "--cursor", "not-a-cursor")
     assert bad.exit_code == 1 and bad.stderr.startswith("rollq: not a query_tasks cursor")
+
+
+def _names_for(value: Any, printed: dict[str, Any]) -> set[str]:
+    """The keys under which ``printed`` holds ``value`` (of its type: an attempt number 1 is not a time 1.0)."""
+    return {key for key, other in printed.items() if type(other) is type(value) and other == value}
+
+
+def test_task_json_tasks_list_and_dead_letter_list_print_a_tasks_fields_under_the_same_names(
+    url: str, namespace: str, rollq: Callable[..., Result]
+) -> None:
+    producer = Producer.from_url(url, namespace)
+    ok = producer.enqueue({}, mode="train").rollout_id
+    failed = producer.enqueue({"fail": True}, mode="train").rollout_id
+    run_worker(url, namespace)
+    listed = {line["rollout_id"]: line for line in map(json.loads, rollq("tasks", "list").stdout.splitlines())}
+    (dead,) = map(json.loads, rollq("dead-letter", "list", "--json").stdout.splitlines())
+    assert dead["rollout_id"] == failed
+
+    for rollout_id, other in [(ok, listed[ok]), (failed, listed[failed]), (failed, dead)]:
+        shown = json.loads(rollq("task", rollout_id, "--json").stdout)
+        for key, value in other.items():
+            names = _names_for(value, shown) if value is not None else set()
+            assert not names or key in names, f"{key}={value!r} is {sorted(names)} in `rollq task --json`"

@@ -145,7 +145,7 @@ def test_cli_shows_one_task_one_rollout_and_the_dead_letter_errors(
 
     assert task["state"] == "failed" and task["error"] == "ValueError: bad input 42"
     assert task["attempts"].startswith("1 of 3 used") and task["worker"] != "-"
-    assert task_json["ended"] >= task_json["last_claimed"] >= task_json["created"] > 0
+    assert task_json["ended_at"] >= task_json["last_claim_at"] >= task_json["created_at"] > 0
     assert task_json["resources_id"] == version
     assert (rollout["rollout_id"], rollout["final_reward"]) == (ok, 0.7)
     assert [len(t["prompt"]["token_ids"]) for t in rollout["triplets"]] == [5, 7]

@@ -28,7 +28,9 @@ def dead_letter_list(ctx: click.Context, as_json: bool) -> None:
         if as_json:
             click.echo(json.dumps(failure.to_dict()))
         else:
-            click.echo(f"{failure.rollout_id}\t{failure.attempts} attempt(s)\t{failure.error_type}: {failure.message}")
+            click.echo(
+                f"{failure.rollout_id}\t{failure.attempts_used} attempt(s)\t{failure.error_type}: {failure.message}"
+            )
 
 
 @dead_letter.command("requeue")
