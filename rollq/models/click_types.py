@@ -12,7 +12,6 @@ contract imports this module, so a worker or a producer does not load click thro
 from __future__ import annotations
 
 import math
-import sys
 from typing import Any
 
 import click
@@ -24,16 +23,15 @@ class FiniteFloat(click.FloatRange):
     name = "float"  # the metavar, upper-cased
     what = "number"  # what a refusal calls the value
 
-    def __init__(
-        self, min: float = -sys.float_info.max, max: float = sys.float_info.max, *, min_open: bool = False
-    ) -> None:
+    def __init__(self, min: float | None = None, max: float | None = None, *, min_open: bool = False) -> None:
         super().__init__(min=min, max=max, min_open=min_open)
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
-        number = super().convert(value, param, ctx)
+        # Finite first, so that ``inf`` is refused as such rather than as beyond a bound nobody wrote.
+        number = click.FLOAT.convert(value, param, ctx)
         if not math.isfinite(number):
             self.fail(f"{value!r} is not a finite {self.what}", param, ctx)
-        return number
+        return super().convert(number, param, ctx)
 
 
 class Seconds(FiniteFloat):
@@ -42,5 +40,5 @@ class Seconds(FiniteFloat):
     name = "seconds"
     what = "number of seconds"
 
-    def __init__(self, min: float = 0.0, max: float = sys.float_info.max, *, min_open: bool = False) -> None:
+    def __init__(self, min: float = 0.0, max: float | None = None, *, min_open: bool = False) -> None:
         super().__init__(min=min, max=max, min_open=min_open)

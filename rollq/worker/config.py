@@ -58,7 +58,12 @@ class WorkerSettings(Settings):
     """
 
     model_config = SettingsConfigDict(
-        env_prefix=ENV_PREFIX, env_file=ENV_FILE, extra="ignore", frozen=True, validate_default=False
+        env_prefix=ENV_PREFIX,
+        env_file=ENV_FILE,
+        extra="ignore",
+        frozen=True,
+        validate_default=False,
+        allow_inf_nan=False,  # every number here is a count or a span of time: inf would never end a wait
     )
 
     agent: str = ""

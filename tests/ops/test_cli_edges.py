@@ -83,6 +83,8 @@ def test_enqueue_policy_flags_reach_the_task_and_a_rerun_queues_nothing_twice(
         (("dashboard", "--port", "99999"), None, 2, "--port"),
         (("serve-al", "--port", "99999"), None, 2, "--port"),
         (("serve-al", "--lease", "-1"), None, 2, "--lease"),
+        (("worker", "--grace-seconds", "inf"), None, 2, "'inf' is not a finite number of seconds"),
+        (("worker", "--heartbeat-seconds", "0"), None, 2, "--heartbeat-seconds"),
     ],
 )
 def test_user_errors_are_one_line_with_exit_1_or_usage_exit_2(

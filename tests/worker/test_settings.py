@@ -50,6 +50,13 @@ def test_process_environment_and_dotenv_file_are_read(monkeypatch: pytest.Monkey
         ({"ROLLQ_RESULT_TTL": str(30 * 24 * 3600)}, "ROLLQ_RESULT_TTL"),
         ({"ROLLQ_LOG_FORMAT": "xml"}, "ROLLQ_LOG_FORMAT='xml'"),
         ({"ROLLQ_ROLLOUT_TRACE": "some"}, "ROLLQ_ROLLOUT_TRACE='some': Input should be 'all', 'failed' or 'none'"),
+        # an infinite grace or heartbeat would never end a shutdown or never beat (the audit's rollq worker flags)
+        ({"ROLLQ_GRACE_SECONDS": "inf"}, "ROLLQ_GRACE_SECONDS='inf': Input should be a finite number"),
+        ({"ROLLQ_HEARTBEAT_SECONDS": "inf"}, "ROLLQ_HEARTBEAT_SECONDS='inf': Input should be a finite number"),
+        (
+            {"ROLLQ_LLM_PAUSE_WAIT_SECONDS": "nan"},
+            "ROLLQ_LLM_PAUSE_WAIT_SECONDS='nan': Input should be a finite number",
+        ),
     ],
 )
 def test_bad_values_are_a_typed_error_naming_the_variable(env: dict[str, str], needle: str) -> None:

@@ -7,6 +7,7 @@ from typing import Any
 
 import click
 
+from rollq.models.click_types import Seconds
 from rollq.store.connection import connect, describe, wait_until_reachable
 from rollq.worker import logs
 
@@ -31,9 +32,14 @@ from .errors import one_line_errors
     help="Rollouts in flight at once [env: ROLLQ_CONCURRENCY; default 1].",
 )
 @click.option(
-    "--grace-seconds", type=float, default=None, help="On SIGTERM, how long running rollouts may finish [default 30]."
+    "--grace-seconds",
+    type=Seconds(),
+    default=None,
+    help="On SIGTERM, how long running rollouts may finish [default 30].",
 )
-@click.option("--heartbeat-seconds", type=float, default=None, help="Heartbeat and reaper interval [default 5].")
+@click.option(
+    "--heartbeat-seconds", type=Seconds(min_open=True), default=None, help="Heartbeat and reaper interval [default 5]."
+)
 @click.option(
     "--results-maxlen", type=int, default=None, help="Approximate bound of the results stream [default 100000]."
 )
