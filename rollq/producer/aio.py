@@ -46,7 +46,9 @@ from .results import (
     WaitResult,
     default_consumer_name,
     entry_rollout_id,
+    foreign_rollouts,
     parse_entry,
+    result_ids_or_foreign,
 )
 
 log = logging.getLogger(__name__)
@@ -328,11 +330,16 @@ class AsyncProducer:
         pipe = self.connection.pipeline(transaction=False)
         for rid in ids:
             pipe.hget(self.keys.task(rid), TaskField.RESULT)
-        entry_ids = {rid: eid for rid, eid in zip(ids, await pipe.execute(), strict=True) if eid}
+        entry_ids, foreign = result_ids_or_foreign(ids, await pipe.execute(raise_on_error=False))
+        found: dict[str, Rollout] = {}
+        if foreign:  # task keys holding no hash: failed rollouts naming them (see foreign_rollout)
+            pipe = self.connection.pipeline(transaction=False)
+            for rid in foreign:
+                pipe.type(self.keys.task(rid))
+            found.update(foreign_rollouts(self.keys, foreign, await pipe.execute()))
         pipe = self.connection.pipeline(transaction=False)
         for eid in entry_ids.values():
             pipe.xrange(self.keys.results, min=eid, max=eid)
-        found: dict[str, Rollout] = {}
         replies = await pipe.execute()
         await aload_payloads(self.connection, [entries[0][1] for entries in replies if entries])
         for rid, entries in zip(entry_ids, replies, strict=True):

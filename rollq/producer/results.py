@@ -23,9 +23,10 @@ from rollq.models.errors import InvalidTaskError, RolloutsTrimmedError, RolloutT
 from rollq.models.outcomes import failed_rollout
 from rollq.models.wire import parse_rollout
 from rollq.store.connection import Outage, unrecoverable
-from rollq.store.keys import TRIMMED_TO, Keys, StreamField, TaskField
+from rollq.store.keys import TRIMMED_TO, Keys, StreamField, TaskField, foreign_key
 from rollq.store.payloads import load_payloads, loaded_one_by_one, missing_payload
 from rollq.store.reaper import reap
+from rollq.store.records import wrong_type
 from rollq.store.transitions import Lifecycle
 
 log = logging.getLogger(__name__)
@@ -47,6 +48,40 @@ def parse_entry(fields: dict[bytes, bytes]) -> Rollout:
     except (KeyError, ValueError) as exc:
         error = InvalidTaskError(f"the results entry of {rid} is not a valid Rollout: {exc}")
         return failed_rollout(rid, attempt=0, worker="", error=error)
+
+
+def foreign_rollout(rollout_id: str, key: str, kind: str) -> Rollout:
+    """The failed rollout of a task whose key holds Redis type ``kind``, not a hash, for a reader of records (wait,
+    get_rollouts): no record says where its rollout is, or ever will, and the task can never run (a worker that
+    meets it fails it in the same words). A WRONGTYPE reply once made every wait for such an id raise it."""
+    error = InvalidTaskError(f"task {rollout_id} cannot be run: {foreign_key('task record', key, kind, 'hash')}")
+    return failed_rollout(rollout_id, attempt=0, worker="", error=error)
+
+
+def result_ids_or_foreign(rollout_ids: Sequence[str], replies: Sequence[Any]) -> tuple[dict[str, bytes], list[str]]:
+    """From the replies of an ``HGET <task> result`` pipeline (``raise_on_error=False``): the results entry id of each
+    ended task, and the ids whose task key holds no hash (WRONGTYPE); any other error is raised."""
+    ended: dict[str, bytes] = {}
+    foreign: list[str] = []
+    for rid, reply in zip(rollout_ids, replies, strict=True):
+        if isinstance(reply, Exception):
+            if not wrong_type(reply):
+                raise reply
+            foreign.append(rid)
+        elif reply:
+            ended[rid] = reply
+    return ended, foreign
+
+
+def foreign_rollouts(keys: Keys, rollout_ids: Sequence[str], kinds: Sequence[Any]) -> dict[str, Rollout]:
+    """:func:`foreign_rollout` of each of ``rollout_ids`` given the ``TYPE`` of its task key; a key that became a hash
+    or went away since its WRONGTYPE is left for the next look."""
+    found = {}
+    for rid, kind in zip(rollout_ids, kinds, strict=True):
+        name = kind.decode() if isinstance(kind, bytes) else str(kind)
+        if name not in ("hash", "none"):
+            found[rid] = foreign_rollout(rid, keys.task(rid), name)
+    return found
 
 
 _ROLLOUT_ID = StreamField.ROLLOUT_ID.encode()
@@ -206,7 +241,8 @@ class _Collected:
         pipe = connection.pipeline(transaction=False)
         for rid in ids:
             pipe.hget(keys.task(rid), TaskField.RESULT)
-        ended = {rid: entry_id for rid, entry_id in zip(ids, pipe.execute(), strict=True) if entry_id}
+        ended, foreign = result_ids_or_foreign(ids, pipe.execute(raise_on_error=False))
+        settled = self._settle_foreign(connection, keys, foreign) if foreign else 0
         pipe = connection.pipeline(transaction=False)
         for entry_id in ended.values():
             pipe.xrange(keys.results, min=entry_id, max=entry_id)
@@ -218,7 +254,17 @@ class _Collected:
             else:
                 self.trimmed.append(rid)
             self.missing.discard(rid)
-        return len(ended)
+        return len(ended) + settled
+
+    def _settle_foreign(self, connection: redis.Redis, keys: Keys, rollout_ids: list[str]) -> int:
+        """Settle each of ``rollout_ids``, whose task key holds no hash, with its :func:`foreign_rollout`."""
+        pipe = connection.pipeline(transaction=False)
+        for rid in rollout_ids:
+            pipe.type(keys.task(rid))
+        found = foreign_rollouts(keys, rollout_ids, pipe.execute())
+        self.found.update(found)
+        self.missing.difference_update(found)
+        return len(found)
 
 
 @dataclass(frozen=True)

@@ -337,6 +337,16 @@ IDLE_MS_FIELD = "idle-ms"
 MEMBER_SEPARATOR = "|"
 """Between the parts of an in-flight member and of an attempt-history value."""
 
+FOREIGN_KEY = "the {what} {key} is a {kind}, not a {want}: something other than rollq wrote it"
+"""What a key of the namespace that holds another Redis type than rollq writes there is called, in Python
+(:func:`foreign_key`) and in every Lua script (``foreign_key`` of the header :func:`rollq.store.scripts.lua_header`
+generates from this one spelling)."""
+
+
+def foreign_key(what: str, key: str, kind: str, want: str) -> str:
+    """:data:`FOREIGN_KEY` for ``key`` (``what`` it should be) holding Redis type ``kind`` instead of ``want``."""
+    return FOREIGN_KEY.format(what=what, key=key, kind=kind, want=want)
+
 
 def inflight_member(rollout_id: str, attempt: int) -> str:
     """The member of :attr:`Keys.inflight` for one running attempt: ``rollout_id|attempt``."""

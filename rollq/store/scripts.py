@@ -6,6 +6,7 @@ put before some scripts, and calls that are sent as ``EVALSHA`` in a pipeline an
 from __future__ import annotations
 
 import functools
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
@@ -21,6 +22,7 @@ from rollq.models.policy import TaskState
 
 from .connection import REFUSAL_WORDS, transient_refusal
 from .keys import (
+    FOREIGN_KEY,
     GROUP_IDLE_SECONDS,
     HISTORY_LIMIT,
     IDLE_MS_FIELD,
@@ -41,6 +43,15 @@ from .stats import DURATION_PREFIX, REQUEUED_PREFIX, REWARD_PREFIX, REWARD_SEPAR
 _LIBRARIES = {"finish": ("trim_results",), "reject": ("trim_results",), "cancel": ("trim_results",)}
 
 
+def _lua_format(template: str, name: str) -> str:
+    """A Lua function ``name`` that fills in ``template``'s ``{placeholders}`` (its parameters, in order), so that a
+    script says what Python says in the same words."""
+    parts = re.split(r"\{(\w+)\}", template)
+    params = parts[1::2]
+    pieces = [repr(text) if i % 2 == 0 else text for i, text in enumerate(parts) if text]
+    return f"local function {name}({', '.join(params)}) return {' .. '.join(pieces)} end"
+
+
 def lua_header() -> str:
     """Lua source that every rollq script starts with: the names of fields, states, reply words and formats, each
     from its one Python owner, so that no script spells them.
@@ -52,7 +63,9 @@ def lua_header() -> str:
     ``outcome_stat``/``requeue_stat``/``duration_stat``/``reward_stat`` and ``STATS_*`` for the stats hash,
     ``count(key, field, by)`` and ``add_float(key, field, by)`` to add to a counter without failing on a corrupt
     one, ``list_from(t, first, last)`` for the tail of ``KEYS`` or ``ARGV`` a script names as one list,
-    ``add_summary`` for the summaries stream.
+    ``add_summary`` for the summaries stream, ``foreign_key(what, key, kind, want)`` for a key holding another type
+    than rollq writes there (:data:`~rollq.store.keys.FOREIGN_KEY`), ``is_wrong_type(reply)`` whether a
+    ``redis.pcall`` reply is Redis's WRONGTYPE.
     """
 
     def table(fields: type[StrEnum]) -> str:
@@ -76,6 +89,9 @@ def lua_header() -> str:
             f"local STATS_DROPPED_CANCELLED = '{StatsField.DROPPED_CANCELLED}'",
             f"local STATS_REWARD_MISSING = '{StatsField.REWARD_MISSING}'",
             f"local HISTORY_LIMIT = {HISTORY_LIMIT}",
+            _lua_format(FOREIGN_KEY, "foreign_key"),
+            "local function is_wrong_type(reply) return type(reply) == 'table' and type(reply.err) == 'string' "
+            "and string.sub(reply.err, 1, 10) == 'WRONGTYPE ' end",
             # One task's part of a batch script (claim.lua, finish.lua): f(...)'s reply (and a second value), or
             # an error reply when the part failed, the other tasks' parts standing. A refusal of Redis (OOM,
             # READONLY...: see transient_refusal) comes at the script's first write, before anything is written:

@@ -27,6 +27,8 @@ import time
 from dataclasses import dataclass, replace
 from enum import StrEnum
 
+import redis
+
 from rollq.models.contract import Rollout, Task
 from rollq.models.errors import InvalidTaskError, PayloadTooLargeError, UnserializableResultError
 from rollq.models.groups import GROUP_FIELDS
@@ -35,6 +37,7 @@ from rollq.models.policy import RolloutStatus
 from rollq.models.wire import rollout_json
 from rollq.store.keys import TaskField, inflight_member
 from rollq.store.payloads import goes_to_payload, payload_token
+from rollq.store.records import wrong_type
 from rollq.store.replies import Cancelled, Claim, ClaimRefused, FinishReply, Published, Superseded
 from rollq.store.summaries import summary_json
 from rollq.store.transitions import Finish, Lifecycle
@@ -141,15 +144,19 @@ class Attempts:
         self.limits = limits
 
     def generation_of(self, rollout_id: str) -> int:
-        """The task's current generation as its record says (1 when the record has none or a bad one).
+        """The task's current generation as its record says (1 when the record has none or a bad one, or is no hash).
 
         For a rollout whose attempt is known only by number (posted to a gateway that did not hand it out):
         attempt numbers are never reused across generations, so a current attempt is of the current one.
         """
-        raw = self.lifecycle.connection.hget(self.lifecycle.keys.task(rollout_id), TaskField.GENERATION)
         try:
+            raw = self.lifecycle.connection.hget(self.lifecycle.keys.task(rollout_id), TaskField.GENERATION)
             return max(1, int(raw)) if raw is not None else 1  # type: ignore[arg-type]
         except ValueError:
+            return 1
+        except redis.ResponseError as exc:  # a task key holding no hash: claim.lua names it, this must not hide it
+            if not wrong_type(exc):
+                raise
             return 1
 
     def refused(self, rollout_id: str, job_id: str, refusal: ClaimRefused, worker: str) -> InvalidTaskError | None:

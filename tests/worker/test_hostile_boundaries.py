@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import signal
 import subprocess
@@ -12,11 +13,14 @@ import time
 import pytest
 import redis
 
+from rollq.models.contract import Rollout
 from rollq.models.errors import InvalidTaskError
 from rollq.models.policy import RolloutPolicy
+from rollq.producer.aio import AsyncProducer
 from rollq.producer.producer import Producer
 from rollq.store.connection import connect
 from rollq.store.keys import TaskField, job_id
+from rollq.store.replies import ClaimRefused
 from rollq.store.stats import requeue_stat
 from rollq.store.transitions import Lifecycle
 from tests.support.fault_agents import assert_exactly_once
@@ -312,3 +316,65 @@ def test_a_redis_stall_right_after_a_namespace_starts_fails_no_live_task(own_red
         worker.signal(signal.SIGCONT)
     rollouts = producer.wait(ids, timeout=30)
     assert [r.metadata["status"] for r in rollouts] == ["succeeded"] * 8
+
+
+# -- 6. rollq's own keys overwritten with another type ---------------------------------------------------------
+
+
+@pytest.mark.parametrize("wait_from", ["right after enqueue", "a later wait"])
+def test_a_task_whose_record_key_is_a_string_fails_naming_it_and_its_pack_runs(
+    redis_server, namespace, workers, wait_from
+):
+    # An outside audit: the claim's HMGET on a task key holding a string answered WRONGTYPE, the RQ job failed with
+    # that raw error, nothing was published, and Producer.wait raised redis's WRONGTYPE ResponseError.
+    producer = Producer.from_url(redis_server.url, namespace, policy=RolloutPolicy(timeout_seconds=30))
+    ids = [t.rollout_id for t in producer.enqueue_many([{}] * 4, tasks_per_job=4)]
+    poisoned = ids[1]
+    key = producer.keys.task(poisoned)
+    producer.connection.delete(key)
+    producer.connection.set(key, "garbage")
+    if wait_from == "a later wait":
+        producer = Producer.from_url(redis_server.url, namespace)  # no memory of where the tasks were queued
+    worker = workers(redis_server.url, namespace, env=ASYNC)
+    rollouts = {r.rollout_id: r for r in producer.wait(ids, timeout=30)}
+    error = rollouts[poisoned].metadata["error"]
+    assert error["type"] == "InvalidTaskError", error
+    assert f"the task record {key} is a string, not a hash" in error["message"], error
+    assert [rollouts[rid].metadata["status"] for rid in ids if rid != poisoned] == ["succeeded"] * 3
+    assert producer.connection.get(key) == b"garbage"  # the foreign key is left as it was
+    # The worker published it (for readers of the stream) once, dead-lettered it, logged it, and lives on.
+    wait_until(
+        lambda: producer.connection.zscore(producer.keys.dead_letter, poisoned) is not None, "its dead-letter entry"
+    )
+    entries = [f for _, f in producer.connection.xrange(producer.keys.results)]
+    assert [f[b"rollout_id"].decode() for f in entries].count(poisoned) == 1
+    assert f"the task record {key} is a string, not a hash" in worker.log()
+    assert worker.process.poll() is None
+
+
+def test_a_task_key_holding_no_hash_is_failed_by_its_first_job_only(redis_server, namespace):
+    # With no record to say which job stands for the task, a second job of the same rollout id (a retry, a
+    # duplicate) must not publish a second failed rollout: the dead-letter set says it was failed.
+    producer = Producer.from_url(redis_server.url, namespace)
+    rid = producer.enqueue({}).rollout_id
+    producer.connection.delete(producer.keys.task(rid))
+    producer.connection.rpush(producer.keys.task(rid), "a list")
+    lifecycle = Lifecycle(producer.connection, producer.keys)
+    refusal = lifecycle.claim(rid, job_id(rid), "w")
+    assert isinstance(refusal, ClaimRefused) and refusal.reason == "invalid", refusal
+    assert f"the task record {producer.keys.task(rid)} is a list, not a hash" in str(refusal.state)
+    replies = [
+        lifecycle.reject(rid, jid, '{"rollout_id": "x"}', results_maxlen=1000, now=time.time())
+        for jid in (job_id(rid), job_id(rid, after_attempt=1))
+    ]
+    assert [type(r).__name__ for r in replies] == ["Published", "Superseded"]
+    assert producer.connection.xlen(producer.keys.results) == 1
+    assert producer.connection.lrange(producer.keys.task(rid), 0, -1) == [b"a list"]
+    (rollout,) = producer.wait([rid], timeout=1)  # no record to find it by: the same cause, named
+    assert "is a list, not a hash: something other than rollq wrote it" in rollout.metadata["error"]["message"]
+
+    async def get_async() -> Rollout:
+        async with AsyncProducer.from_url(redis_server.url, namespace) as aio:
+            return (await aio.get_rollouts([rid]))[rid]
+
+    assert asyncio.run(get_async()).metadata["error"] == rollout.metadata["error"]

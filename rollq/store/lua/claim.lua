@@ -7,7 +7,8 @@
 -- HISTORY_LIMIT attempts are kept).
 -- Redis's time and the latest resources version are read once for the batch (issue 24: one TIME, one GET and one
 -- EVALSHA a batch of claims, not one each).
--- Returns one reply per task, in order: {'missing'} | {'stale', state} | {'invalid', reason} (nothing written) |
+-- Returns one reply per task, in order: {'missing'} | {'stale', state} | {'invalid', reason} (nothing written; a
+--   task key that holds no hash among them) |
 --   {'claimed', attempt, task_json, policy_json, latest_resources_id|'', attempts_used, now, generation} |
 --   an error reply when its part failed (the other tasks' parts stand; see guarded in the header).
 -- (F, S, STATE, REPLY, member and the stats helpers come from the header rollq.store.scripts.lua_header() puts
@@ -37,8 +38,16 @@ local function latest_resources()
 end
 
 local function claim_one(task_key, rollout_id, job_id)
-  local t = redis.call('HMGET', task_key, F.task, F.policy, F.state, F.job, F.unresponsive, F.worker, F.attempt,
+  -- A task key holding another type than a hash (something other than rollq wrote it) is answered 'invalid',
+  -- the key left as it is: a WRONGTYPE error here failed the job with Redis's raw words and published nothing.
+  -- pcall, not a TYPE before every HMGET: the check costs nothing for a record that is a hash.
+  local t = redis.pcall('HMGET', task_key, F.task, F.policy, F.state, F.job, F.unresponsive, F.worker, F.attempt,
     F.attempts, F.claims, F.generation)
+  if is_wrong_type(t) then
+    return {REPLY.invalid, foreign_key('task record', task_key, redis.call('TYPE', task_key).ok, 'hash')}
+  elseif t.err then
+    return t
+  end
   if not t[1] then
     return {REPLY.missing}
   end

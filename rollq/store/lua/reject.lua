@@ -1,7 +1,9 @@
 -- Fail a queued task that cannot be run because its record is invalid (a field that is not what rollq wrote, a
 -- state it never writes among them): its failed rollout, naming the problem, is published as the task's outcome
 -- and the task is dead-lettered.
--- Only the job that currently stands for the task may do this, as only it may claim the task.
+-- Only the job that currently stands for the task may do this, as only it may claim the task. A task key that
+-- holds no hash (something other than rollq wrote it) has no job to check: it is failed once, by the first job
+-- of its rollout id, its key left alone.
 -- The results stream is kept within its bounds by trim_results (lua/trim_results.lua, put before this script).
 -- Returns {'published', entry_id} | {'superseded'} when the task no longer waits for that job.
 local task_key = KEYS[1]
@@ -20,16 +22,31 @@ local now = ARGV[5]
 local max_bytes = tonumber(ARGV[6])
 local summary = ARGV[7]  -- the rollout's compact summary, JSON (rollq.store.summaries)
 
-local t = redis.call('HMGET', task_key, F.state, F.job, F.mode, F.resources_id)
-local waiting = t[1] == STATE.queued or (t[1] and not is_state(t[1]))  -- queued, or a state rollq never writes
-if not waiting or t[2] ~= job_id then
-  return {REPLY.superseded}
+local t = redis.pcall('HMGET', task_key, F.state, F.job, F.mode, F.resources_id)
+local foreign = is_wrong_type(t)
+if foreign then
+  -- The task key holds no hash (claim.lua answered 'invalid' naming it): there is no record to check the job
+  -- against or to end, and the key is not rollq's to change. The dead-letter set says whether the task was
+  -- already failed, so a second job of the same rollout id publishes nothing: one failed rollout, counted once.
+  if redis.call('ZSCORE', dead_letter, rollout_id) then
+    return {REPLY.superseded}
+  end
+  t = {}
+elseif t.err then
+  return t
+else
+  local waiting = t[1] == STATE.queued or (t[1] and not is_state(t[1]))  -- queued, or a state rollq never writes
+  if not waiting or t[2] ~= job_id then
+    return {REPLY.superseded}
+  end
 end
 local id = redis.call('XADD', results, '*', S.rollout_id, rollout_id, S.rollout, rollout_json)
 local size = #rollout_id + #rollout_json
 trim_results(results, stats, results_trim, maxlen, max_bytes, id, size, summaries)
 add_summary(summaries, maxlen, rollout_id, summary, t[3], id, size)
-redis.call('HSET', task_key, F.state, STATE.failed, F.result, id, F.ended, now)
+if not foreign then
+  redis.call('HSET', task_key, F.state, STATE.failed, F.result, id, F.ended, now)
+end
 redis.call('SREM', queued_tasks, task_key)
 redis.call('ZADD', dead_letter, now, rollout_id)
 count(stats, outcome_stat(STATE.failed, t[3] or ''), 1)
