@@ -15,7 +15,7 @@ from rollq.models.policy import RolloutStatus, TaskState
 from rollq.models.wire import rollout_json
 
 from .keys import Keys
-from .replies import Word
+from .replies import Word, report_damaged
 from .scripts import script_source
 from .transitions import DEFAULT_RESULTS_MAX_BYTES
 
@@ -76,5 +76,7 @@ def parse_cancel(rollout_id: str, reply: list[Any]) -> CancelResult:
         return CancelResult(rollout_id, CancelOutcome.UNKNOWN)
     if kind == Word.FINISHED:
         return CancelResult(rollout_id, CancelOutcome.FINISHED, TaskState(reply[1].decode()))
-    _, previous, attempt, entry = reply
+    _, previous, attempt, entry, *damaged = reply
+    for text in damaged:
+        report_damaged(text)
     return CancelResult(rollout_id, CancelOutcome.CANCELLED, TaskState(previous.decode()), int(attempt), entry.decode())

@@ -8,9 +8,13 @@ script and its reader cannot spell a word two ways. The ``read_*`` functions tur
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import logging
+import time
+from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Literal
+
+log = logging.getLogger(__name__)
 
 
 class Word(StrEnum):
@@ -43,6 +47,9 @@ class Published:
     """The rollout is on the results stream at ``entry_id``."""
 
     entry_id: str
+    damaged: str = field(default="", compare=False)
+    """The keys of the namespace the script skipped because they hold another type than rollq writes there
+    (``foreign_key`` in the Lua header), '' when none: the rollout was published and its task ended all the same."""
 
 
 @dataclass(frozen=True)
@@ -127,10 +134,27 @@ def read_claim(reply: Any) -> Claim | ClaimRefused:
     )
 
 
+DAMAGED_LOG_SECONDS = 60.0
+"""How often a process logs the same damaged keys again: a worker meets them at every publication."""
+_damaged_logged: dict[str, float] = {}
+
+
+def report_damaged(damaged: bytes | str) -> str:
+    """Log the damaged keys a script skipped (its reply's text, '' when none), at most once a
+    :data:`DAMAGED_LOG_SECONDS` for the same text; returns the text."""
+    text = damaged.decode(errors="replace") if isinstance(damaged, bytes) else damaged
+    if text:
+        now = time.monotonic()
+        if now - _damaged_logged.get(text, -DAMAGED_LOG_SECONDS) >= DAMAGED_LOG_SECONDS:
+            _damaged_logged[text] = now
+            log.error("skipped damaged keys (the rollout was published and its task ended all the same): %s", text)
+    return text
+
+
 def read_finish(reply: Any) -> FinishReply:
-    """``finish.lua``'s (and ``reject.lua``'s) reply."""
+    """``finish.lua``'s (and ``reject.lua``'s) reply; the damaged keys it names are logged."""
     if reply[0] == Word.PUBLISHED.encode():
-        return Published(reply[1].decode())
+        return Published(reply[1].decode(), report_damaged(reply[2]) if len(reply) > 2 else "")
     return _OUTCOMES[Word(reply[0].decode())]  # type: ignore[return-value]
 
 

@@ -65,7 +65,8 @@ def lua_header() -> str:
     one, ``list_from(t, first, last)`` for the tail of ``KEYS`` or ``ARGV`` a script names as one list,
     ``add_summary`` for the summaries stream, ``foreign_key(what, key, kind, want)`` for a key holding another type
     than rollq writes there (:data:`~rollq.store.keys.FOREIGN_KEY`), ``is_wrong_type(reply)`` whether a
-    ``redis.pcall`` reply is Redis's WRONGTYPE.
+    ``redis.pcall`` reply is Redis's WRONGTYPE, ``intact(key, want, what)`` whether an auxiliary key may be written
+    (a damaged one named in ``damaged()``), ``require_results(key)`` to refuse a call whose results stream is not one.
     """
 
     def table(fields: type[StrEnum]) -> str:
@@ -92,6 +93,26 @@ def lua_header() -> str:
             _lua_format(FOREIGN_KEY, "foreign_key"),
             "local function is_wrong_type(reply) return type(reply) == 'table' and type(reply.err) == 'string' "
             "and string.sub(reply.err, 1, 10) == 'WRONGTYPE ' end",
+            # A key of the namespace that a script writes besides the results stream and the task record, holding
+            # another type than rollq writes there: checked before the script's first write (Redis does not undo a
+            # script that fails part way), skipped by it, and named in DAMAGED for its reply to carry to the caller,
+            # who logs it (rollq.store.transitions). TYPE is one O(1) command a key a call.
+            "local DAMAGED = {}",
+            "local function intact(key, want, what)",
+            "  local kind = redis.call('TYPE', key).ok",
+            "  if kind == 'none' or kind == want then return true end",
+            "  DAMAGED[#DAMAGED + 1] = foreign_key(what, key, kind, want)",
+            "  return false",
+            "end",
+            "local function damaged() return table.concat(DAMAGED, '; ') end",
+            # The results stream is no auxiliary key: a script cannot publish without it, so it refuses the call,
+            # with nothing written.
+            "local function require_results(key)",
+            "  local kind = redis.call('TYPE', key).ok",
+            "  if kind ~= 'none' and kind ~= 'stream' then",
+            "    error(redis.error_reply('ERR ' .. foreign_key('results stream', key, kind, 'stream')))",
+            "  end",
+            "end",
             # One task's part of a batch script (claim.lua, finish.lua): f(...)'s reply (and a second value), or
             # an error reply when the part failed, the other tasks' parts standing. A refusal of Redis (OOM,
             # READONLY...: see transient_refusal) comes at the script's first write, before anything is written:

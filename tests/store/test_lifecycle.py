@@ -3,10 +3,12 @@ record gets no partial write; heartbeats and stalls are timed by Redis."""
 
 from __future__ import annotations
 
+import logging
 import re
 import time
 import uuid
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +20,7 @@ from rollq.models.contract import Task
 from rollq.models.errors import InvalidTaskError
 from rollq.models.policy import RolloutPolicy, RolloutStatus, TaskState
 from rollq.store.connection import connect
+from rollq.store.control import cancel_call, cancel_script_source, parse_cancel
 from rollq.store.jobs import ROLLOUT_FUNC, JobRegistries, RollqJob, read_rollq_jobs
 from rollq.store.keys import Keys, job_id
 from rollq.store.replies import Claim, ClaimRefused, Enqueued, FinishReply, Published, Superseded
@@ -414,3 +417,80 @@ def test_a_pack_split_queues_each_waiting_task_as_its_own_job_at_the_front_all_o
     assert [j.args for j in jobs.values()] == [["p0"], ["p2"]]  # type: ignore[union-attr]
     assert lc.claim("p0", job_id("p0"), "w").attempt == 1  # type: ignore[union-attr]
     assert lc.split(pack, pairs) == -2  # no longer in the intermediate list: nothing to split
+
+
+DAMAGEABLE = ["summaries", "inflight", "dead_letter", "stats", "resources_refs", "queued_tasks"]
+SHARED = {"summaries", "stats", "resources_refs"}
+CHECKED = {  # the keys each script writes besides the results stream and the task record
+    "finish": SHARED | {"inflight", "dead_letter"},
+    "dead-letter": SHARED | {"inflight", "dead_letter"},
+    "cancel": SHARED | {"inflight", "queued_tasks"},
+    "reject": SHARED | {"dead_letter", "queued_tasks"},
+}
+
+
+def _end_with(lc: Lifecycle, how: str, rid: str) -> object:
+    """End task ``rid`` (claimed unless ``how`` is a queued task's ending) the way ``how`` says; the script's reply."""
+    now = time.time()
+    if how == "cancel":
+        keys, args = cancel_call(lc.keys, rid, results_maxlen=100, now=now, results_max_bytes=10**9)
+        return parse_cancel(rid, lc.connection.eval(cancel_script_source(), len(keys), *keys, *args))  # type: ignore[arg-type]
+    if how == "reject":
+        lc.connection.hset(lc.keys.task(rid), "state", "weird")
+        return lc.reject(rid, job_id(rid), f'{{"rollout_id": "{rid}"}}', results_maxlen=100, now=now)
+    finish = _finish(rid, 1.0)
+    return lc.finish(replace(finish, status=RolloutStatus.FAILED, dead_letter=True) if how == "dead-letter" else finish)
+
+
+@pytest.mark.parametrize("damaged", DAMAGEABLE)
+@pytest.mark.parametrize("how", ["finish", "dead-letter", "cancel", "reject"])
+def test_a_namespace_key_of_another_type_is_skipped_and_named_and_the_task_ends_once(  # type: ignore[no-untyped-def]
+    redis_server, namespace, caplog, how, damaged
+) -> None:
+    # An outside audit: finish/cancel/reject wrote the summaries stream, the in-flight set, the dead-letter set and
+    # the queued-task index after their XADD; one of them holding a string failed the script there (Redis does not
+    # undo it): the rollout was published with its task still running (a cancelled one out of the in-flight set,
+    # never reaped) or still waiting for its job, or ended but not counted, and the caller got a raw WRONGTYPE.
+    lc = (
+        _claimed_lifecycle(redis_server.url, namespace, 1)
+        if how != "reject"
+        else _queued_lifecycle(redis_server.url, namespace)
+    )
+    key = getattr(lc.keys, damaged)
+    lc.connection.delete(key)
+    lc.connection.set(key, "junk")
+    caplog.set_level(logging.ERROR)
+    reply = _end_with(lc, how, "r0")
+    assert not isinstance(reply, Exception), reply
+    assert lc.connection.xlen(lc.keys.results) == 1
+    state = {"finish": b"succeeded", "cancel": b"cancelled"}.get(how, b"failed")
+    assert lc.connection.hget(lc.keys.task("r0"), "state") == state
+    assert lc.connection.get(key) == b"junk"  # left for whoever wrote it to explain
+    if damaged in CHECKED[how]:
+        assert f"{key} is a string, not a " in caplog.text, caplog.text
+    if damaged != "stats":  # counted once
+        assert int(lc.connection.hget(lc.keys.stats, f"{state.decode()}:") or 0) == 1
+    if damaged != "summaries":
+        assert lc.connection.xlen(lc.keys.summaries) == 1
+    # A second call (a reply lost, a reaper after the worker) publishes nothing more.
+    again = _end_with(lc, how, "r0") if how != "reject" else None
+    assert lc.connection.xlen(lc.keys.results) == 1, again
+
+
+def test_a_results_stream_of_another_type_refuses_the_finish_naming_it_with_nothing_written(  # type: ignore[no-untyped-def]
+    redis_server, namespace
+) -> None:
+    lc = _claimed_lifecycle(redis_server.url, namespace, 1)
+    lc.connection.delete(lc.keys.results)
+    lc.connection.set(lc.keys.results, "junk")
+    with pytest.raises(redis.ResponseError, match=re.escape(f"the results stream {lc.keys.results} is a string")):
+        lc.finish(_finish("r0", 1.0))
+    assert lc.connection.hget(lc.keys.task("r0"), "state") == b"running"
+    assert lc.connection.zcard(lc.keys.inflight) == 1
+
+
+def _queued_lifecycle(url: str, namespace: str) -> Lifecycle:
+    lc = Lifecycle(connect(url), Keys(namespace))
+    task = Task(rollout_id="r0", input={}, create_time=time.time(), num_claims=0)
+    lc.enqueue_many([(task, task.model_dump_json())], RolloutPolicy())
+    return lc

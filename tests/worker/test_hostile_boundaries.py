@@ -378,3 +378,21 @@ def test_a_task_key_holding_no_hash_is_failed_by_its_first_job_only(redis_server
             return (await aio.get_rollouts([rid]))[rid]
 
     assert asyncio.run(get_async()).metadata["error"] == rollout.metadata["error"]
+
+
+def test_a_damaged_summaries_stream_is_named_by_the_worker_which_publishes_every_rollout_once(
+    redis_server, namespace, workers
+):
+    # An outside audit: finish.lua XADDed each rollout and then failed at the summaries stream holding a string:
+    # every batch's RQ jobs failed with a raw WRONGTYPE though their rollouts were published, and nothing counted.
+    producer = Producer.from_url(redis_server.url, namespace, policy=RolloutPolicy(timeout_seconds=30))
+    producer.connection.set(producer.keys.summaries, "junk")
+    ids = [t.rollout_id for t in producer.enqueue_many([{}] * 4)]
+    worker = workers(redis_server.url, namespace, env={**ASYNC, "ROLLQ_CONCURRENCY": "4"})
+    rollouts = producer.wait(ids, timeout=30)
+    assert [(r.metadata["status"], r.metadata["attempt"]) for r in rollouts] == [("succeeded", 1)] * 4
+    assert_exactly_once(producer.connection, namespace, ids)
+    assert int(producer.connection.hget(producer.keys.stats, "succeeded:") or 0) == 4
+    wait_until(lambda: f"the summaries stream {producer.keys.summaries} is a string" in worker.log(), "the log")
+    assert "WRONGTYPE" not in worker.log()
+    assert worker.process.poll() is None

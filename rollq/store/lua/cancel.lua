@@ -2,7 +2,8 @@
 -- one loses its attempt (the worker's later finish is answered 'cancelled' and dropped). Either way the task ends
 -- now with the given cancelled rollout on the results stream, so every task still has exactly one outcome.
 -- The results stream is kept within its bounds by trim_results (lua/trim_results.lua, put before this script).
--- Returns {'missing'} | {'finished', state} | {'cancelled', previous_state, attempt, results_stream_id}
+-- Returns {'missing'} | {'finished', state} |
+--   {'cancelled', previous_state, attempt, results_stream_id, the damaged keys skipped ('' when none)}
 local task_key = KEYS[1]
 local inflight = KEYS[2]
 local results = KEYS[3]
@@ -17,6 +18,17 @@ local maxlen = tonumber(ARGV[3])
 local now = ARGV[4]
 local max_bytes = tonumber(ARGV[5])
 
+-- Checked before the first write, as in finish.lua (see there why a damaged key is skipped, not failed on): the
+-- results stream must be one; an in-flight set, queued-task index, resources refs, stats hash or summaries stream
+-- of another type is skipped and named in the reply. A failure after the XADD left a cancelled rollout published
+-- with its task still running and out of the in-flight set: never reaped, never ended.
+require_results(results)
+local inflight_ok = intact(inflight, 'zset', 'in-flight set')
+local queued_ok = intact(queued_tasks, 'set', 'queued-task index')
+local refs_ok = intact(resources_refs, 'hash', 'resources refs hash')
+local stats_ok = intact(stats, 'hash', 'stats hash')
+local summaries_ok = intact(summaries, 'stream', 'summaries stream')
+
 local t = redis.call('HMGET', task_key, F.state, F.attempt, F.resources_id, F.mode, F.worker, F.task)
 if not t[6] then
   return {REPLY.missing}
@@ -30,7 +42,9 @@ local rollout = cjson.decode(rollout_json)
 rollout['metadata']['attempt'] = attempt
 rollout['metadata']['worker'] = t[5] or ''
 if state == STATE.running then
-  redis.call('ZREM', inflight, member(rollout_id, attempt))
+  if inflight_ok then
+    redis.call('ZREM', inflight, member(rollout_id, attempt))
+  end
   redis.call('HSET', task_key, end_field(attempt), history(STATE.cancelled, now))
 end
 local published = cjson.encode(rollout)
@@ -40,13 +54,19 @@ trim_results(results, stats, results_trim, maxlen, max_bytes, id, size, summarie
 local summary = {status = STATE.cancelled, attempt = attempt}
 if t[3] and t[3] ~= '' then summary['version'] = t[3] end
 if t[5] and t[5] ~= '' then summary['worker'] = t[5] end
-add_summary(summaries, maxlen, rollout_id, cjson.encode(summary), t[4], id, size)
+if summaries_ok then
+  add_summary(summaries, maxlen, rollout_id, cjson.encode(summary), t[4], id, size)
+end
 redis.call('HSET', task_key, F.state, STATE.cancelled, F.result, id, F.ended, now)
-redis.call('SREM', queued_tasks, task_key)
-if t[3] and t[3] ~= '' then
+if queued_ok then
+  redis.call('SREM', queued_tasks, task_key)
+end
+if refs_ok and t[3] and t[3] ~= '' then
   if count(resources_refs, t[3], -1) <= 0 then
     redis.call('HDEL', resources_refs, t[3])
   end
 end
-count(stats, outcome_stat(STATE.cancelled, t[4]), 1)
-return {REPLY.cancelled, state, attempt, id}
+if stats_ok then
+  count(stats, outcome_stat(STATE.cancelled, t[4]), 1)
+end
+return {REPLY.cancelled, state, attempt, id, damaged()}

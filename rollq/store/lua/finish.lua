@@ -6,6 +6,7 @@
 -- it (a reaper lost the race to a live worker); {'cancelled'} when the task was cancelled (the result is dropped: the
 -- cancelled rollout already stands for the task); an error reply when its part of the script failed (the other
 -- tasks' parts stand). Records each attempt's end in its task's history (end_field(attempt) = status|now).
+-- A published reply carries a third item: the damaged keys this call skipped (see below), '' when none.
 -- The stats hash's counters are summed over the batch and added once per field (issue 24: one HINCRBY per field a
 -- batch, not per rollout), with count() and add_float() (see the header), which leave a corrupt counter alone
 -- instead of failing after the first write: Redis does not undo a script that fails part way.
@@ -22,6 +23,21 @@ local maxlen = tonumber(ARGV[1])
 local max_bytes = tonumber(ARGV[2])
 local task_args = list_from(ARGV, 3)  -- per task, PER_TASK items: see finish_one
 local PER_TASK = 16
+
+-- Checked before the first write. The results stream must be one (require_results: the call is refused, nothing
+-- written). Any other key written here that holds another type than rollq writes there (something else wrote it)
+-- is skipped and named in each published reply, for the worker to log: failing at its write, after the XADD, left
+-- a rollout published with its task still running (or not counted, or with no summary), for a reaper to end it a
+-- second time. Skipping loses nothing the trainer reads: the rollout is published and its task ended once; what is
+-- skipped is an index or counter (an in-flight member or dead-letter entry cannot be kept in a key that is no
+-- sorted set), which is as wrong as the damaged key already made it.
+require_results(results)
+local inflight_ok = intact(inflight, 'zset', 'in-flight set')
+local superseded_ok = intact(superseded, 'stream', 'superseded stream')
+local dead_letter_ok = intact(dead_letter, 'zset', 'dead-letter set')
+local refs_ok = intact(resources_refs, 'hash', 'resources refs hash')
+local stats_ok = intact(stats, 'hash', 'stats hash')
+local summaries_ok = intact(summaries, 'stream', 'summaries stream')
 
 local counts, count_order, floats, float_order = {}, {}, {}, {}
 local function tally(field, by)
@@ -94,7 +110,7 @@ local function finish_one(task_key, a)
         return {REPLY.published, t[5]}
       end
     end
-    if stale_before == '' then
+    if stale_before == '' and superseded_ok then
       -- Rare: a big rollout is copied into Lua here, to keep the superseded stream's one format.
       redis.call('XADD', superseded, 'MAXLEN', '~', maxlen, '*', S.rollout_id, rollout_id, S.attempt, attempt,
         S.rollout, ref ~= '' and redis.call('GET', ref) or rollout_json)
@@ -104,7 +120,7 @@ local function finish_one(task_key, a)
     return {REPLY.superseded}
   end
   local running = member(rollout_id, attempt)
-  if stale_before ~= '' then
+  if stale_before ~= '' and inflight_ok then
     local deadline = redis.call('ZSCORE', inflight, running)
     if deadline and tonumber(deadline) > tonumber(stale_before) then
       drop_payload()
@@ -121,13 +137,15 @@ local function finish_one(task_key, a)
     id = redis.call('XADD', results, '*', S.rollout_id, rollout_id, S.rollout, rollout_json)
   end
   redis.call('HSET', task_key, F.state, status, F.result, id, F.ended, now, end_field(attempt), history(status, now))
-  redis.call('ZREM', inflight, running)
-  if t[4] and t[4] ~= '' then
+  if inflight_ok then
+    redis.call('ZREM', inflight, running)
+  end
+  if refs_ok and t[4] and t[4] ~= '' then
     if count(resources_refs, t[4], -1) <= 0 then
       redis.call('HDEL', resources_refs, t[4])
     end
   end
-  if to_dead_letter then
+  if to_dead_letter and dead_letter_ok then
     redis.call('ZADD', dead_letter, now, rollout_id)
   end
   tally(outcome_stat(status, t[3]), 1)
@@ -146,7 +164,7 @@ local function finish_one(task_key, a)
   if keep_seconds ~= '0' and status == STATE.succeeded then
     redis.call('EXPIRE', task_key, keep_seconds)
   end
-  return {REPLY.published, id}, {id, size, summary, t[3], ref}
+  return {REPLY.published, id, damaged()}, {id, size, summary, t[3], ref}
 end
 
 local replies = {}
@@ -156,7 +174,7 @@ local newest, added, added_bytes = nil, 0, 0
 for i, task_key in ipairs(task_keys) do
   local reply, published = guarded(finish_one, task_key, list_from(task_args, 1 + PER_TASK * (i - 1), PER_TASK * i))
   if published then
-    if newest then
+    if newest and summaries_ok then
       add_summary(summaries, maxlen, newest[1], newest[2], newest[3], newest[4], newest[5], newest[6])
     end
     newest = {task_args[1 + PER_TASK * (i - 1)], published[3], published[4], published[1], published[2], published[5]}
@@ -166,12 +184,16 @@ for i, task_key in ipairs(task_keys) do
 end
 if newest then
   trim_results(results, stats, results_trim, maxlen, max_bytes, newest[4], added_bytes, summaries, added)
-  add_summary(summaries, maxlen, newest[1], newest[2], newest[3], newest[4], newest[5], newest[6])
+  if summaries_ok then
+    add_summary(summaries, maxlen, newest[1], newest[2], newest[3], newest[4], newest[5], newest[6])
+  end
 end
-for _, field in ipairs(count_order) do
-  count(stats, field, counts[field])
-end
-for _, field in ipairs(float_order) do
-  add_float(stats, field, floats[field])
+if stats_ok then
+  for _, field in ipairs(count_order) do
+    count(stats, field, counts[field])
+  end
+  for _, field in ipairs(float_order) do
+    add_float(stats, field, floats[field])
+  end
 end
 return replies
