@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import shutil
 import sys
+import zlib
 from collections.abc import Callable
 from pathlib import Path
 
@@ -233,3 +234,53 @@ def test_a_corrupt_task_record_gets_a_page_that_says_so_not_a_server_error(
         response = app.get(path)
         assert response.status_code == 422, (path, response.status_code)
         assert "t1" in response.get_data(as_text=True)
+
+
+MALFORMED_JOBS = {
+    "bogus-status": {"status": "bogus"},
+    "bad-created-at": {"created_at": "yesterday"},
+    "bad-dependencies": {"dependency_ids": "{not json"},
+    "not-a-hash": {},  # the job's key holds a string
+}
+
+
+@pytest.mark.parametrize("job", sorted(MALFORMED_JOBS))
+def test_rq_dashboards_job_json_of_a_malformed_quarantined_job_says_why_not_a_server_error(
+    redis_server: RedisServer, namespace: str, job: str
+) -> None:
+    # An outside audit: rq-dashboard's own /0/data/job/<id>.json answered 500 for the jobs rollq quarantines
+    # because RQ cannot read them (rollq.worker.rq_worker's _quarantine): the operator saw no reason.
+    client = redis_server.client()
+    keys = Keys(namespace)
+    payload = zlib.compress(JSONSerializer.dumps(("rollq.worker.jobs.run_rollout", None, ["nobody"], {})))
+    base = {"data": payload, "status": "queued", "origin": keys.queue_name, "created_at": "2026-01-01T00:00:00.000000Z"}
+    if job == "not-a-hash":
+        client.set(Keys.rq_job(job), "junk")
+    else:
+        client.hset(Keys.rq_job(job), mapping={**base, **MALFORMED_JOBS[job]})
+    client.rpush(keys.quarantine, job)
+    web = create_app(redis_server.url, namespace).test_client()
+    response = web.get(f"/0/data/job/{job}.json")
+    assert response.status_code == 422, (response.status_code, response.get_data(as_text=True)[:300])
+    assert response.json["id"] == job and "cannot be read by RQ" in response.json["error"], response.json
+    assert keys.quarantine in response.json["error"]
+    assert web.get("/0/data/job/no-such-job.json").status_code == 404
+    # A job RQ can read is rq-dashboard's own answer, as before.
+    client.hset(Keys.rq_job("fine"), mapping=base)
+    assert web.get("/0/data/job/fine.json").json["status"] == "queued"
+
+
+def test_rollq_wraps_rq_dashboards_job_json_where_rq_dashboard_routes_it() -> None:
+    # Pins the rq-dashboard internals _job_json_or_why depends on: one job_info view, at this URL, called with
+    # these keywords. A new rq-dashboard that moves it fails here (and create_app raises RollqError).
+    import inspect
+
+    from rq_dashboard.cli import make_flask_app
+
+    from rollq.ops.dashboard import rq_dashboard_endpoint
+
+    app = make_flask_app(None, None, None, "")
+    name = rq_dashboard_endpoint(app, "job_info")
+    [rule] = [r.rule for r in app.url_map.iter_rules() if r.endpoint == name]
+    assert rule == "/<int:instance_number>/data/job/<job_id>.json"
+    assert list(inspect.signature(inspect.unwrap(app.view_functions[name])).parameters) == ["instance_number", "job_id"]

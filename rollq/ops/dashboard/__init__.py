@@ -2,7 +2,8 @@
 
 rollq's RQ jobs are JSON-serialised (never pickle), so the dashboard must decode
 them as JSON. Two pages of rq-dashboard 0.9.0 fail with RQ 2.x; :func:`create_app`
-patches both at startup (see :func:`_patch_rq_dashboard`). rollq's pages
+patches both at startup (see :func:`_patch_rq_dashboard`), answers its Requeue routes itself, and wraps its job
+JSON to say why a job cannot be shown (:func:`_job_json_or_why`). rollq's pages
 (rollouts, one rollout, workers, charts) live under ``/rollq/`` (:mod:`.views`).
 It runs under waitress, a production WSGI server. With a token (:mod:`rollq.ops.access`) every page, the
 JSON and ``/metrics`` need it; without one it serves loopback only. Every value rq-dashboard's pages show is
@@ -24,7 +25,7 @@ from rq.worker import Worker
 
 from rollq.models.errors import RollqError
 from rollq.store.connection import connect, describe
-from rollq.store.keys import DEFAULT_NAMESPACE
+from rollq.store.keys import DEFAULT_NAMESPACE, Keys
 
 from ..access import DASHBOARD_EXPOSES, check_bind, port_in_use, require_token
 
@@ -108,10 +109,48 @@ def _requeue_through_rollq(app: Flask) -> None:
         return jsonify(requeue_failed(current_app.redis_conn, queue_name))  # type: ignore[attr-defined]
 
     for endpoint, view in (("requeue_job_view", requeue_job_view), ("requeue_all", requeue_all)):
-        names = [name for name in app.view_functions if name.split(".")[-1] == endpoint]
-        if len(names) != 1:
-            raise RollqError(f"rq-dashboard has no single {endpoint} route to answer for rollq jobs: {names}")
-        app.view_functions[names[0]] = view
+        app.view_functions[rq_dashboard_endpoint(app, endpoint)] = view
+
+
+def rq_dashboard_endpoint(app: Flask, endpoint: str) -> str:
+    """The full name of rq-dashboard's view ``endpoint`` (under its blueprint), which rollq answers for or wraps;
+    a :class:`RollqError` when a new rq-dashboard has none, or several, so that rollq's fix is not silently lost."""
+    names = [name for name in app.view_functions if name.split(".")[-1] == endpoint]
+    if len(names) != 1:
+        raise RollqError(f"rq-dashboard has no single {endpoint} route to answer for rollq jobs: {names}")
+    return names[0]
+
+
+def unreadable_job(job_id: str, exc: Exception, quarantine: str, quarantined: bool) -> str:
+    """Why rq-dashboard cannot show job ``job_id``: RQ raised ``exc`` reading its hash."""
+    where = f"; rollq set it aside in its quarantine list {quarantine}" if quarantined else ""
+    return f"job {job_id} cannot be read by RQ ({type(exc).__name__}: {exc}): its hash is not what RQ writes{where}"
+
+
+def _job_json_or_why(app: Flask, namespace: str) -> None:
+    """rq-dashboard's job JSON (``/<n>/data/job/<id>.json``), with a JSON answer naming why where it had a 500: a
+    422 for a job RQ cannot read (a malformed hash, as those rollq quarantines: ``RolloutWorker._quarantine``), a
+    404 for one that does not exist. A Redis that cannot be reached is still a server error."""
+    import redis
+    from flask import current_app, jsonify
+
+    name = rq_dashboard_endpoint(app, "job_info")
+    shown = app.view_functions[name]
+    quarantine = Keys(namespace).quarantine
+
+    def job_info(instance_number: int, job_id: str) -> Any:
+        try:
+            return shown(instance_number=instance_number, job_id=job_id)
+        except NoSuchJobError:
+            return jsonify(id=job_id, error=f"there is no job {job_id} (it ended and expired, or never existed)"), 404
+        except (redis.ConnectionError, redis.TimeoutError):
+            raise
+        except Exception as exc:  # whatever RQ raises on a hash it did not write (ValueError, DeserializationError...)
+            connection = current_app.redis_conn  # type: ignore[attr-defined]
+            quarantined = connection.lpos(quarantine, job_id) is not None
+            return jsonify(id=job_id, error=unreadable_job(job_id, exc, quarantine, quarantined)), 422
+
+    app.view_functions[name] = job_info
 
 
 def create_app(redis_url: str, namespace: str = DEFAULT_NAMESPACE) -> Flask:
@@ -136,6 +175,7 @@ def create_app(redis_url: str, namespace: str = DEFAULT_NAMESPACE) -> Flask:
     app.config["RQ_DASHBOARD_DISABLE_DELETE"] = True
     setup_rq_connection(app)
     _requeue_through_rollq(app)
+    _job_json_or_why(app, namespace)
     from .guard import install_guard
     from .views import install
 
