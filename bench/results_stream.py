@@ -29,7 +29,6 @@ from bench.common import private_redis, write_result  # noqa: E402
 from rollq.models.contract import Rollout, Triplet  # noqa: E402
 from rollq.models.policy import RolloutPolicy, RolloutStatus  # noqa: E402
 from rollq.producer import Producer  # noqa: E402
-from rollq.store.keys import job_id  # noqa: E402
 from rollq.store.replies import Claim  # noqa: E402
 from rollq.store.transitions import Finish  # noqa: E402
 
@@ -63,7 +62,7 @@ def measure(size: str, rollouts: int) -> dict[str, float]:
         payloads = [rollout_json(t.rollout_id, turns, prompt, response) for t in tasks]
         elapsed = 0.0
         for task, payload in zip(tasks, payloads, strict=True):
-            claim = life.claim(task.rollout_id, job_id(task.rollout_id), "bench")
+            claim = life.claim(task.rollout_id, producer.keys.job_id(task.rollout_id), "bench")
             started = time.perf_counter()
             life.finish(
                 Finish(

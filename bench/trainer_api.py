@@ -25,7 +25,6 @@ from rollq.models.policy import RolloutStatus, TaskState  # noqa: E402
 from rollq.producer import Producer  # noqa: E402
 from rollq.producer.aio import AsyncProducer  # noqa: E402
 from rollq.store.connection import connect_async  # noqa: E402
-from rollq.store.keys import job_id  # noqa: E402
 from rollq.store.transitions import Finish  # noqa: E402
 
 
@@ -45,7 +44,7 @@ def main() -> None:
         ids = [t.rollout_id for t in producer.enqueue_many([{"i": i} for i in range(n)])]
         finished = ids[: n // 10]
         for rid in finished:
-            claim = producer.lifecycle.claim(rid, job_id(rid), "bench-worker")
+            claim = producer.lifecycle.claim(rid, producer.keys.job_id(rid), "bench-worker")
             rollout = Rollout(rollout_id=rid, final_reward=1.0, metadata={"status": "succeeded"})
             producer.lifecycle.finish(
                 Finish(

@@ -75,7 +75,7 @@ class Keys:
     def job_id(self, rollout_id: str, after_attempt: int = 0, *, reissue: bool = False) -> str:
         """:func:`job_id` of this namespace: prefixed with the tag for a cluster namespace, so that RQ's keys of
         the job (``rq:job:<id>``, ``rq:results:<id>``, ...) land in the namespace's slot."""
-        return self.job_prefix + job_id(rollout_id, after_attempt, reissue=reissue)
+        return self.job_prefix + job_id(self.namespace, rollout_id, after_attempt, reissue=reissue)
 
     @property
     def queue_name(self) -> str:
@@ -405,14 +405,25 @@ def is_pack_job(keys: Keys, job_id: str) -> bool:
     return job_id.startswith(keys.job_prefix + _PACK_PREFIX)
 
 
-def job_id(rollout_id: str, after_attempt: int = 0, *, reissue: bool = False) -> str:
-    """The RQ job id that queues ``rollout_id``; each requeue gets a job of its own.
+def job_id(namespace: str, rollout_id: str, after_attempt: int = 0, *, reissue: bool = False) -> str:
+    """The RQ job id that queues ``rollout_id`` of ``namespace``; each requeue gets a job of its own.
 
-    ``rollq-<sha256 of the rollout id, 40 hex>-<n>``, where ``n`` is the attempt the
-    job follows (0 for the first job), prefixed ``q`` for a job the reaper
-    issued again after the previous one vanished. No rollout id appears in a job
-    id, so no rollout id can produce another task's job id (short of a SHA-256
-    collision); the rollout id is in the job's description for rq-dashboard.
+    ``rollq-<sha256 of the namespace, a newline and the rollout id, 40 hex>-<n>``, where ``n`` is the attempt the
+    job follows (0 for the first job), prefixed ``q`` for a job the reaper issued again after the previous one
+    vanished. RQ's job hashes (``rq:job:<id>``) are per Redis database, not per namespace, so the namespace is in
+    the digest: the same rollout id queued in two namespaces of one database gets two jobs (with the rollout id's
+    alone, the second enqueue rewrote the first's job hash, its ``origin`` queue included, and one job sat on both
+    queues). A namespace cannot hold a newline (:class:`Keys` refuses it), so no two (namespace, rollout id) pairs
+    hash the same text. No rollout id appears in a job id, so no rollout id can produce another task's job id
+    (short of a SHA-256 collision); the rollout id is in the job's description for rq-dashboard.
+
+    Upgrading from a rollq whose job ids hashed the rollout id alone needs no migration: a task queued before keeps
+    the job id its record holds (``TaskField.JOB``, which the claim compares), so a new worker still claims it, and
+    every id computed here is for a new job (enqueue, requeue, revive, a pack's split, a reissue). Only
+    :func:`rollq.store.sizing.retained_sizes` looks a finished job up by this id, to sample its memory; a rollout
+    published before the upgrade samples no job there.
     """
-    digest = hashlib.sha256(rollout_id.encode()).hexdigest()[:40]
+    if "\n" in namespace:
+        raise ValueError(f"namespace {namespace!r} cannot hold a newline: it ends the namespace in a job id's digest")
+    digest = hashlib.sha256(f"{namespace}\n{rollout_id}".encode()).hexdigest()[:40]
     return f"{_JOB_PREFIX}{digest}-{'q' if reissue else ''}{after_attempt}"

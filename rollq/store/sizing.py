@@ -127,6 +127,9 @@ def retained_sizes(connection: redis.Redis, keys: Keys, latest: list[Any] | None
     pipe = connection.pipeline(transaction=False)
     for _, fields in latest:
         rid = fields.get(StreamField.ROLLOUT_ID.encode(), b"").decode(errors="replace")
+        # The rollout's first job (a retried one's later jobs are not sampled); a rollout published before job ids
+        # hashed the namespace (rollq.store.keys.job_id) has its job under another id: it samples no job, which the
+        # means below skip.
         jid = keys.job_id(rid)
         pipe.memory_usage(keys.task(rid))
         pipe.memory_usage(keys.rq_job(jid))

@@ -19,7 +19,7 @@ from rq.worker import Worker
 from rollq.models.errors import RollqError
 from rollq.ops.dashboard import create_app
 from rollq.producer import Producer
-from rollq.store.keys import Keys, job_id
+from rollq.store.keys import Keys
 from tests.support.browser import chromium, rendered_rows, require_chromium
 from tests.support.dashboard import SCREENSHOTS, Dashboard
 from tests.support.http_json import get_json
@@ -61,20 +61,20 @@ def test_browser_shows_the_rollq_queue_a_finished_job_and_a_busy_worker(
 
     finished = [task.rollout_id for task in producer.enqueue_many([{"n": 1}, {"n": 2}], mode="train")]
     registry = FinishedJobRegistry(namespace, connection=client)
-    finished_jobs = {job_id(rid) for rid in finished}
+    finished_jobs = {producer.keys.job_id(rid) for rid in finished}
     wait_until(
         lambda: finished_jobs <= set(registry.get_job_ids(cleanup=False)), "RQ to record the finished jobs", timeout=60
     )
     for rollout_id in finished:
         # RQ drops a finished rollq job after 60 s; a slow machine must not lose it before the browser looks.
-        client.persist(Job.key_for(job_id(rollout_id)))
+        client.persist(Job.key_for(producer.keys.job_id(rollout_id)))
     # Queued only after the others are done, so no finishing job clears the worker's current job.
     held = producer.enqueue({"hold": True}, mode="train").rollout_id
 
     def busy_with_held() -> bool:
         assert worker.process.poll() is None, f"worker exited: {worker.log()}"
         listed = Worker.all(connection=client, serializer=JSONSerializer)
-        return any(w.get_current_job_id() == job_id(held) for w in listed)
+        return any(w.get_current_job_id() == producer.keys.job_id(held) for w in listed)
 
     wait_until(busy_with_held, "the worker to run the held rollout", timeout=60)
     (rq_worker,) = Worker.all(connection=client, serializer=JSONSerializer)
@@ -84,7 +84,7 @@ def test_browser_shows_the_rollq_queue_a_finished_job_and_a_busy_worker(
 
     # The endpoint that was a 500 in rq-dashboard 0.9.0 while a worker was busy with a JSON job.
     (listed,) = get_json(f"{base}/0/data/workers.json")["workers"]
-    assert listed["state"] == "busy" and listed["current_job"]["job_id"] == job_id(held)
+    assert listed["state"] == "busy" and listed["current_job"]["job_id"] == producer.keys.job_id(held)
 
     queue_rows = rendered_rows(chromium(browser, tmp_path / "profile", base + "/"), "queue")
     (row,) = [r for r in queue_rows if r[0] == namespace]
@@ -187,11 +187,11 @@ def test_script_in_task_input_errors_and_metadata_runs_on_no_dashboard_page(
     (rollout,) = producer.wait([task.rollout_id], timeout=30)
     assert payload in rollout.metadata["error"]["message"]
     client = server.client()
-    client.persist(Job.key_for(job_id(task.rollout_id)))
+    client.persist(Job.key_for(producer.keys.job_id(task.rollout_id)))
 
     base = dashboard(server.url).base
     # The pages that show the payload (as text), then the lists that link to it.
-    for page in [f"/0/view/job/{job_id(task.rollout_id)}", f"/rollq/rollout/{task.rollout_id}"]:
+    for page in [f"/0/view/job/{producer.keys.job_id(task.rollout_id)}", f"/rollq/rollout/{task.rollout_id}"]:
         dom = chromium(browser, tmp_path / "profile", base + page)
         assert "onerror" in dom, f"{page} did not show the payload at all"
     for page in [f"/0/view/jobs/{namespace}/failed/8/asc/1", "/rollq/", "/rollq/?status=failed"]:

@@ -25,7 +25,6 @@ from rollq.models.errors import (
 from rollq.producer import Producer
 from rollq.producer.aio import AsyncProducer
 from rollq.store.connection import connect
-from rollq.store.keys import job_id
 from rollq.worker.agent import LitAgent
 from rollq.worker.config import WorkerSettings
 from rollq.worker.rq_worker import RolloutWorker
@@ -100,7 +99,7 @@ def test_enqueueing_a_known_rollout_id_again_queues_it_once(producer: Producer) 
     assert again == first and again.input == {"v": 1}
     batch = producer.enqueue_many([{"v": 3}, {"v": 4}], rollout_ids=["dup", "dup"])
     assert batch[0] == batch[1] and batch[1].input == {"v": 3}
-    assert queued_job_ids(producer) == [job_id("fixed-id"), job_id("dup")]
+    assert queued_job_ids(producer) == [producer.keys.job_id("fixed-id"), producer.keys.job_id("dup")]
 
 
 @pytest.mark.parametrize(("count", "round_trips"), [(2000, 1), (2001, 2)])
@@ -144,9 +143,11 @@ def test_enqueue_many_sends_one_pipelined_round_trip_per_2000_tasks(
 
 def test_each_task_is_a_queued_rq_job_that_names_the_rollout_function(producer: Producer, namespace: str) -> None:
     tasks = [producer.enqueue({"q": 1}, mode="train"), producer.enqueue({"q": 2}, rollout_id="odd id: with spaces")]
-    assert queued_job_ids(producer) == [job_id(t.rollout_id) for t in tasks]
+    assert queued_job_ids(producer) == [producer.keys.job_id(t.rollout_id) for t in tasks]
     for task in tasks:
-        job = Job.fetch(job_id(task.rollout_id), connection=producer.connection, serializer=JSONSerializer)
+        job = Job.fetch(
+            producer.keys.job_id(task.rollout_id), connection=producer.connection, serializer=JSONSerializer
+        )
         assert job.func_name == "rollq.worker.jobs.run_rollout"
         assert job.args == [task.rollout_id] and job.kwargs == {}
         assert job.get_status() == JobStatus.QUEUED

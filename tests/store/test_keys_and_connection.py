@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+import re
 import uuid
 from typing import Any
 
@@ -70,20 +71,36 @@ ODD_ROLLOUT_IDS = ["a b", "a:b", "a.b", "ünïcode", "x" * 200, "", "slash/and?q
 
 @pytest.mark.parametrize("rollout_id", ODD_ROLLOUT_IDS + ["plain-id_1"])
 def test_job_ids_are_valid_for_rq_and_distinct_per_requeue(rollout_id: str) -> None:
-    ids = [job_id(rollout_id, after_attempt=n) for n in range(4)]
+    ids = [job_id("ns", rollout_id, after_attempt=n) for n in range(4)]
     for jid in ids:
         validate_job_id(jid)
         assert len(jid) <= 100
     assert len(set(ids)) == len(ids)
-    assert job_id(rollout_id) == ids[0]
+    assert job_id("ns", rollout_id) == ids[0]
 
 
 def test_no_rollout_id_produces_another_rollouts_job_id() -> None:
     ids = ODD_ROLLOUT_IDS + ["a_b", "ab", "x", "x-r1", "x-1", "rollout-abc_1"]
-    jobs = [job_id(r, after_attempt=n, reissue=q) for r in ids for n in range(3) for q in (False, True)]
+    jobs = [job_id("ns", r, after_attempt=n, reissue=q) for r in ids for n in range(3) for q in (False, True)]
     assert len(set(jobs)) == len(jobs)
     # A rollout id that spells another's job id still gets a job id of its own.
-    assert job_id(job_id("x")) not in {job_id("x", n) for n in range(3)}
+    assert job_id("ns", job_id("ns", "x")) not in {job_id("ns", "x", n) for n in range(3)}
+
+
+def test_the_same_rollout_id_gets_a_job_id_of_its_own_in_each_namespace() -> None:
+    # RQ's job hashes (rq:job:<id>) are per database, not per namespace: two namespaces on one database that queue
+    # the same rollout id must not share one.
+    a, b = Keys("a"), Keys("b")
+    assert a.job_id("x") != b.job_id("x")
+    assert a.job_id("x", after_attempt=2, reissue=True) != b.job_id("x", after_attempt=2, reissue=True)
+    # No (namespace, rollout id) pair spells another's: the namespace ends where the rollout id begins.
+    assert Keys("a").job_id("b-x") != Keys("a-b").job_id("x")
+    assert re.fullmatch(r"rollq-[0-9a-f]{40}-0", a.job_id("x"))
+    assert re.fullmatch(r"rollq-[0-9a-f]{40}-3", a.job_id("x", after_attempt=3))
+    assert re.fullmatch(r"rollq-[0-9a-f]{40}-q3", a.job_id("x", after_attempt=3, reissue=True))
+    # A cluster namespace keeps its tag in front, and differs from the plain namespace of the same name.
+    assert re.fullmatch(r"\{a\}rollq-[0-9a-f]{40}-0", Keys("{a}").job_id("x"))
+    assert Keys("{a}").job_id("x").removeprefix("{a}") != a.job_id("x")
 
 
 def test_redis_url_gives_a_tcp_pool_with_retries_and_no_connection_yet() -> None:

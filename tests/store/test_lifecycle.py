@@ -28,7 +28,7 @@ from rollq.store.scripts import lua_header
 from rollq.store.stats import DURATION_PREFIX, StatsField, duration_bucket
 from rollq.store.transitions import Finish, Lifecycle
 
-JOB = job_id("r1")
+JOB = job_id("lc", "r1")
 LUA = Path(__file__).resolve().parents[2] / "rollq" / "store" / "lua"
 
 
@@ -241,7 +241,7 @@ def test_reading_rollq_jobs_costs_one_command_a_job(redis_server, namespace) -> 
     lc = Lifecycle(connect(redis_server.url), Keys(namespace))
     tasks = [Task(rollout_id=f"r{i}", input={}, create_time=time.time(), num_claims=0) for i in range(5)]
     lc.enqueue_many([(t, t.model_dump_json()) for t in tasks], RolloutPolicy())
-    ids = [job_id(t.rollout_id) for t in tasks]
+    ids = [lc.keys.job_id(t.rollout_id) for t in tasks]
     before = lc.connection.info("commandstats")
     jobs = read_rollq_jobs(lc.connection, ids)
     after = lc.connection.info("commandstats")
@@ -273,7 +273,7 @@ def _claimed_lifecycle(url: str, namespace: str, n: int) -> Lifecycle:
     tasks = [Task(rollout_id=f"r{i}", input={}, create_time=time.time(), num_claims=0) for i in range(n)]
     lc.enqueue_many([(t, t.model_dump_json()) for t in tasks], RolloutPolicy())
     for t in tasks:
-        assert isinstance(lc.claim(t.rollout_id, job_id(t.rollout_id), "worker-a"), Claim)
+        assert isinstance(lc.claim(t.rollout_id, lc.keys.job_id(t.rollout_id), "worker-a"), Claim)
     return lc
 
 
@@ -403,19 +403,27 @@ def test_a_pack_split_queues_each_waiting_task_as_its_own_job_at_the_front_all_o
     r.hset(k.task("p1"), "state", TaskState.CANCELLED.value)  # the middle task no longer waits for the pack
     pairs = [(t, policy) for t in tasks]
 
-    r.hset(k.rq_job(job_id("p2")), "data", b"another job's")
+    r.hset(k.rq_job(k.job_id("p2")), "data", b"another job's")
     assert lc.split(pack, pairs) == -1  # nothing written
     assert r.lrange(k.rq_intermediate, 0, -1) == [pack.encode()] and r.exists(k.rq_job(pack))
     assert r.hget(k.task("p0"), "job") == pack.encode() and r.llen(k.rq_queue) == 1
 
-    r.delete(k.rq_job(job_id("p2")))
+    r.delete(k.rq_job(k.job_id("p2")))
     assert lc.split(pack, pairs) == 2
-    assert [j.decode() for j in r.lrange(k.rq_queue, 0, -1)] == [job_id("p0"), job_id("p2"), job_id("later")]
-    assert [r.hget(k.task(rid), "job").decode() for rid in ("p0", "p1", "p2")] == [job_id("p0"), pack, job_id("p2")]
+    assert [j.decode() for j in r.lrange(k.rq_queue, 0, -1)] == [
+        k.job_id("p0"),
+        k.job_id("p2"),
+        k.job_id("later"),
+    ]
+    assert [r.hget(k.task(rid), "job").decode() for rid in ("p0", "p1", "p2")] == [
+        k.job_id("p0"),
+        pack,
+        k.job_id("p2"),
+    ]
     assert r.llen(k.rq_intermediate) == 0 and not r.exists(k.rq_job(pack))
-    jobs = read_rollq_jobs(r, [job_id("p0"), job_id("p2")])
+    jobs = read_rollq_jobs(r, [k.job_id("p0"), k.job_id("p2")])
     assert [j.args for j in jobs.values()] == [["p0"], ["p2"]]  # type: ignore[union-attr]
-    assert lc.claim("p0", job_id("p0"), "w").attempt == 1  # type: ignore[union-attr]
+    assert lc.claim("p0", k.job_id("p0"), "w").attempt == 1  # type: ignore[union-attr]
     assert lc.split(pack, pairs) == -2  # no longer in the intermediate list: nothing to split
 
 

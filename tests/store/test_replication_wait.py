@@ -14,7 +14,7 @@ from rollq.models.policy import RolloutPolicy, RolloutStatus
 from rollq.ops.status import snapshot
 from rollq.producer.producer import Producer
 from rollq.store.connection import connect
-from rollq.store.keys import Keys, job_id
+from rollq.store.keys import Keys
 from rollq.store.replication import PROBE_SECONDS, degraded_processes
 from rollq.store.replies import Claim, Published
 from rollq.store.scripts import script_source
@@ -123,7 +123,7 @@ def test_every_wait_runs_in_the_pipeline_of_the_writes_it_confirms(replicated: R
     monitor = replicated.primary.client().monitor()
     with monitor as m:
         task = producer.enqueue({"q": 1})
-        claim = lifecycle.claim(task.rollout_id, job_id(task.rollout_id), "w1")
+        claim = lifecycle.claim(task.rollout_id, producer.keys.job_id(task.rollout_id), "w1")
         assert isinstance(claim, Claim)
         finish = Finish(
             rollout_id=task.rollout_id,
@@ -162,7 +162,7 @@ def test_with_no_replica_at_all_transitions_complete_with_a_warning(
     with caplog.at_level(logging.WARNING, logger="rollq.store.replication"):
         task = producer.enqueue({"q": 1})
     lifecycle = producer.lifecycle
-    claim = lifecycle.claim(task.rollout_id, job_id(task.rollout_id), "w1")
+    claim = lifecycle.claim(task.rollout_id, producer.keys.job_id(task.rollout_id), "w1")
     assert isinstance(claim, Claim), claim
     reply = lifecycle.finish(
         Finish(
@@ -243,6 +243,6 @@ def test_a_wait_that_reaches_another_primary_than_the_write_confirms_nothing(
     lifecycle = Lifecycle(connection, Keys("elsewhere"), wait_replicas=1, wait_timeout_ms=200)
     producer = Producer(connect(alone.url), "elsewhere", wait_replicas=0)
     task = producer.enqueue({"q": 1})
-    claim = lifecycle.claim(task.rollout_id, job_id(task.rollout_id), "w1")
+    claim = lifecycle.claim(task.rollout_id, producer.keys.job_id(task.rollout_id), "w1")
     assert isinstance(claim, Claim), claim
     assert lifecycle.replication_shortfalls == 1

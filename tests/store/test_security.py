@@ -21,7 +21,7 @@ import redis
 from rollq.models.policy import RolloutPolicy
 from rollq.producer.producer import Producer
 from rollq.store.jobs import ROLLOUT_FUNC
-from rollq.store.keys import Keys, job_id
+from rollq.store.keys import Keys
 from tests.support.fault_agents import assert_exactly_once
 from tests.support.servers import ROLLQ, free_port, require_redis_server
 from tests.support.waiting import wait_until
@@ -40,7 +40,11 @@ def test_jobs_task_records_and_results_are_json_never_pickle(redis_server, names
     producer.wait(ids, timeout=30)
     connection = producer.connection
 
-    jobs = {job_id(ids[0]): ids[0], job_id(ids[1]): ids[1], job_id(ids[1], after_attempt=1): ids[1]}
+    jobs = {
+        producer.keys.job_id(ids[0]): ids[0],
+        producer.keys.job_id(ids[1]): ids[1],
+        producer.keys.job_id(ids[1], after_attempt=1): ids[1],
+    }
     for jid, rid in jobs.items():
         data = zlib.decompress(connection.hget(Keys.rq_job(jid), "data"))
         assert not data.startswith(b"\x80"), f"job {jid} is pickled"  # every pickle protocol >= 2 starts so
@@ -48,7 +52,7 @@ def test_jobs_task_records_and_results_are_json_never_pickle(redis_server, names
         assert (func, kwargs) == (ROLLOUT_FUNC, {})
         assert args == [rid]
         [(_, result)] = wait_until(lambda: connection.xrange(f"rq:results:{jid}"), f"RQ's result of {jid}", timeout=10)  # noqa: B023
-        if jid == job_id(ids[1], after_attempt=1):
+        if jid == producer.keys.job_id(ids[1], after_attempt=1):
             # The task's last attempt failed: a failed RQ job, the error as its exception info (JSON all the same).
             assert b"return_value" not in result
             shown = zlib.decompress(base64.b64decode(result[b"exc_string"])).decode()

@@ -13,7 +13,6 @@ from click.testing import CliRunner
 from rollq.models.policy import RolloutStatus
 from rollq.ops.cli import main
 from rollq.producer.producer import Producer
-from rollq.store.keys import job_id
 from rollq.store.replies import Claim, Published
 from rollq.store.sizing import project_memory, warn_if_oversized
 from rollq.store.transitions import Finish
@@ -26,7 +25,7 @@ pytestmark = pytest.mark.redis
 
 def _finish_some(producer: Producer, n: int, duration: float) -> None:
     for task in producer.enqueue_many([{"q": i} for i in range(n)]):
-        claim = producer.lifecycle.claim(task.rollout_id, job_id(task.rollout_id), "w1")
+        claim = producer.lifecycle.claim(task.rollout_id, producer.keys.job_id(task.rollout_id), "w1")
         assert isinstance(claim, Claim)
         finish = Finish(
             rollout_id=task.rollout_id,
@@ -115,9 +114,9 @@ def test_the_projection_counts_rqs_finished_job_with_its_results_stream_for_resu
             for key in (producer.keys.task(t.rollout_id), f"rq:job:{jid}", f"rq:results:{jid}")
         )
         for t in tasks
-        for jid in [job_id(t.rollout_id)]
+        for jid in [producer.keys.job_id(t.rollout_id)]
     ]
-    assert all(client.exists(f"rq:results:{job_id(t.rollout_id)}") for t in tasks)
+    assert all(client.exists(f"rq:results:{producer.keys.job_id(t.rollout_id)}") for t in tasks)
 
     projection = project_memory(
         client, producer.keys, keep_seconds=3600, result_ttl=600, results_max_bytes=10**6, concurrency=4

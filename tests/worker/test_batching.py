@@ -13,7 +13,6 @@ from rq.registry import FailedJobRegistry, FinishedJobRegistry, StartedJobRegist
 from rq.serializers import JSONSerializer
 
 from rollq.producer import Producer
-from rollq.store.keys import job_id
 from rollq.store.transitions import Lifecycle
 from rollq.worker import LitAgent, RolloutWorker, WorkerSettings
 from tests.support.servers import RedisServer
@@ -67,7 +66,7 @@ def test_batched_jobs_look_to_rq_as_jobs_run_one_by_one(redis_server: RedisServe
     producer, tasks, _ = _run(redis_server, namespace, jobs=40, concurrency=20)
     rollouts = producer.wait([t.rollout_id for t in tasks], timeout=60)
     connection = redis_server.client()
-    ids = {t.rollout_id: job_id(t.rollout_id) for t in tasks}
+    ids = {t.rollout_id: producer.keys.job_id(t.rollout_id) for t in tasks}
     failed = {t.rollout_id for t, r in zip(tasks, rollouts, strict=True) if r.metadata["status"] == "failed"}
     assert len(failed) == 4  # i = 9, 19, 29, 39
     finished = FinishedJobRegistry(namespace, connection=connection, serializer=JSONSerializer)
@@ -94,7 +93,7 @@ def test_a_redis_that_forgot_the_scripts_still_claims_and_publishes(redis_server
     lifecycle = Lifecycle(redis_server.client(), producer.keys)
     task = producer.enqueue_many([{"i": 1}], mode="train")[0]
     redis_server.client().script_flush()
-    call = lifecycle.claim_call(task.rollout_id, job_id(task.rollout_id), "w")
+    call = lifecycle.claim_call(task.rollout_id, producer.keys.job_id(task.rollout_id), "w")
     pipe = redis_server.client().pipeline(transaction=False)
     call.queue(pipe)
     (raw,) = pipe.execute(raise_on_error=False)

@@ -18,7 +18,6 @@ from rq.serializers import JSONSerializer
 from rollq.models import RolloutPolicy
 from rollq.producer import Producer
 from rollq.store.connection import connect
-from rollq.store.keys import job_id
 from rollq.worker import LitAgent, RolloutWorker, WorkerSettings
 from rollq.worker.normalize import span_json
 
@@ -86,7 +85,7 @@ def test_every_rollout_is_a_finished_rq_job_and_none_stays_started() -> None:
     producer.wait([t.rollout_id for t in tasks], timeout=30)
     finished = FinishedJobRegistry("conc", connection=producer.connection, serializer=JSONSerializer)
     started = StartedJobRegistry("conc", connection=producer.connection, serializer=JSONSerializer)
-    assert set(finished.get_job_ids(cleanup=False)) == {job_id(t.rollout_id) for t in tasks}
+    assert set(finished.get_job_ids(cleanup=False)) == {producer.keys.job_id(t.rollout_id) for t in tasks}
     assert started.get_job_ids(cleanup=False) == []
 
 
@@ -148,7 +147,9 @@ def test_job_template_payload_is_what_rq_itself_writes() -> None:
 @pytest.mark.redis
 def test_jobs_taken_ahead_but_not_started_go_back_to_the_head_of_the_queue(redis_server, namespace) -> None:  # type: ignore[no-untyped-def]
     producer = Producer.from_url(redis_server.url, namespace)
-    ids = [job_id(t.rollout_id) for t in producer.enqueue_many([{"i": i} for i in range(10)], mode="train")]
+    ids = [
+        producer.keys.job_id(t.rollout_id) for t in producer.enqueue_many([{"i": i} for i in range(10)], mode="train")
+    ]
     worker = RolloutWorker(
         [namespace],
         connection=connect(redis_server.url),

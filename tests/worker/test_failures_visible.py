@@ -24,7 +24,6 @@ from rq.serializers import JSONSerializer
 from rollq.ops.dashboard import create_app
 from rollq.producer import Producer
 from rollq.store.connection import connect
-from rollq.store.keys import job_id
 from rollq.worker import RolloutWorker, WorkerSettings
 from rollq.worker.tracer import OtelTracer, emit_reward
 from tests.support.dashboard_agents import WorkloadAgent
@@ -47,7 +46,7 @@ def finished_pair(
     # The rollout is published before RQ's end-of-job bookkeeping runs; wait for that too.
     failed = FailedJobRegistry(namespace, connection=producer.connection)
     deadline = time.monotonic() + 30
-    while job_id(bad) not in failed.get_job_ids(cleanup=False):
+    while producer.keys.job_id(bad) not in failed.get_job_ids(cleanup=False):
         assert time.monotonic() < deadline, "the failed job never reached RQ's failed registry"
         time.sleep(0.05)
     return producer, ok, bad, version
@@ -58,7 +57,7 @@ def test_a_failed_rollout_is_a_failed_rq_job_with_the_error_and_outcome_shown(
     finished_pair: tuple[Producer, str, str, str], namespace: str
 ) -> None:
     producer, ok, bad, version = finished_pair
-    client = producer.connection
+    client, job_id = producer.connection, producer.keys.job_id
 
     assert FailedJobRegistry(namespace, connection=client).get_job_ids(cleanup=False) == [job_id(bad)]
     assert FinishedJobRegistry(namespace, connection=client).get_job_ids(cleanup=False) == [job_id(ok)]
@@ -103,7 +102,8 @@ def test_rq_info_and_rq_dashboard_count_the_failed_rollout(
 
     (row,) = [q for q in queues if q["name"] == namespace]
     assert (row["failed_job_registry_count"], row["finished_job_registry_count"]) == (1, 1), row
-    _, ok, bad, _ = finished_pair
+    producer, ok, bad, _ = finished_pair
+    job_id = producer.keys.job_id
     page = app.test_client().get(f"/0/data/job/{job_id(bad)}.json").json
     assert page["status"] == "failed" and page["exc_info"].startswith("Traceback (most recent call last):")
     assert "ValueError: bad input 42" in page["exc_info"]

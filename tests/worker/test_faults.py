@@ -14,7 +14,7 @@ from rq.registry import StartedJobRegistry
 
 from rollq.models.policy import RolloutPolicy
 from rollq.producer.producer import Producer
-from rollq.store.keys import Keys, job_id
+from rollq.store.keys import Keys
 from rollq.store.records import read_record
 from tests.support.fault_agents import assert_exactly_once, published
 from tests.support.servers import WorkerProcess
@@ -225,7 +225,7 @@ def test_job_stranded_between_dequeue_and_start_is_put_back_on_the_queue(redis_s
     producer = Producer.from_url(redis_server.url, namespace, policy=RolloutPolicy(unresponsive_seconds=2))
     rid = producer.enqueue({"sleep": 0}).rollout_id
     keys = producer.keys
-    assert producer.connection.lmove(keys.rq_queue, keys.rq_intermediate, "LEFT", "RIGHT") == job_id(rid).encode()
+    assert producer.connection.lmove(keys.rq_queue, keys.rq_intermediate, "LEFT", "RIGHT") == keys.job_id(rid).encode()
     workers(redis_server.url, namespace, env={**AGENT, "ROLLQ_HEARTBEAT_SECONDS": "0.5"})
 
     [rollout] = producer.wait([rid], timeout=2 + 20)

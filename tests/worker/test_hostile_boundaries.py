@@ -19,7 +19,7 @@ from rollq.models.policy import RolloutPolicy
 from rollq.producer.aio import AsyncProducer
 from rollq.producer.producer import Producer
 from rollq.store.connection import connect
-from rollq.store.keys import TaskField, job_id
+from rollq.store.keys import TaskField
 from rollq.store.replies import ClaimRefused
 from rollq.store.stats import requeue_stat
 from rollq.store.transitions import Lifecycle
@@ -162,7 +162,7 @@ def test_a_record_nested_100000_deep_fails_its_task_and_never_stops_reaping_or_w
     lifecycle = Lifecycle(producer.connection, producer.keys)
     deep, good = (t.rollout_id for t in producer.enqueue_many([{}, {}]))
     for rid in (deep, good):
-        lifecycle.claim(rid, job_id(rid), "gone-worker")
+        lifecycle.claim(rid, producer.keys.job_id(rid), "gone-worker")
     task = json.loads(producer.connection.hget(producer.keys.task(deep), TaskField.TASK.value))
     record = json.dumps(task).replace('"input": {}', '"input": ' + _deep(100_000))
     producer.connection.hset(producer.keys.task(deep), TaskField.TASK.value, record)
@@ -190,9 +190,9 @@ def test_one_broken_key_is_skipped_once_and_the_rest_of_the_namespace_is_still_r
     )
     lifecycle = Lifecycle(producer.connection, producer.keys)
     victim, _queued, poisoned = (t.rollout_id for t in producer.enqueue_many([{}, {}, {}]))
-    lifecycle.claim(victim, job_id(victim), "gone-worker")
+    lifecycle.claim(victim, producer.keys.job_id(victim), "gone-worker")
     if broken == "running task key holding a string":
-        lifecycle.claim(poisoned, job_id(poisoned), "gone-worker")
+        lifecycle.claim(poisoned, producer.keys.job_id(poisoned), "gone-worker")
     if broken != "in-flight member with no attempt":
         producer.connection.delete(producer.keys.task(poisoned))
         producer.connection.set(producer.keys.task(poisoned), "garbage")
@@ -263,7 +263,7 @@ def test_a_retry_whose_job_id_is_squatted_fails_naming_both_causes(redis_server,
     policy = RolloutPolicy(max_attempts=3, retry_on={"exception"}, unresponsive_seconds=2)
     producer = Producer.from_url(redis_server.url, namespace, policy=policy)
     rid = producer.enqueue({"raise": "first attempt fails"}).rollout_id
-    squatter = job_id(rid, after_attempt=1)
+    squatter = producer.keys.job_id(rid, after_attempt=1)
     producer.connection.hset(f"rq:job:{squatter}", mapping={"data": "another job's", "status": "queued"})
     workers(redis_server.url, namespace, env=ASYNC)
     (rollout,) = producer.wait([rid], timeout=30)
@@ -360,12 +360,12 @@ def test_a_task_key_holding_no_hash_is_failed_by_its_first_job_only(redis_server
     producer.connection.delete(producer.keys.task(rid))
     producer.connection.rpush(producer.keys.task(rid), "a list")
     lifecycle = Lifecycle(producer.connection, producer.keys)
-    refusal = lifecycle.claim(rid, job_id(rid), "w")
+    refusal = lifecycle.claim(rid, producer.keys.job_id(rid), "w")
     assert isinstance(refusal, ClaimRefused) and refusal.reason == "invalid", refusal
     assert f"the task record {producer.keys.task(rid)} is a list, not a hash" in str(refusal.state)
     replies = [
         lifecycle.reject(rid, jid, '{"rollout_id": "x"}', results_maxlen=1000, now=time.time())
-        for jid in (job_id(rid), job_id(rid, after_attempt=1))
+        for jid in (producer.keys.job_id(rid), producer.keys.job_id(rid, after_attempt=1))
     ]
     assert [type(r).__name__ for r in replies] == ["Published", "Superseded"]
     assert producer.connection.xlen(producer.keys.results) == 1

@@ -20,7 +20,7 @@ from rq.serializers import JSONSerializer
 
 from rollq.models.policy import RolloutPolicy
 from rollq.producer.producer import Producer
-from rollq.store.keys import Keys, TaskField, job_id
+from rollq.store.keys import Keys, TaskField
 from rollq.store.records import read_record
 from rollq.store.transitions import Lifecycle
 from tests.support.fault_agents import assert_exactly_once
@@ -261,7 +261,7 @@ def test_one_unparseable_record_never_stops_reaping_or_waiting_for_the_others(re
     lifecycle = Lifecycle(producer.connection, producer.keys)
     bad, good = (t.rollout_id for t in producer.enqueue_many([{}, {}]))
     for rid in (bad, good):
-        lifecycle.claim(rid, job_id(rid), "gone-worker")
+        lifecycle.claim(rid, producer.keys.job_id(rid), "gone-worker")
     producer.connection.hset(producer.keys.task(bad), TaskField.TASK.value, "{not json")
     producer.connection.hset(producer.keys.task(bad), TaskField.POLICY.value, '{"max_attempts": "many"}')
     time.sleep(3)  # both attempts are now past their deadline
@@ -319,12 +319,35 @@ def test_a_rollout_and_the_retry_of_another_never_share_a_job(redis_server, name
 
 def test_enqueue_refuses_to_overwrite_a_job_hash_that_stands_for_another_task(redis_server, namespace):
     producer = Producer.from_url(redis_server.url, namespace)
-    taken = job_id("mine")
+    taken = producer.keys.job_id("mine")
     producer.connection.hset(Keys.rq_job(taken), mapping={"data": "someone else's job", "status": "queued"})
     with pytest.raises(Exception, match=taken):
         producer.enqueue({}, rollout_id="mine")
     assert producer.connection.hget(Keys.rq_job(taken), "data") == b"someone else's job"
     assert not producer.connection.exists(producer.keys.task("mine"))
+
+
+def test_the_same_rollout_id_in_two_namespaces_runs_as_two_jobs(redis_server, namespace, workers):
+    # RQ's job hashes are per database: were the job id the rollout id's alone, the second enqueue would rewrite
+    # the first's job hash (its origin queue) and one job id would sit on both namespaces' queues.
+    kinds = {"ROLLQ_AGENT": "tests.support.rollout_agents:AsyncKindsAgent", "ROLLQ_HEARTBEAT_SECONDS": "0.5"}
+    rewards = {namespace: 0.25, f"{namespace}-b": 0.75}
+    producers = {ns: Producer.from_url(redis_server.url, ns, policy=QUICK) for ns in rewards}
+    for ns, reward in rewards.items():
+        producers[ns].enqueue_many([{"kind": "float", "reward": reward}], rollout_ids=["shared"])
+    connection = producers[namespace].connection
+    jobs = {ns: _job_of(connection, p.keys, "shared") for ns, p in producers.items()}
+    assert len(set(jobs.values())) == 2, jobs
+    for ns, p in producers.items():
+        assert connection.hget(Keys.rq_job(jobs[ns]), "origin") == p.keys.queue_name.encode()
+        assert [j.decode() for j in connection.lrange(p.keys.rq_queue, 0, -1)] == [jobs[ns]]
+
+    for ns in rewards:
+        workers(redis_server.url, ns, env=kinds)
+    for ns, p in producers.items():
+        [rollout] = p.wait(["shared"], timeout=20)
+        assert (rollout.metadata["status"], rollout.final_reward) == ("succeeded", rewards[ns])
+        assert_exactly_once(connection, ns, ["shared"])
 
 
 # -- 6. foreign and malformed jobs on a rollq queue ------------------------------------------------------------
@@ -466,7 +489,7 @@ def test_the_lost_job_sweep_reads_only_queued_tasks_and_sends_no_lpos_while_ever
     tasks = producer.enqueue_many([{}] * 30)
     assert connection.scard(keys.queued_tasks) == 30
     claimed = tasks[0].rollout_id
-    assert producer.lifecycle.claim(claimed, job_id(claimed), "w1") is not None
+    assert producer.lifecycle.claim(claimed, producer.keys.job_id(claimed), "w1") is not None
     producer.cancel([tasks[1].rollout_id])
     assert connection.scard(keys.queued_tasks) == 28
     connection.sadd(keys.queued_tasks, keys.task(claimed))  # a stale member: the sweep drops it

@@ -24,7 +24,7 @@ from rollq.models.policy import RolloutPolicy, TaskState
 from rollq.producer.aio import AsyncProducer
 from rollq.producer.producer import Producer
 from rollq.store.jobs import read_rollq_jobs, rollout_ids_of
-from rollq.store.keys import TaskField, job_id
+from rollq.store.keys import TaskField
 from rollq.store.records import read_record
 from tests.support.fault_agents import assert_exactly_once
 from tests.support.waiting import wait_until
@@ -76,7 +76,7 @@ def test_the_default_is_one_job_per_task_and_the_setting_comes_from_the_environm
 ):
     producer = Producer.from_url(redis_server.url, namespace)
     rid = producer.enqueue({"n": 1}).rollout_id
-    assert job_of(producer, rid) == job_id(rid)
+    assert job_of(producer, rid) == producer.keys.job_id(rid)
     monkeypatch.setenv("ROLLQ_TASKS_PER_JOB", "3")
     packed = Producer.from_url(redis_server.url, namespace)
     ids = [t.rollout_id for t in packed.enqueue_many([{"n": i} for i in range(3)])]
@@ -98,8 +98,8 @@ def test_known_rollout_ids_in_a_pack_are_not_queued_again_and_the_others_are(red
     producer = Producer.from_url(redis_server.url, namespace)
     producer.enqueue({"n": 0}, rollout_id="known")
     producer.enqueue_many([{"n": i} for i in range(3)], rollout_ids=["known", "new-1", "new-2"], tasks_per_job=3)
-    assert job_of(producer, "known") == job_id("known")
-    assert job_of(producer, "new-1") == job_of(producer, "new-2") != job_id("new-1")
+    assert job_of(producer, "known") == producer.keys.job_id("known")
+    assert job_of(producer, "new-1") == job_of(producer, "new-2") != producer.keys.job_id("new-1")
     assert producer.connection.llen(producer.keys.rq_queue) == 2
 
 
@@ -191,7 +191,7 @@ def test_a_worker_sigkilled_mid_pack_loses_no_task_and_reruns_only_unfinished_on
     attempts = {rid: len(producer.attempts(rid)) for rid in quick + slow}
     assert attempts == {rid: 2 if rid in (slow[1], slow[3]) else 1 for rid in quick + slow}
     # Its retries were jobs of their own.
-    assert job_of(producer, slow[1]) == job_id(slow[1], after_attempt=1)
+    assert job_of(producer, slow[1]) == producer.keys.job_id(slow[1], after_attempt=1)
 
 
 def test_sigterm_hands_back_every_unfinished_task_of_a_pack_and_the_unstarted_pack(redis_server, namespace, workers):
@@ -225,7 +225,7 @@ def test_a_retry_inside_a_pack_goes_back_as_a_job_of_its_own(redis_server, names
     rollouts = {r.rollout_id: r for r in producer.wait(ids, timeout=30)}
     assert [rollouts[rid].metadata["status"] for rid in ids] == ["succeeded", "failed", "succeeded"]
     assert [len(producer.attempts(rid)) for rid in ids] == [1, 2, 1]
-    assert job_of(producer, ids[1]) == job_id(ids[1], after_attempt=1)
+    assert job_of(producer, ids[1]) == producer.keys.job_id(ids[1], after_attempt=1)
     assert_exactly_once(producer.connection, namespace, ids)
     # The pack itself ended with no failed task (the failing one was retried, elsewhere): finished in RQ.
     wait_until(

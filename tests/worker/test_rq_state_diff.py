@@ -39,7 +39,6 @@ from rq.worker import Worker
 
 from rollq.models.policy import RolloutPolicy
 from rollq.producer.producer import Producer
-from rollq.store.keys import job_id
 from tests.support.servers import REPO, RQ, RedisServer, WorkerProcess
 from tests.support.waiting import wait_until
 
@@ -226,7 +225,7 @@ def run_stock(server: RedisServer, log: Path) -> tuple[dict[str, Any], dict[str,
 def run_rollq(server: RedisServer, log: Path) -> tuple[dict[str, Any], dict[str, Any]]:
     """The same inputs as rollq tasks through ``rq worker -w rollq.worker.RolloutWorker`` (one attempt each)."""
     producer = Producer(server.client(), "roll", policy=RolloutPolicy(max_attempts=1))
-    ids = [job_id(t.rollout_id) for t in producer.enqueue_many(SPECS, mode="train")]
+    ids = [producer.keys.job_id(t.rollout_id) for t in producer.enqueue_many(SPECS, mode="train")]
     connection = server.client()
     worker = WorkerProcess(
         server.url, "roll", log, env={"ROLLQ_AGENT": "tests.support.fault_agents:FaultAgent", "ROLLQ_CONCURRENCY": "4"}
