@@ -350,6 +350,22 @@ def test_the_same_rollout_id_in_two_namespaces_runs_as_two_jobs(redis_server, na
         assert_exactly_once(connection, ns, ["shared"])
 
 
+def test_a_task_queued_before_job_ids_hashed_the_namespace_still_runs(redis_server, namespace, workers):
+    # What a rollq whose job ids hashed the rollout id alone left queued: the worker claims by the job id the
+    # task's record holds, not by one it computes.
+    producer = Producer.from_url(redis_server.url, namespace, policy=QUICK)
+    keys, connection = producer.keys, producer.connection
+    rid = producer.enqueue({}).rollout_id
+    new, old = keys.job_id(rid), "rollq-" + hashlib.sha256(rid.encode()).hexdigest()[:40] + "-0"
+    connection.rename(Keys.rq_job(new), Keys.rq_job(old))
+    connection.lset(keys.rq_queue, 0, old)
+    connection.hset(keys.task(rid), TaskField.JOB.value, old)
+    workers(redis_server.url, namespace, env=ASYNC)
+    [rollout] = producer.wait([rid], timeout=20)
+    assert rollout.metadata["status"] == "succeeded"
+    assert_exactly_once(connection, namespace, [rid])
+
+
 # -- 6. foreign and malformed jobs on a rollq queue ------------------------------------------------------------
 
 
