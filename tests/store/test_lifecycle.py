@@ -445,7 +445,7 @@ def _end_with(lc: Lifecycle, how: str, rid: str) -> object:
         return parse_cancel(rid, lc.connection.eval(cancel_script_source(), len(keys), *keys, *args))  # type: ignore[arg-type]
     if how == "reject":
         lc.connection.hset(lc.keys.task(rid), "state", "weird")
-        return lc.reject(rid, job_id(rid), f'{{"rollout_id": "{rid}"}}', results_maxlen=100, now=now)
+        return lc.reject(rid, lc.keys.job_id(rid), f'{{"rollout_id": "{rid}"}}', results_maxlen=100, now=now)
     finish = _finish(rid, 1.0)
     return lc.finish(replace(finish, status=RolloutStatus.FAILED, dead_letter=True) if how == "dead-letter" else finish)
 
