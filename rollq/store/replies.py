@@ -125,10 +125,12 @@ _OUTCOMES: dict[Word, Superseded | StillAlive | Requeued | JobTaken | Cancelled]
 
 
 def read_claim(reply: Any) -> Claim | ClaimRefused:
-    """``claim.lua``'s reply."""
+    """``claim.lua``'s reply; the damaged keys it names are logged."""
     if reply[0] != Word.CLAIMED.encode():
         return ClaimRefused(reply[0].decode(), reply[1].decode() if len(reply) > 1 else "")  # type: ignore[arg-type]
-    _, attempt, task_json, policy_json, latest, used, claimed_at, generation = reply
+    _, attempt, task_json, policy_json, latest, used, claimed_at, generation, *damaged = reply
+    for text in damaged:
+        report_damaged(text, CLAIMED_ANYWAY)
     return Claim(
         int(attempt), task_json, policy_json, latest.decode() or None, int(used), float(claimed_at), int(generation)
     )
@@ -139,15 +141,19 @@ DAMAGED_LOG_SECONDS = 60.0
 _damaged_logged: dict[str, float] = {}
 
 
-def report_damaged(damaged: bytes | str) -> str:
-    """Log the damaged keys a script skipped (its reply's text, '' when none), at most once a
-    :data:`DAMAGED_LOG_SECONDS` for the same text; returns the text."""
+PUBLISHED_ANYWAY = "the rollout was published and its task ended all the same"
+CLAIMED_ANYWAY = "the task was claimed all the same"
+
+
+def report_damaged(damaged: bytes | str, anyway: str = PUBLISHED_ANYWAY) -> str:
+    """Log the damaged keys a script skipped (its reply's text, '' when none) and what the script did ``anyway``, at
+    most once a :data:`DAMAGED_LOG_SECONDS` for the same text; returns the text."""
     text = damaged.decode(errors="replace") if isinstance(damaged, bytes) else damaged
     if text:
         now = time.monotonic()
         if now - _damaged_logged.get(text, -DAMAGED_LOG_SECONDS) >= DAMAGED_LOG_SECONDS:
             _damaged_logged[text] = now
-            log.error("skipped damaged keys (the rollout was published and its task ended all the same): %s", text)
+            log.error("skipped damaged keys (%s): %s", anyway, text)
     return text
 
 

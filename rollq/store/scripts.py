@@ -66,7 +66,8 @@ def lua_header() -> str:
     ``add_summary`` for the summaries stream, ``foreign_key(what, key, kind, want)`` for a key holding another type
     than rollq writes there (:data:`~rollq.store.keys.FOREIGN_KEY`), ``is_wrong_type(reply)`` whether a
     ``redis.pcall`` reply is Redis's WRONGTYPE, ``intact(key, want, what)`` whether an auxiliary key may be written
-    (a damaged one named in ``damaged()``), ``require_results(key)`` to refuse a call whose results stream is not one.
+    (a damaged one named in ``damaged()``), ``require(key, want, what)`` to refuse a call whose essential key
+    holds another type (``require_results(key)`` for the results stream), nothing written.
     """
 
     def table(fields: type[StrEnum]) -> str:
@@ -105,14 +106,16 @@ def lua_header() -> str:
             "  return false",
             "end",
             "local function damaged() return table.concat(DAMAGED, '; ') end",
-            # The results stream is no auxiliary key: a script cannot publish without it, so it refuses the call,
-            # with nothing written.
-            "local function require_results(key)",
+            # An essential key (the results stream a script publishes to, the in-flight set the reaper finds a
+            # claimed task by) is no auxiliary key: without it the call cannot be done safely, so it is refused whole,
+            # before the first write, naming the key.
+            "local function require(key, want, what)",
             "  local kind = redis.call('TYPE', key).ok",
-            "  if kind ~= 'none' and kind ~= 'stream' then",
-            "    error(redis.error_reply('ERR ' .. foreign_key('results stream', key, kind, 'stream')))",
+            "  if kind ~= 'none' and kind ~= want then",
+            "    error(redis.error_reply('ERR ' .. foreign_key(what, key, kind, want)))",
             "  end",
             "end",
+            "local function require_results(key) require(key, 'stream', 'results stream') end",
             # One task's part of a batch script (claim.lua, finish.lua): f(...)'s reply (and a second value), or
             # an error reply when the part failed, the other tasks' parts standing. A refusal of Redis (OOM,
             # READONLY...: see transient_refusal) comes at the script's first write, before anything is written:

@@ -502,3 +502,51 @@ def _queued_lifecycle(url: str, namespace: str) -> Lifecycle:
     task = Task(rollout_id="r0", input={}, create_time=time.time(), num_claims=0)
     lc.enqueue_many([(task, task.model_dump_json())], RolloutPolicy())
     return lc
+
+
+def _snapshot(connection: redis.Redis) -> dict[bytes, bytes | None]:
+    """Every key of the test's Redis with its DUMP: equal before and after a call that wrote nothing."""
+    return {key: connection.dump(key) for key in connection.scan_iter(count=1000)}  # type: ignore[misc]
+
+
+@pytest.mark.parametrize(("damaged", "kind"), [("inflight", "zset"), ("resources_latest", "string")])
+def test_a_claim_with_an_essential_key_of_another_type_is_refused_naming_it_with_nothing_written(  # type: ignore[no-untyped-def]
+    redis_server, namespace, damaged, kind
+) -> None:
+    # An outside audit: claim.lua marked the task running and then failed at the ZADD to an in-flight set holding a
+    # string: the task was left running out of the in-flight set, where no reaper looks, and never ended. (A resources
+    # pointer of another type failed likewise, after both writes.) Without either key a claim cannot be made safely:
+    # it is refused whole, the task left queued for a later job (the lost-job sweep issues one: see claim.lua).
+    lc = _queued_lifecycle(redis_server.url, namespace)
+    key = getattr(lc.keys, damaged)
+    lc.connection.delete(key)
+    if kind == "zset":
+        lc.connection.set(key, "junk")
+    else:
+        lc.connection.hset(key, "junk", "1")
+    before = _snapshot(lc.connection)
+    want = "zset" if kind == "zset" else "string"
+    with pytest.raises(
+        redis.ResponseError, match=re.escape(f"{key} is a {'string' if kind == 'zset' else 'hash'}, not a {want}")
+    ):
+        lc.claim("r0", job_id("r0"), "worker-a")
+    assert _snapshot(lc.connection) == before
+    lc.connection.delete(key)  # repaired: the same job claims it
+    claim = lc.claim("r0", job_id("r0"), "worker-a")
+    assert isinstance(claim, Claim) and claim.attempt == 1, claim
+    assert lc.connection.zcard(lc.keys.inflight) == 1
+
+
+def test_a_claim_with_a_queued_task_index_of_another_type_skips_it_and_names_it(  # type: ignore[no-untyped-def]
+    redis_server, namespace, caplog
+) -> None:
+    lc = _queued_lifecycle(redis_server.url, namespace)
+    lc.connection.delete(lc.keys.queued_tasks)
+    lc.connection.set(lc.keys.queued_tasks, "junk")
+    caplog.set_level(logging.ERROR)
+    claim = lc.claim("r0", job_id("r0"), "worker-a")
+    assert isinstance(claim, Claim) and claim.attempt == 1, claim
+    assert lc.connection.hget(lc.keys.task("r0"), "state") == b"running"
+    assert lc.connection.zcard(lc.keys.inflight) == 1  # where the reaper finds it
+    assert lc.connection.get(lc.keys.queued_tasks) == b"junk"
+    assert f"the queued-task index {lc.keys.queued_tasks} is a string, not a set" in caplog.text, caplog.text

@@ -396,3 +396,27 @@ def test_a_damaged_summaries_stream_is_named_by_the_worker_which_publishes_every
     wait_until(lambda: f"the summaries stream {producer.keys.summaries} is a string" in worker.log(), "the log")
     assert "WRONGTYPE" not in worker.log()
     assert worker.process.poll() is None
+
+
+def test_a_damaged_in_flight_set_refuses_every_claim_and_the_tasks_run_once_it_is_repaired(
+    redis_server, namespace, workers
+):
+    # An outside audit: claim.lua marked each task running and then failed at the ZADD to an in-flight set holding a
+    # string: the tasks were left running out of the in-flight set, where no reaper looks, and never ended.
+    producer = Producer.from_url(
+        redis_server.url, namespace, policy=RolloutPolicy(unresponsive_seconds=2, timeout_seconds=60)
+    )
+    producer.connection.set(producer.keys.inflight, "junk")
+    ids = [t.rollout_id for t in producer.enqueue_many([{}] * 3)]
+    worker = workers(redis_server.url, namespace, env=ASYNC)
+    named = f"the in-flight set {producer.keys.inflight} is a string, not a zset"
+    wait_until(lambda: named in worker.log(), "the log naming the key")
+    states = [producer.connection.hget(producer.keys.task(rid), TaskField.STATE) for rid in ids]
+    assert states == [b"queued"] * 3  # refused with nothing written
+    assert producer.connection.xlen(producer.keys.results) == 0
+    assert worker.process.poll() is None
+    producer.connection.delete(producer.keys.inflight)  # repaired: the lost-job sweep queues each task again
+    rollouts = producer.wait(ids, timeout=60)
+    assert [(r.metadata["status"], r.metadata["attempt"]) for r in rollouts] == [("succeeded", 1)] * 3
+    assert_exactly_once(producer.connection, namespace, ids)
+    assert worker.process.poll() is None

@@ -9,8 +9,18 @@
 -- EVALSHA a batch of claims, not one each).
 -- Returns one reply per task, in order: {'missing'} | {'stale', state} | {'invalid', reason} (nothing written; a
 --   task key that holds no hash among them) |
---   {'claimed', attempt, task_json, policy_json, latest_resources_id|'', attempts_used, now, generation} |
+--   {'claimed', attempt, task_json, policy_json, latest_resources_id|'', attempts_used, now, generation,
+--    the damaged keys skipped ('' when none)} |
 --   an error reply when its part failed (the other tasks' parts stand; see guarded in the header).
+-- Keys of the namespace holding another type than rollq writes there are checked before the first write (Redis does
+-- not undo a script that fails part way; see intact and require in the header). The in-flight set and the latest
+-- resources pointer are essential: a claim marked its task running and then failed at the ZADD, leaving the task
+-- running out of the in-flight set, where no reaper looks: never ended. Either one damaged refuses the whole call
+-- with an error naming it, nothing written: every task stays queued, still waiting for its job. The worker fails
+-- that RQ job with the error (it names the key); the lost-job sweep (store/reaper.py, lua/reissue.lua) finds the
+-- queued task whose job is on none of RQ's lists and, unresponsive_seconds (at most 30 s) later, queues it again as
+-- a new job: refused again while the key is damaged, claimed once it is repaired, so no task is lost.
+-- A damaged queued-task index is skipped (its SREM) and named in each claimed reply for the worker to log.
 -- (F, S, STATE, REPLY, member and the stats helpers come from the header rollq.store.scripts.lua_header() puts
 -- before every script.)
 local inflight = KEYS[1]
@@ -19,6 +29,10 @@ local queued_tasks = KEYS[3]  -- the index of queued tasks (see enqueue.lua)
 local task_keys = list_from(KEYS, 4)  -- one per task
 local worker = ARGV[1]
 local task_args = list_from(ARGV, 2)  -- per task: rollout_id, job_id
+
+require(inflight, 'zset', 'in-flight set')
+require(resources_latest, 'string', 'latest resources pointer')
+local queued_ok = intact(queued_tasks, 'set', 'queued-task index')
 
 local now, now_text, latest = nil, nil, nil
 local unindexed = {}  -- claimed tasks' keys: out of the queued-task index in one SREM (issue 24)
@@ -55,7 +69,8 @@ local function claim_one(task_key, rollout_id, job_id)
   local generation = tonumber(t[10]) or 1
   if t[3] == STATE.running and t[4] == job_id and t[6] == worker then
     -- This worker's own claim, sent again because a connection drop swallowed the reply.
-    return {REPLY.claimed, tonumber(t[7]), t[1], t[2], latest_resources(), tonumber(t[8]), at_text, generation}
+    return {REPLY.claimed, tonumber(t[7]), t[1], t[2], latest_resources(), tonumber(t[8]), at_text, generation,
+      damaged()}
   end
   if t[3] and t[4] == job_id and not is_state(t[3]) then
     -- A state rollq never writes, on the job that stands for the task: no other claim would ever run it.
@@ -83,14 +98,14 @@ local function claim_one(task_key, rollout_id, job_id)
     redis.call('HDEL', task_key, claim_field(attempt - HISTORY_LIMIT), end_field(attempt - HISTORY_LIMIT))
   end
   redis.call('ZADD', inflight, at + unresponsive, member(rollout_id, attempt))
-  return {REPLY.claimed, attempt, t[1], t[2], latest_resources(), used, at_text, generation}
+  return {REPLY.claimed, attempt, t[1], t[2], latest_resources(), used, at_text, generation, damaged()}
 end
 
 local replies = {}
 for i, task_key in ipairs(task_keys) do
   replies[i] = guarded(claim_one, task_key, task_args[2 * i - 1], task_args[2 * i])
 end
-if #unindexed > 0 then
+if #unindexed > 0 and queued_ok then
   redis.call('SREM', queued_tasks, unpack(unindexed))
 end
 return replies
