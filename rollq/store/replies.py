@@ -143,6 +143,7 @@ _damaged_logged: dict[str, float] = {}
 
 PUBLISHED_ANYWAY = "the rollout was published and its task ended all the same"
 CLAIMED_ANYWAY = "the task was claimed all the same"
+QUEUED_ANYWAY = "the task was queued all the same"
 
 
 def report_damaged(damaged: bytes | str, anyway: str = PUBLISHED_ANYWAY) -> str:
@@ -157,6 +158,15 @@ def report_damaged(damaged: bytes | str, anyway: str = PUBLISHED_ANYWAY) -> str:
     return text
 
 
+def without_damaged(reply: Any, anyway: str = QUEUED_ANYWAY) -> Any:
+    """The one-word (or number) reply of a script that answers ``{reply, damaged keys}`` when it skipped damaged keys
+    (``with_damaged`` in the Lua header): the reply, the keys logged with what the script did ``anyway``."""
+    if isinstance(reply, list):
+        reply, damaged = reply
+        report_damaged(damaged, anyway)
+    return reply
+
+
 def read_finish(reply: Any) -> FinishReply:
     """``finish.lua``'s (and ``reject.lua``'s) reply; the damaged keys it names are logged."""
     if reply[0] == Word.PUBLISHED.encode():
@@ -165,8 +175,8 @@ def read_finish(reply: Any) -> FinishReply:
 
 
 def read_requeue(reply: Any) -> RequeueReply:
-    """``requeue.lua``'s reply."""
-    return _OUTCOMES[Word(reply.decode())]  # type: ignore[return-value]
+    """``requeue.lua``'s reply; the damaged keys it names are logged."""
+    return _OUTCOMES[Word(without_damaged(reply).decode())]  # type: ignore[return-value]
 
 
 def read_enqueue(reply: Any, size: int) -> list[Enqueued]:

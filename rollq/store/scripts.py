@@ -66,8 +66,9 @@ def lua_header() -> str:
     ``add_summary`` for the summaries stream, ``foreign_key(what, key, kind, want)`` for a key holding another type
     than rollq writes there (:data:`~rollq.store.keys.FOREIGN_KEY`), ``is_wrong_type(reply)`` whether a
     ``redis.pcall`` reply is Redis's WRONGTYPE, ``intact(key, want, what)`` whether an auxiliary key may be written
-    (a damaged one named in ``damaged()``), ``require(key, want, what)`` to refuse a call whose essential key
-    holds another type (``require_results(key)`` for the results stream), nothing written.
+    (a damaged one named in ``damaged()``, or ``with_damaged(reply)`` for a one-word reply),
+    ``require(key, want, what)`` to refuse a call whose essential key holds another type, nothing written
+    (``require_results(key)`` for the results stream).
     """
 
     def table(fields: type[StrEnum]) -> str:
@@ -106,6 +107,9 @@ def lua_header() -> str:
             "  return false",
             "end",
             "local function damaged() return table.concat(DAMAGED, '; ') end",
+            # A script whose reply is one word or number answers {reply, damaged()} when it skipped a damaged key
+            # (rollq.store.replies.without_damaged reads both shapes).
+            "local function with_damaged(reply) if #DAMAGED == 0 then return reply end return {reply, damaged()} end",
             # An essential key (the results stream a script publishes to, the in-flight set the reaper finds a
             # claimed task by) is no auxiliary key: without it the call cannot be done safely, so it is refused whole,
             # before the first write, naming the key.

@@ -40,6 +40,7 @@ from .replies import (
     read_enqueue,
     read_finish,
     read_requeue,
+    without_damaged,
 )
 from .scripts import ScriptCall, load_script, replied, rerun_unloaded, script_replies
 from .stats import duration_bucket, reward_bucket
@@ -531,6 +532,7 @@ class Lifecycle:
             ],
             args=[task.rollout_id, jid, *self._template(policy).fields(task.rollout_id, self._description(task))],
         )
+        reply = without_damaged(reply)
         if reply == -1:
             raise JobIdTakenError(jid, task.rollout_id)
         return bool(reply)

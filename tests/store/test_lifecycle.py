@@ -19,11 +19,13 @@ from rq.serializers import JSONSerializer
 from rollq.models.contract import Task
 from rollq.models.errors import InvalidTaskError
 from rollq.models.policy import RolloutPolicy, RolloutStatus, TaskState
+from rollq.store import replies
 from rollq.store.connection import connect
 from rollq.store.control import cancel_call, cancel_script_source, parse_cancel
 from rollq.store.jobs import ROLLOUT_FUNC, JobRegistries, RollqJob, read_rollq_jobs
 from rollq.store.keys import Keys, job_id
-from rollq.store.replies import Claim, ClaimRefused, Enqueued, FinishReply, Published, Superseded
+from rollq.store.records import wrong_type
+from rollq.store.replies import Claim, ClaimRefused, Enqueued, FinishReply, Published, Requeued, Superseded
 from rollq.store.scripts import lua_header
 from rollq.store.stats import DURATION_PREFIX, StatsField, duration_bucket
 from rollq.store.transitions import Finish, Lifecycle
@@ -550,3 +552,116 @@ def test_a_claim_with_a_queued_task_index_of_another_type_skips_it_and_names_it(
     assert lc.connection.zcard(lc.keys.inflight) == 1  # where the reaper finds it
     assert lc.connection.get(lc.keys.queued_tasks) == b"junk"
     assert f"the queued-task index {lc.keys.queued_tasks} is a string, not a set" in caplog.text, caplog.text
+
+
+def _task(rollout_id: str) -> Task:
+    return Task(rollout_id=rollout_id, input={}, create_time=time.time(), num_claims=0)
+
+
+def _damage(connection: redis.Redis, key: str) -> None:
+    connection.delete(key)
+    connection.set(key, "junk")
+
+
+@pytest.fixture
+def cleanup(redis_server):  # type: ignore[no-untyped-def]
+    """Keys to delete after the test: rq:queues is shared by every namespace of the session's Redis."""
+    keys: list[str] = []
+    yield keys
+    if keys:
+        connect(redis_server.url).delete(*keys)
+
+
+@pytest.fixture(autouse=True)
+def _log_damaged_afresh(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each test sees its damaged keys logged: a process logs the same text once a minute (rq:queues is shared)."""
+    monkeypatch.setattr(replies, "_damaged_logged", {})
+
+
+def _dead_lettered(url: str, namespace: str) -> Lifecycle:
+    lc = _claimed_lifecycle(url, namespace, 1)
+    assert isinstance(lc.finish(replace(_finish("r0", 1.0), status=RolloutStatus.FAILED, dead_letter=True)), Published)
+    return lc
+
+
+def _requeue(lc: Lifecycle) -> object:
+    return lc.requeue(_task("r0"), 1, RolloutPolicy(), "retry")
+
+
+def _revive(lc: Lifecycle) -> object:
+    return lc.revive(_task("r0"), RolloutPolicy(), 1)
+
+
+def _key(lc: Lifecycle, name: str) -> str:
+    """The key ``name`` of ``lc``'s namespace; ``new_job`` the RQ job a requeue or revive of r0 writes."""
+    if name == "new_job":
+        return lc.keys.rq_job(lc.keys.job_id("r0", after_attempt=1))
+    if name == "task":
+        return lc.keys.task("r0")
+    key = getattr(lc.keys, name)
+    return key() if callable(key) else key  # type: ignore[no-any-return]
+
+
+REQUEUE_OR_REVIVE = {"requeue": (_claimed_lifecycle, _requeue), "revive": (_dead_lettered, _revive)}
+
+
+@pytest.mark.parametrize(
+    ("how", "damaged", "what"),
+    [
+        ("requeue", "queued_tasks", "queued-task index"),
+        ("requeue", "rq_queues", "RQ queue set"),
+        ("requeue", "inflight", "in-flight set"),
+        ("requeue", "stats", "stats hash"),
+        ("revive", "queued_tasks", "queued-task index"),
+        ("revive", "rq_queues", "RQ queue set"),
+        ("revive", "resources_refs", "resources refs hash"),
+    ],
+)
+def test_a_requeue_or_revive_skips_an_auxiliary_key_of_another_type_names_it_and_queues_the_task(  # type: ignore[no-untyped-def]
+    redis_server, namespace, caplog, cleanup, how, damaged, what
+) -> None:
+    # An outside audit: requeue.lua ZREMed the attempt from the in-flight set and then failed at the SADD to a queued-
+    # task index holding a string: the task was left running out of the in-flight set, never reaped, never ended.
+    # revive.lua likewise left a task queued with no job pushed and in no index, for no sweep to find.
+    setup, call = REQUEUE_OR_REVIVE[how]
+    lc = setup(redis_server.url, namespace, 1) if how == "requeue" else setup(redis_server.url, namespace)
+    key = _key(lc, damaged)
+    cleanup.append(key)
+    _damage(lc.connection, key)
+    caplog.set_level(logging.ERROR)
+    assert call(lc) in (Requeued(), True)
+    assert lc.connection.hget(lc.keys.task("r0"), "state") == b"queued"
+    assert lc.connection.lrange(lc.keys.rq_queue, -1, -1) == [lc.keys.job_id("r0", after_attempt=1).encode()]
+    assert lc.connection.get(key) == b"junk"
+    assert f"the {what} {key} is a string, not a " in caplog.text, caplog.text
+    if damaged != "inflight":
+        assert lc.connection.zcard(lc.keys.inflight) == 0
+
+
+@pytest.mark.parametrize(
+    ("how", "damaged", "what"),
+    [
+        ("requeue", "rq_queue", "RQ queue"),
+        ("requeue", "new_job", "RQ job hash"),
+        ("revive", "rq_queue", "RQ queue"),
+        ("revive", "new_job", "RQ job hash"),
+        ("revive", "task", "task record"),
+        ("revive", "dead_letter", "dead-letter set"),
+    ],
+)
+def test_a_requeue_or_revive_with_an_essential_key_of_another_type_is_refused_naming_it_with_nothing_written(  # type: ignore[no-untyped-def]
+    redis_server, namespace, how, damaged, what
+) -> None:
+    # An outside audit: a requeue's or a revive's RPUSH to an RQ queue holding a string failed after the task was
+    # marked queued with its new job written: the job was on no list (the lost-job sweep failed on the queue too),
+    # and a revive's HGET of a task key holding a string failed after the dead-letter entry was removed.
+    setup, call = REQUEUE_OR_REVIVE[how]
+    lc = setup(redis_server.url, namespace, 1) if how == "requeue" else setup(redis_server.url, namespace)
+    key = _key(lc, damaged)
+    _damage(lc.connection, key)
+    before = _snapshot(lc.connection)
+    with pytest.raises(redis.ResponseError, match=re.escape(f"the {what} {key} is a string, not a ")) as refused:
+        call(lc)
+    assert _snapshot(lc.connection) == before
+    # Not Redis's WRONGTYPE, on which a reaper drops the in-flight member (a task key holding no hash): it tries again.
+    assert not wrong_type(refused.value)
