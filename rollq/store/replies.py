@@ -180,8 +180,11 @@ def read_requeue(reply: Any) -> RequeueReply:
 
 
 def read_enqueue(reply: Any, size: int) -> list[Enqueued]:
-    """``enqueue.lua``'s reply for a batch of ``size`` tasks: a word per task, or one word for the batch."""
-    words = reply if isinstance(reply, list) else [reply] * size
+    """``enqueue.lua``'s reply for a batch of ``size`` tasks: a word per task (then the damaged keys it skipped, if
+    any: logged), or one word for the batch."""
+    words = reply[:size] if isinstance(reply, list) else [reply] * size
+    for damaged in reply[size:] if isinstance(reply, list) else []:
+        report_damaged(damaged, QUEUED_ANYWAY)
     return [Enqueued(word.decode()) for word in words]
 
 

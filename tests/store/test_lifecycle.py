@@ -665,3 +665,53 @@ def test_a_requeue_or_revive_with_an_essential_key_of_another_type_is_refused_na
     assert _snapshot(lc.connection) == before
     # Not Redis's WRONGTYPE, on which a reaper drops the in-flight member (a task key holding no hash): it tries again.
     assert not wrong_type(refused.value)
+
+
+def _enqueue_two(lc: Lifecycle) -> list[Enqueued]:
+    tasks = [_task("r0"), _task("r1")]
+    return lc.enqueue_many([(t, t.model_dump_json()) for t in tasks], RolloutPolicy())
+
+
+@pytest.mark.parametrize(("damaged", "what"), [("queued_tasks", "queued-task index"), ("rq_queues", "RQ queue set")])
+def test_an_enqueue_skips_an_auxiliary_key_of_another_type_names_it_and_queues_the_tasks(  # type: ignore[no-untyped-def]
+    redis_server, namespace, caplog, cleanup, damaged, what
+) -> None:
+    # An outside audit: enqueue.lua wrote each task's record and job and then failed at the SADD to a queued-task
+    # index holding a string: the tasks had records but no job on RQ's queue, and enqueueing them again answered
+    # 'known' (their records exist): never run.
+    lc = Lifecycle(connect(redis_server.url), Keys(namespace))
+    key = _key(lc, damaged)
+    cleanup.append(key)
+    _damage(lc.connection, key)
+    caplog.set_level(logging.ERROR)
+    assert _enqueue_two(lc) == [Enqueued.QUEUED] * 2
+    assert lc.connection.lrange(lc.keys.rq_queue, 0, -1) == [lc.keys.job_id(r).encode() for r in ("r0", "r1")]
+    assert lc.connection.get(key) == b"junk"
+    assert f"the {what} {key} is a string, not a set" in caplog.text, caplog.text
+
+
+def test_an_enqueue_to_an_rq_queue_of_another_type_is_refused_naming_it_with_nothing_written(  # type: ignore[no-untyped-def]
+    redis_server, namespace
+) -> None:
+    # The RPUSH came last: the tasks were written and indexed with their jobs on none of RQ's lists.
+    lc = Lifecycle(connect(redis_server.url), Keys(namespace))
+    _damage(lc.connection, lc.keys.rq_queue)
+    before = _snapshot(lc.connection)
+    with pytest.raises(
+        redis.ResponseError, match=re.escape(f"the RQ queue {lc.keys.rq_queue} is a string, not a list")
+    ):
+        _enqueue_two(lc)
+    assert _snapshot(lc.connection) == before
+
+
+def test_an_enqueue_whose_job_key_holds_another_type_answers_job_taken_for_that_task_only(  # type: ignore[no-untyped-def]
+    redis_server, namespace
+) -> None:
+    # The HGET of r1's job key (a string) failed after r0's record and job were written, before any push or index:
+    # r0 was left with a job on no list and in no index, and enqueueing it again answered 'known'.
+    lc = Lifecycle(connect(redis_server.url), Keys(namespace))
+    _damage(lc.connection, lc.keys.rq_job(lc.keys.job_id("r1")))
+    assert _enqueue_two(lc) == [Enqueued.QUEUED, Enqueued.JOB_TAKEN]
+    assert lc.connection.lrange(lc.keys.rq_queue, 0, -1) == [lc.keys.job_id("r0").encode()]
+    assert lc.connection.smembers(lc.keys.queued_tasks) == {lc.keys.task("r0").encode()}
+    assert not lc.connection.exists(lc.keys.task("r1"))
