@@ -189,6 +189,8 @@ def read_enqueue(reply: Any, size: int) -> list[Enqueued]:
 
 
 def read_clock(reply: Any) -> Clock:
-    """``beat.lua``'s reply."""
-    now, grace_until = reply
+    """``beat.lua``'s reply; the damaged keys it names are logged."""
+    now, grace_until, *damaged = reply
+    for text in damaged:
+        report_damaged(text, "the clock was kept; no attempt's heartbeat could be recorded")
     return Clock(float(now), float(grace_until) if grace_until else None)

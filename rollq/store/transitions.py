@@ -548,7 +548,7 @@ class Lifecycle:
             keys=[k.task(first), k.rq_intermediate, k.rq_queue, k.stranded(job_id), k.stats, *map(k.task, others)],
             args=[job_id, now],
         )
-        return reply == 1
+        return bool(without_damaged(reply) == 1)
 
     def split_pack(self, job_id: str, rollout_ids: Sequence[str], *, taken_from: str | None = None) -> int | str:
         """:meth:`split` the pack ``job_id`` of ``rollout_ids``, reading their records first: the number of tasks
@@ -585,7 +585,7 @@ class Lifecycle:
             jid = k.job_id(task.rollout_id)
             keys += [k.task(task.rollout_id), k.rq_job(jid)]
             args += [jid, template.payload(task.rollout_id), self._description(task)]
-        return int(replied(self.run_pipelined([ScriptCall(self._split, keys, args)])[0]))
+        return int(without_damaged(replied(self.run_pipelined([ScriptCall(self._split, keys, args)])[0])))
 
     def beat(self, unresponsive: dict[str, float] | None = None, *, within: float = 0) -> Clock:
         """Heartbeat running attempts (``rollout_id|attempt`` -> unresponsive_seconds) and keep the clock.
@@ -617,14 +617,14 @@ class Lifecycle:
 
         1 queued again, 0 not (or not yet), -1 the new job id is taken by another job.
         """
-        return int(self._reissue_call(task, policy, old_job_id, claims, now, deep=deep).run())
+        return int(without_damaged(self._reissue_call(task, policy, old_job_id, claims, now, deep=deep).run()))
 
     def reissue_many(self, checks: Sequence[Reissue]) -> list[int | Exception]:
         """:meth:`reissue` for many queued tasks in one pipeline: one round trip, not one each (the lost-job sweep
         runs on a worker's heartbeat thread, see :mod:`rollq.store.reaper`). Each check's reply (1, 0, -1) or the
         error its call got."""
         calls = [self._reissue_call(c.task, c.policy, c.old_job_id, c.claims, c.now, deep=c.deep) for c in checks]
-        return [r if isinstance(r, Exception) else int(r) for r in self.run_pipelined(calls)]
+        return [r if isinstance(r, Exception) else int(without_damaged(r)) for r in self.run_pipelined(calls)]
 
     def _reissue_call(
         self, task: Task, policy: RolloutPolicy, old_job_id: str, claims: int, now: float, *, deep: bool

@@ -24,8 +24,9 @@ from rollq.store.connection import connect
 from rollq.store.control import cancel_call, cancel_script_source, parse_cancel
 from rollq.store.jobs import ROLLOUT_FUNC, JobRegistries, RollqJob, read_rollq_jobs
 from rollq.store.keys import Keys, job_id
+from rollq.store.reaper import ReapReport, reap
 from rollq.store.records import wrong_type
-from rollq.store.replies import Claim, ClaimRefused, Enqueued, FinishReply, Published, Requeued, Superseded
+from rollq.store.replies import Claim, ClaimRefused, Clock, Enqueued, FinishReply, Published, Requeued, Superseded
 from rollq.store.scripts import lua_header
 from rollq.store.stats import DURATION_PREFIX, StatsField, duration_bucket
 from rollq.store.transitions import Finish, Lifecycle
@@ -650,7 +651,7 @@ def test_a_requeue_or_revive_skips_an_auxiliary_key_of_another_type_names_it_and
     ],
 )
 def test_a_requeue_or_revive_with_an_essential_key_of_another_type_is_refused_naming_it_with_nothing_written(  # type: ignore[no-untyped-def]
-    redis_server, namespace, how, damaged, what
+    redis_server, namespace, cleanup, how, damaged, what
 ) -> None:
     # An outside audit: a requeue's or a revive's RPUSH to an RQ queue holding a string failed after the task was
     # marked queued with its new job written: the job was on no list (the lost-job sweep failed on the queue too),
@@ -658,6 +659,7 @@ def test_a_requeue_or_revive_with_an_essential_key_of_another_type_is_refused_na
     setup, call = REQUEUE_OR_REVIVE[how]
     lc = setup(redis_server.url, namespace, 1) if how == "requeue" else setup(redis_server.url, namespace)
     key = _key(lc, damaged)
+    cleanup.append(key)
     _damage(lc.connection, key)
     before = _snapshot(lc.connection)
     with pytest.raises(redis.ResponseError, match=re.escape(f"the {what} {key} is a string, not a ")) as refused:
@@ -705,13 +707,122 @@ def test_an_enqueue_to_an_rq_queue_of_another_type_is_refused_naming_it_with_not
 
 
 def test_an_enqueue_whose_job_key_holds_another_type_answers_job_taken_for_that_task_only(  # type: ignore[no-untyped-def]
-    redis_server, namespace
+    redis_server, namespace, cleanup
 ) -> None:
     # The HGET of r1's job key (a string) failed after r0's record and job were written, before any push or index:
     # r0 was left with a job on no list and in no index, and enqueueing it again answered 'known'.
     lc = Lifecycle(connect(redis_server.url), Keys(namespace))
-    _damage(lc.connection, lc.keys.rq_job(lc.keys.job_id("r1")))
+    cleanup.append(lc.keys.rq_job(lc.keys.job_id("r1")))  # job ids are not namespaced: r1's is every test's
+    _damage(lc.connection, cleanup[-1])
     assert _enqueue_two(lc) == [Enqueued.QUEUED, Enqueued.JOB_TAKEN]
     assert lc.connection.lrange(lc.keys.rq_queue, 0, -1) == [lc.keys.job_id("r0").encode()]
     assert lc.connection.smembers(lc.keys.queued_tasks) == {lc.keys.task("r0").encode()}
     assert not lc.connection.exists(lc.keys.task("r1"))
+
+
+def _vanished(url: str, namespace: str) -> Lifecycle:
+    """r0 queued, its RQ job deleted (rq-dashboard's Delete): the lost-job sweep's reissue.lua queues it again."""
+    lc = _queued_lifecycle(url, namespace)
+    lc.connection.delete(lc.keys.rq_job(lc.keys.job_id("r0")), lc.keys.rq_queue)
+    return lc
+
+
+def _reissue(lc: Lifecycle) -> object:
+    return lc.reissue(_task("r0"), RolloutPolicy(), lc.keys.job_id("r0"), 0, time.time(), deep=False)
+
+
+def _stranded(url: str, namespace: str) -> Lifecycle:
+    """r0 queued, its RQ job left in RQ's intermediate list since a pass marked it a minute ago."""
+    lc = _queued_lifecycle(url, namespace)
+    jid = lc.keys.job_id("r0")
+    lc.connection.lmove(lc.keys.rq_queue, lc.keys.rq_intermediate, "LEFT", "RIGHT")
+    lc.connection.set(lc.keys.stranded(jid), time.time() - 60)
+    return lc
+
+
+def _restore(lc: Lifecycle) -> object:
+    return lc.restore("r0", lc.keys.job_id("r0"), time.time())
+
+
+def _taken_pack(url: str, namespace: str) -> Lifecycle:
+    """r0 and r1 queued as one pack, taken off the queue into RQ's intermediate list (the AL 0.1 gateway)."""
+    lc = Lifecycle(connect(url), Keys(namespace))
+    tasks = [_task("r0"), _task("r1")]
+    lc.enqueue_many([(t, t.model_dump_json()) for t in tasks], RolloutPolicy(), tasks_per_job=2)
+    lc.connection.lmove(lc.keys.rq_queue, lc.keys.rq_intermediate, "LEFT", "RIGHT")
+    return lc
+
+
+def _split(lc: Lifecycle) -> object:
+    (pack,) = lc.connection.lrange(lc.keys.rq_intermediate, 0, -1)  # type: ignore[misc]
+    return lc.split(pack.decode(), [(_task("r0"), RolloutPolicy()), (_task("r1"), RolloutPolicy())])
+
+
+def _beat(lc: Lifecycle) -> object:
+    return lc.beat({"r0|1": 30.0}, within=5)
+
+
+QUEUE_AGAIN: dict[str, tuple[Callable[[str, str], Lifecycle], Callable[[Lifecycle], object], object]] = {
+    "reissue": (_vanished, _reissue, 1),
+    "restore": (_stranded, _restore, True),
+    "split": (_taken_pack, _split, 2),
+}
+
+
+@pytest.mark.parametrize(
+    ("how", "damaged", "what"),
+    [
+        ("reissue", "rq_queue", "RQ queue"),
+        ("restore", "rq_queue", "RQ queue"),
+        ("split", "rq_queue", "RQ queue"),
+    ],
+)
+def test_a_script_that_queues_a_job_again_refuses_an_essential_key_of_another_type_with_nothing_written(  # type: ignore[no-untyped-def]
+    redis_server, namespace, cleanup, how, damaged, what
+) -> None:
+    # An outside audit: reissue.lua, restore.lua and split.lua pointed the task at its new job (or took the job off
+    # RQ's intermediate list) and then failed at the push to an RQ queue holding a string: the job was on none of
+    # RQ's lists, and a raw WRONGTYPE reached the reaper.
+    setup, call, _ = QUEUE_AGAIN[how]
+    lc = setup(redis_server.url, namespace)
+    key = _key(lc, damaged)
+    cleanup.append(key)
+    _damage(lc.connection, key)
+    before = _snapshot(lc.connection)
+    with pytest.raises(redis.ResponseError, match=re.escape(f"the {what} {key} is a string, not a ")) as refused:
+        call(lc)
+    assert _snapshot(lc.connection) == before
+    assert not wrong_type(refused.value)
+
+
+@pytest.mark.parametrize("how", ["reissue", "restore", "split"])
+@pytest.mark.parametrize(("damaged", "what"), [("rq_queues", "RQ queue set"), ("stats", "stats hash")])
+def test_a_script_that_queues_a_job_again_skips_an_auxiliary_key_of_another_type_and_names_it(  # type: ignore[no-untyped-def]
+    redis_server, namespace, caplog, cleanup, how, damaged, what
+) -> None:
+    setup, call, done = QUEUE_AGAIN[how]
+    lc = setup(redis_server.url, namespace)
+    key = _key(lc, damaged)
+    cleanup.append(key)
+    _damage(lc.connection, key)
+    caplog.set_level(logging.ERROR)
+    assert call(lc) == done
+    assert lc.connection.llen(lc.keys.rq_queue) == (2 if how == "split" else 1)
+    assert lc.connection.get(key) == b"junk"
+    if how != "restore" or damaged == "stats":  # restore writes no RQ queue set
+        assert f"the {what} {key} is a string, not a " in caplog.text, caplog.text
+
+
+def test_a_beat_and_a_reaper_pass_skip_an_in_flight_set_of_another_type_and_name_it(  # type: ignore[no-untyped-def]
+    redis_server, namespace, caplog
+) -> None:
+    # beat.lua wrote the clock and then failed at the ZADD to an in-flight set holding a string (a raw WRONGTYPE every
+    # heartbeat); the reaper's pass then failed at its ZRANGEBYSCORE. The clock is kept, the set skipped and named.
+    lc = _claimed_lifecycle(redis_server.url, namespace, 1)
+    _damage(lc.connection, lc.keys.inflight)
+    caplog.set_level(logging.ERROR)
+    clock = _beat(lc)
+    assert isinstance(clock, Clock) and lc.connection.hget(lc.keys.clock, "due") is not None
+    assert lc.connection.get(lc.keys.inflight) == b"junk"
+    assert f"the in-flight set {lc.keys.inflight} is a string, not a zset" in caplog.text, caplog.text
+    assert reap(lc, results_maxlen=100) == ReapReport()

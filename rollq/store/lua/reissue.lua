@@ -5,7 +5,8 @@
 -- otherwise be raced.
 -- The list check (two LPOS, linear in the lists' length) runs only when `deep` is 1: the caller bounds how many
 -- it asks for.
--- Returns 1 queued again, 0 not (or not yet), -1 the new job id holds a job hash that stands for something else.
+-- Returns 1 queued again ({1, the damaged keys skipped} when it skipped any), 0 not (or not yet), -1 the new job id
+-- holds a job hash that stands for something else.
 local task_key = KEYS[1]
 local rq_queue = KEYS[2]
 local rq_intermediate = KEYS[3]
@@ -19,6 +20,15 @@ local new_job_id = ARGV[2]
 local now = ARGV[3]
 local deep = ARGV[4] == '1'
 local job_fields = list_from(ARGV, 5)  -- the new job hash's field/value pairs, 'data' and its payload first
+
+-- Checked before the first write (Redis does not undo a script that fails part way; see require and intact in the
+-- header): an RQ queue or new job key of another type refuses the call naming it, nothing written (an RPUSH that
+-- failed after the task was pointed at its new job left that job on none of RQ's lists); the task stays queued for
+-- a later pass once the key is repaired. A damaged RQ queue set or stats hash is skipped and named in the reply.
+require(rq_queue, 'list', 'RQ queue')
+require(new_job_key, 'hash', 'RQ job hash')
+local queues_ok = intact(rq_queues, 'set', 'RQ queue set')
+local stats_ok = intact(stats, 'hash', 'stats hash')
 
 local t = redis.call('HMGET', task_key, F.state, F.job, F.unresponsive)
 if t[1] ~= STATE.queued or t[2] ~= old_job_id then
@@ -50,6 +60,10 @@ redis.call('DEL', marker)
 redis.call('HSET', task_key, F.job, new_job_id)
 redis.call('HSET', new_job_key, unpack(job_fields))
 redis.call('RPUSH', rq_queue, new_job_id)
-redis.call('SADD', rq_queues, rq_queue)
-count(stats, requeue_stat('vanished'), 1)
-return 1
+if queues_ok then
+  redis.call('SADD', rq_queues, rq_queue)
+end
+if stats_ok then
+  count(stats, requeue_stat('vanished'), 1)
+end
+return with_damaged(1)

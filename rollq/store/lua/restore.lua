@@ -6,7 +6,8 @@
 -- A job whose task no longer waits for it (its worker claimed it and died before RQ's start bookkeeping; the
 -- reaper requeued the attempt) is a leftover: it is dropped from the list after 30 s, so that leftovers never
 -- pile up in front of the entries a reaper reads.
--- Returns 1 pushed back, 0 not (or not yet) stranded, -1 a leftover dropped.
+-- Returns 1 pushed back ({1, the damaged keys skipped} when it skipped any), 0 not (or not yet) stranded, -1 a
+-- leftover dropped.
 local task_key = KEYS[1]
 local rq_intermediate = KEYS[2]
 local rq_queue = KEYS[3]
@@ -15,6 +16,14 @@ local stats = KEYS[5]
 local pack_keys = list_from(KEYS, 6)  -- a pack's other tasks (tasks_per_job > 1): the job waits if any waits
 local job_id = ARGV[1]
 local now = ARGV[2]
+
+-- Checked before the first write (Redis does not undo a script that fails part way; see require and intact in the
+-- header): an RQ queue or intermediate list of another type refuses the call naming it, nothing written (an LPUSH
+-- that failed after the LREM left the job on none of RQ's lists); the job stays stranded for a later pass once the
+-- key is repaired. A damaged stats hash is skipped and named in the reply.
+require(rq_queue, 'list', 'RQ queue')
+require(rq_intermediate, 'list', 'RQ intermediate list')
+local stats_ok = intact(stats, 'hash', 'stats hash')
 
 local waiting, grace = false, 30
 local function look(key)
@@ -44,5 +53,7 @@ if not waiting then
   return -1
 end
 redis.call('LPUSH', rq_queue, job_id)
-count(stats, requeue_stat('stranded'), 1)
-return 1
+if stats_ok then
+  count(stats, requeue_stat('stranded'), 1)
+end
+return with_damaged(1)
