@@ -284,3 +284,47 @@ def test_rollq_wraps_rq_dashboards_job_json_where_rq_dashboard_routes_it() -> No
     [rule] = [r.rule for r in app.url_map.iter_rules() if r.endpoint == name]
     assert rule == "/<int:instance_number>/data/job/<job_id>.json"
     assert list(inspect.signature(inspect.unwrap(app.view_functions[name])).parameters) == ["instance_number", "job_id"]
+
+
+@pytest.mark.parametrize("job", sorted(MALFORMED_JOBS))
+def test_rq_dashboards_job_page_of_a_malformed_quarantined_job_says_why_not_a_server_error(
+    redis_server: RedisServer, namespace: str, job: str
+) -> None:
+    # rq-dashboard's HTML job page (/0/view/job/<id>) fetched the job with RQ before rendering: a 500 with no reason
+    # for the jobs rollq quarantines, as its job JSON had (96b1b29), and for a job that does not exist.
+    client = redis_server.client()
+    keys = Keys(namespace)
+    payload = zlib.compress(JSONSerializer.dumps(("rollq.worker.jobs.run_rollout", None, ["nobody"], {})))
+    base = {"data": payload, "status": "queued", "origin": keys.queue_name, "created_at": "2026-01-01T00:00:00.000000Z"}
+    if job == "not-a-hash":
+        client.set(Keys.rq_job(job), "junk")
+    else:
+        client.hset(Keys.rq_job(job), mapping={**base, **MALFORMED_JOBS[job]})
+    client.rpush(keys.quarantine, job)
+    web = create_app(redis_server.url, namespace).test_client()
+    response = web.get(f"/0/view/job/{job}")
+    text = response.get_data(as_text=True)
+    assert response.status_code == 422, (response.status_code, text[:300])
+    assert f"job {job} cannot be read by RQ" in text and keys.quarantine in text, text
+    missing = web.get("/0/view/job/no-such-job")
+    assert missing.status_code == 404 and "there is no job no-such-job" in missing.get_data(as_text=True)
+    foreign = web.get("/0/view/job/<b>x")  # an id RQ refuses: the caller's words are escaped
+    assert foreign.status_code == 422 and "&lt;b&gt;x" in foreign.get_data(as_text=True)
+    # A job RQ can read gets rq-dashboard's own page, as before.
+    client.hset(Keys.rq_job("fine"), mapping=base)
+    assert web.get("/0/view/job/fine").status_code == 200
+
+
+def test_rollq_wraps_rq_dashboards_job_page_where_rq_dashboard_routes_it() -> None:
+    # Pins the rq-dashboard internals the job page's wrapper depends on, as for the job JSON above.
+    import inspect
+
+    from rq_dashboard.cli import make_flask_app
+
+    from rollq.ops.dashboard import rq_dashboard_endpoint
+
+    app = make_flask_app(None, None, None, "")
+    name = rq_dashboard_endpoint(app, "job_view")
+    [rule] = [r.rule for r in app.url_map.iter_rules() if r.endpoint == name]
+    assert rule == "/<int:instance_number>/view/job/<job_id>"
+    assert list(inspect.signature(inspect.unwrap(app.view_functions[name])).parameters) == ["instance_number", "job_id"]

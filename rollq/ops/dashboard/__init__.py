@@ -3,7 +3,7 @@
 rollq's RQ jobs are JSON-serialised (never pickle), so the dashboard must decode
 them as JSON. Two pages of rq-dashboard 0.9.0 fail with RQ 2.x; :func:`create_app`
 patches both at startup (see :func:`_patch_rq_dashboard`), answers its Requeue routes itself, and wraps its job
-JSON to say why a job cannot be shown (:func:`_job_json_or_why`). rollq's pages
+JSON and job page to say why a job cannot be shown (:func:`_job_json_or_why`). rollq's pages
 (rollouts, one rollout, workers, charts) live under ``/rollq/`` (:mod:`.views`).
 It runs under waitress, a production WSGI server. With a token (:mod:`rollq.ops.access`) every page, the
 JSON and ``/metrics`` need it; without one it serves loopback only. Every value rq-dashboard's pages show is
@@ -128,29 +128,44 @@ def unreadable_job(job_id: str, exc: Exception, quarantine: str, quarantined: bo
 
 
 def _job_json_or_why(app: Flask, namespace: str) -> None:
-    """rq-dashboard's job JSON (``/<n>/data/job/<id>.json``), with a JSON answer naming why where it had a 500: a
-    422 for a job RQ cannot read (a malformed hash, as those rollq quarantines: ``RolloutWorker._quarantine``), a
-    404 for one that does not exist. A Redis that cannot be reached is still a server error."""
-    import redis
-    from flask import current_app, jsonify
+    """rq-dashboard's job JSON (``/<n>/data/job/<id>.json``) and job page (``/<n>/view/job/<id>``), each fetching the
+    job with RQ first, with an answer naming why where they had a 500: a 422 for a job RQ cannot read (a malformed
+    hash, as those rollq quarantines: ``RolloutWorker._quarantine``), a 404 for one that does not exist; JSON for the
+    JSON, an escaped page for the page. A Redis that cannot be reached is still a server error."""
+    from flask import jsonify
+    from markupsafe import escape
 
-    name = rq_dashboard_endpoint(app, "job_info")
-    shown = app.view_functions[name]
+    def as_json(job_id: str, error: str, status: int) -> Any:
+        return jsonify(id=job_id, error=error), status
+
+    def as_page(job_id: str, error: str, status: int) -> Any:
+        # The job id is the caller's (the URL's): escaped like every value rq-dashboard's pages show.
+        return str(escape(error)), status
+
     quarantine = Keys(namespace).quarantine
+    for endpoint, answer in (("job_info", as_json), ("job_view", as_page)):
+        name = rq_dashboard_endpoint(app, endpoint)
+        app.view_functions[name] = _why_not_shown(app.view_functions[name], quarantine, answer)
 
-    def job_info(instance_number: int, job_id: str) -> Any:
+
+def _why_not_shown(shown: Any, quarantine: str, answer: Any) -> Any:
+    """rq-dashboard's job view ``shown`` with ``answer(job_id, error, status)`` where RQ cannot fetch the job."""
+    import redis
+    from flask import current_app
+
+    def view(instance_number: int, job_id: str) -> Any:
         try:
             return shown(instance_number=instance_number, job_id=job_id)
         except NoSuchJobError:
-            return jsonify(id=job_id, error=f"there is no job {job_id} (it ended and expired, or never existed)"), 404
+            return answer(job_id, f"there is no job {job_id} (it ended and expired, or never existed)", 404)
         except (redis.ConnectionError, redis.TimeoutError):
             raise
         except Exception as exc:  # whatever RQ raises on a hash it did not write (ValueError, DeserializationError...)
             connection = current_app.redis_conn  # type: ignore[attr-defined]
             quarantined = connection.lpos(quarantine, job_id) is not None
-            return jsonify(id=job_id, error=unreadable_job(job_id, exc, quarantine, quarantined)), 422
+            return answer(job_id, unreadable_job(job_id, exc, quarantine, quarantined), 422)
 
-    app.view_functions[name] = job_info
+    return view
 
 
 def create_app(redis_url: str, namespace: str = DEFAULT_NAMESPACE) -> Flask:
