@@ -29,8 +29,9 @@ from __future__ import annotations
 
 import logging
 import random
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 import redis
 
@@ -40,13 +41,14 @@ from rollq.models.policy import RolloutStatus, TaskState
 from rollq.models.wire import rollout_json
 
 from .jobs import read_rollq_jobs, rollout_ids_of
-from .keys import Keys, TaskField, parse_inflight_member
+from .keys import Keys, TaskField, foreign_key, parse_inflight_member
 from .records import TaskRecord, not_a_record, read_records_or_errors, wrong_type
-from .replies import Clock, JobTaken, Published, Requeued
+from .replies import Clock, JobTaken, Published, Requeued, report_damaged
 from .summaries import summary_json
 from .transitions import Finish, Lifecycle, Reissue
 
 log = logging.getLogger(__name__)
+_T = TypeVar("_T")
 
 AUDIT_SCAN = 1000
 """Queued tasks one sweep pass reads (``SSCAN COUNT`` of the queued-task index) looking for vanished RQ jobs."""
@@ -98,10 +100,54 @@ def reap(
         wait = (clock.grace_until or clock.now) - clock.now
         log.warning("Redis was stalled or out of reach: judging no deadline for another %.1fs", wait)
         return report
-    report.restored, report.quarantined = _restore_stranded(lifecycle, now=clock.now, limit=limit)
-    report.reissued = _audit(lifecycle, clock)
+    keys = lifecycle.keys
+    # Each part reads lists of its own: one of them holding another type skips that part, named, not the pass (a
+    # WRONGTYPE from the intermediate list or the queued-task index failed every pass before any deadline was judged).
+    report.restored, report.quarantined = _unless_damaged(
+        lifecycle,
+        "putting back stranded jobs",
+        {keys.rq_intermediate: ("list", "RQ intermediate list")},
+        lambda: _restore_stranded(lifecycle, now=clock.now, limit=limit),
+        (0, 0),
+    )
+    report.reissued = _unless_damaged(
+        lifecycle,
+        "the lost-job sweep",
+        {
+            keys.queued_tasks: ("set", "queued-task index"),
+            keys.rq_queue: ("list", "RQ queue"),
+            keys.rq_intermediate: ("list", "RQ intermediate list"),
+            keys.audit_cursor: ("string", "sweep cursor"),
+        },
+        lambda: _audit(lifecycle, clock),
+        0,
+    )
     _reap_stale(lifecycle, clock, results_maxlen=results_maxlen, limit=limit, report=report)
     return report
+
+
+def _unless_damaged(
+    lifecycle: Lifecycle, part: str, read: dict[str, tuple[str, str]], run: Callable[[], _T], skipped: _T
+) -> _T:
+    """``run()``, or ``skipped`` when it met Redis's WRONGTYPE on one of the keys it ``read`` (key -> the type rollq or
+    RQ writes there, what it is): the keys of another type are logged (once a minute, as the scripts' damaged keys
+    are), the types read only then."""
+    try:
+        return run()
+    except redis.ResponseError as exc:
+        if not wrong_type(exc):
+            raise
+        pipe = lifecycle.connection.pipeline(transaction=False)
+        for key in read:
+            pipe.type(key)
+        kinds = [k.decode() if isinstance(k, bytes) else str(k) for k in pipe.execute()]
+        damaged = [
+            foreign_key(what, key, kind, want)
+            for (key, (want, what)), kind in zip(read.items(), kinds, strict=True)
+            if kind not in (want, "none")
+        ]
+        report_damaged("; ".join(damaged) or str(exc), f"{part} skipped this pass; deadlines judged all the same")
+        return skipped
 
 
 def _reap_stale(lifecycle: Lifecycle, clock: Clock, *, results_maxlen: int, limit: int, report: ReapReport) -> None:

@@ -826,3 +826,26 @@ def test_a_beat_and_a_reaper_pass_skip_an_in_flight_set_of_another_type_and_name
     assert lc.connection.get(lc.keys.inflight) == b"junk"
     assert f"the in-flight set {lc.keys.inflight} is a string, not a zset" in caplog.text, caplog.text
     assert reap(lc, results_maxlen=100) == ReapReport()
+
+
+@pytest.mark.parametrize(
+    ("damaged", "what"),
+    [("rq_queue", "RQ queue"), ("rq_intermediate", "RQ intermediate list"), ("queued_tasks", "queued-task index")],
+)
+def test_a_reaper_pass_with_a_damaged_rq_list_or_index_still_judges_stale_attempts_and_names_the_key(  # type: ignore[no-untyped-def]
+    redis_server, namespace, caplog, damaged, what
+) -> None:
+    # The pass put back stranded jobs (LRANGE of the intermediate list) and swept the queued tasks (SSCAN of the index,
+    # LLEN of RQ's lists) before judging deadlines: a WRONGTYPE there failed the whole pass, every pass, so no stale
+    # attempt was ever requeued or failed while the key was damaged.
+    lc = Lifecycle(connect(redis_server.url), Keys(namespace))
+    tasks = [_task("r0"), _task("r1")]  # r1 stays queued, for the sweep to look at
+    lc.enqueue_many([(t, t.model_dump_json()) for t in tasks], RolloutPolicy(unresponsive_seconds=0.05, max_attempts=1))
+    assert isinstance(lc.claim("r0", lc.keys.job_id("r0"), "gone"), Claim)
+    key = _key(lc, damaged)
+    _damage(lc.connection, key)
+    time.sleep(0.1)
+    caplog.set_level(logging.ERROR)
+    assert reap(lc, results_maxlen=100).failed == 1
+    assert lc.connection.hget(lc.keys.task("r0"), "state") == b"failed"
+    assert f"the {what} {key} is a string, not a " in caplog.text, caplog.text
