@@ -283,7 +283,12 @@ def _restore_stranded(lifecycle: Lifecycle, *, now: float, limit: int) -> tuple[
     restored = quarantined = 0
     for job_id, job in read_rollq_jobs(connection, list(dict.fromkeys(job_ids))).items():
         if isinstance(job, InvalidTaskError):
-            if lifecycle.quarantine(keys.rq_intermediate, job_id):
+            try:
+                moved = lifecycle.quarantine(keys.rq_intermediate, job_id)
+            except redis.ResponseError as exc:  # a quarantine list of another type: the job stays where it is
+                log.error("could not move job %s of RQ's intermediate list aside: %s", job_id, exc)
+                continue
+            if moved:
                 quarantined += 1
                 log.error(
                     "moved job %s from RQ's intermediate list to the quarantine list %s: %s",

@@ -608,7 +608,14 @@ class RolloutWorker(SimpleWorker):
         # Also called from RQ's bootstrap, before this worker's runner exists.
         lifecycle = self.runner.lifecycle if self.runner is not None else Lifecycle(self.connection, self.keys)
         for source in (self.keys.rq_intermediate, self.keys.rq_queue):
-            if lifecycle.quarantine(source, job_id):
+            try:
+                moved = lifecycle.quarantine(source, job_id)
+            except redis.ResponseError as exc:
+                # A quarantine list of another type (quarantine.lua names it, nothing moved): the job stays where it
+                # is, behind the jobs this worker takes next, and the worker lives on.
+                self.log.error("could not move job %s aside (%s): %s", job_id, reason, exc)
+                return
+            if moved:
                 self.log.error("moved job %s to the quarantine list %s: %s", job_id, self.keys.quarantine, reason)
                 return
 

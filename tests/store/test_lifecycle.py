@@ -849,3 +849,30 @@ def test_a_reaper_pass_with_a_damaged_rq_list_or_index_still_judges_stale_attemp
     assert reap(lc, results_maxlen=100).failed == 1
     assert lc.connection.hget(lc.keys.task("r0"), "state") == b"failed"
     assert f"the {what} {key} is a string, not a " in caplog.text, caplog.text
+
+
+def test_a_quarantine_list_of_another_type_refuses_the_move_naming_it_with_nothing_written(  # type: ignore[no-untyped-def]
+    redis_server, namespace
+) -> None:
+    # quarantine.lua took the job off RQ's list and then failed at the quarantine list holding a string: the job was
+    # on no list at all, neither where RQ nor where an operator looks.
+    lc = Lifecycle(connect(redis_server.url), Keys(namespace))
+    lc.connection.rpush(lc.keys.rq_intermediate, "malformed")
+    _damage(lc.connection, lc.keys.quarantine)
+    before = _snapshot(lc.connection)
+    with pytest.raises(redis.ResponseError, match=re.escape(f"the quarantine list {lc.keys.quarantine} is a string")):
+        lc.quarantine(lc.keys.rq_intermediate, "malformed")
+    assert _snapshot(lc.connection) == before
+
+
+def test_a_reaper_pass_leaves_a_malformed_job_where_it_is_when_the_quarantine_list_is_damaged(  # type: ignore[no-untyped-def]
+    redis_server, namespace, caplog
+) -> None:
+    lc = Lifecycle(connect(redis_server.url), Keys(namespace))
+    lc.connection.hset(lc.keys.rq_job("malformed"), mapping={"status": "bogus"})
+    lc.connection.rpush(lc.keys.rq_intermediate, "malformed")
+    _damage(lc.connection, lc.keys.quarantine)
+    caplog.set_level(logging.ERROR)
+    assert reap(lc, results_maxlen=100).quarantined == 0  # the pass goes on
+    assert lc.connection.lrange(lc.keys.rq_intermediate, 0, -1) == [b"malformed"]
+    assert f"the quarantine list {lc.keys.quarantine} is a string" in caplog.text, caplog.text

@@ -5,6 +5,10 @@ local source = KEYS[1]  -- the RQ queue or its intermediate list
 local quarantine = KEYS[2]
 local job_id = ARGV[1]
 
+-- A quarantine list of another type refuses the move naming it before the first write (Redis does not undo a script
+-- that fails part way: the job was taken off the source and then failed on, left on no list at all).
+require(quarantine, 'list', 'quarantine list')
+
 if redis.call('LREM', source, 0, job_id) == 0 then
   return 0
 end
