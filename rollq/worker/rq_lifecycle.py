@@ -29,6 +29,7 @@ import traceback
 from dataclasses import dataclass
 from typing import Any
 
+import redis
 from rq.executions import Execution
 from rq.job import Job, JobStatus
 from rq.queue import Queue
@@ -146,6 +147,11 @@ class RqLifecycle:
         # batch run one after another, and a slow one must not make the claims behind it look unresponsive.
         answers: list[Claim | AttemptResult | str] = []
         for (pack, rollout_id), reply in zip(tasks, claimed, strict=True):
+            if isinstance(reply, redis.ResponseError):
+                # Redis refused the claim (claim.lua names a damaged key, nothing written: the task stays queued):
+                # its words are the job's failure; a traceback of redis-py's reply parsing, per job, said nothing more.
+                answers.append(f"{type(reply).__name__}: {reply}\n")
+                continue
             try:
                 answers.append(runner.claimed(rollout_id, pack.job.id, replied(reply)))
             except BaseException:

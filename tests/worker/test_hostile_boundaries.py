@@ -420,4 +420,5 @@ def test_a_damaged_in_flight_set_refuses_every_claim_and_the_tasks_run_once_it_i
     assert [(r.metadata["status"], r.metadata["attempt"]) for r in rollouts] == [("succeeded", 1)] * 3
     assert_exactly_once(producer.connection, namespace, ids)
     assert "WRONGTYPE" not in worker.log()  # no heartbeat nor reaper pass failed on the key, each named it
+    assert "Traceback" not in worker.log()  # each refused job's failure is Redis's words, not redis-py's stack
     assert worker.process.poll() is None
