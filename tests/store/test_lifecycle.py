@@ -532,10 +532,10 @@ def test_a_claim_with_an_essential_key_of_another_type_is_refused_naming_it_with
     with pytest.raises(
         redis.ResponseError, match=re.escape(f"{key} is a {'string' if kind == 'zset' else 'hash'}, not a {want}")
     ):
-        lc.claim("r0", job_id("r0"), "worker-a")
+        lc.claim("r0", lc.keys.job_id("r0"), "worker-a")
     assert _snapshot(lc.connection) == before
     lc.connection.delete(key)  # repaired: the same job claims it
-    claim = lc.claim("r0", job_id("r0"), "worker-a")
+    claim = lc.claim("r0", lc.keys.job_id("r0"), "worker-a")
     assert isinstance(claim, Claim) and claim.attempt == 1, claim
     assert lc.connection.zcard(lc.keys.inflight) == 1
 
@@ -547,7 +547,7 @@ def test_a_claim_with_a_queued_task_index_of_another_type_skips_it_and_names_it(
     lc.connection.delete(lc.keys.queued_tasks)
     lc.connection.set(lc.keys.queued_tasks, "junk")
     caplog.set_level(logging.ERROR)
-    claim = lc.claim("r0", job_id("r0"), "worker-a")
+    claim = lc.claim("r0", lc.keys.job_id("r0"), "worker-a")
     assert isinstance(claim, Claim) and claim.attempt == 1, claim
     assert lc.connection.hget(lc.keys.task("r0"), "state") == b"running"
     assert lc.connection.zcard(lc.keys.inflight) == 1  # where the reaper finds it
@@ -712,7 +712,7 @@ def test_an_enqueue_whose_job_key_holds_another_type_answers_job_taken_for_that_
     # The HGET of r1's job key (a string) failed after r0's record and job were written, before any push or index:
     # r0 was left with a job on no list and in no index, and enqueueing it again answered 'known'.
     lc = Lifecycle(connect(redis_server.url), Keys(namespace))
-    cleanup.append(lc.keys.rq_job(lc.keys.job_id("r1")))  # job ids are not namespaced: r1's is every test's
+    cleanup.append(lc.keys.rq_job(lc.keys.job_id("r1")))  # RQ's job keys live outside the namespace
     _damage(lc.connection, cleanup[-1])
     assert _enqueue_two(lc) == [Enqueued.QUEUED, Enqueued.JOB_TAKEN]
     assert lc.connection.lrange(lc.keys.rq_queue, 0, -1) == [lc.keys.job_id("r0").encode()]
