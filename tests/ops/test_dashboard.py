@@ -8,8 +8,10 @@ import sys
 import zlib
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
+import redis
 from rq.job import Job
 from rq.queue import Queue
 from rq.registry import FinishedJobRegistry
@@ -244,14 +246,9 @@ MALFORMED_JOBS = {
 }
 
 
-@pytest.mark.parametrize("job", sorted(MALFORMED_JOBS))
-def test_rq_dashboards_job_json_of_a_malformed_quarantined_job_says_why_not_a_server_error(
-    redis_server: RedisServer, namespace: str, job: str
-) -> None:
-    # An outside audit: rq-dashboard's own /0/data/job/<id>.json answered 500 for the jobs rollq quarantines
-    # because RQ cannot read them (rollq.worker.rq_worker's _quarantine): the operator saw no reason.
-    client = redis_server.client()
-    keys = Keys(namespace)
+def _quarantine_malformed(client: redis.Redis, keys: Keys, job: str) -> dict[str, Any]:
+    """Write job ``job`` malformed as :data:`MALFORMED_JOBS` says and quarantine it, as a worker would; the fields
+    of a job RQ can read, for comparison."""
     payload = zlib.compress(JSONSerializer.dumps(("rollq.worker.jobs.run_rollout", None, ["nobody"], {})))
     base = {"data": payload, "status": "queued", "origin": keys.queue_name, "created_at": "2026-01-01T00:00:00.000000Z"}
     if job == "not-a-hash":
@@ -259,6 +256,17 @@ def test_rq_dashboards_job_json_of_a_malformed_quarantined_job_says_why_not_a_se
     else:
         client.hset(Keys.rq_job(job), mapping={**base, **MALFORMED_JOBS[job]})
     client.rpush(keys.quarantine, job)
+    return base
+
+
+@pytest.mark.parametrize("job", sorted(MALFORMED_JOBS))
+def test_rq_dashboards_job_json_of_a_malformed_quarantined_job_says_why_not_a_server_error(
+    redis_server: RedisServer, namespace: str, job: str
+) -> None:
+    # An outside audit: rq-dashboard's own /0/data/job/<id>.json answered 500 for the jobs rollq quarantines
+    # because RQ cannot read them (rollq.worker.rq_worker's _quarantine): the operator saw no reason.
+    client, keys = redis_server.client(), Keys(namespace)
+    base = _quarantine_malformed(client, keys, job)
     web = create_app(redis_server.url, namespace).test_client()
     response = web.get(f"/0/data/job/{job}.json")
     assert response.status_code == 422, (response.status_code, response.get_data(as_text=True)[:300])
@@ -292,15 +300,8 @@ def test_rq_dashboards_job_page_of_a_malformed_quarantined_job_says_why_not_a_se
 ) -> None:
     # rq-dashboard's HTML job page (/0/view/job/<id>) fetched the job with RQ before rendering: a 500 with no reason
     # for the jobs rollq quarantines, as its job JSON had (96b1b29), and for a job that does not exist.
-    client = redis_server.client()
-    keys = Keys(namespace)
-    payload = zlib.compress(JSONSerializer.dumps(("rollq.worker.jobs.run_rollout", None, ["nobody"], {})))
-    base = {"data": payload, "status": "queued", "origin": keys.queue_name, "created_at": "2026-01-01T00:00:00.000000Z"}
-    if job == "not-a-hash":
-        client.set(Keys.rq_job(job), "junk")
-    else:
-        client.hset(Keys.rq_job(job), mapping={**base, **MALFORMED_JOBS[job]})
-    client.rpush(keys.quarantine, job)
+    client, keys = redis_server.client(), Keys(namespace)
+    base = _quarantine_malformed(client, keys, job)
     web = create_app(redis_server.url, namespace).test_client()
     response = web.get(f"/0/view/job/{job}")
     text = response.get_data(as_text=True)
