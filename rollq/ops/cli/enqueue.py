@@ -51,7 +51,8 @@ def _parse_line(number: int, line: str, mode: str | None, resources_id: str | No
 
 
 def _read_tasks(stream: IO[str], mode: str | None, resources_id: str | None) -> list[Task]:
-    """Every line of ``stream`` as a Task, checked before anything is queued; the error names each bad line."""
+    """Every line of ``stream`` as a Task, checked before anything is queued; the error names
+    the first bad line and counts the others."""
     tasks, errors = [], []
     for number, line in enumerate(stream, 1):
         if not line.strip():
