@@ -32,7 +32,7 @@ from rollq.store.stats import (
 )
 from rollq.store.summaries import sort_versions, version_order
 
-from .status import Snapshot, group_outcomes
+from .status import Snapshot, group_outcomes, outcome_counts
 
 
 def _histogram_buckets(counts: dict[str, float], bounds: tuple[float, ...]) -> list[tuple[str, float]]:
@@ -187,10 +187,8 @@ def families(s: Snapshot, keep_versions: int = 5) -> Iterator[Metric]:
     outcomes = CounterMetricFamily(
         "rollq_rollouts", "Final rollouts published, by status and mode.", labels=["namespace", "status", "mode"]
     )
-    for key, value in sorted(s.counters.items()):
-        status, sep, mode = key.partition(":")
-        if sep and status in ("succeeded", "failed"):
-            outcomes.add_metric([ns, status, mode or "none"], value)
+    for (status, mode), value in sorted(outcome_counts(s.counters).items()):
+        outcomes.add_metric([ns, status.value, mode or "none"], value)
     yield outcomes
     requeues = CounterMetricFamily(
         "rollq_requeues", "Attempts sent back to the queue, by reason.", labels=["namespace", "reason"]

@@ -38,6 +38,9 @@ class Snapshot:
     stale_attempts: int
     succeeded: int
     failed: int
+    cancelled: int
+    """Tasks ended by ``Producer.cancel`` / ``rollq tasks cancel``: each has a rollout on the results stream too, so
+    the three outcomes add up to what was published."""
     dead_letter: int
     superseded: int
     requeued: dict[str, int]
@@ -71,6 +74,11 @@ class Snapshot:
     def redis_refusing_writes(self) -> bool:
         """Whether Redis refuses writes now for lack of memory (workers wait, enqueues fail after retrying)."""
         return self.memory is not None and self.memory.full
+
+    @property
+    def outcomes(self) -> dict[RolloutStatus, int]:
+        """Published rollouts by status (every :class:`RolloutStatus`), for views that show one count per status."""
+        return outcome_totals(self.counters)
 
     @property
     def workers_alive(self) -> int:
@@ -127,7 +135,7 @@ def snapshot(
     by_worker = Counter(w.decode() for w in workers_of + [b"?"] * (len(inflight) - len(rollout_ids)))
 
     counters = {k.decode(): float(v) for k, v in stats.items()}
-    total = lambda prefix: int(sum(v for k, v in counters.items() if k.startswith(prefix)))  # noqa: E731
+    totals = outcome_totals(counters)
     workers = _workers(connection, keys, dict(by_worker), now, dead_after)
     return Snapshot(
         namespace=keys.namespace,
@@ -135,9 +143,9 @@ def snapshot(
         in_flight=len(inflight),
         in_flight_by_worker=dict(by_worker),
         stale_attempts=int(stale),
-        # outcome_stat(status, None) is the prefix every mode's counter of that status starts with.
-        succeeded=total(outcome_stat(RolloutStatus.SUCCEEDED, None)),
-        failed=total(outcome_stat(RolloutStatus.FAILED, None)),
+        succeeded=totals[RolloutStatus.SUCCEEDED],
+        failed=totals[RolloutStatus.FAILED],
+        cancelled=totals[RolloutStatus.CANCELLED],
         dead_letter=int(dead),
         superseded=int(counters.get(StatsField.SUPERSEDED, 0)),
         requeued={
@@ -158,6 +166,29 @@ def snapshot(
         replication_degraded=degraded_processes(connection, keys.replication_degraded, now),
         retained=retained_sizes(connection, keys) if retained and xlen else None,
     )
+
+
+def outcome_counts(counters: dict[str, float]) -> dict[tuple[RolloutStatus, str], float]:
+    """Published rollouts by ``(status, mode)`` from the stats hash (``succeeded:train``; mode ``""`` for none).
+
+    Every :class:`RolloutStatus` is an outcome, read from its ``outcome_stat`` field: status, ``--json``,
+    ``/metrics`` and the dashboard all count from here, so that a new status cannot be left out of one of them
+    (cancelled rollouts were, and the counts no longer added up to the results stream)."""
+    out: dict[tuple[RolloutStatus, str], float] = {}
+    for status in RolloutStatus:
+        prefix = outcome_stat(status, None)  # the prefix every mode's counter of that status starts with
+        for key, value in counters.items():
+            if key.startswith(prefix):
+                out[(status, key.removeprefix(prefix))] = value
+    return out
+
+
+def outcome_totals(counters: dict[str, float]) -> dict[RolloutStatus, int]:
+    """Published rollouts by status, all modes together; every :class:`RolloutStatus` present, 0 when none."""
+    totals = dict.fromkeys(RolloutStatus, 0.0)
+    for (status, _), value in outcome_counts(counters).items():
+        totals[status] += value
+    return {status: int(n) for status, n in totals.items()}
 
 
 def _llm_gate(connection: redis.Redis, keys: Keys) -> dict[str, Any] | None:
@@ -261,6 +292,7 @@ def render_text(s: Snapshot) -> str:
         f"  stale attempts    {s.stale_attempts}",
         f"  succeeded         {s.succeeded}" + (f" ({s.reward_missing} with no reward)" if s.reward_missing else ""),
         f"  failed            {s.failed}",
+        f"  cancelled         {s.cancelled}",
         f"  dead-letter       {s.dead_letter}",
         f"  superseded        {s.superseded}",
         f"  requeued          {', '.join(f'{k}: {v}' for k, v in sorted(s.requeued.items())) or 0}",

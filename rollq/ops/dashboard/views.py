@@ -17,6 +17,7 @@ from markupsafe import Markup, escape
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from rollq.models.errors import InvalidTaskError
+from rollq.models.policy import RolloutStatus
 from rollq.store.keys import Keys
 
 from ..metrics import registry
@@ -65,11 +66,12 @@ def _filters() -> data.Filters:
 
 
 def _cards(s: Snapshot) -> dict[str, int]:
+    """The rollouts page's cards, keyed by their ``data-role``; one per rollout status, so that they add up to the
+    rollouts published."""
     return {
         "queued": s.queued,
         "in-flight": s.in_flight,
-        "succeeded": s.succeeded,
-        "failed": s.failed,
+        **{status.value: n for status, n in s.outcomes.items()},
         "dead-letter": s.dead_letter,
         "workers": s.workers_alive,
     }
@@ -87,6 +89,7 @@ def rollouts() -> str:
         filters=filters,
         s=s,
         versions=data.sort_versions(s.resource_versions),
+        statuses=[status.value for status in RolloutStatus],
         **_common(),
     )
 

@@ -1,0 +1,50 @@
+"""``rollq status`` (text, --json, --prometheus), ``/metrics`` and the dashboard's cards count every outcome a
+rollout can be published with."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from rollq.models.policy import RolloutStatus
+from rollq.ops.dashboard import create_app
+from rollq.ops.metrics import render_prometheus
+from rollq.ops.status import render_text, snapshot
+from rollq.producer import Producer
+from tests.support.servers import RedisServer
+
+
+@pytest.mark.redis
+def test_cancelled_rollouts_are_counted_in_status_metrics_and_dashboard_cards(
+    redis_server: RedisServer, namespace: str
+) -> None:
+    # An outside audit: after `rollq tasks cancel c-1 c-2` the results stream held 302 rollouts, but status,
+    # rollq_rollouts_total and the dashboard cards added up to 300 (the stats hash had `cancelled:train`).
+    producer = Producer.from_url(redis_server.url, namespace)
+    ids = [producer.enqueue({"n": i}, mode="train", rollout_id=f"c-{i}").rollout_id for i in (1, 2)]
+    producer.enqueue({"n": 3}, mode="val", rollout_id="c-3")
+    producer.cancel([*ids, "c-3"])
+
+    s = snapshot(producer.connection, producer.keys)
+    assert s.cancelled == 3
+    assert s.succeeded + s.failed + s.cancelled == s.results_stream_length == 3
+    assert "  cancelled         3" in render_text(s).splitlines()
+    assert json.loads(json.dumps(s.to_dict()))["cancelled"] == 3
+    published = {
+        (sample.labels["status"], sample.labels["mode"]): sample.value
+        for family in text_string_to_metric_families(render_prometheus(s))
+        for sample in family.samples
+        if sample.name == "rollq_rollouts_total"
+    }
+    assert published == {("cancelled", "train"): 2, ("cancelled", "val"): 1}
+    assert sum(published.values()) == s.results_stream_length
+
+    web = create_app(redis_server.url, namespace).test_client()
+    cards = web.get("/rollq/api/rollouts").get_json()["cards"]
+    assert cards["cancelled"] == 3
+    assert sum(cards[status.value] for status in RolloutStatus) == 3
+    page = web.get("/rollq/").get_data(as_text=True)
+    assert re.search(r'data-role="cancelled">cancelled<b[^>]*>3</b>', page), page
