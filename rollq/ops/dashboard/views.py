@@ -12,17 +12,17 @@ import time
 from typing import Any
 
 import redis
-from flask import Blueprint, Flask, Response, abort, current_app, jsonify, render_template, request
+from flask import Blueprint, Flask, Response, abort, current_app, jsonify, render_template, request, url_for
 from markupsafe import Markup, escape
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from rollq.models.errors import InvalidTaskError
-from rollq.models.policy import RolloutStatus
 from rollq.store.keys import Keys
 
 from ..metrics import registry
 from ..status import Snapshot, group_outcomes, snapshot
-from . import data
+from . import data, params
+from .params import BadParameter
 from .svg import line_chart
 
 pages = Blueprint("rollq", __name__, url_prefix="/rollq", template_folder="templates")
@@ -36,6 +36,15 @@ def _unreadable(exc: Exception) -> tuple[str, int]:
         raise exc
     rollout_id = (request.view_args or {}).get("rollout_id", "?")
     return str(escape(f"task {rollout_id!r}: its record in Redis is not a valid rollq task: {exc}")), 422
+
+
+@pages.errorhandler(BadParameter)
+def _bad_parameter(exc: BadParameter) -> tuple[Response | str, int]:
+    """A query parameter the page cannot use: a 400 naming it (JSON for the JSON the pages poll), not a 500."""
+    if request.path.startswith(f"{pages.url_prefix}/api/"):
+        return jsonify(error=str(exc), parameter=exc.name), 400
+    back = url_for("rollq.rollouts")
+    return str(escape(str(exc)) + Markup(f'. <a href="{escape(back)}">newest rollouts</a>')), 400
 
 
 def _conn() -> redis.Redis:
@@ -57,12 +66,20 @@ def _common() -> dict[str, Any]:
 
 
 def _filters() -> data.Filters:
+    """The rollouts list's filters; ``status`` and ``mode`` must name one that exists (resources and group ids are
+    free text: one that matches nothing shows an empty list)."""
+    args = request.args
     return data.Filters(
-        status=request.args.get("status", ""),
-        mode=request.args.get("mode", ""),
-        resources_id=request.args.get("resources_id", ""),
-        group=request.args.get("group", ""),
+        status=params.one_of("status", args.get("status"), params.STATUSES),
+        mode=params.one_of("mode", args.get("mode"), params.MODES),
+        resources_id=args.get("resources_id", ""),
+        group=args.get("group", ""),
     )
+
+
+def _before() -> str | None:
+    """The page cursor ``?before=``: a stream id as the "older" link carries, checked before it reaches Redis."""
+    return params.stream_cursor("before", request.args.get("before"))
 
 
 def _cards(s: Snapshot) -> dict[str, int]:
@@ -79,9 +96,9 @@ def _cards(s: Snapshot) -> dict[str, int]:
 
 @pages.route("/")
 def rollouts() -> str:
-    filters = _filters()
+    filters, before = _filters(), _before()
     s = snapshot(_conn(), _keys())
-    listing = data.rollout_rows(_conn(), _keys(), filters, before=request.args.get("before"))
+    listing = data.rollout_rows(_conn(), _keys(), filters, before=before)
     return render_template(
         "rollq/rollouts.html",
         rows=listing.rows,
@@ -89,14 +106,15 @@ def rollouts() -> str:
         filters=filters,
         s=s,
         versions=data.sort_versions(s.resource_versions),
-        statuses=[status.value for status in RolloutStatus],
+        statuses=list(params.STATUSES),
+        modes=list(params.MODES),
         **_common(),
     )
 
 
 @pages.route("/api/rollouts")
 def rollouts_json() -> Response:
-    listing = data.rollout_rows(_conn(), _keys(), _filters(), before=request.args.get("before"))
+    listing = data.rollout_rows(_conn(), _keys(), _filters(), before=_before())
     return jsonify(
         rows=[r.to_json() for r in listing.rows],
         before=listing.before,
@@ -162,7 +180,7 @@ def workers_json() -> Response:
 
 def _charts() -> dict[str, Any]:
     # Bucket width in seconds (?bucket=N), 1 s to an hour; a minute by default.
-    bucket = min(3600, max(1, request.args.get("bucket", 60, type=int) or 60))
+    bucket = params.int_in("bucket", request.args.get("bucket"), 1, 3600, 60)
     through = data.throughput(_conn(), _keys(), bucket_seconds=bucket)
     stats = data.read_stats(_conn(), _keys())
     rewards = data.reward_by_version(stats)
