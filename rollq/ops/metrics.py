@@ -9,9 +9,12 @@ label values, which a hand-written exposition did not.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+import logging
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
 
-from prometheus_client import CollectorRegistry, generate_latest
+import redis
+from prometheus_client import CollectorRegistry, generate_latest, make_wsgi_app
 from prometheus_client.core import (
     CounterMetricFamily,
     GaugeMetricFamily,
@@ -21,6 +24,8 @@ from prometheus_client.core import (
 from prometheus_client.registry import Collector
 from prometheus_client.samples import Sample
 
+from rollq.models.outcomes import describe
+from rollq.store.connection import connect
 from rollq.store.settings import Settings
 from rollq.store.stats import (
     DURATION_BUCKETS,
@@ -32,7 +37,52 @@ from rollq.store.stats import (
 )
 from rollq.store.summaries import sort_versions, version_order
 
+from .access import WSGIApp
 from .status import Snapshot, group_outcomes, outcome_counts
+
+log = logging.getLogger(__name__)
+
+SCRAPE_SOCKET_TIMEOUT_SECONDS = 3.0
+"""How long a server answering scrapes and page polls (``rollq metrics``, the dashboard) waits on one Redis reply:
+well under Prometheus's default 10 s ``scrape_timeout``, so that a stalled Redis is a failed scrape (a 503 naming
+it) rather than a scrape timeout. The default 30 s, retried, hung a scrape for a minute."""
+
+REDIS_UNAVAILABLE = (redis.ConnectionError, redis.TimeoutError)
+"""What a read raises when Redis does not answer (stalled, down, unreachable): a 503, not a server error."""
+
+
+def scrape_connection(url: str) -> redis.Redis:
+    """A client for a server that answers while someone waits: replies within :data:`SCRAPE_SOCKET_TIMEOUT_SECONDS`,
+    and no retries. redis-py retries a new connection's handshake inside each retry of the command, so one retry
+    made a stalled Redis take four timeouts (12 s); a connection Redis closed (a restart) is replaced when it is
+    taken from the pool, and the next scrape or poll tries again anyway."""
+    return connect(url, retries=0, socket_timeout=SCRAPE_SOCKET_TIMEOUT_SECONDS)
+
+
+def unavailable(exc: BaseException) -> str:
+    """The one line a 503 answers with when Redis did not answer a read."""
+    return f"Redis did not answer ({describe(exc)})"
+
+
+def answer_503_when_redis_is_unavailable(app: WSGIApp) -> WSGIApp:
+    """``app`` (prometheus_client's, which reads Redis before it starts its response) answering a 503 with one line,
+    and logging it, when Redis does not answer; its own 500 and traceback told Prometheus nothing."""
+
+    def guarded(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+        try:
+            return app(environ, start_response)
+        except REDIS_UNAVAILABLE as exc:
+            line = unavailable(exc)
+            log.warning("answered 503 to %s: %s", environ.get("PATH_INFO", "?"), line)
+            start_response("503 Service Unavailable", [("Content-Type", "text/plain; charset=utf-8")])
+            return [line.encode() + b"\n"]
+
+    return guarded
+
+
+def metrics_app(read: Callable[[], Snapshot]) -> WSGIApp:
+    """The WSGI app ``rollq metrics`` serves: one fresh snapshot per scrape, a 503 while Redis does not answer."""
+    return answer_503_when_redis_is_unavailable(make_wsgi_app(registry(read)))
 
 
 def _histogram_buckets(counts: dict[str, float], bounds: tuple[float, ...]) -> list[tuple[str, float]]:

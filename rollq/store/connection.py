@@ -354,13 +354,21 @@ def default_retries(scheme: str) -> int:
     return FAILOVER_RETRIES if scheme in ("redis+sentinel", CLUSTER_SCHEME) else _RETRIES
 
 
-def connect(url: str | None = None, *, retries: int | None = None, client_name: str | None = None) -> redis.Redis:
+def connect(
+    url: str | None = None,
+    *,
+    retries: int | None = None,
+    client_name: str | None = None,
+    socket_timeout: float = _SOCKET_TIMEOUT_SECONDS,
+) -> redis.Redis:
     """A client for ``url`` (see the module docstring), retrying with backoff on connection errors.
 
     ``retries`` defaults to riding out a restart (about 20 s), or a failover behind Sentinel or a cluster (about
     65 s: :data:`FAILOVER_RETRIES`); a command-line tool that should answer at once passes fewer. Replies are
     bytes, as RQ requires.
     Its connections name themselves ``client_name`` (default :func:`process_client_name`) in ``CLIENT LIST``.
+    ``socket_timeout``: how long one reply may take; the default outlasts rollq's blocking reads, a server that must
+    answer within a scrape timeout (``rollq metrics``, the dashboard) passes a few seconds.
     """
     url = resolve_url(url)
     scheme = urlsplit(url).scheme
@@ -374,8 +382,8 @@ def connect(url: str | None = None, *, retries: int | None = None, client_name: 
     options: dict[str, Any] = {
         "retry": retry_policy(default_retries(scheme) if retries is None else retries),
         "retry_on_error": [redis.ConnectionError, redis.TimeoutError],
-        "socket_timeout": _SOCKET_TIMEOUT_SECONDS,
-        "socket_connect_timeout": CONNECT_TIMEOUT_SECONDS,
+        "socket_timeout": socket_timeout,
+        "socket_connect_timeout": min(CONNECT_TIMEOUT_SECONDS, socket_timeout),
         "health_check_interval": 30,
         "client_name": client_name or process_client_name(),
         "command_packer": PACKER,  # a rollout's JSON is sent as it is, not copied (rollq/store/packing.py)

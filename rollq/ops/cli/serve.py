@@ -46,11 +46,11 @@ def metrics(ctx: click.Context, bind: str, port: int, token: str) -> None:
     """Serve the namespace's metrics on http://BIND:PORT/metrics for Prometheus to scrape, until Ctrl+C."""
     from wsgiref.simple_server import WSGIRequestHandler, make_server
 
-    from prometheus_client import make_wsgi_app
     from prometheus_client.exposition import ThreadingWSGIServer
 
-    from rollq.ops.metrics import registry
+    from rollq.ops.metrics import metrics_app, scrape_connection
     from rollq.ops.status import snapshot
+    from rollq.store.keys import Keys
 
     class QuietHandler(WSGIRequestHandler):
         def log_message(self, format: str, *args: object) -> None:  # noqa: A002  # the base class's name
@@ -58,14 +58,15 @@ def metrics(ctx: click.Context, bind: str, port: int, token: str) -> None:
 
     token = token or context.settings(ctx).dashboard_token
     check_bind(bind, token, "/metrics", "read how your runs go (counts, rewards, workers, queue depths)")
-    producer = context.producer(ctx)
-    app = require_token(make_wsgi_app(registry(lambda: snapshot(producer.connection, producer.keys))), token)
+    url = context.redis_url(ctx)
+    connection, keys = scrape_connection(url), Keys(context.namespace(ctx))
+    app = require_token(metrics_app(lambda: snapshot(connection, keys)), token)
     try:
         server = make_server(bind, port, app, ThreadingWSGIServer, handler_class=QuietHandler)
     except OSError as exc:
         raise port_in_use(exc, bind, port) or exc from None
     click.echo(
-        f"rollq metrics for {producer.namespace!r} in {describe(resolve_url(ctx.find_root().params['url']))} "
+        f"rollq metrics for {keys.namespace!r} in {describe(resolve_url(url))} "
         f"on http://{bind}:{port}/metrics" + (", token required" if token else ""),
         err=True,
     )

@@ -24,7 +24,7 @@ from rq.serializers import JSONSerializer
 from rq.worker import Worker
 
 from rollq.models.errors import RollqError
-from rollq.store.connection import connect, describe
+from rollq.store.connection import describe
 from rollq.store.keys import DEFAULT_NAMESPACE, Keys
 
 from ..access import DASHBOARD_EXPOSES, check_bind, port_in_use, require_token
@@ -191,10 +191,12 @@ def create_app(redis_url: str, namespace: str = DEFAULT_NAMESPACE) -> Flask:
     setup_rq_connection(app)
     _requeue_through_rollq(app)
     _job_json_or_why(app, namespace)
+    from ..metrics import scrape_connection
     from .guard import install_guard
     from .views import install
 
-    install(app, connect(redis_url, retries=1), namespace)
+    # Replies within a few seconds: a stalled Redis is a 503 on /metrics and the polled JSON, not a hung scrape.
+    install(app, scrape_connection(redis_url), namespace)
     install_guard(app)
     return app
 

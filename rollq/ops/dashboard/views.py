@@ -8,6 +8,7 @@ turns polling off). Lists and charts read summaries (:mod:`rollq.store.summaries
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import Any
 
@@ -19,13 +20,14 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from rollq.models.errors import InvalidTaskError
 from rollq.store.keys import Keys
 
-from ..metrics import registry
+from ..metrics import REDIS_UNAVAILABLE, registry, unavailable
 from ..status import Snapshot, group_outcomes, snapshot
 from . import data, params
 from .params import BadParameter
 from .svg import line_chart
 
 pages = Blueprint("rollq", __name__, url_prefix="/rollq", template_folder="templates")
+log = logging.getLogger(__name__)
 
 
 @pages.errorhandler(InvalidTaskError)
@@ -222,10 +224,22 @@ def metrics() -> Response:
     return Response(generate_latest(reg), mimetype=CONTENT_TYPE_LATEST)
 
 
+def redis_unavailable(exc: Exception) -> tuple[Response, int]:
+    """Redis did not answer a read in time (stalled, down): a 503 with one line, logged, so that a scrape or a
+    page's poll fails at once and says why, where it was a 500 with a traceback, after a minute's hang."""
+    line = unavailable(exc)
+    log.warning("answered 503 to %s: %s", request.path, line)
+    if request.path.startswith(f"{pages.url_prefix}/api/"):
+        return jsonify(error=line), 503
+    return Response(line + "\n", mimetype="text/plain"), 503
+
+
 def install(app: Flask, connection: redis.Redis, namespace: str) -> None:
     """Add rollq's pages and /metrics to ``app`` (rq-dashboard's), on ``connection`` and ``namespace``."""
     app.config["ROLLQ_CONNECTION"] = connection
     app.config["ROLLQ_NAMESPACE"] = namespace
+    for error in REDIS_UNAVAILABLE:  # app-wide: /metrics is not under the blueprint
+        app.register_error_handler(error, redis_unavailable)
     app.jinja_env.filters["utc"] = lambda t: time.strftime("%H:%M:%S", time.gmtime(t)) if t else "-"
     app.register_blueprint(pages)
     app.add_url_rule("/metrics", "rollq_metrics", metrics)
