@@ -16,16 +16,18 @@ from rollq.models.coerce import coerce_resources
 from rollq.models.contract import ResourcesUpdate, Rollout, Task, TaskInput
 from rollq.models.errors import (
     BackpressureTimeoutError,
+    EnqueueIncompleteError,
     EnqueueUndoneError,
     InvalidTaskError,
     JobIdTakenError,
     PayloadTooLargeError,
     UnknownResourcesError,
+    enqueue_incomplete,
 )
 from rollq.models.finite import non_finite_at
 from rollq.models.groups import Membership, member_rollout_id, new_group_id
 from rollq.models.policy import RolloutPolicy, TaskState
-from rollq.store.connection import connect, process_client_name
+from rollq.store.connection import connect, process_client_name, transient_refusal
 from rollq.store.control import CancelResult, cancel_call, cancel_script_source, parse_cancel
 from rollq.store.eviction import warn_if_evicting
 from rollq.store.jobs import MAX_PACK
@@ -150,6 +152,15 @@ class Producer:
         Each task gets a fresh ``rollout_id`` unless ``rollout_ids`` gives them;
         ids already known are not queued again and their stored task is returned.
 
+        Each chunk of 2,000 tasks is one transaction: Redis queues all of it or none. When Redis refuses a chunk
+        (out of memory, say) after earlier ones were queued, those stay queued and
+        :class:`~rollq.models.errors.EnqueueIncompleteError` is raised, an instance of the refused chunk's error too
+        (``redis.exceptions.OutOfMemoryError``, ...): its ``tasks`` are the batch's first tasks, those queued, and
+        its message says "N of M task(s) queued before Redis refused: <reason>; the rest were not queued" and how to
+        queue the rest. With ``rollout_ids`` given, enqueueing the whole batch again is safe (known ids are not
+        queued twice); without, a retry of the whole batch queues the first N again under new ids. A refusal of the
+        first chunk raises the refusal itself: nothing was queued.
+
         With ``group_size=G``, each input is queued G times as one group (GRPO): the members share a
         ``group_id`` in their metadata, with their ``group_index`` and the ``group_size``, and
         :meth:`batches` hands the trainer whole groups. ``rollout_ids`` cannot be combined with groups
@@ -173,6 +184,7 @@ class Producer:
                 f"inputs must be a list of task inputs, not a {type(inputs).__name__} (enqueue() queues one input)"
             )
         policy = policy or self.policy
+        ids_given = rollout_ids is not None  # the caller's ids: a retry with them queues none twice
         per_job = self.tasks_per_job if tasks_per_job is None else _checked_pack(tasks_per_job)
         if group_size is not None and (
             isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 1
@@ -231,10 +243,12 @@ class Producer:
                 # The enqueue script checks the pinned version atomically and queues none of a batch without it.
                 if Enqueued.UNKNOWN_RESOURCES in chunk_outcomes:
                     raise UnknownResourcesError(resources_id, self.namespace)
-            except (redis.RedisError, UnknownResourcesError, EnqueueUndoneError):
-                done = serialized[: len(outcomes)]
-                self._withdraw([task for (task, _), got in zip(done, outcomes, strict=True) if got is Enqueued.QUEUED])
-                raise
+            except (redis.RedisError, UnknownResourcesError, EnqueueUndoneError) as exc:
+                if not outcomes:
+                    raise
+                # The earlier chunks stay queued (cancelling them made a retry with the same rollout ids return
+                # them cancelled, and a full Redis refused the cancel too): the error names them instead.
+                raise self._incomplete(exc, tasks, outcomes, ids_given=ids_given, group_size=group_size) from exc
             outcomes += chunk_outcomes
             if position is not None:
                 if self.first_queued_after is None:
@@ -251,22 +265,45 @@ class Producer:
         if taken:
             # The others of the batch are queued; these would have overwritten a job that is not theirs.
             raise JobIdTakenError(self.keys.job_id(taken[0]), taken[0])
+        return self._as_returned(tasks, outcomes)
+
+    def _as_returned(self, tasks: list[Task], outcomes: list[Enqueued]) -> list[Task]:
+        """``tasks`` as :meth:`enqueue_many` returns them: a known rollout id as its stored task."""
         known = [task.rollout_id for task, outcome in zip(tasks, outcomes, strict=True) if outcome is Enqueued.KNOWN]
         if known:
             stored = read_records(self.connection, self.keys, known)
             tasks = [stored[t.rollout_id].task if t.rollout_id in stored else t for t in tasks]
         return tasks
 
-    def _withdraw(self, queued: list[Task]) -> None:
-        """Cancel the tasks of a batch queued before a later chunk of it was refused, so that a refused batch
-        runs none of its tasks (each ends as ``cancelled``; the caller gets the refusal)."""
-        if not queued:
-            return
-        log.error("a chunk of the batch was refused after %d of its tasks were queued; cancelling those", len(queued))
+    def _incomplete(
+        self,
+        exc: Exception,
+        tasks: list[Task],
+        outcomes: list[Enqueued],
+        *,
+        ids_given: bool,
+        group_size: int | None,
+    ) -> EnqueueIncompleteError:
+        """The error of a batch whose chunk failed with ``exc`` after its first ``len(outcomes)`` tasks were
+        queued (or known): it carries those tasks, says how many of how many, and how to queue the rest without
+        queueing any twice (a retry of the whole batch queues its fresh rollout ids again)."""
+        done = len(outcomes)
         try:
-            self.cancel([task.rollout_id for task in queued])
-        except redis.RedisError as exc:
-            log.error("could not cancel them (%s): they stay queued", exc)
+            handled = self._as_returned(tasks[:done], outcomes)
+        except redis.RedisError:  # Redis out of reach: the known ones as they were given
+            handled = tasks[:done]
+        queued = sum(1 for outcome in outcomes if outcome is Enqueued.QUEUED)
+        reason, rest = why_not_queued(exc)
+        if ids_given:
+            retry = "enqueue the batch again with the same rollout_ids: those queued are not queued twice"
+        elif group_size is not None and done % group_size == 0:
+            retry = (
+                f"the groups of the first {done // group_size} input(s) are queued: enqueue the inputs from index "
+                f"{done // group_size} on again"
+            )
+        else:
+            retry = f"enqueue the inputs from index {done} on again, or give rollout_ids to make a retry safe"
+        return enqueue_incomplete(exc, handled, queued, len(tasks), reason=reason, rest=f"{rest} ({retry})")
 
     def pending(self) -> int:
         """Tasks queued or running in this namespace (one round trip): the queued-task index and the running set.
@@ -557,6 +594,16 @@ def checked_timeout(timeout: float) -> float:
     if not isinstance(timeout, (int, float)) or not math.isfinite(timeout) or timeout < 0:
         raise ValueError(f"timeout must be a finite number of seconds, 0 or more, not {timeout!r}")
     return timeout
+
+
+def why_not_queued(exc: BaseException) -> tuple[str, str]:
+    """What stopped an enqueue partway (``exc``, in one line) and what became of the tasks it had not queued: a
+    refusal (OOM, READONLY, ...) ran nothing of its chunk; another failure (Redis out of reach, a failover that
+    undid the chunk) may have left some of it queued."""
+    line = " ".join(str(exc).split()).rstrip(".")
+    if transient_refusal(exc) is not None:
+        return f"Redis refused: {line}", "the rest were not queued"
+    return f"it failed: {line}", "the rest may not be queued"
 
 
 def _chunk_size(max_pending: int | None, group_size: int, per_job: int) -> int:

@@ -10,12 +10,15 @@ import uuid
 from typing import IO, Any
 
 import click
+import redis
 from pydantic import ValidationError
 from tqdm import tqdm
 
 from rollq.models.click_types import Seconds
 from rollq.models.contract import Task
+from rollq.models.errors import EnqueueIncompleteError, EnqueueUndoneError, UnknownResourcesError
 from rollq.models.policy import MAX_POLICY_SECONDS
+from rollq.producer.producer import why_not_queued
 
 from . import context
 from .errors import one_line_errors
@@ -50,15 +53,16 @@ def _parse_line(number: int, line: str, mode: str | None, resources_id: str | No
         raise ValueError(f"line {number}: {where}: {first['msg']}") from exc
 
 
-def _read_tasks(stream: IO[str], mode: str | None, resources_id: str | None) -> list[Task]:
-    """Every line of ``stream`` as a Task, checked before anything is queued; the error names
-    the first bad line and counts the others."""
-    tasks, errors = [], []
+def _read_tasks(stream: IO[str], mode: str | None, resources_id: str | None) -> tuple[list[Task], list[int]]:
+    """Every line of ``stream`` as a Task, checked before anything is queued, and each one's line number; the error
+    names the first bad line and counts the others."""
+    tasks, numbers, errors = [], [], []
     for number, line in enumerate(stream, 1):
         if not line.strip():
             continue
         try:
             tasks.append(_parse_line(number, line, mode, resources_id))
+            numbers.append(number)
         except ValueError as exc:
             errors.append(str(exc))
     if errors:
@@ -68,7 +72,19 @@ def _read_tasks(stream: IO[str], mode: str | None, resources_id: str | None) -> 
     if len(set(ids)) != len(ids):
         dup = next(rid for rid in ids if ids.count(rid) > 1)
         raise ValueError(f"rollout id {dup!r} appears on more than one line; nothing was queued")
-    return tasks
+    return tasks, numbers
+
+
+def _stopped_at(exc: Exception, queued: int, total: int, next_line: int) -> ValueError:
+    """The one line ``rollq enqueue`` ends with when ``exc`` stopped it after ``queued`` of the file's ``total``
+    tasks (the lines before ``next_line``) were queued (their ids are printed): what Redis answered, and how to
+    queue the rest without queueing a line twice (a line that gives no rollout_id gets a new one each run)."""
+    reason, rest = why_not_queued(exc.__cause__ if isinstance(exc, EnqueueIncompleteError) and exc.__cause__ else exc)
+    return ValueError(
+        f"{queued} of {total} task(s) queued before {reason}; {rest} (their ids are printed above): queue the file "
+        f"from line {next_line} on (re-running all of it queues again each line that gives no rollout_id; give "
+        "every line a rollout_id to make a re-run safe)"
+    )
 
 
 @click.command()
@@ -108,13 +124,16 @@ def enqueue(
 
     Each line: {"input": ..., "rollout_id"?, "mode"?, "resources_id"?, "metadata"?}.
     The whole file is checked first: one bad line queues nothing. A rollout id
-    already known is not queued again (so re-running a file is safe).
+    already known is not queued again (so re-running a file whose lines give
+    their rollout ids is safe).
 
-    Prints the rollout id of each line, then (on stderr) how many were new.
+    Prints the rollout id of each line, then (on stderr) how many were new. If
+    Redis refuses part of the file (full), the ids of the lines queued are
+    printed, then how many of how many and the line to go on from; exit 1.
     """
     from rollq.models.policy import RolloutPolicy
 
-    tasks = _read_tasks(source, mode, resources_id)
+    tasks, numbers = _read_tasks(source, mode, resources_id)
     producer = context.producer(ctx)
     pinned = sorted({t.resources_id for t in tasks if t.resources_id})
     missing = [rid for rid in pinned if not producer.connection.exists(producer.keys.resources(rid))]
@@ -139,14 +158,24 @@ def enqueue(
         for (line_mode, line_resources, _), group in itertools.groupby(tasks, key=batch_key):
             batch = list(group)
             started = time.time()
-            queued = producer.enqueue_many(
-                [task.input for task in batch],
-                mode=line_mode,
-                resources_id=line_resources,
-                metadata=batch[0].metadata,
-                rollout_ids=[task.rollout_id for task in batch],
-                policy=policy,
-            )
+            try:
+                queued = producer.enqueue_many(
+                    [task.input for task in batch],
+                    mode=line_mode,
+                    resources_id=line_resources,
+                    metadata=batch[0].metadata,
+                    rollout_ids=[task.rollout_id for task in batch],
+                    policy=policy,
+                )
+            except (redis.RedisError, UnknownResourcesError, EnqueueUndoneError) as exc:  # what stops it partway
+                # Earlier batches, and the first chunks of this one, stay queued: say which, and where to go on.
+                done = exc.tasks if isinstance(exc, EnqueueIncompleteError) else []
+                if done:
+                    click.echo("\n".join(task.rollout_id for task in done))
+                handled = new + known + len(done)
+                if not handled:
+                    raise
+                raise _stopped_at(exc, handled, len(tasks), numbers[handled]) from exc
             # A known id comes back as the stored task, created before this call began.
             fresh = sum(1 for task in queued if (task.create_time or 0) >= started)
             new, known = new + fresh, known + len(queued) - fresh
