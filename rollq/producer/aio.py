@@ -43,6 +43,7 @@ from .producer import Producer, checked_ids, checked_timeout
 from .results import (
     REAP_EVERY_SECONDS,
     Delivered,
+    HelpingReaper,
     WaitResult,
     default_consumer_name,
     entry_rollout_id,
@@ -109,6 +110,7 @@ class _Follower:
         # Whatever is published from here on is read below; waiters read what came before from the records.
         self.ready.set()
         next_reap = time.monotonic() + REAP_EVERY_SECONDS
+        helper = HelpingReaper(p.sync.lifecycle, p.sync.results_maxlen, "async wait", within=0)
         lost_track = False
         while not self.stopping:
             try:
@@ -151,8 +153,12 @@ class _Follower:
                         else:
                             self.settle(rollout_id, parse_entry(fields))
             if self.waiters and time.monotonic() >= next_reap:
-                # As the blocking wait does: a run with every worker gone still ends.
-                await asyncio.to_thread(p.sync.reap)
+                # As the blocking wait does: a run with every worker gone still ends. Skipped while Redis refuses
+                # writes; no failure of it may end this task (a refused reap did, and every wait then timed out).
+                try:
+                    await asyncio.to_thread(helper.reap)
+                except Exception as exc:  # a Redis outage: the client retried already; reap at the next turn
+                    log.warning("reaping failed (%s); reading on", exc)
                 next_reap = time.monotonic() + REAP_EVERY_SECONDS
 
 

@@ -22,7 +22,7 @@ from rollq.models.contract import Rollout
 from rollq.models.errors import InvalidTaskError, RolloutsTrimmedError, RolloutTimeoutError, RolloutTrimmedError
 from rollq.models.outcomes import failed_rollout
 from rollq.models.wire import parse_rollout
-from rollq.store.connection import Outage, unrecoverable
+from rollq.store.connection import Outage, refusals_not_waited, transient_refusal, unrecoverable
 from rollq.store.keys import TRIMMED_TO, Keys, StreamField, TaskField, foreign_key
 from rollq.store.payloads import load_payloads, loaded_one_by_one, missing_payload
 from rollq.store.reaper import reap
@@ -34,6 +34,38 @@ log = logging.getLogger(__name__)
 # Producers reap too, so that a run with every worker gone still ends: stale
 # attempts fail or requeue instead of being waited on forever.
 REAP_EVERY_SECONDS = 5.0
+
+
+class HelpingReaper:
+    """The reap a producer's wait does every :data:`REAP_EVERY_SECONDS`, so that a run with every worker gone still
+    ends. It is a helping hand (workers reap too): while Redis refuses its writes (full, a demoted primary) it is
+    skipped at once, said once per spell, and the wait reads on. It was retried until the producer's retries ran out
+    and then raised OutOfMemoryError out of the wait, past its timeout (the operator audit's oom_wait.py)."""
+
+    def __init__(self, lifecycle: Lifecycle, results_maxlen: int, what: str, *, within: float) -> None:
+        self.lifecycle, self.results_maxlen, self.what, self.within = lifecycle, results_maxlen, what, within
+        self.refused = False
+
+    def reap(self) -> None:
+        """Reap once, unless Redis refuses the writes; other errors (an outage) are the caller's."""
+        try:
+            with refusals_not_waited():
+                reap(self.lifecycle, results_maxlen=self.results_maxlen, within=self.within)
+        except redis.ResponseError as exc:
+            if transient_refusal(exc) is None:
+                raise
+            if not self.refused:
+                self.refused = True
+                log.warning(
+                    "%s: Redis refuses the reap that helps workers end stale attempts (%s); reading rollouts on "
+                    "without it until Redis accepts writes",
+                    self.what,
+                    " ".join(str(exc).split()),
+                )
+            return
+        if self.refused:
+            self.refused = False
+            log.info("%s: Redis accepts writes again; reaping again", self.what)
 
 
 def parse_entry(fields: dict[bytes, bytes]) -> Rollout:
@@ -356,6 +388,7 @@ def _wait(
     cursor: bytes | None = None
     trim_seen: bytes | None = None
     outage = Outage("wait")
+    helper = HelpingReaper(lifecycle, results_maxlen, "wait", within=REAP_EVERY_SECONDS)
     next_reap = time.monotonic() + REAP_EVERY_SECONDS
     while True:
         settled = 0
@@ -396,7 +429,7 @@ def _wait(
                 trim_seen = trimmed_to
                 settled += got.check_records(connection, keys)
             if time.monotonic() >= next_reap:
-                reap(lifecycle, results_maxlen=results_maxlen, within=REAP_EVERY_SECONDS)
+                helper.reap()
                 next_reap = time.monotonic() + REAP_EVERY_SECONDS
             outage.over()
         except (redis.ConnectionError, redis.TimeoutError) as exc:

@@ -16,6 +16,7 @@ the process.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import re
@@ -25,6 +26,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from contextvars import ContextVar
 from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote, urlsplit
 
@@ -184,6 +186,24 @@ REFUSALS = Refusals()
 """The process-wide record of Redis refusing commands (see :class:`Refusals`)."""
 
 
+# False within refusals_not_waited(): a refused command raises at once.
+_WAIT_OUT_REFUSALS: ContextVar[bool] = ContextVar("rollq_wait_out_refusals", default=True)
+
+
+@contextlib.contextmanager
+def refusals_not_waited() -> Iterator[None]:
+    """Within this block (this thread or task), a command Redis refuses for now (:func:`transient_refusal`) raises
+    at once instead of being retried with backoff, and is not recorded in :data:`REFUSALS`; outages are retried
+    as ever. For a call that only lends a hand and should not hold up its caller (a producer's wait reaps so that
+    a run with every worker gone still ends): waiting out a full Redis there made a wait raise OutOfMemoryError
+    once the retries ran out, past its own timeout."""
+    token = _WAIT_OUT_REFUSALS.set(False)
+    try:
+        yield
+    finally:
+        _WAIT_OUT_REFUSALS.reset(token)
+
+
 class _Retry(Retry):
     """Retry connection errors, and commands Redis refused but may accept later (:func:`transient_refusal`:
     OOM, READONLY, BUSY...), with backoff; not errors retrying cannot fix (see :func:`unrecoverable`).
@@ -222,7 +242,7 @@ class RetryVerdict:
 
     def __call__(self, error: Exception) -> bool:
         if isinstance(error, redis.ResponseError) and not isinstance(error, redis.ConnectionError):
-            if transient_refusal(error) is None:
+            if transient_refusal(error) is None or not _WAIT_OUT_REFUSALS.get():
                 return False
             self.refused = True
             REFUSALS.refused(error)

@@ -5,17 +5,26 @@ raised OutOfMemoryError from the reap it does to help the workers)."""
 
 from __future__ import annotations
 
+import asyncio
+import logging
+import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 import redis
 
-from rollq.models.errors import EnqueueIncompleteError
-from rollq.models.policy import TaskState
+from rollq.models.contract import Rollout
+from rollq.models.errors import EnqueueIncompleteError, RolloutTimeoutError
+from rollq.models.policy import RolloutStatus, TaskState
 from rollq.producer import Producer
+from rollq.producer import results as results_module
+from rollq.producer.aio import AsyncProducer
+from rollq.store.connection import connect
 from rollq.store.keys import TaskField
-from rollq.store.transitions import Lifecycle
+from rollq.store.replies import Claim
+from rollq.store.transitions import Finish, Lifecycle
 from tests.support.servers import RedisServer
 
 pytestmark = pytest.mark.redis
@@ -139,3 +148,111 @@ def test_rollq_enqueue_refused_partway_prints_the_ids_it_queued_and_says_from_wh
     again = rollq("enqueue", input="".join(lines[2000:]), url_=server.url)
     assert again.exit_code == 0, again.output
     assert client.llen(producer.keys.rq_queue) == 3000
+
+
+def _finish(url: str, namespace: str, rollout_id: str) -> None:
+    """Claim and publish ``rollout_id`` as a worker would, on a connection of its own."""
+    worker = Producer.from_url(url, namespace)
+    job = worker.connection.hget(worker.keys.task(rollout_id), TaskField.JOB)
+    assert isinstance(job, bytes)
+    claim = worker.lifecycle.claim(rollout_id, job.decode(), "w1")
+    assert isinstance(claim, Claim)
+    rollout = Rollout(rollout_id=rollout_id, final_reward=1.0)
+    finish = Finish(
+        rollout_id=rollout_id,
+        attempt=claim.attempt,
+        rollout_json=rollout.model_dump_json(),
+        status=RolloutStatus.SUCCEEDED,
+        results_maxlen=100,
+        dead_letter=False,
+        now=time.time(),
+    )
+    worker.lifecycle.finish(finish)
+
+
+def _free_then_finish(client: redis.Redis, url: str, namespace: str, rollout_id: str) -> threading.Timer:
+    """After 1.5 s (several reaps of the wait refused), free Redis's memory and publish ``rollout_id``."""
+
+    def free_and_finish() -> None:
+        client.config_set("maxmemory", 0)
+        _finish(url, namespace, rollout_id)
+
+    timer = threading.Timer(1.5, free_and_finish)
+    timer.start()
+    return timer
+
+
+@pytest.fixture
+def reap_often(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A wait's reap every 0.2 s, not 5 (the real interval, to see a refused one within a short wait)."""
+    monkeypatch.setattr(results_module, "REAP_EVERY_SECONDS", 0.2)
+    monkeypatch.setattr("rollq.producer.aio.REAP_EVERY_SECONDS", 0.2)
+
+
+def _refused_reap_lines(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if "reap" in r.getMessage() and "maxmemory" in r.getMessage()]
+
+
+@pytest.mark.usefixtures("reap_often")
+def test_a_wait_while_redis_refuses_writes_times_out_as_usual_saying_once_that_it_skips_its_reap(
+    server: RedisServer, namespace: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Before: the reap wait does to help the workers (a Lua write) was refused, retried to the end of the producer's
+    # retry budget and raised OutOfMemoryError out of wait (oom_wait.py: after 22.1 s of a 15 s wait). The budget is
+    # one retry here, so that the test sees it at once.
+    client = server.client()
+    producer = Producer(connect(server.url, retries=1), namespace)
+    producer.enqueue({"a": 1}, rollout_id="ow-1")
+    client.config_set("maxmemory", 1)
+    started = time.monotonic()
+
+    with caplog.at_level(logging.INFO), pytest.raises(RolloutTimeoutError, match="ow-1"):
+        producer.wait(["ow-1"], timeout=2)
+
+    assert time.monotonic() - started < 5  # the timeout, not the producer's retry budget on top
+    assert len(_refused_reap_lines(caplog)) == 1, caplog.text
+
+
+@pytest.mark.usefixtures("reap_often")
+def test_a_wait_through_a_spell_of_full_redis_returns_the_rollout_published_after_it(
+    server: RedisServer, namespace: str
+) -> None:
+    client = server.client()
+    producer = Producer(connect(server.url, retries=1), namespace)
+    producer.enqueue({"a": 1}, rollout_id="ow-2")
+    client.config_set("maxmemory", 1)
+    timer = _free_then_finish(client, server.url, namespace, "ow-2")
+
+    (rollout,) = producer.wait(["ow-2"], timeout=15)
+    timer.join()
+
+    assert rollout.rollout_id == "ow-2" and rollout.final_reward == 1.0
+
+
+@pytest.mark.usefixtures("reap_often")
+def test_an_async_wait_through_a_spell_of_full_redis_returns_the_rollout_published_after_it(
+    server: RedisServer, namespace: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Before: the follower shared by the async waits died of the refused reap, and the wait timed out although the
+    # rollout was published once memory was freed.
+    client = server.client()
+
+    async def main() -> Rollout:
+        from rollq.store.connection import connect_async
+
+        producer = AsyncProducer(connect_async(server.url), Producer(connect(server.url, retries=1), namespace))
+        try:
+            await producer.enqueue({"a": 1}, rollout_id="ow-3")
+            client.config_set("maxmemory", 1)
+            timer = _free_then_finish(client, server.url, namespace, "ow-3")
+            (rollout,) = await producer.wait(["ow-3"], timeout=10)
+            timer.join()
+            return rollout
+        finally:
+            await producer.aclose()
+
+    with caplog.at_level(logging.INFO):
+        rollout = asyncio.run(main())
+
+    assert rollout.rollout_id == "ow-3"
+    assert len(_refused_reap_lines(caplog)) == 1, caplog.text
