@@ -209,70 +209,16 @@ class EnqueueIncompleteError(RollqError):
     """A batch that Redis refused partway: its first chunks (``enqueue_many`` commits one transaction per 2,000
     tasks) are queued, the rest are not. ``tasks`` are the first ``len(tasks)`` of the batch's tasks, queued (or
     already known), as ``enqueue_many`` would have returned them; ``queued`` counts those newly queued,
-    ``batch_size`` the batch; ``reason`` says what stopped it ("Redis refused: <its reply>").
+    ``batch_size`` the batch; ``reason`` says what stopped it ("Redis refused: <its reply>"); the refused chunk's
+    own error (``redis.exceptions.OutOfMemoryError``, ...) is its ``__cause__``.
 
-    It is raised as a subclass of that error's class (``OutOfMemoryError``, ``ReadOnlyError``, ...; see
-    :func:`enqueue_incomplete`), so that an ``except`` clause written for it still catches it. Before, that error
-    alone was raised, and a caller who enqueued the batch again queued its first chunks twice.
+    Before, that error alone was raised, and a caller who enqueued the batch again queued its first chunks twice: a
+    partial enqueue is its own error, so that no ``except`` clause written for a refusal of the whole batch takes
+    it for one.
     """
 
-    tasks: list[Any]
-    queued: int
-    batch_size: int
-    reason: str
-
-    def _describe(self, tasks: Sequence[Any], queued: int, batch_size: int, reason: str, rest: str) -> None:
-        """Set the fields and the message; not ``__init__``, which the refused error's own class may claim."""
+    def __init__(self, tasks: Sequence[Any], queued: int, batch_size: int, *, reason: str, rest: str) -> None:
         self.tasks, self.queued, self.batch_size, self.reason = list(tasks), queued, batch_size, reason
         known = len(self.tasks) - queued
         also = f" ({known} more already known)" if known else ""
-        self.args = (f"{queued} of {batch_size} task(s) queued{also} before {reason}; {rest}",)
-
-    def __str__(self) -> str:  # a KeyError base would quote the message
-        return str(self.args[0])
-
-    def __reduce__(self) -> tuple[Any, ...]:
-        return _rebuild_incomplete, (self._refused, self.args[0], self.__dict__)
-
-    _refused: type[BaseException] = Exception
-
-
-_INCOMPLETE_CLASSES: dict[type[BaseException], type[EnqueueIncompleteError]] = {}
-
-
-def _incomplete_class(refused: type[BaseException]) -> type[EnqueueIncompleteError]:
-    """:class:`EnqueueIncompleteError` that is also a ``refused`` (one class per refused error's class, made once)."""
-    if issubclass(refused, EnqueueIncompleteError):
-        return refused
-    if refused not in _INCOMPLETE_CLASSES:
-        try:
-            kind = type(
-                f"EnqueueIncomplete{refused.__name__}", (EnqueueIncompleteError, refused), {"_refused": refused}
-            )
-            kind.__module__ = __name__
-        except TypeError:  # a base whose layout cannot be mixed in: still an EnqueueIncompleteError
-            kind = EnqueueIncompleteError
-        _INCOMPLETE_CLASSES[refused] = kind
-    return _INCOMPLETE_CLASSES[refused]
-
-
-def enqueue_incomplete(
-    refused: BaseException, tasks: Sequence[Any], queued: int, batch_size: int, *, reason: str, rest: str
-) -> EnqueueIncompleteError:
-    """The :class:`EnqueueIncompleteError` for a batch of ``batch_size`` whose later chunk got ``refused`` after
-    ``tasks`` (``queued`` of them new) were queued: an instance of ``refused``'s class too, with its attributes.
-    Its message: "N of M task(s) queued before ``reason``; ``rest``" (what became of the others, how to retry)."""
-    kind = _incomplete_class(type(refused))
-    error = kind.__new__(kind)
-    error.__dict__.update(refused.__dict__)
-    error._describe(tasks, queued, batch_size, reason, rest)
-    return error
-
-
-def _rebuild_incomplete(refused: type[BaseException], message: str, state: dict[str, Any]) -> EnqueueIncompleteError:
-    """Unpickle an :class:`EnqueueIncompleteError` (its class is made at run time, so pickle cannot name it)."""
-    kind = _incomplete_class(refused)
-    error = kind.__new__(kind)
-    error.args = (message,)
-    error.__dict__.update(state)
-    return error
+        super().__init__(f"{queued} of {batch_size} task(s) queued{also} before {reason}; {rest}")

@@ -22,7 +22,6 @@ from rollq.models.errors import (
     JobIdTakenError,
     PayloadTooLargeError,
     UnknownResourcesError,
-    enqueue_incomplete,
 )
 from rollq.models.finite import non_finite_at
 from rollq.models.groups import Membership, member_rollout_id, new_group_id
@@ -154,12 +153,12 @@ class Producer:
 
         Each chunk of 2,000 tasks is one transaction: Redis queues all of it or none. When Redis refuses a chunk
         (out of memory, say) after earlier ones were queued, those stay queued and
-        :class:`~rollq.models.errors.EnqueueIncompleteError` is raised, an instance of the refused chunk's error too
-        (``redis.exceptions.OutOfMemoryError``, ...): its ``tasks`` are the batch's first tasks, those queued, and
-        its message says "N of M task(s) queued before Redis refused: <reason>; the rest were not queued" and how to
-        queue the rest. With ``rollout_ids`` given, enqueueing the whole batch again is safe (known ids are not
-        queued twice); without, a retry of the whole batch queues the first N again under new ids. A refusal of the
-        first chunk raises the refusal itself: nothing was queued.
+        :class:`~rollq.models.errors.EnqueueIncompleteError` is raised from the refused chunk's error
+        (``redis.exceptions.OutOfMemoryError``, ...: its ``__cause__``): its ``tasks`` are the batch's first
+        tasks, those queued, and its message says "N of M task(s) queued before Redis refused: <reason>; the
+        rest were not queued" and how to queue the rest. With ``rollout_ids`` given, enqueueing the whole batch
+        again is safe (known ids are not queued twice); without, a retry of the whole batch queues the first N
+        again under new ids. A refusal of the first chunk raises the refusal itself: nothing was queued.
 
         With ``group_size=G``, each input is queued G times as one group (GRPO): the members share a
         ``group_id`` in their metadata, with their ``group_index`` and the ``group_size``, and
@@ -303,7 +302,7 @@ class Producer:
             )
         else:
             retry = f"enqueue the inputs from index {done} on again, or give rollout_ids to make a retry safe"
-        return enqueue_incomplete(exc, handled, queued, len(tasks), reason=reason, rest=f"{rest} ({retry})")
+        return EnqueueIncompleteError(handled, queued, len(tasks), reason=reason, rest=f"{rest} ({retry})")
 
     def pending(self) -> int:
         """Tasks queued or running in this namespace (one round trip): the queued-task index and the running set.

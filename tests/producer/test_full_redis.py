@@ -77,7 +77,7 @@ def test_a_batch_refused_after_its_first_chunk_raises_naming_the_tasks_it_queued
     client.config_set("maxmemory", 0)
 
     error = caught.value
-    assert isinstance(error, redis.exceptions.OutOfMemoryError)  # what `except` clauses written before still catch
+    assert isinstance(error.__cause__, redis.exceptions.OutOfMemoryError)  # Redis's refusal, chained
     assert (error.queued, error.batch_size, len(error.tasks)) == (2000, 3000, 2000)
     assert [t.input for t in error.tasks] == inputs[:2000]
     ids = [t.rollout_id for t in error.tasks]

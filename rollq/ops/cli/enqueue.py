@@ -167,8 +167,9 @@ def enqueue(
                     rollout_ids=[task.rollout_id for task in batch],
                     policy=policy,
                 )
-            except (redis.RedisError, UnknownResourcesError, EnqueueUndoneError) as exc:  # what stops it partway
-                # Earlier batches, and the first chunks of this one, stay queued: say which, and where to go on.
+            except (redis.RedisError, UnknownResourcesError, EnqueueUndoneError, EnqueueIncompleteError) as exc:
+                # What stops it partway. Earlier batches, and the first chunks of this one, stay queued: say which,
+                # and where to go on.
                 done = exc.tasks if isinstance(exc, EnqueueIncompleteError) else []
                 if done:
                     click.echo("\n".join(task.rollout_id for task in done))
