@@ -38,7 +38,7 @@ from rollq.store.stats import (
 from rollq.store.summaries import sort_versions, version_order
 
 from .access import WSGIApp
-from .status import Snapshot, group_outcomes, outcome_counts
+from .status import DEAD_AFTER_SECONDS, Snapshot, group_outcomes, outcome_counts
 
 log = logging.getLogger(__name__)
 
@@ -158,7 +158,12 @@ def families(s: Snapshot, keep_versions: int = 5) -> Iterator[Metric]:
     for worker, n in sorted(s.in_flight_by_worker.items()):
         by_worker.add_metric([ns, worker], n)
     yield by_worker
-    yield gauge("rollq_workers_alive", "Workers on this namespace that heartbeated recently.", s.workers_alive)
+    yield gauge(
+        "rollq_workers_alive",
+        f"Workers in RQ's worker registry (rq:workers) serving this namespace whose RQ worker key was heartbeated "
+        f"within the last {DEAD_AFTER_SECONDS:g} s.",
+        s.workers_alive,
+    )
     yield gauge("rollq_stale_attempts", "Running attempts past their heartbeat deadline.", s.stale_attempts)
     yield gauge(
         "rollq_replication_degraded_processes",

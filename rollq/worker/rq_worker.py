@@ -44,6 +44,7 @@ from collections.abc import Sequence
 from typing import Any, cast
 
 import redis
+from rq import worker_registration
 from rq.exceptions import StopRequested
 from rq.job import Job
 from rq.logutils import setup_loghandlers
@@ -51,7 +52,7 @@ from rq.queue import Queue
 from rq.registry import clean_registries
 from rq.serializers import JSONSerializer
 from rq.timeouts import BaseDeathPenalty
-from rq.utils import get_version, now
+from rq.utils import get_version, now, utcformat
 from rq.worker import SimpleWorker, WorkerStatus
 
 from rollq.models.contract import Hook
@@ -300,6 +301,7 @@ class RolloutWorker(SimpleWorker):
         self._loop_wedged = False
         self._next_suspension_check = 0.0
         self._refusals_reported = (REFUSALS.episodes, REFUSALS.refused_seconds)
+        self._registered = False  # from RQ's register_birth to its register_death (see _keep_registered)
 
     @property
     def dequeue_timeout(self) -> int:
@@ -404,7 +406,7 @@ class RolloutWorker(SimpleWorker):
             self.runner.heartbeat_members,
             interval=self.settings.heartbeat_seconds,
             results_maxlen=self.settings.results_maxlen,
-            on_beat=self._beat_while_busy,
+            on_beat=self._on_beat,
             on_lost=self.runner.abandon,
             piggyback=self._pause.queue if self._pause is not None else None,
         )
@@ -422,12 +424,60 @@ class RolloutWorker(SimpleWorker):
             self.keys.namespace,
         )
 
-    def _beat_while_busy(self) -> None:
-        # The main thread heartbeats the worker key only between dequeues; while it
-        # waits for a free slot this keeps the worker visible.
-        if self.slots.busy:
-            self.heartbeat()
-        self._report_refusals()
+    def _on_beat(self) -> None:
+        """Each beat of rollq's heartbeat thread: keep the worker's RQ records alive and listed, report refusals."""
+        try:
+            self._keep_registered()
+        finally:
+            self._report_refusals()
+
+    def register_birth(self) -> None:
+        super().register_birth()
+        self._registered = True
+
+    def register_death(self) -> None:
+        self._registered = False  # a beat after this would list a stopped worker again
+        super().register_death()
+
+    def _keep_registered(self) -> None:
+        """Heartbeat the worker key while rollouts run, and put the worker back in RQ's registry if Redis lost it.
+
+        The main thread heartbeats the worker key only between dequeues; while it waits for a free slot, this keeps
+        the worker visible. RQ writes its registry (``rq:workers`` and the queue's worker set, which ``Worker.all``,
+        ``rollq status`` and ``/metrics`` read) only at the worker's start: after a Redis restart without
+        persistence (or a flush) a running worker was missing from it for good, "0 alive" while it ran tasks. The
+        SADDs of an existing member and the HSETNX of an existing ``birth`` write nothing; one that writes says the
+        registration was gone, and RQ's birth fields are written again (:meth:`_register_again`)."""
+        if not self._registered:
+            return
+        pipe = self.connection.pipeline(transaction=False)
+        recent = self.last_heartbeat is not None and (now() - self.last_heartbeat).total_seconds() < 1.0
+        if self.slots.busy and not recent:
+            self.heartbeat(pipeline=pipe)
+        checks = len(pipe)
+        worker_registration.register(self, pipe)
+        pipe.hsetnx(self.key, "birth", utcformat(self.birth_date or now()))
+        if any(pipe.execute()[checks:]):
+            self._register_again()
+
+    def _register_again(self) -> None:
+        """RQ's ``register_birth`` writes again, with the worker's first birth date (it is the same worker), and
+        rollq's concurrency field: a hash the heartbeat's HSETs recreated held only the fields they write."""
+        self.last_heartbeat = now()
+        self.birth_date = self.birth_date or self.last_heartbeat
+        pipe = self.connection.pipeline(transaction=False)
+        pipe.hset(
+            self.key,
+            mapping={**self.serialize(), "state": self._state, WORKER_CONCURRENCY_FIELD: self.settings.concurrency},
+        )
+        worker_registration.register(self, pipe)
+        pipe.expire(self.key, self.worker_ttl + 60)
+        pipe.execute()
+        self.log.warning(
+            "worker %s re-registered with RQ: its registration was gone from Redis (a restart without persistence, "
+            "a flush, an eviction); `rollq status` and RQ list it again",
+            self.name,
+        )
 
     def _report_refusals(self) -> None:
         """Count the times this process waited out Redis refusing commands (OOM, READONLY...) in the stats hash,
