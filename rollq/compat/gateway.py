@@ -380,6 +380,11 @@ class Gateway:
             return settled, f"rollout {rollout_id} was cancelled; this result is dropped"
         if settled == Settled.SUPERSEDED:
             return settled, f"attempt {attempt} of {rollout_id} is no longer current; not delivered"
+        if settled == Settled.TASK_MISSING:
+            return settled, (
+                f"the task record of {rollout_id} is gone (Redis lost it); this result is kept on the superseded "
+                "stream, not delivered"
+            )
         if bad_reward is not None:
             return settled, f"rollout {rollout_id} (attempt {attempt}) stored as failed: {bad_reward}"
         return settled, f"rollout {rollout_id} (attempt {attempt}) received and stored"

@@ -2,7 +2,7 @@
 
 ``GET /task`` -> ``TaskIfAny``; ``GET /resources/latest`` and ``GET /resources/{id}`` ->
 ``ResourcesUpdate`` (404 when there is none); ``POST /rollout`` (a ``Rollout``) ->
-``GenericResponse`` whose ``status`` is ``delivered``, ``superseded`` or ``cancelled``
+``GenericResponse`` whose ``status`` is ``delivered``, ``superseded``, ``cancelled`` or ``task-missing``
 (400 naming the field for a malformed body, 403 for a post without its attempt's token, 413 for a
 body over ``max_body_bytes``). With a ``key``, every route needs it (401 otherwise; see
 :mod:`rollq.compat.binding`). Redis calls run on threads, off the event loop.

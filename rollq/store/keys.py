@@ -314,11 +314,16 @@ class StreamField(StrEnum):
     ROLLOUT = "rollout"  # the Rollout, JSON
     REF = "ref"  # instead of ROLLOUT, a big rollout's payload key (Keys.payload); summaries stream: the same key
     ATTEMPT = "attempt"  # superseded stream only
+    REASON = "reason"  # superseded stream only: TASK_MISSING when the task record was gone, absent otherwise
     SUMMARY = "summary"  # summaries stream: the summary, JSON (rollq.store.summaries)
     MODE = "mode"  # summaries stream: the task's mode, from its record
     RESULT = "result"  # summaries stream: the results-stream entry the summary describes
     SIZE = "size"  # summaries stream: that entry's payload bytes (rollout id + rollout JSON), for trimming
 
+
+TASK_MISSING = "task-missing"
+"""The ``reason`` of a superseded-stream entry kept because its task record was gone (Redis lost it: a restart
+without persistence, a flush, an eviction), not because a newer attempt took over (``lua/finish.lua``)."""
 
 TRIMMED_TO = "trimmed-to"
 """The field of :attr:`Keys.results_trim` holding the first entry id the last trim kept."""

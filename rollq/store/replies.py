@@ -63,6 +63,12 @@ class Superseded:
 
 
 @dataclass(frozen=True)
+class TaskMissing:
+    """The task record is gone: Redis lost it (a restart without persistence, a flush, an eviction). Not a newer
+    attempt: the rollout is kept on the superseded stream with ``reason`` ``task-missing``, not delivered."""
+
+
+@dataclass(frozen=True)
 class Cancelled:
     """The task was cancelled (``lua/cancel.lua``): the attempt's result is dropped."""
 
@@ -77,7 +83,7 @@ class JobTaken:
     """Nothing was written: the new job id holds a job hash that stands for something else."""
 
 
-FinishReply = Published | Superseded | StillAlive | Cancelled
+FinishReply = Published | Superseded | StillAlive | Cancelled | TaskMissing
 RequeueReply = Requeued | Superseded | StillAlive | JobTaken
 
 
@@ -171,6 +177,8 @@ def read_finish(reply: Any) -> FinishReply:
     """``finish.lua``'s (and ``reject.lua``'s) reply; the damaged keys it names are logged."""
     if reply[0] == Word.PUBLISHED.encode():
         return Published(reply[1].decode(), report_damaged(reply[2]) if len(reply) > 2 else "")
+    if reply[0] == Word.MISSING.encode():
+        return TaskMissing()
     return _OUTCOMES[Word(reply[0].decode())]  # type: ignore[return-value]
 
 

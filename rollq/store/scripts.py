@@ -30,6 +30,7 @@ from .keys import (
     PAYLOAD_KEY,
     RESULTS_KEY,
     SUMMARIES_FROM,
+    TASK_MISSING,
     TRIMMED_TO,
     StreamField,
     TaskField,
@@ -91,6 +92,7 @@ def lua_header() -> str:
             f"local IDLE_MS_FIELD, GROUP_IDLE_MS = '{IDLE_MS_FIELD}', {GROUP_IDLE_SECONDS * 1000}",
             f"local STATS_DROPPED_CANCELLED = '{StatsField.DROPPED_CANCELLED}'",
             f"local STATS_REWARD_MISSING = '{StatsField.REWARD_MISSING}'",
+            f"local STATS_TASK_MISSING, REASON_TASK_MISSING = '{StatsField.TASK_MISSING}', '{TASK_MISSING}'",
             f"local HISTORY_LIMIT = {HISTORY_LIMIT}",
             _lua_format(FOREIGN_KEY, "foreign_key"),
             "local function is_wrong_type(reply) return type(reply) == 'table' and type(reply.err) == 'string' "

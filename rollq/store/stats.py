@@ -18,6 +18,7 @@ class StatsField(StrEnum):
     DURATION_SUM = "duration:sum"
     RESULTS_BYTES = "results:bytes"  # payload bytes (rollout JSON + rollout id) on the results stream
     DROPPED_CANCELLED = "dropped:cancelled"  # results of cancelled attempts that arrived and were dropped
+    TASK_MISSING = "task-missing"  # results whose task record Redis had lost: kept on the superseded stream
     REWARD_MISSING = "reward-missing"  # succeeded rollouts published with no reward at all
     GROUPS_DELIVERED = "groups:delivered"  # complete groups handed to a trainer by Producer.batches
     GROUPS_STALE_DROPPED = "groups:stale-dropped"  # groups older than the staleness bound, dropped

@@ -35,10 +35,10 @@ from rollq.models.groups import GROUP_FIELDS
 from rollq.models.outcomes import failed_rollout, stamp
 from rollq.models.policy import RolloutStatus
 from rollq.models.wire import rollout_json
-from rollq.store.keys import TaskField, inflight_member
+from rollq.store.keys import TASK_MISSING, TaskField, inflight_member
 from rollq.store.payloads import goes_to_payload, payload_token
 from rollq.store.records import wrong_type
-from rollq.store.replies import Cancelled, Claim, ClaimRefused, FinishReply, Published, Superseded
+from rollq.store.replies import Cancelled, Claim, ClaimRefused, FinishReply, Published, Superseded, TaskMissing
 from rollq.store.summaries import summary_json
 from rollq.store.transitions import Finish, Lifecycle
 
@@ -134,6 +134,8 @@ class Settled(StrEnum):
     superseded stream, never delivered."""
     CANCELLED = "cancelled"
     """The task was cancelled while the attempt ran: dropped."""
+    TASK_MISSING = "task-missing"
+    """The task record was gone (Redis lost it): kept on the superseded stream, marked so, never delivered."""
 
 
 class Attempts:
@@ -249,8 +251,7 @@ class Attempts:
         """Run one publication's finish call on its own (a worker batches them instead)."""
         return self.lifecycle.finish(publication.finish)
 
-    @staticmethod
-    def settled(publication: Publication, reply: FinishReply) -> Settled:
+    def settled(self, publication: Publication, reply: FinishReply) -> Settled:
         """What the finish call's ``reply`` means for the publication (logged when it was not delivered)."""
         attempt = publication.attempt
         if isinstance(reply, Published):
@@ -268,4 +269,17 @@ class Attempts:
                 attempt.worker,
             )
             return Settled.SUPERSEDED
+        if isinstance(reply, TaskMissing):
+            log.warning(
+                "result of %s attempt %d (from %s): the task record %s is gone (Redis lost it: a restart without "
+                "persistence, a flush, an eviction); the rollout is kept on the superseded stream %s with reason %r, "
+                "not delivered (enqueue the task again to run it)",
+                attempt.rollout_id,
+                attempt.number,
+                attempt.worker,
+                self.lifecycle.keys.task(attempt.rollout_id),
+                self.lifecycle.keys.superseded,
+                TASK_MISSING,
+            )
+            return Settled.TASK_MISSING
         raise ValueError(f"a finish call without stale_before cannot answer {reply!r}")

@@ -71,6 +71,7 @@ class AttemptStatus(StrEnum):
     RETRYING = "retrying"  # failed, and the task is queued again for another attempt
     RELEASED = "released"  # handed back to the queue on a graceful stop
     SUPERSEDED = "superseded"  # a newer attempt took over; the result was kept aside, not delivered
+    TASK_MISSING = "task-missing"  # Redis had lost the task record; the result was kept aside, not delivered
     SKIPPED = "skipped"  # the job no longer stands for its task; nothing ran
     CANCELLED = "cancelled"  # the task was cancelled while the attempt ran; its result was dropped
     LOST = "lost"  # no longer in flight (cancelled, or taken over by a reaper): the agent was stopped
@@ -446,6 +447,8 @@ class AgentRunner:
             return AttemptResult(rollout_id, AttemptStatus.CANCELLED, attempt)
         if settled == Settled.SUPERSEDED:
             return AttemptResult(rollout_id, AttemptStatus.SUPERSEDED, attempt)
+        if settled == Settled.TASK_MISSING:
+            return AttemptResult(rollout_id, AttemptStatus.TASK_MISSING, attempt)
         return _published(publication.rollout, AttemptStatus(publication.status.value), attempt, publication.task)
 
 

@@ -16,6 +16,7 @@ from rq.worker import Worker
 from rollq.ops.status import snapshot
 from rollq.producer.producer import Producer
 from rollq.store.keys import Keys
+from rollq.store.stats import StatsField
 from tests.support.servers import WorkerProcess
 from tests.support.waiting import wait_until
 
@@ -59,3 +60,28 @@ def test_running_workers_are_listed_again_after_a_restart_that_lost_the_worker_r
     assert "re-registered" in worker.log()
     assert worker.process.poll() is None
 
+
+def test_a_result_whose_task_record_redis_lost_is_not_counted_as_superseded(own_redis, namespace, workers):
+    server = own_redis()
+    # The agent ends before the worker's next heartbeat, which would have seen its attempt gone and stopped it.
+    worker = workers(server.url, namespace, env={**AGENT, "ROLLQ_HEARTBEAT_SECONDS": "10"})
+    producer = Producer.from_url(server.url, namespace)
+    rid = producer.enqueue({"sleep": 3}).rollout_id
+    keys = Keys(namespace)
+    wait_until(lambda: server.client().zcard(keys.inflight) == 1, "the rollout to run", timeout=30)
+
+    server.restart(down_seconds=0.5)
+
+    client = server.client()
+    wait_until(lambda: "is gone" in worker.log(), "the worker to say the task record is gone", timeout=30)
+    log = worker.log()
+    # Before: "result of <rid> attempt 1 ... arrived after a newer attempt took over; kept as superseded".
+    assert "newer attempt" not in log, log
+    assert f"the task record {keys.task(rid)} is gone" in log, log
+    assert "restart without persistence" in log
+    assert client.hget(keys.stats, StatsField.SUPERSEDED) is None
+    # The rollout is not dropped silently: it is kept where the operator finds it, marked as orphaned.
+    entries = client.xrange(keys.superseded)
+    assert [e[1][b"rollout_id"].decode() for e in entries] == [rid], entries
+    assert entries[0][1].get(b"reason") == b"task-missing", entries
+    assert worker.process.poll() is None

@@ -2,7 +2,9 @@
 -- This is what keeps completions <= tasks: a late result from a superseded attempt is recorded, never delivered.
 -- The results stream is kept within its bounds by trim_results (lua/trim_results.lua, put before this script), once
 -- for the batch. Each task's reply, in order: {'published', entry_id}; {'superseded'} when the attempt is not current
--- (its rollout is kept on the superseded stream); {'alive'} when stale_before is set and the attempt heartbeated after
+-- (its rollout is kept on the superseded stream); {'missing'} when the task record is gone (Redis lost it: a restart
+-- without persistence, a flush, an eviction; the rollout is kept on the superseded stream with reason task-missing,
+-- counted as that and not as superseded); {'alive'} when stale_before is set and the attempt heartbeated after
 -- it (a reaper lost the race to a live worker); {'cancelled'} when the task was cancelled (the result is dropped: the
 -- cancelled rollout already stands for the task); an error reply when its part of the script failed (the other
 -- tasks' parts stand). Records each attempt's end in its task's history (end_field(attempt) = status|now).
@@ -96,6 +98,19 @@ local function finish_one(task_key, a)
     drop_payload()
     tally(STATS_DROPPED_CANCELLED, 1)
     return {REPLY.cancelled}
+  end
+  if t[1] == false and redis.call('EXISTS', task_key) == 0 then
+    -- No task record at all: no newer attempt took over, Redis lost the record (and with it the in-flight entry, the
+    -- RQ job...). The rollout cannot be delivered as the task's outcome (nothing says this attempt is current; the
+    -- producer may enqueue the task again), so it is kept where the operator finds it, marked with why; a reaper's
+    -- finish writes nothing, as for a superseded attempt.
+    if stale_before == '' and superseded_ok then
+      redis.call('XADD', superseded, 'MAXLEN', '~', maxlen, '*', S.rollout_id, rollout_id, S.attempt, attempt,
+        S.rollout, ref ~= '' and redis.call('GET', ref) or rollout_json, S.reason, REASON_TASK_MISSING)
+      tally(STATS_TASK_MISSING, 1)
+    end
+    drop_payload()
+    return {REPLY.missing}
   end
   if t[1] ~= STATE.running or t[2] ~= attempt then
     if stale_before == '' and t[2] == attempt and t[5] then
