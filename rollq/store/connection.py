@@ -117,8 +117,13 @@ def unrecoverable(error: BaseException) -> str | None:
 # its primary, a cluster slot moving. NOSCRIPT is not one: redis-py's Script loads the script and runs it again.
 # CLUSTERDOWN: a Redis Cluster with a slot unserved (a primary failing over) refuses every command until it is served.
 REFUSAL_WORDS = ("OOM", "READONLY", "BUSY", "MASTERDOWN", "TRYAGAIN", "LOADING", "CLUSTERDOWN")
-# A Redis at the edge of its memory refuses and accepts by turns: one warning per this many seconds at most.
+# A refusal that goes on is logged again once per this many seconds; each refusal's start and end are always logged.
 _REFUSAL_LOG_SECONDS = 60.0
+_SETTLE_SECONDS = 3.0
+"""A refusal within this long of the last one's end is a turn of it, logged only once it lasts this long (see
+:class:`Refusals`)."""
+RECENT_REFUSAL_SECONDS = 60.0
+"""How long after a refusal ended a reaper holding off still names it as the cause (see :meth:`Refusals.recent`)."""
 
 
 def transient_refusal(error: BaseException) -> str | None:
@@ -145,7 +150,13 @@ def transient_refusal(error: BaseException) -> str | None:
 
 class Refusals:
     """This process's view of Redis refusing commands: one warning when a refusal starts, one when Redis accepts
-    commands again, and the state in between for whoever reports it (``rollq status`` reads Redis's own)."""
+    commands again, and the state in between for whoever reports it (``rollq status`` reads Redis's own).
+
+    Every refusal's start and end are logged, however close to the last one: quieting a start line within a minute
+    of the previous one (and then its end line) left a second OOM episode of 30 s, rollouts stuck, without a word.
+    Two things stay quiet. A refusal that goes on is logged again once per :data:`_REFUSAL_LOG_SECONDS`. And a Redis
+    at the edge of its memory refuses and accepts by turns: a refusal within :data:`_SETTLE_SECONDS` of the last
+    one's end is a turn of it, logged (as a refusal of its own) only once it has lasted that long."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -153,33 +164,65 @@ class Refusals:
         self.reason: str | None = None
         self.episodes = 0
         self.refused_seconds = 0.0
-        self._logged: float | None = None
+        self._logged: float | None = None  # when the refusal in progress was last logged; None: not (yet), a turn
+        self._last: tuple[str, float] | None = None  # the last refusal that ended: its reason, when it ended
 
     def refused(self, error: BaseException) -> None:
         with self._lock:
-            if self.since is not None:
-                return
             now = time.monotonic()
-            self.since, self.reason = now, str(error)
-            quiet = self._logged is not None and now - self._logged < _REFUSAL_LOG_SECONDS
-            if not quiet:
-                self._logged = now
-        if not quiet:
-            log.warning("Redis refuses commands (%s); backing off and retrying until it accepts them", error)
+            if self.since is None:
+                self.since, self.reason = now, describe_refusal(error)
+                turn = self._last is not None and now - self._last[1] < _SETTLE_SECONDS
+                self._logged = None if turn else now
+                line = None if turn else "start"
+            elif self._logged is None:
+                line = "start" if now - self.since >= _SETTLE_SECONDS else None  # a turn that did not pass
+                self._logged = now if line else None
+            elif now - self._logged >= _REFUSAL_LOG_SECONDS:
+                self._logged, line = now, "still"
+            else:
+                line = None
+            since, reason = self.since, self.reason
+        if line == "start":
+            log.warning("Redis refuses commands (%s); backing off and retrying until it accepts them", reason)
+        elif line == "still":
+            log.warning("Redis still refuses commands after %.0fs (%s)", now - since, describe_refusal(error))
 
     def accepted(self) -> None:
+        """Redis ran a command it had refused (or a whole heartbeat): the refusal is over."""
         with self._lock:
             if self.since is None:
                 return
-            took = time.monotonic() - self.since
-            self.since, self.episodes, self.refused_seconds = None, self.episodes + 1, self.refused_seconds + took
-            logged = self._logged is not None and self._logged >= time.monotonic() - took - 0.001
+            now = time.monotonic()
+            took, logged = now - self.since, self._logged is not None
+            self._last = (self.reason or "", now)
+            self.since, self.refused_seconds = None, self.refused_seconds + took
+            if logged:  # a quiet turn is part of the refusal logged before it
+                self.episodes += 1
         if logged:
             log.warning("Redis accepts commands again after refusing them for %.1fs", took)
 
     def state(self) -> str | None:
         """The refusal in progress (its error text), or None."""
         return self.reason if self.since is not None else None
+
+    def recent(self, within: float = RECENT_REFUSAL_SECONDS) -> str | None:
+        """The refusal in progress, or the last one if it ended less than ``within`` seconds ago (its text), or None:
+        what a reaper holding off names as the cause (Redis answered, refusing writes: neither stalled nor away)."""
+        with self._lock:
+            if self.since is not None:
+                return self.reason
+            if self._last is not None and time.monotonic() - self._last[1] < within:
+                return self._last[0]
+            return None
+
+
+def describe_refusal(error: BaseException) -> str:
+    """``error``'s text led by the word Redis refused with (``OOM``, ``READONLY``...): redis-py drops the word from
+    the text of the errors it has a class for, so "command not allowed when used memory > 'maxmemory'" said OOM
+    only to those who knew."""
+    text, word = str(error), transient_refusal(error)
+    return text if word is None or text.startswith(word) else f"{word}: {text}"
 
 
 REFUSALS = Refusals()

@@ -40,6 +40,7 @@ from rollq.models.outcomes import failed_rollout
 from rollq.models.policy import RolloutStatus, TaskState
 from rollq.models.wire import rollout_json
 
+from . import connection as _connection
 from .jobs import read_rollq_jobs, rollout_ids_of
 from .keys import Keys, TaskField, foreign_key, parse_inflight_member
 from .records import TaskRecord, not_a_record, read_records_or_errors, wrong_type
@@ -66,6 +67,20 @@ class ReapReport:
     quarantined: int = 0
     reissued: int = 0
     waited: bool = False  # the pass judged no deadline: Redis was just stalled or out of reach
+
+
+def _log_holding_off(wait: float) -> None:
+    """Say why this pass judges no deadline: a refusal this process met (OOM, READONLY...) by its name, Redis having
+    answered all along; otherwise a stall or an outage, which is all the namespace's clock can tell."""
+    refusal = _connection.REFUSALS.recent()
+    if refusal is not None:
+        log.warning(
+            "Redis refused writes (%s), so heartbeats were not recorded: judging no deadline for another %.1fs",
+            refusal,
+            wait,
+        )
+    else:
+        log.warning("Redis was stalled or out of reach: judging no deadline for another %.1fs", wait)
 
 
 def take_turn(lifecycle: Lifecycle, seconds: float) -> bool:
@@ -98,7 +113,7 @@ def reap(
     report = ReapReport(waited=clock.in_grace)
     if clock.in_grace:
         wait = (clock.grace_until or clock.now) - clock.now
-        log.warning("Redis was stalled or out of reach: judging no deadline for another %.1fs", wait)
+        _log_holding_off(wait)
         return report
     keys = lifecycle.keys
     # Each part reads lists of its own: one of them holding another type skips that part, named, not the pass (a
