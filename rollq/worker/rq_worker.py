@@ -302,6 +302,7 @@ class RolloutWorker(SimpleWorker):
         self._next_suspension_check = 0.0
         self._refusals_reported = (REFUSALS.episodes, REFUSALS.refused_seconds)
         self._registered = False  # from RQ's register_birth to its register_death (see _keep_registered)
+        self._register_pending = False  # a lost registration noticed, not yet written again
 
     @property
     def dequeue_timeout(self) -> int:
@@ -457,8 +458,11 @@ class RolloutWorker(SimpleWorker):
         checks = len(pipe)
         worker_registration.register(self, pipe)
         pipe.hsetnx(self.key, "birth", utcformat(self.birth_date or now()))
-        if any(pipe.execute()[checks:]):
+        if any(pipe.execute()[checks:]) or self._register_pending:
+            # Until it is written: the SADDs and HSETNX that noticed the loss wrote, so the next beat's would not.
+            self._register_pending = True
             self._register_again()
+            self._register_pending = False
 
     def _register_again(self) -> None:
         """RQ's ``register_birth`` writes again, with the worker's first birth date (it is the same worker), and
