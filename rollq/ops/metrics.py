@@ -256,6 +256,14 @@ def families(s: Snapshot, keep_versions: int = 5) -> Iterator[Metric]:
     )
     superseded.add_metric([ns], s.superseded)
     yield superseded
+    task_missing = CounterMetricFamily(
+        "rollq_task_missing",
+        "Results whose task record Redis had lost (a restart without persistence, a flush, an eviction), kept on "
+        "the superseded stream with reason task-missing.",
+        labels=["namespace"],
+    )
+    task_missing.add_metric([ns], s.task_missing)
+    yield task_missing
     gateway = CounterMetricFamily(
         "rollq_gateway_refusals",
         "serve-al/serve-agl: posts refused for want of their attempt's token (refused), unfinished leases handed "

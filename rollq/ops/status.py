@@ -59,6 +59,8 @@ class Snapshot:
     memory: MemoryState | None = None
     """Redis's memory limit, use and eviction policy; None where ``INFO`` is not available."""
     reward_missing: int = 0
+    task_missing: int = 0
+    """Results kept on the superseded stream because their task record was gone (Redis lost it), not superseded."""
     """Succeeded rollouts published with no reward at all (the agent's reward never reached rollq)."""
     llm_gate: dict[str, Any] | None = None
     """The weight-sync gate: ``paused`` (bool), ``epoch``, ``workers`` reporting, ``acknowledged``, LLM calls
@@ -162,6 +164,7 @@ def snapshot(
         results_stream_memory_bytes=_memory_usage(connection, keys.results) if xlen else 0,
         memory=memory_state(connection),
         reward_missing=int(counters.get(StatsField.REWARD_MISSING, 0)),
+        task_missing=int(counters.get(StatsField.TASK_MISSING, 0)),
         llm_gate=_llm_gate(connection, keys),
         replication_degraded=degraded_processes(connection, keys.replication_degraded, now),
         retained=retained_sizes(connection, keys) if retained and xlen else None,
@@ -294,7 +297,12 @@ def render_text(s: Snapshot) -> str:
         f"  failed            {s.failed}",
         f"  cancelled         {s.cancelled}",
         f"  dead-letter       {s.dead_letter}",
-        f"  superseded        {s.superseded}",
+        f"  superseded        {s.superseded}"
+        + (
+            f" (and {s.task_missing} result(s) kept on that stream whose task record Redis lost: reason task-missing)"
+            if s.task_missing
+            else ""
+        ),
         f"  requeued          {', '.join(f'{k}: {v}' for k, v in sorted(s.requeued.items())) or 0}",
         f"  results stream    {s.results_stream_length} entries, {_size(s.results_stream_bytes)}"
         + (f", oldest {s.results_oldest_age_seconds:.0f}s old" if s.results_oldest_age_seconds is not None else "")

@@ -84,4 +84,6 @@ def test_a_result_whose_task_record_redis_lost_is_not_counted_as_superseded(own_
     entries = client.xrange(keys.superseded)
     assert [e[1][b"rollout_id"].decode() for e in entries] == [rid], entries
     assert entries[0][1].get(b"reason") == b"task-missing", entries
+    status = snapshot(client, keys)
+    assert (status.superseded, status.task_missing) == (0, 1)
     assert worker.process.poll() is None
