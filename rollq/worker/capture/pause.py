@@ -40,6 +40,9 @@ class PauseFollower:
         self._listener: threading.Thread | None = None
         self._stopping = threading.Event()
         self._lifted = 0  # the newest pause epoch this worker saw lifted: a reading taken before that is stale
+        # How many times this follower closed or opened the gate: a heartbeat's reading asked for before the latest
+        # change (the listener applied an announcement while the reading was on its way) says nothing newer.
+        self._changes = 0
         # Reports made when the last call ends: off the proxy's loop, one at a time.
         self._reports = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="rollq-llm-gate")
         gate.on_drained = self._drained
@@ -70,21 +73,30 @@ class PauseFollower:
 
         The counts are read off the proxy's loop, without waiting for it (a busy loop never delays a heartbeat):
         the epoch first, then the calls, so a report can only overstate what runs under a closed gate."""
+        taken = self._changes
         counts = self.gate.counts()
         read = self.reporter.queue(pipe, ack=counts.closed_for, in_flight=counts.in_flight, waiting=counts.waiting)
 
         def done(reply: Any) -> None:
-            self._apply(read(reply))
+            self._apply(read(reply), taken=taken)
 
         return done
 
     # -- what a reading means ----------------------------------------------------------------------------------
-    def _apply(self, reading: GateReading) -> None:
+    def _apply(self, reading: GateReading, *, taken: int | None = None) -> None:
+        """Follow ``reading``: a heartbeat's (``taken``: :attr:`_changes` when it was asked for) or an announcement's
+        or a report's of its own (None: newer than any change this follower made)."""
         with self._lock:
+            if taken is not None and taken != self._changes:
+                # The gate changed while this reading was on its way: read as a missed resume, a "no pause" taken
+                # before a pause's announcement reopened the gate and marked the pause lifted, so the worker
+                # never acknowledged it (a trainer's weight_sync timed out). The next heartbeat reads afresh.
+                return
             if reading.epoch is None:
                 if not self.gate.is_open:
                     # The resume announcement was missed, or the pause's lease ran out.
                     self._lifted = max(self._lifted, self.gate.closed_for)
+                    self._changes += 1
                     self.gate.open(reading.latest)
                 else:
                     self.gate.note_version(reading.latest)
@@ -92,6 +104,7 @@ class PauseFollower:
             self.gate.note_version(reading.latest)
             if self.gate.closed_for == reading.epoch or reading.epoch <= self._lifted:
                 return
+            self._changes += 1
             counts = self.gate.close(reading.epoch)
             log.info(
                 "LLM calls paused (pause %d): %d running upstream, new calls wait", reading.epoch, counts.in_flight
@@ -183,5 +196,6 @@ class PauseFollower:
             if epoch is not None and self.gate.closed_for > epoch:
                 return False
             self._lifted = max(self._lifted, epoch or self.gate.closed_for)
+            self._changes += 1
             self.gate.open(latest)
             return True
