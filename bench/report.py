@@ -467,10 +467,31 @@ young-generation threshold; agent spans and the span-to-dict conversion do less 
 (`bench/run_all.py`, 2026-12-02); this run, on the machine of the headline run that replaced them, checks that the
 worker's path costs what it did then. What changed since (`git log {doc['base']}..{doc['head']}`) is mostly the
 capturing proxy, which neither the mock agent nor the no-op agent calls."""
+    elif doc["base"] == "74dfb49":
+        changes = f"""Commit `74dfb49` is the last one before the Lua scripts checked the type of each key they
+write before their first write (`TYPE`, once a key a call: a key of another type is skipped and named, or refuses
+the call when it is essential, instead of failing the script half-way after its `XADD`), before RQ job ids hashed
+the namespace, and before the worker's heartbeat re-registered a worker Redis had lost (`git log
+{doc['base']}..{doc['head']}`). This run is what those checks cost on the worker's path.{_packs_note_of(doc)}"""
     else:
         changes = f"What changed: the commits `git log {doc['base']}..{doc['head']}` lists."
-    # The earlier headline run's commit gets a heading of its own: the page links to it.
-    return {"changes": changes, "against": ", against fd9d057" if doc["base"] == "fd9d057" else ""}
+    # The earlier headline runs' commits get headings of their own: the page links to them.
+    against = f", against {doc['base']}" if doc["base"] in ("fd9d057", "74dfb49") else ""
+    if doc["base"] == "74dfb49" and _packs_of(doc) > 1:
+        against += f", this tree with packs of {_packs_of(doc)}"
+    return {"changes": changes, "against": against}
+
+
+def _packs_note_of(doc: Doc) -> str:
+    """What a before/after run with packs compares: only this tree ran with them."""
+    k = _packs_of(doc)
+    return (
+        f" This tree ran with packs of {k} tasks per RQ job and the base without (before_after.py gives packs to "
+        "this tree only), so its ratios are the packs' whole gain plus the checks' cost; the Redis commands per "
+        "rollout are the figure to read against the target (<= 15)."
+        if k > 1
+        else ""
+    )
 
 
 BEFORE_AFTER = Spec(
@@ -1578,7 +1599,8 @@ SPECS: dict[str, Spec] = {
 }
 # The page's order; results files not named here follow in name order.
 ORDER = ["al_own_path", "al", "al_packs", "noop", "handoffs", "mock_llm", "startup", "fleet_startup", "before_after",
-         "before_after_packs", "before_after_stop32", "before_after_fd9d057", "profile", "profile_packs",
+         "before_after_packs", "before_after_stop32", "before_after_fd9d057", "before_after_damaged_keys",
+         "before_after_damaged_keys_packs", "profile", "profile_packs",
          "worker_floor", "rollout_cpu", "rollout_cpu_before_after", "rollout_trace", "big", "results_stream",
          "inflight10k", "scaling",
          "cluster",
