@@ -278,9 +278,16 @@ def test_rq_dashboards_job_json_of_a_malformed_quarantined_job_says_why_not_a_se
     assert web.get("/0/data/job/fine.json").json["status"] == "queued"
 
 
-def test_rollq_wraps_rq_dashboards_job_json_where_rq_dashboard_routes_it() -> None:
-    # Pins the rq-dashboard internals _job_json_or_why depends on: one job_info view, at this URL, called with
-    # these keywords. A new rq-dashboard that moves it fails here (and create_app raises RollqError).
+@pytest.mark.parametrize(
+    ("view", "url"),
+    [
+        ("job_info", "/<int:instance_number>/data/job/<job_id>.json"),
+        ("job_view", "/<int:instance_number>/view/job/<job_id>"),
+    ],
+)
+def test_rollq_wraps_rq_dashboards_job_views_where_rq_dashboard_routes_them(view: str, url: str) -> None:
+    # Pins the rq-dashboard internals rollq's wrappers of its job JSON and job page depend on: one view each, at this
+    # URL, called with these keywords. A new rq-dashboard that moves one fails here (and create_app raises RollqError).
     import inspect
 
     from rq_dashboard.cli import make_flask_app
@@ -288,9 +295,9 @@ def test_rollq_wraps_rq_dashboards_job_json_where_rq_dashboard_routes_it() -> No
     from rollq.ops.dashboard import rq_dashboard_endpoint
 
     app = make_flask_app(None, None, None, "")
-    name = rq_dashboard_endpoint(app, "job_info")
+    name = rq_dashboard_endpoint(app, view)
     [rule] = [r.rule for r in app.url_map.iter_rules() if r.endpoint == name]
-    assert rule == "/<int:instance_number>/data/job/<job_id>.json"
+    assert rule == url
     assert list(inspect.signature(inspect.unwrap(app.view_functions[name])).parameters) == ["instance_number", "job_id"]
 
 
@@ -314,18 +321,3 @@ def test_rq_dashboards_job_page_of_a_malformed_quarantined_job_says_why_not_a_se
     # A job RQ can read gets rq-dashboard's own page, as before.
     client.hset(Keys.rq_job("fine"), mapping=base)
     assert web.get("/0/view/job/fine").status_code == 200
-
-
-def test_rollq_wraps_rq_dashboards_job_page_where_rq_dashboard_routes_it() -> None:
-    # Pins the rq-dashboard internals the job page's wrapper depends on, as for the job JSON above.
-    import inspect
-
-    from rq_dashboard.cli import make_flask_app
-
-    from rollq.ops.dashboard import rq_dashboard_endpoint
-
-    app = make_flask_app(None, None, None, "")
-    name = rq_dashboard_endpoint(app, "job_view")
-    [rule] = [r.rule for r in app.url_map.iter_rules() if r.endpoint == name]
-    assert rule == "/<int:instance_number>/view/job/<job_id>"
-    assert list(inspect.signature(inspect.unwrap(app.view_functions[name])).parameters) == ["instance_number", "job_id"]
