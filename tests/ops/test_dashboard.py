@@ -321,3 +321,43 @@ def test_rq_dashboards_job_page_of_a_malformed_quarantined_job_says_why_not_a_se
     # A job RQ can read gets rq-dashboard's own page, as before.
     client.hset(Keys.rq_job("fine"), mapping=base)
     assert web.get("/0/view/job/fine").status_code == 200
+
+
+def test_rq_dashboards_queue_list_leaves_out_a_queue_key_of_another_type_and_shows_the_others(
+    redis_server: RedisServer, namespace: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    # CI: one RQ queue key holding a string (something other than RQ wrote it), listed in the database's rq:queues,
+    # made rq-dashboard's queue list (/0/data/queues.json, and its front page) a 500 for every namespace: LLEN
+    # raised WRONGTYPE while counting it.
+    client = redis_server.client()
+    damaged = Keys(f"{namespace}-damaged")
+    Producer.from_url(redis_server.url, namespace).enqueue({"q": 1})
+    client.set(damaged.rq_queue, "junk")
+    client.sadd("rq:queues", damaged.rq_queue)
+    try:
+        web = create_app(redis_server.url, namespace).test_client()
+        response = web.get("/0/data/queues.json")
+        assert response.status_code == 200, response.get_data(as_text=True)[:300]
+        names = {q["name"] for q in response.json["queues"]}
+        assert namespace in names and damaged.queue_name not in names
+        assert f"the RQ queue {damaged.rq_queue} is a string, not a list" in caplog.text
+        assert web.get("/0/", follow_redirects=True).status_code == 200
+    finally:
+        client.delete(damaged.rq_queue)
+        client.srem("rq:queues", damaged.rq_queue)
+
+
+def test_rollq_replaces_the_queue_class_rq_dashboard_lists_queues_with() -> None:
+    # Pins the rq-dashboard and RQ internals _DashboardQueue depends on: rq-dashboard's views name RQ's Queue as
+    # rq_dashboard.web.Queue and list queues with Queue.all(connection=...), whose parameters the override repeats.
+    import inspect
+
+    import rq_dashboard.web as web
+    from rq.queue import Queue
+
+    from rollq.ops.dashboard import _DashboardQueue
+
+    create_app("redis://127.0.0.1:1/0")
+    assert web.Queue is _DashboardQueue
+    assert "Queue.all(connection=current_app.redis_conn)" in inspect.getsource(web)
+    assert list(inspect.signature(Queue.all).parameters) == list(inspect.signature(_DashboardQueue.all).parameters)

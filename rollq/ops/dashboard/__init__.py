@@ -15,22 +15,25 @@ from __future__ import annotations
 
 import logging
 import sys
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 from urllib.parse import urlsplit
 
 from rq.exceptions import NoSuchJobError
 from rq.job import Job
+from rq.queue import Queue
 from rq.serializers import JSONSerializer
 from rq.worker import Worker
 
 from rollq.models.errors import RollqError
 from rollq.store.connection import describe
-from rollq.store.keys import DEFAULT_NAMESPACE, Keys
+from rollq.store.keys import DEFAULT_NAMESPACE, Keys, foreign_key
 
 from ..access import DASHBOARD_EXPOSES, check_bind, port_in_use, require_token
 
 if TYPE_CHECKING:
     from flask import Flask
+
+log = logging.getLogger(__name__)
 
 DEFAULT_PORT = 9181
 
@@ -88,12 +91,44 @@ class _DashboardWorker(Worker):
             return None
 
 
+class _DashboardQueue(Queue):
+    """``Queue.all`` as rq-dashboard calls it, without the queues whose key holds another type than RQ's list.
+
+    rq-dashboard lists every queue of the database (``rq:queues``) and counts each with ``LLEN``: one queue key that
+    something other than RQ wrote (a string, say) made its queue list and front page a 500, for every namespace. Such
+    a queue is left out, and named in the log once per process.
+    """
+
+    _named: ClassVar[set[str]] = set()
+
+    @classmethod
+    def all(
+        cls, connection: Any, job_class: Any = None, serializer: Any = None, death_penalty_class: Any = None
+    ) -> Any:
+        queues = super().all(
+            connection, job_class=job_class, serializer=serializer, death_penalty_class=death_penalty_class
+        )
+        pipe = connection.pipeline(transaction=False)
+        for queue in queues:
+            pipe.type(queue.key)
+        kept = []
+        for queue, kind in zip(queues, pipe.execute(), strict=True):
+            name = kind.decode() if isinstance(kind, bytes) else str(kind)
+            if name in ("list", "none"):
+                kept.append(queue)
+            elif queue.key not in cls._named:
+                cls._named.add(queue.key)
+                log.error("rq-dashboard's queue list leaves out %s", foreign_key("RQ queue", queue.key, name, "list"))
+        return kept
+
+
 def _patch_rq_dashboard() -> None:
     import rq_dashboard.web as web
 
     web.config.serializer = JSONSerializer
     web.Worker = _DashboardWorker
     web.Job = _DashboardJob
+    web.Queue = _DashboardQueue
 
 
 def _requeue_through_rollq(app: Flask) -> None:
