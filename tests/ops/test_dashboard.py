@@ -361,3 +361,29 @@ def test_rollq_replaces_the_queue_class_rq_dashboard_lists_queues_with() -> None
     assert web.Queue is _DashboardQueue
     assert "Queue.all(connection=current_app.redis_conn)" in inspect.getsource(web)
     assert list(inspect.signature(Queue.all).parameters) == list(inspect.signature(_DashboardQueue.all).parameters)
+
+
+@pytest.mark.redis
+def test_rq_dashboard_reads_redis_through_the_dashboards_connection_with_its_socket_timeout(
+    redis_server: RedisServer, namespace: str
+) -> None:
+    # The operator's audit: rq-dashboard built a client of its own (rq_dashboard.web.from_url, redis_sentinel_url's
+    # connect), at start and again before every /<instance>/... request, with redis-py's default socket timeout: none
+    # before redis-py 8, so its pages and JSON hung on a stalled Redis (tests/ops/test_scrape_stall.py). Pins the
+    # internals rollq's replacement relies on: both call from_url, and its views read current_app.redis_conn.
+    import inspect
+
+    import rq_dashboard.web as web
+
+    from rollq.ops.metrics import SCRAPE_SOCKET_TIMEOUT_SECONDS
+
+    for function in (web.setup_rq_connection, web.push_rq_connection):
+        assert "from_url(" in inspect.getsource(function), function
+    assert "connection=current_app.redis_conn" in inspect.getsource(web.list_queues)
+    app = create_app(redis_server.url, namespace)
+    ours = app.config["ROLLQ_CONNECTION"]
+    assert app.redis_conn is ours  # type: ignore[attr-defined]
+    for path in ("/0/data/queues.json", "/0/view/workers", "/"):
+        assert app.test_client().get(path).status_code == 200, path
+        assert app.redis_conn is ours, path  # type: ignore[attr-defined]
+    assert ours.connection_pool.connection_kwargs["socket_timeout"] == SCRAPE_SOCKET_TIMEOUT_SECONDS

@@ -1,8 +1,9 @@
-"""``/metrics`` and the dashboard's polled JSON answer a 503 naming Redis within seconds while Redis stalls, rather
-than hanging past a Prometheus scrape timeout."""
+"""``/metrics``, the dashboard's polled JSON and rq-dashboard's pages and JSON answer a 503 naming Redis within
+seconds while Redis stalls, rather than hanging past a Prometheus scrape timeout (or a browser's patience)."""
 
 from __future__ import annotations
 
+import json
 import signal
 import subprocess
 import time
@@ -40,6 +41,25 @@ def _answers(url: str) -> bool:
         return False
 
 
+def _while_stalled(server: RedisServer, urls: list[str]) -> dict[str, tuple[int, str, float]]:
+    """What a GET of each of ``urls``, all at once, answers while ``server`` is SIGSTOPped (connections to it are
+    accepted by the kernel, and nothing is ever read or answered)."""
+    assert server.process is not None
+    server.process.send_signal(signal.SIGSTOP)
+    try:
+        with ThreadPoolExecutor(len(urls)) as pool:
+            return dict(zip(urls, pool.map(_status, urls), strict=True))
+    finally:
+        server.process.send_signal(signal.SIGCONT)
+
+
+def _assert_503_naming_redis(stalled: dict[str, tuple[int, str, float]]) -> None:
+    for url, (status, body, seconds) in stalled.items():
+        assert status == 503, (url, status, body[:300])
+        assert seconds < PROMETHEUS_SCRAPE_TIMEOUT, (url, seconds)
+        assert "Redis" in body and len(body.strip().splitlines()) == 1 and "Traceback" not in body, (url, body)
+
+
 @pytest.mark.redis
 def test_metrics_and_dashboard_json_answer_503_naming_redis_while_redis_stalls(
     own_redis: Callable[..., RedisServer], namespace: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
@@ -61,22 +81,10 @@ def test_metrics_and_dashboard_json_answer_503_naming_redis_while_redis_stalls(
         f"{dashboard.base}/metrics",
         f"{dashboard.base}/rollq/api/workers",
     ]
-    assert server.process is not None
     try:
         wait_until(lambda: _answers(urls[0]), "rollq metrics", timeout=60)
         assert all(_answers(url) for url in urls)  # each server's connection to Redis is open and pooled
-
-        server.process.send_signal(signal.SIGSTOP)
-        try:
-            with ThreadPoolExecutor(len(urls)) as pool:
-                stalled = dict(zip(urls, pool.map(_status, urls), strict=True))
-        finally:
-            server.process.send_signal(signal.SIGCONT)
-
-        for url, (status, body, seconds) in stalled.items():
-            assert status == 503, (url, status, body[:300])
-            assert seconds < PROMETHEUS_SCRAPE_TIMEOUT, (url, seconds)
-            assert "Redis" in body and len(body.strip().splitlines()) == 1 and "Traceback" not in body, (url, body)
+        _assert_503_naming_redis(_while_stalled(server, urls))
         wait_until(lambda: all(_answers(url) for url in urls), "the servers again once Redis answers", timeout=30)
     finally:
         exporter.terminate()
@@ -84,3 +92,38 @@ def test_metrics_and_dashboard_json_answer_503_naming_redis_while_redis_stalls(
         dashboard.stop()
     for log_text in (exporter_log.read_text(), dashboard.log()):
         assert "503" in log_text and "Redis" in log_text, log_text[-2000:]
+
+
+@pytest.mark.redis
+def test_rq_dashboards_pages_and_json_answer_503_naming_redis_while_redis_stalls(
+    own_redis: Callable[..., RedisServer], namespace: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The operator's audit: with redis-server SIGSTOPped, rq-dashboard's own pages and JSON (its queue list, the
+    # workers, a job) hung as long as the browser waited: rq-dashboard built its connection without a socket timeout.
+    server = own_redis()
+    producer = Producer.from_url(server.url, namespace)
+    job = producer.keys.job_id(producer.enqueue({"n": 1}).rollout_id)
+    monkeypatch.setenv("ROLLQ_NAMESPACE", namespace)
+    dashboard = Dashboard(server.url, tmp_path / "dashboard.log")
+    urls = [
+        f"{dashboard.base}{path}"
+        for path in (
+            "/",
+            "/0/view/workers",
+            "/0/data/queues.json",
+            "/0/data/workers.json",
+            f"/0/data/jobs/{namespace}/queued/8/asc/1.json",
+            f"/0/data/job/{job}.json",
+            f"/0/view/job/{job}",
+        )
+    ]
+    try:
+        assert all(_answers(url) for url in urls)
+        stalled = _while_stalled(server, urls)
+        _assert_503_naming_redis(stalled)
+        for url, (_, body, _) in stalled.items():  # the JSON rq-dashboard's scripts poll answers JSON
+            assert not url.endswith(".json") or json.loads(body)["error"].startswith("Redis did not answer"), body
+        wait_until(lambda: all(_answers(url) for url in urls), "rq-dashboard again once Redis answers", timeout=30)
+    finally:
+        dashboard.stop()
+    assert "503" in dashboard.log() and "Redis" in dashboard.log(), dashboard.log()[-2000:]

@@ -122,6 +122,21 @@ class _DashboardQueue(Queue):
         return kept
 
 
+def _the_dashboards_connection(url: str, **_options: Any) -> tuple[None, Any]:
+    """rq-dashboard's ``from_url`` (``redis_sentinel_url.connect``), which it calls at start and again before every
+    ``/<instance>/...`` request: the dashboard's own connection, whose replies time out within seconds.
+
+    rq-dashboard's client had redis-py's default socket timeout (none before redis-py 8), so that its pages and JSON
+    hung as long as a browser waited on a stalled Redis; it was also a new client, and a new TCP connection, for each
+    request. Now rq-dashboard, rollq's pages and ``/metrics`` share one pool
+    (:func:`rollq.ops.metrics.scrape_connection`), and a stalled Redis is a 503 naming it on each."""
+    from flask import current_app
+
+    if url != current_app.config["ROLLQ_REDIS_URL"]:  # rollq configures rq-dashboard with one URL, its own
+        raise RollqError(f"rq-dashboard asked for a Redis this dashboard was not started for: {describe(url)}")
+    return None, current_app.config["ROLLQ_CONNECTION"]
+
+
 def _patch_rq_dashboard() -> None:
     import rq_dashboard.web as web
 
@@ -129,6 +144,7 @@ def _patch_rq_dashboard() -> None:
     web.Worker = _DashboardWorker
     web.Job = _DashboardJob
     web.Queue = _DashboardQueue
+    web.from_url = _the_dashboards_connection
 
 
 def _requeue_through_rollq(app: Flask) -> None:
@@ -217,21 +233,24 @@ def create_app(redis_url: str, namespace: str = DEFAULT_NAMESPACE) -> Flask:
         raise RollqError(
             "the dashboard needs a Redis server; memory:// exists only inside one process: pass --url redis://..."
         )
+    from ..metrics import scrape_connection
+    from .guard import install_guard
+    from .views import install
+
     _patch_rq_dashboard()
     app = make_flask_app(None, None, None, "")
     app.config["RQ_DASHBOARD_REDIS_URL"] = redis_url
     # Delete and Empty remove RQ jobs only, leaving their tasks queued with no job (a reaper queues them again,
     # but only after its sweep reaches them): off, as rollq requeues and fails tasks itself.
     app.config["RQ_DASHBOARD_DISABLE_DELETE"] = True
-    setup_rq_connection(app)
+    # Replies within a few seconds: a stalled Redis is a 503 on /metrics, the polled JSON and rq-dashboard's pages,
+    # not a hung scrape or page. rq-dashboard gets the same connection (_the_dashboards_connection).
+    install(app, scrape_connection(redis_url), namespace)
+    app.config["ROLLQ_REDIS_URL"] = redis_url
+    with app.app_context():
+        setup_rq_connection(app)
     _requeue_through_rollq(app)
     _job_json_or_why(app, namespace)
-    from ..metrics import scrape_connection
-    from .guard import install_guard
-    from .views import install
-
-    # Replies within a few seconds: a stalled Redis is a 503 on /metrics and the polled JSON, not a hung scrape.
-    install(app, scrape_connection(redis_url), namespace)
     install_guard(app)
     return app
 

@@ -226,10 +226,11 @@ def metrics() -> Response:
 
 def redis_unavailable(exc: Exception) -> tuple[Response, int]:
     """Redis did not answer a read in time (stalled, down): a 503 with one line, logged, so that a scrape or a
-    page's poll fails at once and says why, where it was a 500 with a traceback, after a minute's hang."""
+    page's poll fails at once and says why, where it was a 500 with a traceback, after a minute's hang. JSON for the
+    JSON pages poll (rollq's under ``/rollq/api/``, rq-dashboard's ``.json``), one line of text for the rest."""
     line = unavailable(exc)
     log.warning("answered 503 to %s: %s", request.path, line)
-    if request.path.startswith(f"{pages.url_prefix}/api/"):
+    if request.path.startswith(f"{pages.url_prefix}/api/") or request.path.endswith(".json"):
         return jsonify(error=line), 503
     return Response(line + "\n", mimetype="text/plain"), 503
 
