@@ -14,6 +14,7 @@ from rollq.ops.dashboard import create_app
 from rollq.ops.metrics import render_prometheus
 from rollq.ops.status import render_text, snapshot
 from rollq.producer import Producer
+from rollq.store.stats import StatsField
 from tests.support.servers import RedisServer
 
 
@@ -48,3 +49,24 @@ def test_cancelled_rollouts_are_counted_in_status_metrics_and_dashboard_cards(
     assert sum(cards[status.value] for status in RolloutStatus) == 3
     page = web.get("/rollq/").get_data(as_text=True)
     assert re.search(r'data-role="cancelled">cancelled<b[^>]*>3</b>', page), page
+
+
+@pytest.mark.redis
+def test_task_missing_results_are_counted_on_the_dashboard_summary_as_in_status_and_metrics(
+    redis_server: RedisServer, namespace: str
+) -> None:
+    # The operator's audit: `rollq status` and /metrics count the results kept because Redis had lost their task
+    # record (reason task-missing, docs/reliability.md), the dashboard's summary did not show them at all.
+    producer = Producer.from_url(redis_server.url, namespace)
+    producer.connection.hincrby(producer.keys.stats, StatsField.TASK_MISSING, 2)  # as the finish script counts them
+
+    s = snapshot(producer.connection, producer.keys)
+    assert s.task_missing == 2 and "reason task-missing" in render_text(s)
+    assert "rollq_task_missing_total" in render_prometheus(s)
+
+    web = create_app(redis_server.url, namespace).test_client()
+    cards = web.get("/rollq/api/rollouts").get_json()["cards"]
+    assert cards["task-missing"] == 2
+    assert sum(cards[status.value] for status in RolloutStatus) == 0  # not a published rollout
+    page = web.get("/rollq/").get_data(as_text=True)
+    assert re.search(r'data-role="task-missing"[^>]*>task-missing<b[^>]*>2</b>', page), page

@@ -86,12 +86,14 @@ def _before() -> str | None:
 
 def _cards(s: Snapshot) -> dict[str, int]:
     """The rollouts page's cards, keyed by their ``data-role``; one per rollout status, so that they add up to the
-    rollouts published."""
+    rollouts published, and ``task-missing``: results kept aside because Redis had lost their task record (as
+    ``rollq status`` and ``rollq_task_missing`` count them), which no status card counts."""
     return {
         "queued": s.queued,
         "in-flight": s.in_flight,
         **{status.value: n for status, n in s.outcomes.items()},
         "dead-letter": s.dead_letter,
+        "task-missing": s.task_missing,
         "workers": s.workers_alive,
     }
 
