@@ -4,6 +4,7 @@ seconds while Redis stalls, rather than hanging past a Prometheus scrape timeout
 from __future__ import annotations
 
 import json
+import re
 import signal
 import subprocess
 import time
@@ -11,11 +12,14 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from threading import Thread
 
 import pytest
 
 from rollq.producer import Producer
+from tests.support.browser import chromium, require_chromium
 from tests.support.dashboard import Dashboard
 from tests.support.servers import ROLLQ, RedisServer, free_port
 from tests.support.waiting import wait_until
@@ -127,3 +131,97 @@ def test_rq_dashboards_pages_and_json_answer_503_naming_redis_while_redis_stalls
     finally:
         dashboard.stop()
     assert "503" in dashboard.log() and "Redis" in dashboard.log(), dashboard.log()[-2000:]
+
+
+def _forward(url: str) -> tuple[int, str, bytes]:
+    """The status, content type and body of a GET of ``url``."""
+    try:
+        with urllib.request.urlopen(url, timeout=40) as response:
+            return response.status, response.headers["Content-Type"], response.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.headers["Content-Type"], exc.read()
+
+
+class _StallingProxy:
+    """An HTTP proxy in front of ``dashboard`` that SIGSTOPs ``server`` (Redis) for each of the first ``polls`` GETs
+    of a page's JSON (``/rollq/api/...``) it passes on, and SIGCONTs it when the answer is back: a browser polls a
+    page it loaded while Redis answered, and the next ``polls`` polls meet a stalled Redis."""
+
+    def __init__(self, dashboard: Dashboard, server: RedisServer, polls: int) -> None:
+        self.stalled: list[int] = []  # the status of each stalled poll
+        proxy = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # noqa: N802  (http.server's name)
+                stall = self.path.startswith("/rollq/api/") and len(proxy.stalled) < polls
+                assert server.process is not None
+                if stall:
+                    server.process.send_signal(signal.SIGSTOP)
+                try:
+                    status, kind, data = _forward(dashboard.base + self.path)
+                finally:
+                    if stall:
+                        server.process.send_signal(signal.SIGCONT)
+                if stall:
+                    proxy.stalled.append(status)
+                self.send_response(status)
+                self.send_header("Content-Type", kind)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, format: str, *args: object) -> None:  # noqa: A002
+                pass
+
+        self.http = ThreadingHTTPServer(("127.0.0.1", free_port()), Handler)
+        self.base = f"http://127.0.0.1:{self.http.server_port}"
+        Thread(target=self.http.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.http.shutdown()
+        self.http.server_close()
+
+
+def _banner(dom: str) -> str:
+    """The text of the page's poll-failure banner, or ``""`` while it is hidden."""
+    found = re.search(r'<div[^>]*data-role="poll-failed"([^>]*)>(.*?)</div>', dom, re.S)
+    assert found, dom[-3000:]
+    return "" if "hidden" in found.group(1) else " ".join(found.group(2).split())
+
+
+@pytest.mark.redis
+@pytest.mark.browser
+def test_dashboard_page_shows_a_banner_while_its_polls_fail_and_clears_it_when_they_answer(
+    own_redis: Callable[..., RedisServer], namespace: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The operator's audit: while Redis stalled, each poll of the rollouts page failed (503), and the page went on
+    # showing the numbers of its last good poll as if they were current, with no word of it.
+    browser = require_chromium()
+    server = own_redis()
+    Producer.from_url(server.url, namespace).enqueue({"n": 1})
+    monkeypatch.setenv("ROLLQ_NAMESPACE", namespace)
+    dashboard = Dashboard(server.url, tmp_path / "dashboard.log")
+    try:
+        # Every poll in the page's 12 s (two, 5 s apart) meets a stalled Redis: the banner says so, and why.
+        failing = _StallingProxy(dashboard, server, polls=100)
+        try:
+            dom = chromium(browser, tmp_path / "profile-a", failing.base + "/rollq/", virtual_ms=12_000)
+        finally:
+            failing.close()
+        assert failing.stalled and set(failing.stalled) == {503}, failing.stalled
+        banner = _banner(dom)
+        assert re.search(r"Redis not answering since \d\d:\d\d:\d\d UTC", banner), banner
+        assert re.search(r"last update \d\d:\d\d:\d\d UTC failed: 503 Redis did not answer", banner), banner
+        assert 'data-failed-polls="' in dom
+
+        # Only the first poll fails: the banner went up, and down again with the next poll's answer.
+        once = _StallingProxy(dashboard, server, polls=1)
+        try:
+            dom = chromium(browser, tmp_path / "profile-b", once.base + "/rollq/", virtual_ms=12_000)
+        finally:
+            once.close()
+        assert once.stalled == [503], once.stalled
+        assert _banner(dom) == "", dom[-3000:]
+        assert 'data-failed-polls="1"' in dom and 'data-polled="' in dom, dom[-3000:]
+    finally:
+        dashboard.stop()
