@@ -191,6 +191,7 @@ def _banner(dom: str) -> str:
 
 @pytest.mark.redis
 @pytest.mark.browser
+@pytest.mark.slow
 def test_dashboard_page_shows_a_banner_while_its_polls_fail_and_clears_it_when_they_answer(
     own_redis: Callable[..., RedisServer], namespace: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
