@@ -59,9 +59,9 @@ class Snapshot:
     memory: MemoryState | None = None
     """Redis's memory limit, use and eviction policy; None where ``INFO`` is not available."""
     reward_missing: int = 0
+    """Succeeded rollouts published with no reward at all (the agent's reward never reached rollq)."""
     task_missing: int = 0
     """Results kept on the superseded stream because their task record was gone (Redis lost it), not superseded."""
-    """Succeeded rollouts published with no reward at all (the agent's reward never reached rollq)."""
     llm_gate: dict[str, Any] | None = None
     """The weight-sync gate: ``paused`` (bool), ``epoch``, ``workers`` reporting, ``acknowledged``, LLM calls
     ``in_flight`` under the pause and ``waiting`` at the gates; None when no worker's proxy reports."""
