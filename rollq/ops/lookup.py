@@ -60,6 +60,8 @@ class TaskView:
     ended_at: float | None
     error: dict[str, Any] | None
     reward: float | None
+    last_worker: str | None = None
+    """The worker of the last claim (``worker`` is None while the task is queued, this one is kept)."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -75,7 +77,7 @@ class TaskView:
             f"attempts   {self.attempts_used} of {self.max_attempts} used (current attempt {self.attempt})",
             f"worker     {self.worker or '-'}",
             f"created    {when(self.created_at)}",
-            f"claimed    {when(self.last_claim_at)}",
+            f"last claim {when(self.last_claim_at)}" + (f" by {self.last_worker}" if self.last_worker else ""),
             f"ended      {when(self.ended_at)}",
         ]
         if self.reward is not None:
@@ -106,12 +108,13 @@ def _view(record: TaskRecord, ended: float | None, rollout: Rollout | None) -> T
         attempt=record.attempt,
         attempts_used=record.attempts_used,
         max_attempts=record.policy.max_attempts,
-        worker=record.worker,
+        worker=record.current_worker,
         created_at=task.create_time,
         last_claim_at=task.last_claim_time,
         ended_at=ended,
         error=metadata.get("error"),
         reward=rollout.final_reward if rollout else None,
+        last_worker=record.worker,
     )
 
 

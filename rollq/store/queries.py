@@ -48,7 +48,11 @@ class AttemptInfo:
 
 @dataclass(frozen=True)
 class TaskInfo:
-    """Where a task is: its state, attempts, worker and times (epoch seconds)."""
+    """Where a task is: its state, attempts, worker and times (epoch seconds).
+
+    ``worker`` is the worker that holds the task now or whose attempt ended it; None while the task is queued,
+    also when a reaper, a retry or a hand-back put it back in the queue. ``last_worker`` is always the worker of the
+    last claim, the one ``last_claim_at`` dates (None if it was never claimed)."""
 
     rollout_id: str
     state: TaskState
@@ -58,12 +62,15 @@ class TaskInfo:
     attempts_used: int
     """Attempts that count against ``max_attempts`` (a graceful hand-back does not)."""
     worker: str | None
+    """The worker running the task, or the one whose attempt ended it; None while it is queued."""
     resources_id: str | None
     created_at: float | None
     last_claim_at: float | None
     ended_at: float | None
     result_id: str | None
     """The results-stream entry of its rollout, once it has one."""
+    last_worker: str | None = None
+    """The worker of the last claim (the one ``last_claim_at`` dates), kept when the task goes back to the queue."""
 
     @classmethod
     def from_record(cls, record: TaskRecord) -> TaskInfo:
@@ -74,12 +81,13 @@ class TaskInfo:
             mode=task.mode,
             attempt=record.attempt,
             attempts_used=record.attempts_used,
-            worker=record.worker,
+            worker=record.current_worker,
             resources_id=task.resources_id,
             created_at=task.create_time,
             last_claim_at=task.last_claim_time,
             ended_at=record.ended,
             result_id=record.result_id,
+            last_worker=record.worker,
         )
 
 

@@ -102,9 +102,16 @@ class TaskRecord:
     attempt: int
     attempts_used: int
     worker: str | None
+    """The worker of the last claim, as the record keeps it (a requeue leaves it): see :attr:`current_worker`."""
     result_id: str | None
     generation: int = 1
     ended: float | None = None
+
+    @property
+    def current_worker(self) -> str | None:
+        """The worker that holds the task now or whose attempt ended it: None while the task is queued (its record
+        still names the worker of the attempt a reaper, a retry or a hand-back took back)."""
+        return None if self.state == TaskState.QUEUED else self.worker
 
     @classmethod
     def parse(cls, rollout_id: str, values: list[bytes | None]) -> TaskRecord:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import signal
 from collections.abc import Callable
@@ -9,8 +10,11 @@ from typing import Any
 
 from click.testing import Result
 
+from rollq.models.policy import RolloutPolicy
 from rollq.producer import Producer
 from rollq.store.connection import connect
+from rollq.store.replies import Claim, Requeued
+from rollq.store.transitions import Lifecycle
 from rollq.worker import LitAgent, RolloutWorker, WorkerSettings
 
 
@@ -75,3 +79,29 @@ def test_task_json_tasks_list_and_dead_letter_list_print_a_tasks_fields_under_th
         for key, value in other.items():
             names = _names_for(value, shown) if value is not None else set()
             assert not names or key in names, f"{key}={value!r} is {sorted(names)} in `rollq task --json`"
+
+
+def test_a_requeued_task_shows_no_current_worker_and_its_last_claim_as_the_last_one(
+    url: str, namespace: str, rollq: Callable[..., Result]
+) -> None:
+    # An operator's audit: after a reaper (or a retry) put a task back in the queue, `rollq tasks list`, `rollq task`
+    # and TaskInfo still named the worker of its previous attempt as `worker`, as if that worker held it now.
+    producer = Producer.from_url(url, namespace)
+    task = producer.enqueue({}, mode="train")
+    rid = task.rollout_id
+    lifecycle = Lifecycle(connect(url), producer.keys)
+    claim = lifecycle.claim(rid, producer.keys.job_id(rid), "worker-a")
+    assert isinstance(claim, Claim)
+    running = json.loads(rollq("task", rid, "--json").stdout)
+    assert (running["state"], running["worker"], running["last_worker"]) == ("running", "worker-a", "worker-a")
+    # What a reaper does with an attempt whose worker went quiet.
+    assert isinstance(lifecycle.requeue(task, claim.attempt, RolloutPolicy(), "unresponsive"), Requeued)
+
+    (listed,) = map(json.loads, rollq("tasks", "list").stdout.splitlines())
+    shown = json.loads(rollq("task", rid, "--json").stdout)
+    for view in (listed, shown, dataclasses.asdict(producer.task_info(rid))):
+        assert (view["state"], view["worker"]) == ("queued", None), view
+        assert (view["last_worker"], view["last_claim_at"]) == ("worker-a", claim.claimed_at), view
+    text = dict(line.split(None, 1) for line in rollq("task", rid).stdout.splitlines() if line.strip())
+    assert text["worker"] == "-"
+    assert text["last"].startswith("claim ") and text["last"].endswith(" by worker-a"), text
