@@ -220,8 +220,10 @@ def _workers(
 ) -> list[dict[str, Any]]:
     """RQ's workers on this namespace's queue, with rollq's view: in flight, concurrency, alive.
 
-    RQ keeps a SIGKILLed worker's key for its TTL (7 minutes by default); a
-    worker whose last heartbeat is older than ``dead_after`` seconds is shown dead.
+    RQ keeps a SIGKILLed worker's key for its TTL (7 minutes by default), its state as it was (``busy``); a
+    worker is shown dead once a reaper has taken its attempts for want of heartbeats (``reaped_at``, a reaper's
+    time after the worker's last heartbeat: :meth:`~rollq.store.keys.Keys.reaped_worker`), or once its last
+    heartbeat is older than ``dead_after`` seconds.
     """
     # A cluster namespace lists its workers in its own queue's set (RQ's rq:workers is another slot's key).
     listed = (
@@ -233,10 +235,14 @@ def _workers(
     pipe = connection.pipeline(transaction=False)
     for w in found:
         pipe.hget(w.key, WORKER_CONCURRENCY_FIELD)
-    concurrency = pipe.execute() if found else []
+        pipe.get(keys.reaped_worker(w.name))
+    replies = pipe.execute() if found else []
     rows = []
-    for w, conc in zip(found, concurrency, strict=True):
+    for w, conc, reaped_raw in zip(found, replies[::2], replies[1::2], strict=True):
         beat = w.last_heartbeat.timestamp() if w.last_heartbeat else None
+        reaped = _seconds(reaped_raw)
+        # A reaper took its attempts for want of heartbeats after its last one: dead, whatever its RQ hash says.
+        reaped_at = reaped if reaped is not None and (beat is None or beat <= reaped) else None
         rows.append(
             {
                 "name": w.name,
@@ -245,10 +251,19 @@ def _workers(
                 "in_flight": in_flight.get(w.name, 0),
                 "concurrency": int(conc) if conc else None,
                 "last_heartbeat": beat,
-                "alive": beat is not None and now - beat <= dead_after,
+                "alive": reaped_at is None and beat is not None and now - beat <= dead_after,
+                "reaped_at": reaped_at,
             }
         )
     return rows
+
+
+def _seconds(raw: bytes | None) -> float | None:
+    """A time rollq wrote (a reaper's mark); None for none, or for a value not written by rollq."""
+    try:
+        return float(raw) if raw else None
+    except ValueError:
+        return None
 
 
 def _size(n: int) -> str:
@@ -368,7 +383,13 @@ def render_text(s: Snapshot) -> str:
     dead = len(s.workers) - s.workers_alive
     lines.append(f"  workers           {s.workers_alive} alive" + (f", {dead} dead" if dead else ""))
     for w in s.workers:
-        state = w["state"] if w["alive"] else "dead (no heartbeat)"
+        state = (
+            w["state"]
+            if w["alive"]
+            else "dead (a reaper took its tasks back)"
+            if w.get("reaped_at") is not None
+            else "dead (no heartbeat)"
+        )
         capacity = f" of {w['concurrency']}" if w["concurrency"] else ""
         lines.append(f"    {w['name']}: {state}, {w['in_flight']} in flight{capacity}")
     return "\n".join(lines)

@@ -41,6 +41,10 @@ RESULTS_KEY, PAYLOAD_KEY = "results", "payload"
 """The names of the results stream and of the payload keys after their namespace's tag (``{ns}:results``,
 ``{ns}:payload:...``): ``lua/trim_results.lua`` tells a payload key from the stream's name by them."""
 
+REAPED_WORKER_SECONDS = 900
+"""How long :meth:`Keys.reaped_worker` is kept: longer than RQ keeps a killed worker's hash (its worker TTL, 420 s
+by default, after the last heartbeat)."""
+
 _NAMESPACE = re.compile(r"[A-Za-z0-9_.-]{1,64}|\{[A-Za-z0-9_.-]{1,64}\}")
 
 
@@ -256,6 +260,12 @@ class Keys:
     def task_pattern(self) -> str:
         """``SCAN MATCH`` pattern of every task record of the namespace."""
         return f"{self._tag}:task:*"
+
+    def reaped_worker(self, worker: str) -> str:
+        """When a reaper last took an attempt from ``worker`` for want of heartbeats (Redis's time; expires after
+        :data:`REAPED_WORKER_SECONDS`): ``rollq status`` and the dashboard list that worker dead from then on,
+        unless it has heartbeated since."""
+        return f"{self._tag}:reaped-worker:{worker}"
 
     def orphaned(self, job_id: str) -> str:
         """When a reaper first saw that the queued task's ``job_id`` was on none of RQ's lists."""

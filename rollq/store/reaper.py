@@ -30,7 +30,7 @@ from __future__ import annotations
 import logging
 import random
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeVar, cast
 
 import redis
@@ -42,7 +42,7 @@ from rollq.models.wire import rollout_json
 
 from . import connection as _connection
 from .jobs import read_rollq_jobs, rollout_ids_of
-from .keys import Keys, TaskField, foreign_key, parse_inflight_member
+from .keys import REAPED_WORKER_SECONDS, Keys, TaskField, foreign_key, parse_inflight_member
 from .records import TaskRecord, not_a_record, read_records_or_errors, wrong_type
 from .replies import Clock, JobTaken, Published, Requeued, report_damaged
 from .summaries import summary_json
@@ -67,6 +67,9 @@ class ReapReport:
     quarantined: int = 0
     reissued: int = 0
     waited: bool = False  # the pass judged no deadline: Redis was just stalled or out of reach
+    workers_reaped: list[str] = field(default_factory=list)
+    """The workers whose attempts this pass requeued or failed for want of heartbeats (each marked in
+    :meth:`~rollq.store.keys.Keys.reaped_worker`)."""
 
 
 def _log_holding_off(wait: float) -> None:
@@ -188,7 +191,14 @@ def _reap_stale(lifecycle: Lifecycle, clock: Clock, *, results_maxlen: int, limi
     records, invalid = read_records_or_errors(connection, keys, list(dict.fromkeys(rid for _, rid, _ in members)))
     for member, rid, attempt in members:
         try:
-            _judge(lifecycle, member, rid, attempt, records, invalid, now=now, maxlen=results_maxlen, report=report)
+            reaped = _judge(
+                lifecycle, member, rid, attempt, records, invalid, now=now, maxlen=results_maxlen, report=report
+            )
+            if reaped and reaped not in report.workers_reaped:
+                report.workers_reaped.append(reaped)
+                # The worker is dead as far as rollq is concerned: status, /metrics and the dashboard list it so
+                # from now on, not "busy" and alive until its last heartbeat is 30 s old (unless it beats again).
+                connection.set(keys.reaped_worker(reaped), repr(now), ex=REAPED_WORKER_SECONDS)
         except redis.ResponseError as exc:  # one record a script refuses must not stop the pass for the others
             if wrong_type(exc):  # its task key holds no hash: no script can end the attempt, every pass would fail
                 _drop_member(lifecycle, member, f"its task key {keys.task(rid)} holds no hash")
@@ -215,17 +225,17 @@ def _judge(
     now: float,
     maxlen: int,
     report: ReapReport,
-) -> None:
-    """Requeue or fail one stale attempt, as its policy says."""
+) -> str | None:
+    """Requeue or fail one stale attempt, as its policy says; the worker it took the attempt from, if it did."""
     connection: redis.Redis = lifecycle.connection
     keys = lifecycle.keys
     if rid in invalid:
         _fail(lifecycle, rid, attempt, "", invalid[rid], results_maxlen=maxlen, now=now, report=report)
-        return
+        return None
     record = records.get(rid)
     if record is None or record.state != TaskState.RUNNING or record.attempt != attempt:
         connection.zrem(keys.inflight, member)  # a leftover of an attempt that already ended
-        return
+        return None
     silent_for = record.policy.unresponsive_seconds
     if record.policy.retries("unresponsive", record.attempts_used):
         reply = lifecycle.requeue(record.task, attempt, record.policy, "unresponsive", stale_before=now)
@@ -234,8 +244,9 @@ def _judge(
             log.warning(
                 "requeued %s: attempt %d on %s sent no heartbeat for %.0fs", rid, attempt, record.worker, silent_for
             )
+            return record.worker
         if not isinstance(reply, JobTaken):
-            return
+            return None
     error: Exception = WorkerUnresponsiveError(
         f"worker {record.worker} sent no heartbeat for {silent_for:.0f}s "
         f"on attempt {attempt} of {record.policy.max_attempts}"
@@ -245,7 +256,7 @@ def _judge(
         # pass and never ended).
         error = RetryNotQueuedError(lifecycle.keys.job_id(rid, after_attempt=attempt), rid, str(error))
         log.error("%s; failing it", error)
-    _fail(
+    failed = _fail(
         lifecycle,
         rid,
         attempt,
@@ -256,6 +267,7 @@ def _judge(
         report=report,
         generation=record.generation,
     )
+    return record.worker if failed else None
 
 
 def _fail(
@@ -269,7 +281,8 @@ def _fail(
     now: float,
     report: ReapReport,
     generation: int = 1,
-) -> None:
+) -> bool:
+    """Publish ``rid``'s failed rollout naming ``error``, dead-lettered; whether this call published it."""
     rollout = failed_rollout(rid, attempt=attempt, worker=worker, error=error, generation=generation)
     outcome = lifecycle.finish(
         Finish(
@@ -287,6 +300,8 @@ def _fail(
     if isinstance(outcome, Published):
         report.failed += 1
         log.error("failed %s for good: %s: %s", rid, type(error).__name__, error)
+        return True
+    return False
 
 
 def _restore_stranded(lifecycle: Lifecycle, *, now: float, limit: int) -> tuple[int, int]:

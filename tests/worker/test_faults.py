@@ -13,8 +13,10 @@ import pytest
 from rq.registry import StartedJobRegistry
 
 from rollq.models.policy import RolloutPolicy
+from rollq.ops.status import render_text, snapshot
 from rollq.producer.producer import Producer
 from rollq.store.keys import Keys
+from rollq.store.reaper import reap
 from rollq.store.records import read_record
 from tests.support.fault_agents import assert_exactly_once, published
 from tests.support.servers import WorkerProcess
@@ -57,6 +59,30 @@ def test_task_of_a_sigkilled_worker_completes_on_another_worker_as_attempt_2(red
     assert all(by_id[rid].metadata["status"] == "succeeded" for rid in others)
     assert_exactly_once(producer.connection, namespace, doomed + others)
     assert survivor.process.poll() is None
+
+
+def test_a_sigkilled_worker_is_listed_dead_once_a_reaper_requeued_its_tasks(redis_server, namespace, workers):
+    # An operator's audit: after `kill -9` and the reaper's requeue, `rollq status` (and the dashboard's workers,
+    # rollq_workers_alive) still listed the worker "busy" and alive until its last heartbeat was 30 s old.
+    producer = Producer.from_url(redis_server.url, namespace, policy=RolloutPolicy(unresponsive_seconds=2))
+    name = f"{namespace}-victim"
+    victim = workers(
+        redis_server.url, namespace, env={**AGENT, "ROLLQ_HEARTBEAT_SECONDS": "0.5"}, args=["--name", name]
+    )
+    rid = producer.enqueue({"sleep": 60}).rollout_id
+    wait_until(lambda: running_on(producer, [rid], name), "the victim to run the task", timeout=30)
+    victim.signal(signal.SIGKILL)
+    assert victim.wait(30) == -signal.SIGKILL
+
+    reaped = wait_until(
+        lambda: reap(producer.lifecycle, results_maxlen=100, within=5).requeued, "a reaper to requeue it", timeout=15
+    )
+    assert reaped == 1 and read_record(producer.connection, producer.keys, rid).state == "queued"
+    s = snapshot(producer.connection, producer.keys)
+    (row,) = [w for w in s.workers if w["name"] == name]
+    assert not row["alive"] and row["in_flight"] == 0 and s.workers_alive == 0, row
+    assert row["reaped_at"] >= row["last_heartbeat"]
+    assert f"    {name}: dead (a reaper took its tasks back), 0 in flight of 1" in render_text(s).splitlines()
 
 
 def test_sigterm_lets_the_running_rollout_finish_and_takes_no_new_task(redis_server, namespace, workers):
