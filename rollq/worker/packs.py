@@ -114,3 +114,28 @@ def failure_text(result: AttemptResult) -> str:
         + f"(rollout {result.rollout_id} attempt {result.attempt} failed; "
         "the published Rollout's metadata has the same error)"
     )
+
+
+def failure_line(result: AttemptResult) -> str:
+    """A failed rollout in one line: its rollout id, attempt and error (type and message, no traceback)."""
+    error = result.error or {}
+    message = " ".join(str(error.get("message", "")).split())
+    return (
+        f"rollout {result.rollout_id} attempt {result.attempt} failed: {error.get('type', 'RolloutFailed')}: {message}"
+    )
+
+
+def logged_failure(ends: list[TaskEnd]) -> str:
+    """What the worker log says of a job that failed: each failed rollout in one line (the runner logged its
+    traceback when its attempt failed; the job's exception info, :func:`failure_text`, keeps it for RQ), each rollq
+    fault whole (its traceback is logged nowhere else)."""
+    lines = []
+    for end in ends:
+        if end.result is None:
+            text = (end.error or "").strip()
+            lines.append(text if len(ends) == 1 else f"{text}\n(rollout {end.rollout_id}: rollq fault)")
+        elif end.result.status == AttemptStatus.FAILED:
+            lines.append(failure_line(end.result))
+    if len(ends) == 1:
+        return lines[0] if lines else ""
+    return "\n".join([f"{len(lines)} of {len(ends)} tasks of the pack failed", *lines])

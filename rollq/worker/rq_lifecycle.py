@@ -44,7 +44,7 @@ from rollq.store.scripts import replied
 from .attempt import Publication
 from .bookkeeping import Batcher
 from .faults import armed, crash_point
-from .packs import Pack, TaskEnd, failure_text, pack_outcome
+from .packs import Pack, TaskEnd, failure_text, logged_failure, pack_outcome
 from .runner import AgentRunner, AttemptResult, AttemptStatus, Pending
 from .slots import Slots
 
@@ -161,7 +161,7 @@ class RqLifecycle:
                 if isinstance(claim, str):
                     ended.append(Ended(pack, rollout_id, error=claim))
                     continue
-                outcome = claim if isinstance(claim, AttemptResult) else runner.launch(rollout_id, claim)
+                outcome = claim if isinstance(claim, AttemptResult) else runner.launch(rollout_id, claim, pack.job.id)
             except BaseException:
                 ended.append(Ended(pack, rollout_id, error=traceback.format_exc()))
                 continue
@@ -347,7 +347,9 @@ class RqLifecycle:
                 pipe.expire(job.key, result_ttl)  # Job.cleanup's, without the sets a rollq job has none of
             worker.log.info("job %s: %s", job.id, job.description)
         else:
-            worker.log.error("job %s failed: %s", job.id, error)
+            # A failed rollout's traceback was logged when its attempt failed (with the rollout id and this job's):
+            # the job's failure in one line here, the traceback only in RQ's record of it (rq-dashboard's job page).
+            worker.log.error("job %s failed: %s", job.id, logged_failure(pack.ends))
             job._status = JobStatus.FAILED
             # Job.set_status and Job.save_meta of RQ 2.12 in one HSET.
             pipe.hset(job.key, mapping={"status": JobStatus.FAILED, **({"meta": meta} if meta is not None else {})})

@@ -129,6 +129,8 @@ class Pending:
     started: float = field(default_factory=time.monotonic)
     capture: AttemptCapture | None = None
     hook_overruns: dict[str, float] = field(default_factory=dict)
+    job_id: str | None = None
+    """The RQ job that claimed it, for the log (a gateway's attempts have none)."""
 
     @property
     def member(self) -> str:
@@ -220,15 +222,16 @@ class AgentRunner:
             return AttemptResult(rollout_id, AttemptStatus.FAILED, reason=str(error))
         return AttemptResult(rollout_id, AttemptStatus.SKIPPED, reason=claim.reason)
 
-    def launch(self, rollout_id: str, claim: Claim) -> Pending | AttemptResult:
-        """Start the agent of a claimed attempt; the result at once when the task cannot run."""
+    def launch(self, rollout_id: str, claim: Claim, job_id: str | None = None) -> Pending | AttemptResult:
+        """Start the agent of a claimed attempt (``job_id``: the RQ job that claimed it, which its log lines name);
+        the result at once when the task cannot run."""
         try:
-            return self._launch(rollout_id, claim)
+            return self._launch(rollout_id, claim, job_id)
         finally:
             with self._lock:
                 self._claimed.pop(inflight_member(rollout_id, claim.attempt), None)
 
-    def _launch(self, rollout_id: str, claim: Claim) -> Pending | AttemptResult:
+    def _launch(self, rollout_id: str, claim: Claim, job_id: str | None) -> Pending | AttemptResult:
         try:
             task, policy = parse_task(
                 rollout_id, claim.task_json, claim.policy_json, claims=claim.attempt, last_claim=claim.claimed_at
@@ -292,7 +295,15 @@ class AgentRunner:
             )
             attempt = Attempt.claimed(rollout_id, claim, self.worker_name)
             pending = self._running[attempt.member] = Pending(
-                task, policy, claim, rollout_trace, future, attempt, capture=capture, hook_overruns=overruns
+                task,
+                policy,
+                claim,
+                rollout_trace,
+                future,
+                attempt,
+                capture=capture,
+                hook_overruns=overruns,
+                job_id=job_id,
             )
         return pending
 
@@ -370,11 +381,13 @@ class AgentRunner:
             except Exception as exc:
                 error, kind = exc, "exception"
         if error is not None:
-            # With the stack (the agent's frames), where an operator looks first.
+            # With the stack (the agent's frames), where an operator looks first; the only record of it in the
+            # log (the job's end names the failure in one line: rq_lifecycle, packs.logged_failure).
             log.error(
-                "task %s attempt %d failed: %s",
+                "task %s attempt %d%s failed: %s",
                 rid,
                 attempt,
+                f" (RQ job {pending.job_id})" if pending.job_id else "",
                 describe(error),
                 exc_info=(type(error), error, error.__traceback__) if error.__traceback__ else None,
             )

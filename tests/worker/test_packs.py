@@ -142,7 +142,7 @@ def test_a_pack_with_a_failed_task_is_a_failed_rq_job_naming_it_and_the_others_p
 ):
     producer = Producer.from_url(redis_server.url, namespace, policy=RolloutPolicy(max_attempts=1), tasks_per_job=3)
     ids = [t.rollout_id for t in producer.enqueue_many([{"sleep": 0.1}, {"raise": "boom"}, {"sleep": 0.1}])]
-    workers(redis_server.url, namespace, env=packs(3, 4))
+    worker = workers(redis_server.url, namespace, env=packs(3, 4))
     rollouts = {r.rollout_id: r for r in producer.wait(ids, timeout=30)}
     assert [rollouts[rid].metadata["status"] for rid in ids] == ["succeeded", "failed", "succeeded"]
     pack = job_of(producer, ids[0])
@@ -152,6 +152,13 @@ def test_a_pack_with_a_failed_task_is_a_failed_rq_job_naming_it_and_the_others_p
     exc_string = job.latest_result().exc_string
     assert "1 of 3 tasks of the pack failed" in exc_string and ids[1] in exc_string
     assert list(job.meta["rollouts"]) == [ids[1]]
+    # The agent's traceback is logged once (an operator's audit: the pack's "job ... failed" line repeated it).
+    log = wait_until(lambda: f"job {pack} failed" in (text := worker.log()) and text, "the pack's end in the log")
+    assert log.count("Traceback (most recent call last)") == 1, log
+    assert (
+        f"job {pack} failed: 1 of 3 tasks of the pack failed\nrollout {ids[1]} attempt 1 failed: RuntimeError: boom"
+        in log
+    )
 
 
 @pytest.mark.parametrize("step", ["dequeued", "claimed", "rq-started", "agent-started"])
