@@ -5,9 +5,13 @@ from __future__ import annotations
 
 import json
 import re
+import time
+from typing import Any
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
+from rq.queue import Queue
+from rq.worker import Worker
 
 from rollq.models.policy import RolloutStatus
 from rollq.ops.dashboard import create_app
@@ -70,3 +74,30 @@ def test_task_missing_results_are_counted_on_the_dashboard_summary_as_in_status_
     assert sum(cards[status.value] for status in RolloutStatus) == 0  # not a published rollout
     page = web.get("/rollq/").get_data(as_text=True)
     assert re.search(r'data-role="task-missing"[^>]*>task-missing<b[^>]*>2</b>', page), page
+
+
+@pytest.mark.redis
+def test_a_worker_a_reaper_marked_is_listed_dead_until_it_heartbeats_again(
+    redis_server: RedisServer, namespace: str
+) -> None:
+    # A reaper's mark (it took the worker's attempts for want of heartbeats) counts only while it is newer than the
+    # worker's last heartbeat: a worker that was only stalled is alive again at its next beat.
+    producer = Producer.from_url(redis_server.url, namespace)
+    worker = Worker([Queue(namespace, connection=producer.connection)], connection=producer.connection)
+    worker.register_birth()
+    try:
+        worker.heartbeat()
+
+        def row() -> dict[str, Any]:
+            (found,) = [w for w in snapshot(producer.connection, producer.keys).workers if w["name"] == worker.name]
+            return found
+
+        assert row()["alive"] and row()["reaped_at"] is None
+        reaped_at = worker.last_heartbeat.timestamp() + 0.5
+        producer.connection.set(producer.keys.reaped_worker(worker.name), repr(reaped_at))
+        assert (row()["alive"], row()["reaped_at"]) == (False, reaped_at)
+        time.sleep(0.6)
+        worker.heartbeat()
+        assert row()["alive"] and row()["reaped_at"] is None
+    finally:
+        worker.register_death()
