@@ -185,6 +185,18 @@ def test_a_call_that_finds_every_promise_overdue_holds_reaping_off_for_the_longe
     assert after.in_grace and after.grace_until is not None and after.grace_until >= after.now + 2
 
 
+def test_a_stall_holds_reaping_off_once_not_at_every_later_call_that_promises_nothing(lifecycle: Lifecycle) -> None:
+    # Producer.reap() promises no next call (within=0). With every worker gone (kill -9 of the fleet), the promise the
+    # last worker broke stayed broken, so each reap() found it overdue and granted a fresh grace: the producer's reaps
+    # never judged a deadline, however long it went on calling them.
+    assert isinstance(lifecycle.claim("r1", JOB, "worker-a"), Claim)
+    first = lifecycle.beat(within=2)
+    lifecycle.connection.hset(lifecycle.keys.clock, "due", first.now - 10)
+    assert lifecycle.beat().in_grace  # the stall (or the fleet's death, which the clock cannot tell apart)
+    lifecycle.connection.hset(lifecycle.keys.clock, "grace_until", first.now - 1)  # as if that grace had run out
+    assert not lifecycle.beat().in_grace
+
+
 def test_the_first_call_after_every_worker_stopped_with_nothing_in_flight_is_no_stall(lifecycle: Lifecycle) -> None:
     # A fleet that stopped cleanly (a restart, a deploy) broke its promises, but no attempt's deadline could have
     # passed unseen: the next worker's first pass neither waits nor logs that Redis was stalled.

@@ -4,7 +4,8 @@
 -- The clock notices stalls and outages: every caller promises its next call within `within` seconds; when a call
 -- finds every promise broken by more than a second (Redis was stopped, restarted or out of reach of all clients),
 -- reaping waits for the longest promised interval plus a second, so that the workers' first heartbeats after the
--- stall land before any reaper judges a deadline. With no attempt in flight there is no deadline to misjudge (a
+-- stall land before any reaper judges a deadline; the broken promise is spent then, so one stall (or the death of every
+-- caller that promised, which the clock cannot tell from one) holds reaping off once. With no attempt in flight there is no deadline to misjudge (a
 -- fleet that stopped cleanly and started again broke its promises too): no wait.
 -- Returns {now, grace_until|''} as strings (and the damaged keys skipped, if any).
 local inflight = KEYS[1]
@@ -25,7 +26,11 @@ local due, grace_until = tonumber(c[1]), tonumber(c[2])
 local longest = math.max(tonumber(c[3]) or 0, within)
 if due and now > due + 1 and inflight_ok and redis.call('ZCARD', inflight) > 0 then
   grace_until = now + longest + 1
+  -- One grace per broken promise: the promise is spent here. Kept, a caller that promises nothing (Producer.reap)
+  -- found it broken at every call once every worker was gone, and no deadline was ever judged.
+  due = nil
   redis.call('HSET', clock, 'grace_until', tostring(grace_until))
+  redis.call('HDEL', clock, 'due')
 end
 if within > 0 then
   redis.call('HSET', clock, 'due', tostring(math.max(due or 0, now + within)), 'longest', tostring(longest))
