@@ -442,8 +442,8 @@ def test_a_pack_split_queues_each_waiting_task_as_its_own_job_at_the_front_all_o
     assert lc.split(pack, pairs) == -2  # no longer in the intermediate list: nothing to split
 
 
-DAMAGEABLE = ["summaries", "inflight", "dead_letter", "stats", "resources_refs", "queued_tasks"]
-SHARED = {"summaries", "stats", "resources_refs"}
+DAMAGEABLE = ["summaries", "inflight", "dead_letter", "stats", "resources_refs", "queued_tasks", "results_trim"]
+SHARED = {"summaries", "stats", "resources_refs", "results_trim"}
 CHECKED = {  # the keys each script writes besides the results stream and the task record
     "finish": SHARED | {"inflight", "dead_letter"},
     "dead-letter": SHARED | {"inflight", "dead_letter"},

@@ -6,6 +6,7 @@ fields, or a ref that names no payload) is trimmed like any other and never stop
 
 from __future__ import annotations
 
+import logging
 import time
 
 import pytest
@@ -13,6 +14,7 @@ import pytest
 from rollq.models.contract import Task
 from rollq.models.policy import RolloutPolicy, RolloutStatus, TaskState
 from rollq.producer import Producer
+from rollq.store import replies as replies_module
 from rollq.store.keys import SUMMARIES_FROM, TRIMMED_TO, StreamField
 from rollq.store.replies import Published
 from rollq.store.stats import StatsField
@@ -169,18 +171,35 @@ def test_a_byte_counter_that_is_not_a_number_is_counted_again_and_the_publicatio
 
 
 @pytest.mark.redis
-def test_a_trim_that_fails_leaves_every_publication_whole_and_the_stream_for_the_next_trim(producer: Producer) -> None:
-    # The trim runs after the script's first write: its failure (here its own hash of the wrong type) must not
-    # leave the rollout published with its task still running and no summary.
+def test_a_trim_hash_of_another_type_is_skipped_and_named_and_the_stream_still_kept_within_its_bounds(
+    producer: Producer, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # An operator's audit: the trim hash holding another type failed every trim (inside its pcall, after the
+    # script's XADD), named only in Redis's own log; the results stream grew past its bounds. Now the scripts check
+    # it with the other auxiliary keys: it is skipped (the trim reads and writes none of its bookkeeping), named in
+    # the reply for the caller to log (once a minute), and the stream is trimmed all the same.
+    monkeypatch.setattr(replies_module, "_damaged_logged", {})
+    caplog.set_level(logging.ERROR)
     client, keys = producer.connection, producer.keys
     _publish(producer, 3)
     client.delete(keys.results_trim)
     client.rpush(keys.results_trim, "not a hash")
     replies = _finish(Lifecycle(client, keys), 12)
     assert all(isinstance(reply, Published) for reply in replies), replies
+    named_in = f"the results trim hash {keys.results_trim} is a list, not a hash"
+    assert all(named_in in reply.damaged for reply in replies), replies  # type: ignore[attr-defined]
     states = [client.hget(keys.task(f"f{i}"), "state") for i in range(12)]
     assert states == [TaskState.SUCCEEDED.value.encode()] * 12
     assert client.xlen(keys.summaries) == 15
+    assert client.xlen(keys.results) <= MAXLEN
+    _publish(producer, 12)  # cancel.lua: the same trim, the same skip
+    assert client.xlen(keys.results) <= MAXLEN
+    assert client.lrange(keys.results_trim, 0, -1) == [b"not a hash"]  # left for whoever wrote it to explain
+    named = [r for r in caplog.records if keys.results_trim in r.getMessage()]
+    assert len(named) == 1, caplog.text  # once a minute, not once a publication
+    counted, actual = _counted_and_actual(producer)
+    assert counted == actual
+    # Repaired, the next trim starts its bookkeeping afresh.
     client.delete(keys.results_trim)
     _publish(producer, 1)
-    assert client.xlen(keys.results) <= MAXLEN
+    assert client.xlen(keys.results) <= MAXLEN and client.hget(keys.results_trim, TRIMMED_TO)

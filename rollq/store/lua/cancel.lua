@@ -18,9 +18,9 @@ local maxlen = tonumber(ARGV[3])
 local now = ARGV[4]
 local max_bytes = tonumber(ARGV[5])
 
--- Checked before the first write, as in finish.lua (see there why a damaged key is skipped, not failed on): the
--- results stream must be one; an in-flight set, queued-task index, resources refs, stats hash or summaries stream
--- of another type is skipped and named in the reply. A failure after the XADD left a cancelled rollout published
+-- Checked before the first write, as in finish.lua (see there why a damaged key is skipped, not failed on): the results
+-- stream must be one; an in-flight set, queued-task index, resources refs, stats hash, summaries stream or results trim
+-- hash of another type is skipped and named in the reply. A failure after the XADD left a cancelled rollout published
 -- with its task still running and out of the in-flight set: never reaped, never ended.
 require_results(results)
 local inflight_ok = intact(inflight, 'zset', 'in-flight set')
@@ -28,6 +28,7 @@ local queued_ok = intact(queued_tasks, 'set', 'queued-task index')
 local refs_ok = intact(resources_refs, 'hash', 'resources refs hash')
 local stats_ok = intact(stats, 'hash', 'stats hash')
 local summaries_ok = intact(summaries, 'stream', 'summaries stream')
+local trim_ok = intact(results_trim, 'hash', 'results trim hash')
 
 local t = redis.call('HMGET', task_key, F.state, F.attempt, F.resources_id, F.mode, F.worker, F.task)
 if not t[6] then
@@ -50,7 +51,7 @@ end
 local published = cjson.encode(rollout)
 local id = redis.call('XADD', results, '*', S.rollout_id, rollout_id, S.rollout, published)
 local size = #rollout_id + #published
-trim_results(results, stats, results_trim, maxlen, max_bytes, id, size, summaries)
+trim_results(results, stats, trim_ok and results_trim or nil, maxlen, max_bytes, id, size, summaries)
 local summary = {status = STATE.cancelled, attempt = attempt}
 if t[3] and t[3] ~= '' then summary['version'] = t[3] end
 if t[5] and t[5] ~= '' then summary['worker'] = t[5] end

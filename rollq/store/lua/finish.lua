@@ -32,7 +32,8 @@ local PER_TASK = 16
 -- a rollout published with its task still running (or not counted, or with no summary), for a reaper to end it a
 -- second time. Skipping loses nothing the trainer reads: the rollout is published and its task ended once; what is
 -- skipped is an index or counter (an in-flight member or dead-letter entry cannot be kept in a key that is no
--- sorted set), which is as wrong as the damaged key already made it.
+-- sorted set), which is as wrong as the damaged key already made it. A trim hash of another type is skipped by the
+-- trim (lua/trim_results.lua), which keeps the stream within its bounds all the same.
 require_results(results)
 local inflight_ok = intact(inflight, 'zset', 'in-flight set')
 local superseded_ok = intact(superseded, 'stream', 'superseded stream')
@@ -40,6 +41,7 @@ local dead_letter_ok = intact(dead_letter, 'zset', 'dead-letter set')
 local refs_ok = intact(resources_refs, 'hash', 'resources refs hash')
 local stats_ok = intact(stats, 'hash', 'stats hash')
 local summaries_ok = intact(summaries, 'stream', 'summaries stream')
+local trim_ok = intact(results_trim, 'hash', 'results trim hash')
 
 local counts, count_order, floats, float_order = {}, {}, {}, {}
 local function tally(field, by)
@@ -198,7 +200,8 @@ for i, task_key in ipairs(task_keys) do
   replies[i] = reply
 end
 if newest then
-  trim_results(results, stats, results_trim, maxlen, max_bytes, newest[4], added_bytes, summaries, added)
+  trim_results(
+    results, stats, trim_ok and results_trim or nil, maxlen, max_bytes, newest[4], added_bytes, summaries, added)
   if summaries_ok then
     add_summary(summaries, maxlen, newest[1], newest[2], newest[3], newest[4], newest[5], newest[6])
   end

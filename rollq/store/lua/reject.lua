@@ -23,16 +23,17 @@ local now = ARGV[5]
 local max_bytes = tonumber(ARGV[6])
 local summary = ARGV[7]  -- the rollout's compact summary, JSON (rollq.store.summaries)
 
--- Checked before the first write, as in finish.lua (see there why a damaged key is skipped, not failed on): the
--- results stream must be one; a dead-letter set, queued-task index, resources refs, stats hash or summaries stream
--- of another type is skipped and named in the reply. A failure after the XADD left the failed rollout published
--- with the task still waiting for its job, to be failed (and published) again.
+-- Checked before the first write, as in finish.lua (see there why a damaged key is skipped, not failed on): the results
+-- stream must be one; a dead-letter set, queued-task index, resources refs, stats hash, summaries stream or results
+-- trim hash of another type is skipped and named in the reply. A failure after the XADD left the failed rollout
+-- published with the task still waiting for its job, to be failed (and published) again.
 require_results(results)
 local dead_letter_ok = intact(dead_letter, 'zset', 'dead-letter set')
 local queued_ok = intact(queued_tasks, 'set', 'queued-task index')
 local refs_ok = intact(resources_refs, 'hash', 'resources refs hash')
 local stats_ok = intact(stats, 'hash', 'stats hash')
 local summaries_ok = intact(summaries, 'stream', 'summaries stream')
+local trim_ok = intact(results_trim, 'hash', 'results trim hash')
 
 local t = redis.pcall('HMGET', task_key, F.state, F.job, F.mode, F.resources_id)
 local foreign = is_wrong_type(t)
@@ -55,7 +56,7 @@ else
 end
 local id = redis.call('XADD', results, '*', S.rollout_id, rollout_id, S.rollout, rollout_json)
 local size = #rollout_id + #rollout_json
-trim_results(results, stats, results_trim, maxlen, max_bytes, id, size, summaries)
+trim_results(results, stats, trim_ok and results_trim or nil, maxlen, max_bytes, id, size, summaries)
 if summaries_ok then
   add_summary(summaries, maxlen, rollout_id, summary, t[3], id, size)
 end

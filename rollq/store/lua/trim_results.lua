@@ -34,6 +34,9 @@ local function group_idle(stream, trim, group, idle_ms)
   local consumers = redis.call('XINFO', 'CONSUMERS', stream, group)
   local seen_field = 'seen:' .. group
   if #consumers == 0 then
+    if not trim then
+      return false  -- no trim hash to time it in (one of another type, skipped): it holds back as a new group does
+    end
     local t = redis.call('TIME')
     local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
     local seen = tonumber(redis.call('HGET', trim, seen_field) or '')
@@ -43,7 +46,7 @@ local function group_idle(stream, trim, group, idle_ms)
     end
     return now_ms - seen > idle_ms
   end
-  if redis.call('HEXISTS', trim, seen_field) == 1 then
+  if trim and redis.call('HEXISTS', trim, seen_field) == 1 then
     redis.call('HDEL', trim, seen_field)
   end
   for _, c in ipairs(consumers) do
@@ -134,8 +137,8 @@ end
 -- reads the results stream itself, from where the summaries left off.
 local function entry_reader(stream, summaries, trim, payloads)
   local reader = {from_results = true, last = nil}
-  local scursor = redis.call('HGET', trim, SUMMARIES_FROM)
-  local first = redis.call('HGET', trim, TRIMMED_TO)
+  local scursor = trim and redis.call('HGET', trim, SUMMARIES_FROM)
+  local first = trim and redis.call('HGET', trim, TRIMMED_TO)
   local pending = {}  -- summaries read ahead by the check below
   if scursor and first then
     local head = redis.call('XRANGE', summaries, scursor, '+', 'COUNT', 1)[1]
@@ -237,7 +240,7 @@ local function trim_within_bounds(stream, stats, trim, maxlen, max_bytes, newest
   local target_len, target_bytes = maxlen - math.floor(maxlen / 100), soft_bytes - math.floor(soft_bytes / 100)
   local forced = bytes > max_bytes
   local hard_target = max_bytes - math.floor(max_bytes / 100)
-  local idle_ms = tonumber(redis.call('HGET', trim, IDLE_MS_FIELD) or '') or GROUP_IDLE_MS
+  local idle_ms = tonumber(trim and redis.call('HGET', trim, IDLE_MS_FIELD) or '') or GROUP_IDLE_MS
   local needs = group_needs(stream, trim, idle_ms)
   local removed, removed_bytes, cut, first_removed = 0, 0, nil, nil
   local cut_summary, last_summary = nil, nil  -- where the next trim's walk of the summaries starts
@@ -299,6 +302,9 @@ local function trim_within_bounds(stream, stats, trim, maxlen, max_bytes, newest
   else
     redis.pcall('HSET', stats, STATS_RESULTS_BYTES, stream_bytes(stream))
   end
+  if not trim then
+    return  -- the trim hash holds another type (skipped, named by the caller): no bookkeeping, the stream trimmed
+  end
   redis.call('HSET', trim, TRIMMED_TO, cut)
   if cut == newest then
     cut_summary = last_summary and ('(' .. last_summary)  -- the newest's summary comes next
@@ -328,11 +334,15 @@ local function trim_within_bounds(stream, stats, trim, maxlen, max_bytes, newest
   end
 end
 
--- KEYS-free: the caller passes the key names. NEWEST is the newest entry the caller added, ADDED (1 if nil) how many
--- entries it added in this call, ADDED_BYTES their payload bytes. Returns nothing.
+-- KEYS-free: the caller passes the key names; `trim_key` nil when the trim hash holds another type than a hash (the
+-- caller checked it with intact() before its first write, and names it in its reply): the stream is trimmed all
+-- the same, without the hash's bookkeeping (each trim then reads the sizes from the results, a group without
+-- consumers holds back as a new one, no loss is counted: a reader is not told of entries the hard limit took).
+-- NEWEST is the newest entry the caller added, ADDED (1 if nil) how many entries it added in this call, ADDED_BYTES
+-- their payload bytes. Returns nothing.
 -- Its callers run it after their first write (the XADD it trims for), and Redis does not undo a script that fails
--- part way: nothing in it may fail theirs. A trim that fails (a key of the wrong type) is logged and leaves the
--- stream as it is, for the next publication's trim.
+-- part way: nothing in it may fail theirs. A trim that fails all the same (a key of the wrong type its caller did
+-- not check) is logged in Redis's log and leaves the stream as it is, for the next publication's trim.
 local function trim_results(stream, stats, trim_key, maxlen, max_bytes, newest, added_bytes, summaries, added)
   local ok, err = pcall(
     trim_within_bounds, stream, stats, trim_key, maxlen, max_bytes, newest, added_bytes, summaries, added)
