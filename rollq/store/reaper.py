@@ -44,7 +44,7 @@ from . import connection as _connection
 from .jobs import read_rollq_jobs, rollout_ids_of
 from .keys import REAPED_WORKER_SECONDS, Keys, TaskField, foreign_key, parse_inflight_member
 from .records import TaskRecord, not_a_record, read_records_or_errors, wrong_type
-from .replies import Clock, JobTaken, Published, Requeued, report_damaged
+from .replies import Clock, JobTaken, Published, Requeued, TaskMissing, report_damaged
 from .summaries import summary_json
 from .transitions import Finish, Lifecycle, Reissue
 
@@ -245,6 +245,15 @@ def _judge(
                 "requeued %s: attempt %d on %s sent no heartbeat for %.0fs", rid, attempt, record.worker, silent_for
             )
             return record.worker
+        if isinstance(reply, TaskMissing):
+            log.warning(
+                "could not requeue %s (attempt %d on %s sent no heartbeat): its task record %s is gone since it was "
+                "read (Redis lost it: a restart without persistence, a flush, an eviction)",
+                rid,
+                attempt,
+                record.worker,
+                keys.task(rid),
+            )
         if not isinstance(reply, JobTaken):
             return None
     error: Exception = WorkerUnresponsiveError(

@@ -84,7 +84,7 @@ class JobTaken:
 
 
 FinishReply = Published | Superseded | StillAlive | Cancelled | TaskMissing
-RequeueReply = Requeued | Superseded | StillAlive | JobTaken
+RequeueReply = Requeued | Superseded | StillAlive | JobTaken | TaskMissing
 
 
 @dataclass(frozen=True)
@@ -184,7 +184,10 @@ def read_finish(reply: Any) -> FinishReply:
 
 def read_requeue(reply: Any) -> RequeueReply:
     """``requeue.lua``'s reply; the damaged keys it names are logged."""
-    return _OUTCOMES[Word(without_damaged(reply).decode())]  # type: ignore[return-value]
+    word = Word(without_damaged(reply).decode())
+    if word == Word.MISSING:
+        return TaskMissing()
+    return _OUTCOMES[word]  # type: ignore[return-value]
 
 
 def read_enqueue(reply: Any, size: int) -> list[Enqueued]:

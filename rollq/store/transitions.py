@@ -495,7 +495,9 @@ class Lifecycle:
 
         A hand-back (``released``) goes to the front of the queue and gives the
         attempt back. :class:`~rollq.store.replies.Superseded` when the attempt is not current,
-        :class:`~rollq.store.replies.StillAlive` when it heartbeated after ``stale_before``.
+        :class:`~rollq.store.replies.StillAlive` when it heartbeated after ``stale_before``,
+        :class:`~rollq.store.replies.TaskMissing` when the task record is gone (Redis lost it); nothing written but
+        for :class:`~rollq.store.replies.Requeued`.
         """
         k = self.keys
         jid = k.job_id(task.rollout_id, after_attempt=attempt)

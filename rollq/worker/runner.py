@@ -42,7 +42,7 @@ from rollq.models.outcomes import describe
 from rollq.models.policy import FailureKind, RolloutPolicy
 from rollq.store.keys import inflight_member
 from rollq.store.records import parse_task
-from rollq.store.replies import Claim, ClaimRefused, FinishReply, JobTaken
+from rollq.store.replies import Claim, ClaimRefused, FinishReply, JobTaken, TaskMissing
 from rollq.store.transitions import Lifecycle
 
 from .agent import LitAgent
@@ -360,7 +360,16 @@ class AgentRunner:
             raw = pending.future.result(timeout=0)
         except (AttemptReleased, BlockedByNeighbour) as exc:
             pending.trace.finish()
-            self.lifecycle.requeue(task, attempt, policy, "released")
+            released = self.lifecycle.requeue(task, attempt, policy, "released")
+            if isinstance(released, TaskMissing):
+                log.warning(
+                    "could not hand %s back (attempt %d): its task record %s is gone (Redis lost it: a restart "
+                    "without persistence, a flush, an eviction); enqueue the task again to run it",
+                    rid,
+                    attempt,
+                    self.lifecycle.keys.task(rid),
+                )
+                return AttemptResult(rid, AttemptStatus.TASK_MISSING, attempt)
             why = f" ({exc})" if isinstance(exc, BlockedByNeighbour) else ""
             log.info("handed %s back to the queue (attempt %d)%s", rid, attempt, why)
             return AttemptResult(rid, AttemptStatus.RELEASED, attempt)
@@ -403,7 +412,11 @@ class AgentRunner:
             rollout = rollout.model_copy(update={"metadata": {**rollout.metadata, "hook_overruns": overruns}})
         if error is not None and kind is not None and policy.retries(kind, claim.attempts_used):
             reply = self.lifecycle.requeue(task, attempt, policy, "retry")
-            if not isinstance(reply, JobTaken):
+            if isinstance(reply, TaskMissing):
+                # No retry was queued: the failed rollout is published below, where finish.lua keeps it aside as
+                # task-missing (the Publication's settling logs that).
+                log.warning("task %s attempt %d failed; its record is gone, so no retry was queued", rid, attempt)
+            elif not isinstance(reply, JobTaken):
                 log.warning(
                     "attempt %d/%d of %s failed (%s); retrying",
                     claim.attempts_used,
@@ -412,10 +425,13 @@ class AgentRunner:
                     describe(error),
                 )
                 return AttemptResult(rid, AttemptStatus.RETRYING, attempt)
-            # The retry's job id holds another job: fail for good, saying so and why the attempt failed.
-            error = RetryNotQueuedError(self.lifecycle.keys.job_id(rid, after_attempt=attempt), rid, describe(error))
-            log.error("task %s: %s", rid, error)
-            rollout = pending.attempt.stamp(rollout, error)
+            else:
+                # The retry's job id holds another job: fail for good, saying so and why the attempt failed.
+                error = RetryNotQueuedError(
+                    self.lifecycle.keys.job_id(rid, after_attempt=attempt), rid, describe(error)
+                )
+                log.error("task %s: %s", rid, error)
+                rollout = pending.attempt.stamp(rollout, error)
         if rollout.trace is not None and not self._keeps_trace(failed=error is not None):
             rollout = rollout.model_copy(update={"trace": None})
         publication = self.attempts.publication(

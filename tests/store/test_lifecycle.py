@@ -26,7 +26,17 @@ from rollq.store.jobs import ROLLOUT_FUNC, JobRegistries, RollqJob, read_rollq_j
 from rollq.store.keys import Keys, job_id
 from rollq.store.reaper import ReapReport, reap
 from rollq.store.records import wrong_type
-from rollq.store.replies import Claim, ClaimRefused, Clock, Enqueued, FinishReply, Published, Requeued, Superseded
+from rollq.store.replies import (
+    Claim,
+    ClaimRefused,
+    Clock,
+    Enqueued,
+    FinishReply,
+    Published,
+    Requeued,
+    Superseded,
+    TaskMissing,
+)
 from rollq.store.scripts import lua_header
 from rollq.store.stats import DURATION_PREFIX, StatsField, duration_bucket
 from rollq.store.transitions import Finish, Lifecycle
@@ -636,6 +646,27 @@ def _key(lc: Lifecycle, name: str) -> str:
         return lc.keys.task("r0")
     key = getattr(lc.keys, name)
     return key() if callable(key) else key  # type: ignore[no-any-return]
+
+
+@pytest.mark.parametrize("reason", ["retry", "released", "unresponsive"])
+def test_a_requeue_of_a_task_whose_record_is_gone_answers_task_missing_not_superseded(  # type: ignore[no-untyped-def]
+    redis_server, namespace, reason
+) -> None:
+    # An operator's audit: requeue.lua answered 'superseded' for a task record Redis lost (a restart without
+    # persistence, a flush, an eviction), as if a newer attempt had taken over. It writes nothing either way; the
+    # word tells the caller which it was, as finish.lua's 'missing' does.
+    lc = _claimed_lifecycle(redis_server.url, namespace, 1)
+    lc.connection.delete(lc.keys.task("r0"))
+    queued = lc.connection.llen(lc.keys.rq_queue)
+    stale_before = time.time() + 60 if reason == "unresponsive" else None
+    reply = lc.requeue(_task("r0"), 1, RolloutPolicy(), reason, stale_before=stale_before)
+    assert reply == TaskMissing(), reply
+    assert not lc.connection.exists(lc.keys.task("r0"))
+    assert not lc.connection.exists(lc.keys.rq_job(lc.keys.job_id("r0", after_attempt=1)))
+    assert lc.connection.llen(lc.keys.rq_queue) == queued
+    # A record that is there but on another attempt is still superseded.
+    lc.connection.hset(lc.keys.task("r0"), mapping={"state": "running", "attempt": "2"})
+    assert lc.requeue(_task("r0"), 1, RolloutPolicy(), reason, stale_before=stale_before) == Superseded()
 
 
 REQUEUE_OR_REVIVE = {"requeue": (_claimed_lifecycle, _requeue), "revive": (_dead_lettered, _revive)}

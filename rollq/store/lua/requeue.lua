@@ -2,9 +2,10 @@
 -- a retry after a failure, a requeue of an unresponsive attempt, or a hand-back on graceful stop.
 -- Nothing is written when the new job id holds a job hash that stands for something else.
 -- Records the attempt's end in the task's history (end_field(attempt) = reason|server time).
--- Returns 'requeued' ({'requeued', the damaged keys skipped} when it skipped any); 'superseded' when the attempt is
--- not current; 'alive' when stale_before is set and the attempt heartbeated after it; 'conflict' when the new job id
--- is taken by another job.
+-- Returns 'requeued' ({'requeued', the damaged keys skipped} when it skipped any); 'missing' when the task record is
+-- gone (Redis lost it: a restart without persistence, a flush, an eviction); 'superseded' when the attempt is not
+-- current; 'alive' when stale_before is set and the attempt heartbeated after it; 'conflict' when the new job id is
+-- taken by another job.
 local task_key = KEYS[1]
 local inflight = KEYS[2]
 local rq_queue = KEYS[3]
@@ -35,6 +36,9 @@ local stats_ok = intact(stats, 'hash', 'stats hash')
 
 local running = member(rollout_id, attempt)
 local t = redis.call('HMGET', task_key, F.state, F.attempt, F.attempts)
+if t[1] == false and redis.call('EXISTS', task_key) == 0 then
+  return REPLY.missing  -- no newer attempt: Redis lost the record (as finish.lua's 'missing'); nothing written
+end
 if t[1] ~= STATE.running or t[2] ~= attempt then
   return REPLY.superseded
 end
