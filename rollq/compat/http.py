@@ -4,8 +4,9 @@
 ``ResourcesUpdate`` (404 when there is none); ``POST /rollout`` (a ``Rollout``) ->
 ``GenericResponse`` whose ``status`` is ``delivered``, ``superseded``, ``cancelled`` or ``task-missing``
 (400 naming the field for a malformed body, 403 for a post without its attempt's token, 413 for a
-body over ``max_body_bytes``). With a ``key``, every route needs it (401 otherwise; see
-:mod:`rollq.compat.binding`). Redis calls run on threads, off the event loop.
+body over ``max_body_bytes``). A claim Redis refused is a 503 naming the refusal (:mod:`rollq.compat.refusals`).
+With a ``key``, every route needs it (401 otherwise; see :mod:`rollq.compat.binding`). Redis calls run on threads,
+off the event loop.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import redis
 from aiohttp import web
 
 from rollq.models.contract import GenericResponse, TaskIfAny
@@ -22,6 +24,7 @@ from rollq.models.errors import AttemptTokenError, ContractShapeError
 
 from .binding import authorized
 from .gateway import Gateway
+from .refusals import redis_refused
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +45,10 @@ def _client(request: web.Request) -> str:
 
 
 async def _next_task(request: web.Request) -> web.Response:
-    task = await asyncio.to_thread(request.app[_GATEWAY].next_task, _client(request))
+    try:
+        task = await asyncio.to_thread(request.app[_GATEWAY].next_task, _client(request))
+    except redis.ResponseError as exc:  # the claim refused (a damaged key, OOM...): the server's trouble
+        return redis_refused(exc, "the claim")
     return _json(TaskIfAny(is_available=task is not None, task=task))
 
 

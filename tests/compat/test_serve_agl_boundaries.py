@@ -5,6 +5,7 @@ as its controller speaks them); AL's own controller against these checks is in t
 
 from __future__ import annotations
 
+import logging
 import subprocess
 import time
 from collections.abc import Iterator
@@ -13,6 +14,7 @@ from typing import Any, cast
 import httpx
 import pytest
 
+from rollq.compat import refusals
 from rollq.compat.agl1.runners import LeaseSettings
 from rollq.compat.agl1.schemas import RolloutState
 from rollq.compat.agl1.store import Agl1Store
@@ -22,6 +24,7 @@ from rollq.ops.metrics import render_prometheus
 from rollq.ops.status import render_text, snapshot
 from rollq.producer.producer import Producer
 from rollq.store.connection import connect
+from rollq.store.reaper import reap
 from rollq.store.stats import StatsField
 from tests.support.serve_agl import KEY, MODEL, Running
 from tests.support.serve_agl import claim as _claim
@@ -205,3 +208,33 @@ def test_with_a_key_every_write_needs_it_too(serve) -> None:  # type: ignore[no-
     assert bare.post(f"/api/rollouts/{k1}/attempt/0/events", json={"event_type": "reward"}).status_code == 401
     assert bare.patch(f"/api/rollouts/{k1}", json={"status": {"state": "succeeded"}}).status_code == 401
     assert KEY and api.server.store.producer.task_info("k1").state == TaskState.RUNNING
+
+
+def test_a_claim_redis_refuses_is_a_503_naming_the_refusal_logged_once_and_the_sweep_issues_the_task_again(
+    serve, caplog, monkeypatch
+) -> None:  # type: ignore[no-untyped-def]
+    # An operator's audit: a claim Redis refused (here claim.lua's refusal of an in-flight set of another type) was
+    # not answered as the server's trouble. It is a 503 with a JSON body naming the refusal and a Retry-After; AL
+    # 1.0's controller logs a failed PATCH and sends it again at its next reconcile. Logged once, not per PATCH.
+    monkeypatch.setattr(refusals, "_logged", {})
+    caplog.set_level(logging.ERROR, logger="rollq.compat.refusals")
+    api = serve(RolloutPolicy(timeout_seconds=60))
+    store = api.server.store
+    _create(api, {"input": 1, "rollout_id": "c1"})
+    listed_id = _listed(api, "c1")
+    store.connection.set(store.keys.inflight, "junk")
+    for _ in range(2):  # the controller PATCHes again at its next reconcile
+        answer = api.client.patch(f"/api/rollouts/{listed_id}", json={"status": {"state": "running"}})
+        assert answer.status_code == 503, answer.text
+        assert f"the in-flight set {store.keys.inflight} is a string, not a zset" in answer.json()["detail"]
+        assert int(answer.headers["Retry-After"]) > 0
+    assert [r.getMessage().startswith("Redis refused the request") for r in caplog.records] == [True], caplog.text
+    assert store.producer.task_info("c1").state == TaskState.QUEUED
+    # Nothing lost: once the key is repaired, the lost-job sweep (any rollq worker's reaper) issues the task again.
+    store.connection.delete(store.keys.inflight)
+    lifecycle = store.producer.lifecycle
+    wait_until(lambda: reap(lifecycle, results_maxlen=100).reissued == 1, "the sweep to issue the task again", 10)
+    claimed = _claim(api, "c1")
+    assert api.client.patch(f"/api/rollouts/{claimed}", json={"status": {"state": "succeeded"}}).status_code == 200
+    (rollout,) = store.producer.wait(["c1"], timeout=10)
+    assert rollout.metadata["status"] == "succeeded"

@@ -178,3 +178,45 @@ def test_with_a_key_every_route_needs_it(redis_server, namespace, serve_al) -> N
     with urllib.request.urlopen(request, timeout=10) as response:
         answer = json.loads(response.read())
     assert answer["is_available"] and answer["task"]["rollout_id"].startswith(f"{rid}#1#")
+
+
+def _answer(url: str) -> tuple[int, dict[str, str], Any]:
+    """Status, headers and JSON body of a GET, whatever the status."""
+    try:
+        with urllib.request.urlopen(url, timeout=20) as response:
+            return int(response.status), dict(response.headers), json.loads(response.read())
+    except urllib.error.HTTPError as exc:
+        return int(exc.code), dict(exc.headers), json.loads(exc.read())
+
+
+def test_a_claim_redis_refuses_is_a_503_naming_the_refusal_logged_once_and_the_task_is_handed_out_after_repair(
+    redis_server, namespace, serve_al, tmp_path
+) -> None:  # type: ignore[no-untyped-def]
+    # An operator's audit: a claim Redis refused (here claim.lua's refusal of an in-flight set of another type) was
+    # answered as if the client were wrong. It is the server's trouble: a 503 with a JSON body naming the refusal and
+    # a Retry-After, which AL 0.1-0.3's client treats as "no task yet" and polls again; logged once, not per poll.
+    producer = Producer.from_url(
+        redis_server.url, namespace, policy=RolloutPolicy(timeout_seconds=60, unresponsive_seconds=1)
+    )
+    rid = producer.enqueue({"q": 1}, mode="train").rollout_id
+    endpoint = serve_al()
+    producer.connection.set(producer.keys.inflight, "junk")
+    refusals = 0
+    until = time.monotonic() + 30
+    while refusals < 2 and time.monotonic() < until:  # the sweep puts the job back, the next claim is refused again
+        status, headers, body = _answer(endpoint + "task")
+        if status == 200:
+            assert not body["is_available"], body
+            time.sleep(0.2)
+            continue
+        assert status == 503, (status, body)
+        assert f"the in-flight set {producer.keys.inflight} is a string, not a zset" in body["detail"], body
+        assert int(headers["Retry-After"]) > 0
+        refusals += 1
+    assert refusals == 2
+    log = (tmp_path / "serve-al-0.log").read_text()
+    assert log.count("Redis refused the claim") == 1, log  # once a minute, not once a poll
+    # Nothing lost: once the key is repaired, the sweep puts the job back and the task is handed out.
+    producer.connection.delete(producer.keys.inflight)
+    wait_until(lambda: _answer(endpoint + "task")[2].get("is_available"), "the task to be handed out again", timeout=30)
+    assert producer.task_info(rid).state == TaskState.RUNNING

@@ -3,7 +3,8 @@
 Every route but ``GET /healthz`` needs the key when one is set, as AL 1.0 does: ``Authorization:
 Bearer <key>`` or ``x-api-key: <key>``, else 401 (:mod:`rollq.compat.binding`, shared with ``serve-al``).
 A body over ``max_body_bytes`` is 413, one nested deeper than :data:`~.replies.MAX_JSON_DEPTH` is 400; a write
-without its attempt's token is 403 and a claim past a client's share of leases 429 (:mod:`.runners`). The
+without its attempt's token is 403 and a claim past a client's share of leases 429 (:mod:`.runners`); a request
+Redis refused (a claim refused for a damaged key, say) is 503 naming the refusal (:mod:`rollq.compat.refusals`). The
 server holds no state of its own, so several may serve one namespace and a restart loses nothing; each hands
 back the runners' attempts whose lease ended, every ``release_interval`` seconds.
 """
@@ -17,12 +18,14 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import aiohttp
+import redis
 from aiohttp import web
 
 from rollq.models.errors import AttemptTokenError, ContractShapeError, InvalidTaskError
 from rollq.worker.config import WorkerSettings
 
 from ..binding import authorized
+from ..refusals import redis_refused
 from .replies import BadRequest, error
 from .routes import events, models, proxy, rollouts
 from .routes.common import SESSION, STORE
@@ -55,6 +58,8 @@ def _middleware(key: str) -> Any:
             return error(403, str(exc))
         except HeldTooMany as exc:
             return error(429, str(exc))
+        except redis.ResponseError as exc:  # a claim refused (a damaged key, OOM...): the server's trouble
+            return redis_refused(exc, "the request")
 
     return guard
 
