@@ -151,7 +151,8 @@ class Producer:
         Each task gets a fresh ``rollout_id`` unless ``rollout_ids`` gives them;
         ids already known are not queued again and their stored task is returned.
 
-        Each chunk of 2,000 tasks is one transaction: Redis queues all of it or none. When Redis refuses a chunk
+        Each chunk of 2,000 tasks (in whole groups: a group larger than that is a chunk of its own) is one
+        transaction: Redis queues all of it or none. When Redis refuses a chunk
         (out of memory, say) after earlier ones were queued, those stay queued and
         :class:`~rollq.models.errors.EnqueueIncompleteError` is raised from the refused chunk's error
         (``redis.exceptions.OutOfMemoryError``, ...: its ``__cause__``): its ``tasks`` are the batch's first
@@ -608,7 +609,11 @@ def why_not_queued(exc: BaseException) -> tuple[str, str]:
 def _chunk_size(max_pending: int | None, group_size: int, per_job: int) -> int:
     """How many tasks one enqueue transaction takes: at most 2000 (and ``max_pending``), in whole groups and whole
     packs where it can (a pack is made within one chunk; a group queued in one chunk is never left half queued by
-    a back-pressure timeout, and its members start on one resources version)."""
+    a back-pressure timeout or a refusal between chunks, and its members start on one resources version). A group
+    larger than that goes in a transaction of its own (``max_pending`` is at least ``group_size``): split across
+    two, a refusal between them left part of it queued, a group no trainer batch completes."""
+    if group_size > _ENQUEUE_CHUNK:
+        return group_size
     step = _ENQUEUE_CHUNK if max_pending is None else min(_ENQUEUE_CHUNK, max_pending)
     for unit in (math.lcm(group_size, per_job), group_size, per_job):
         if step >= unit:

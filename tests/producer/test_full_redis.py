@@ -89,6 +89,28 @@ def test_a_batch_refused_after_its_first_chunk_raises_naming_the_tasks_it_queued
     assert "enqueue the inputs from index 2000 on again" in message
 
 
+def test_a_group_larger_than_a_chunk_is_queued_whole_or_not_at_all_when_redis_refuses_between_chunks(
+    server: RedisServer, namespace: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # An operator's audit: chunks of 2,000 tasks split a group of 2,500 across two transactions, and a refusal
+    # between them left 2,000 of its members queued, a group no trainer batch would ever complete. A group larger
+    # than a chunk now goes in a call of its own.
+    client = server.client()
+    producer = Producer.from_url(server.url, namespace)
+    _fill_after_first_chunk(monkeypatch, producer, client)
+
+    with pytest.raises(EnqueueIncompleteError) as caught:
+        producer.enqueue_many([{"g": 0}, {"g": 1}], mode="train", group_size=2500)
+    client.config_set("maxmemory", 0)
+
+    error = caught.value
+    assert (error.queued, error.batch_size) == (2500, 5000)
+    assert {t.metadata["group_id"] for t in error.tasks} == {error.tasks[0].metadata["group_id"]}
+    assert _states(producer, [t.rollout_id for t in error.tasks]) == {TaskState.QUEUED.value.encode()}
+    assert client.scard(producer.keys.queued_tasks) == 2500  # the second group: none of it
+    assert "the groups of the first 1 input(s) are queued: enqueue the inputs from index 1 on again" in str(error)
+
+
 def test_a_batch_with_rollout_ids_refused_partway_is_queued_once_by_its_retry(
     server: RedisServer, namespace: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
