@@ -48,8 +48,8 @@ log = logging.getLogger(__name__)
 
 Mode = str | None
 
-# Big batches go out in chunks this size: still few round trips, bounded client memory.
-_ENQUEUE_CHUNK = 2000
+ENQUEUE_CHUNK = 2000
+"""Big batches go out in chunks this size (one transaction each): still few round trips, bounded client memory."""
 
 
 class Producer:
@@ -612,9 +612,9 @@ def _chunk_size(max_pending: int | None, group_size: int, per_job: int) -> int:
     a back-pressure timeout or a refusal between chunks, and its members start on one resources version). A group
     larger than that goes in a transaction of its own (``max_pending`` is at least ``group_size``): split across
     two, a refusal between them left part of it queued, a group no trainer batch completes."""
-    if group_size > _ENQUEUE_CHUNK:
+    if group_size > ENQUEUE_CHUNK:
         return group_size
-    step = _ENQUEUE_CHUNK if max_pending is None else min(_ENQUEUE_CHUNK, max_pending)
+    step = ENQUEUE_CHUNK if max_pending is None else min(ENQUEUE_CHUNK, max_pending)
     for unit in (math.lcm(group_size, per_job), group_size, per_job):
         if step >= unit:
             return step - step % unit

@@ -172,6 +172,45 @@ def test_rollq_enqueue_refused_partway_prints_the_ids_it_queued_and_says_from_wh
     assert client.llen(producer.keys.rq_queue) == 3000
 
 
+def test_rollq_enqueue_that_loses_redis_partway_exits_3_naming_what_is_known_queued_and_how_to_resume(
+    own_redis: Any, namespace: str, rollq: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # An operator's audit: Redis going away partway through `rollq enqueue` exited 1 (the operation failed) with
+    # "the rest may not be queued", where the CLI's exit 3 means Redis could not be reached, and nothing said that
+    # the chunk in flight may have been applied, nor how to go on.
+    server = own_redis(appendonly=True)  # comes back with what it had
+    real = Lifecycle.enqueue_many_after
+    calls = 0
+
+    def kill_then_enqueue(self: Lifecycle, *args: Any, **kwargs: Any) -> Any:
+        nonlocal calls
+        if calls:
+            server.stop()
+        calls += 1
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(Lifecycle, "enqueue_many_after", kill_then_enqueue)
+    lines = "".join(f'{{"input": {{"n": {i}}}, "rollout_id": "r-{i}"}}\n' for i in range(3000))
+
+    result = rollq("enqueue", input=lines, url_=server.url)
+
+    assert result.exit_code == 3, result.output
+    assert result.stdout.split() == [f"r-{i}" for i in range(2000)]  # those known queued
+    said = result.stderr.replace("\r", "\n").strip().splitlines()[-1]
+    assert said.startswith(f"rollq: lost Redis at redis://127.0.0.1:{server.port}/0 partway: "), said
+    assert "2000 of 3000 task(s) are known queued (their ids are printed above)" in said, said
+    assert "the chunk in flight from line 2001 on (up to 2,000 lines) may or may not have been queued" in said, said
+    assert "run the file again from line 2001 on" in said and "is not queued twice" in said, said
+
+    # Resuming as it says: the whole file again, with its rollout ids, queues each task once.
+    monkeypatch.undo()
+    server.start()
+    again = rollq("enqueue", input=lines, url_=server.url)
+    assert again.exit_code == 0, again.output
+    assert "queued 1000 new task(s); 2000 already known" in again.stderr
+    assert server.client().llen(Producer.from_url(server.url, namespace).keys.rq_queue) == 3000
+
+
 def _finish(url: str, namespace: str, rollout_id: str) -> None:
     """Claim and publish ``rollout_id`` as a worker would, on a connection of its own."""
     worker = Producer.from_url(url, namespace)

@@ -18,10 +18,10 @@ from rollq.models.click_types import Seconds
 from rollq.models.contract import Task
 from rollq.models.errors import EnqueueIncompleteError, EnqueueUndoneError, UnknownResourcesError
 from rollq.models.policy import MAX_POLICY_SECONDS
-from rollq.producer.producer import why_not_queued
+from rollq.producer.producer import ENQUEUE_CHUNK, why_not_queued
 
 from . import context
-from .errors import one_line_errors
+from .errors import RedisLostError, one_line_errors, redis_at, unreachable
 
 _LINE_KEYS = {"input", "rollout_id", "mode", "resources_id", "metadata"}
 
@@ -87,6 +87,22 @@ def _stopped_at(exc: Exception, queued: int, total: int, next_line: int) -> Valu
     )
 
 
+def _lost_redis(exc: BaseException, queued: int, total: int, next_line: int) -> RedisLostError:
+    """The line ``rollq enqueue`` exits 3 with when Redis went out of reach (``exc``) after ``queued`` of the file's
+    ``total`` tasks (the lines before ``next_line``) were queued: the chunk it was sending may have been applied
+    (its reply lost) or not, and a re-run with the same rollout ids queues none twice (an id Redis already has is
+    answered known, nothing written), while a line without one gets a new id each run."""
+    line = " ".join(str(exc).split()).rstrip(".")
+    return RedisLostError(
+        f"lost Redis at {redis_at()} partway: {line}; {queued} of {total} task(s) are known queued (their ids are "
+        f"printed above); the chunk in flight from line {next_line} on (up to {ENQUEUE_CHUNK:,} lines) may or may "
+        f"not have been queued, the lines after it were not. Once Redis is back, run the file again from line "
+        f"{next_line} on (or all of it): a line that gives its rollout_id is not queued twice (an id Redis already "
+        "has is answered known); a line that gives none gets a new id each run, so one of the chunk in flight may "
+        "be queued twice"
+    )
+
+
 @click.command()
 @click.argument("source", type=click.File("r"), default="-")
 @click.option(
@@ -130,6 +146,8 @@ def enqueue(
     Prints the rollout id of each line, then (on stderr) how many were new. If
     Redis refuses part of the file (full), the ids of the lines queued are
     printed, then how many of how many and the line to go on from; exit 1.
+    If Redis goes out of reach partway, likewise, saying that the chunk in
+    flight may or may not have been queued; exit 3.
     """
     from rollq.models.policy import RolloutPolicy
 
@@ -176,6 +194,9 @@ def enqueue(
                 handled = new + known + len(done)
                 if not handled:
                     raise
+                cause = exc.__cause__ if isinstance(exc, EnqueueIncompleteError) and exc.__cause__ else exc
+                if unreachable(cause):
+                    raise _lost_redis(cause, handled, len(tasks), numbers[handled]) from exc
                 raise _stopped_at(exc, handled, len(tasks), numbers[handled]) from exc
             # A known id comes back as the stored task, created before this call began.
             fresh = sum(1 for task in queued if (task.create_time or 0) >= started)

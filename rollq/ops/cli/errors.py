@@ -23,6 +23,10 @@ EXIT_FAILED, EXIT_REDIS = 1, 3
 F = TypeVar("F", bound=Callable[..., Any])
 
 
+class RedisLostError(Exception):
+    """A command lost Redis partway, its message saying what was done and how to go on: one line, exit 3."""
+
+
 def one_line_errors(fn: F) -> F:
     """Turn the errors a user can cause into one clear line and an exit code, not a traceback."""
 
@@ -34,8 +38,10 @@ def one_line_errors(fn: F) -> F:
             click.echo(f"rollq: Redis refused the credentials: {exc}", err=True)
             sys.exit(EXIT_REDIS)
         except (redis.ConnectionError, redis.TimeoutError) as exc:
-            url = click.get_current_context().find_root().params.get("url")
-            click.echo(f"rollq: cannot reach Redis at {describe(resolve_url(url))}: {exc}", err=True)
+            click.echo(f"rollq: cannot reach Redis at {redis_at()}: {exc}", err=True)
+            sys.exit(EXIT_REDIS)
+        except RedisLostError as exc:
+            click.echo(f"rollq: {exc}", err=True)
             sys.exit(EXIT_REDIS)
         except ValidationError as exc:  # before ValueError, its base class: pydantic's report is many lines
             click.echo(f"rollq: {validation_line(exc)}", err=True)
@@ -45,6 +51,18 @@ def one_line_errors(fn: F) -> F:
             sys.exit(EXIT_FAILED)
 
     return wrapper  # type: ignore[return-value]
+
+
+def redis_at() -> str:
+    """The Redis URL of the running command, for a message (its password masked)."""
+    return describe(resolve_url(click.get_current_context().find_root().params.get("url")))
+
+
+def unreachable(exc: BaseException) -> bool:
+    """Whether ``exc`` says Redis could not be reached (exit 3), not that it refused the credentials."""
+    return isinstance(exc, (redis.ConnectionError, redis.TimeoutError)) and not isinstance(
+        exc, redis.AuthenticationError
+    )
 
 
 def validation_line(exc: ValidationError) -> str:
