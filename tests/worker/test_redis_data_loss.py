@@ -13,6 +13,7 @@ import pytest
 from rq.queue import Queue
 from rq.worker import Worker
 
+from rollq.models.policy import RolloutPolicy
 from rollq.ops.status import snapshot
 from rollq.producer.producer import Producer
 from rollq.store.keys import Keys
@@ -87,3 +88,25 @@ def test_a_result_whose_task_record_redis_lost_is_not_counted_as_superseded(own_
     status = snapshot(client, keys)
     assert (status.superseded, status.task_missing) == (0, 1)
     assert worker.process.poll() is None
+
+
+def test_a_failed_attempt_whose_task_record_redis_lost_is_not_retried_nor_said_to_be(own_redis, namespace, workers):
+    # An operator's audit: requeue.lua answered 'superseded' for a task record Redis had lost, and the worker logged
+    # "retrying" with nothing queued. It answers missing: the worker says the record is gone, queues nothing, and
+    # keeps the failed rollout aside as task-missing, as for a result.
+    server = own_redis()
+    worker = workers(server.url, namespace, env={**AGENT, "ROLLQ_HEARTBEAT_SECONDS": "10"})
+    policy = RolloutPolicy(retry_on=frozenset({"exception"}), max_attempts=3)
+    producer = Producer.from_url(server.url, namespace, policy=policy)
+    rid = producer.enqueue({"sleep": 2, "raise": "boom"}).rollout_id
+    keys = Keys(namespace)
+    client = server.client()
+    wait_until(lambda: client.zcard(keys.inflight) == 1, "the rollout to run", timeout=30)
+    client.delete(keys.task(rid))  # an eviction, a FLUSHDB: Redis lost the record
+
+    wait_until(lambda: client.xlen(keys.superseded) == 1, "the failed rollout to be kept aside", timeout=30)
+    log = worker.log()
+    assert f"task {rid} attempt 1 failed; its record is gone, so no retry was queued" in log, log
+    assert "retrying" not in log, log
+    assert client.xrange(keys.superseded)[0][1].get(b"reason") == b"task-missing"
+    assert client.llen(keys.rq_queue) == 0 and not client.exists(keys.task(rid))
