@@ -27,6 +27,7 @@ from rollq.store.keys import TRIMMED_TO, Keys, StreamField, TaskField, foreign_k
 from rollq.store.payloads import load_payloads, loaded_one_by_one, missing_payload
 from rollq.store.reaper import reap
 from rollq.store.records import wrong_type
+from rollq.store.replies import report_damaged
 from rollq.store.transitions import Lifecycle
 
 log = logging.getLogger(__name__)
@@ -249,10 +250,32 @@ def _published_since(
         if len(entries) < count:
             break
         start = b"(" + entries[-1][0]
-    trimmed_to: Any = connection.hget(keys.results_trim, TRIMMED_TO)
-    if trimmed_to and _stream_id(trimmed_to) > _stream_id(position):
+    trimmed_to, damaged = _trimmed_to(connection, keys)
+    if damaged or (trimmed_to and _stream_id(trimmed_to) > _stream_id(position)):
         return None
     return found
+
+
+def _trim_hash_damaged(connection: redis.Redis, keys: Keys) -> None:
+    """Log (once a minute) that the results trim hash holds another type: what trimming did cannot be read."""
+    kind = cast(bytes, connection.type(keys.results_trim)).decode()
+    report_damaged(
+        foreign_key("results trim hash", keys.results_trim, kind, "hash"),
+        "rollouts read all the same; the task records say which were trimmed",
+    )
+
+
+def _trimmed_to(connection: redis.Redis, keys: Keys) -> tuple[bytes | None, bool]:
+    """The first results entry the last trim kept (None before any trim), and whether the trim hash holds another
+    type than a hash (then a reader cannot tell what was trimmed: it reads the records, as after a trim). The
+    publishing scripts skip such a hash and trim all the same; a reader's WRONGTYPE failed every wait."""
+    try:
+        return cast(bytes | None, connection.hget(keys.results_trim, TRIMMED_TO)), False
+    except redis.ResponseError as exc:
+        if not wrong_type(exc):
+            raise
+        _trim_hash_damaged(connection, keys)
+        return None, True
 
 
 class _Collected:
@@ -424,8 +447,8 @@ def _wait(
                         got.missing.discard(rid)
                         settled += 1
             # Entries past the cursor trimmed before this reader got to them: their records say how they ended.
-            trimmed_to: Any = connection.hget(keys.results_trim, TRIMMED_TO)
-            if trimmed_to and trimmed_to != trim_seen and _stream_id(trimmed_to) > _stream_id(cursor):
+            trimmed_to, damaged = _trimmed_to(connection, keys)
+            if damaged or (trimmed_to and trimmed_to != trim_seen and _stream_id(trimmed_to) > _stream_id(cursor)):
                 trim_seen = trimmed_to
                 settled += got.check_records(connection, keys)
             if time.monotonic() >= next_reap:
@@ -545,10 +568,16 @@ class ResultReader:
         return entries
 
     def _check_lost(self) -> None:
-        count, from_id = cast(
-            list[bytes | None],
-            self.connection.hmget(self.keys.results_trim, [f"count:{self.group}", f"from:{self.group}"]),
-        )
+        try:
+            count, from_id = cast(
+                list[bytes | None],
+                self.connection.hmget(self.keys.results_trim, [f"count:{self.group}", f"from:{self.group}"]),
+            )
+        except redis.ResponseError as exc:  # a trim hash of another type: no loss can be counted there
+            if not wrong_type(exc):
+                raise
+            _trim_hash_damaged(self.connection, self.keys)
+            return
         lost = int(count or 0)
         if lost > self._reported_lost:
             new = lost - self._reported_lost

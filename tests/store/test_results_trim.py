@@ -203,3 +203,23 @@ def test_a_trim_hash_of_another_type_is_skipped_and_named_and_the_stream_still_k
     client.delete(keys.results_trim)
     _publish(producer, 1)
     assert client.xlen(keys.results) <= MAXLEN and client.hget(keys.results_trim, TRIMMED_TO)
+
+
+@pytest.mark.redis
+def test_a_wait_and_a_group_reader_read_rollouts_past_a_trim_hash_of_another_type_naming_it(
+    producer: Producer, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Found beside the audit's trim hash: the publishing scripts now skip it, but every wait still read it (the first
+    # entry the last trim kept) and failed with Redis's bare WRONGTYPE. It reads the records instead, named once.
+    monkeypatch.setattr(replies_module, "_damaged_logged", {})
+    caplog.set_level(logging.ERROR)
+    client, keys = producer.connection, producer.keys
+    reader = producer.rollouts(group="g", limit=3, idle_timeout=5)
+    client.delete(keys.results_trim)
+    client.rpush(keys.results_trim, "not a hash")
+    ids = [t.rollout_id for t in producer.enqueue_many([{"i": i} for i in range(3)])]
+    producer.cancel(ids)
+    assert [r.rollout_id for r in producer.wait(ids, timeout=10)] == ids
+    assert sorted(r.rollout_id for r in reader) == sorted(ids)
+    named = [r for r in caplog.records if f"the results trim hash {keys.results_trim} is a list" in r.getMessage()]
+    assert len(named) == 1, caplog.text
