@@ -387,3 +387,20 @@ def test_rq_dashboard_reads_redis_through_the_dashboards_connection_with_its_soc
         assert app.test_client().get(path).status_code == 200, path
         assert app.redis_conn is ours, path  # type: ignore[attr-defined]
     assert ours.connection_pool.connection_kwargs["socket_timeout"] == SCRAPE_SOCKET_TIMEOUT_SECONDS
+
+
+def test_rollq_lets_redis_being_down_reach_its_503_where_rq_dashboards_front_page_caught_it() -> None:
+    # Pins the rq-dashboard internals _RedisDownIsNotCaughtHere depends on: its queues page catches redis-py's
+    # ConnectionError by the name RedisConnectionError of its module, looked up when the page is rendered, and
+    # answers 200 "Connection Error" with it (tests/ops/test_scrape_stall.py: Redis down is a 503 on `/`).
+    import inspect
+
+    import rq_dashboard.web as web
+
+    from rollq.ops.dashboard import _RedisDownIsNotCaughtHere
+
+    source = inspect.getsource(web.queues_overview)
+    assert "except RedisConnectionError:" in source and "Connection Error" in source
+    assert inspect.getsource(web).count("RedisConnectionError") == 2  # its import and that one except
+    create_app("redis://127.0.0.1:1/0")
+    assert web.RedisConnectionError is _RedisDownIsNotCaughtHere

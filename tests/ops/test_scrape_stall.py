@@ -133,6 +133,36 @@ def test_rq_dashboards_pages_and_json_answer_503_naming_redis_while_redis_stalls
     assert "503" in dashboard.log() and "Redis" in dashboard.log(), dashboard.log()[-2000:]
 
 
+@pytest.mark.redis
+def test_rq_dashboards_pages_and_json_answer_503_naming_redis_while_redis_is_down(
+    own_redis: Callable[..., RedisServer], namespace: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The operator's audit: with redis-server stopped (connection refused, not stalled), rq-dashboard's front page
+    # `/` still answered 200 with a page that only said "Connection Error": a load balancer's check saw it healthy.
+    server = own_redis()
+    Producer.from_url(server.url, namespace).enqueue({"n": 1})
+    monkeypatch.setenv("ROLLQ_NAMESPACE", namespace)
+    dashboard = Dashboard(server.url, tmp_path / "dashboard.log")
+    urls = [
+        f"{dashboard.base}{path}"
+        for path in ("/", "/0/", "/0/view/queues", "/0/view/workers", "/0/data/queues.json", "/rollq/")
+    ]
+    try:
+        assert all(_answers(url) for url in urls)
+        server.stop()
+        with ThreadPoolExecutor(len(urls)) as pool:
+            down = dict(zip(urls, pool.map(_status, urls), strict=True))
+        _assert_503_naming_redis(down)
+        for url, (_, body, _) in down.items():
+            assert "Connection Error" not in body and "refused" in body, (url, body)
+            assert not url.endswith(".json") or json.loads(body)["error"].startswith("Redis did not answer"), body
+        server.start()
+        wait_until(lambda: all(_answers(url) for url in urls), "rq-dashboard again once Redis is back", timeout=30)
+    finally:
+        dashboard.stop()
+    assert "503" in dashboard.log() and "Redis" in dashboard.log(), dashboard.log()[-2000:]
+
+
 def _forward(url: str) -> tuple[int, str, bytes]:
     """The status, content type and body of a GET of ``url``."""
     try:

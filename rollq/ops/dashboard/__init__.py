@@ -137,6 +137,16 @@ def _the_dashboards_connection(url: str, **_options: Any) -> tuple[None, Any]:
     return None, current_app.config["ROLLQ_CONNECTION"]
 
 
+class _RedisDownIsNotCaughtHere(Exception):
+    """What rq-dashboard's front page catches instead of ``redis.ConnectionError``: nothing raises it.
+
+    rq-dashboard's queues page (``/``, ``/<n>/view/queues``) caught ``ConnectionError`` (``except
+    RedisConnectionError``, a name of its module) and answered 200 with a page saying only "Connection Error", so a
+    load balancer's check of ``/`` saw a Redis that refused connections as healthy. The error now reaches the app's
+    handler, as on rq-dashboard's other routes: a 503 with one line naming Redis
+    (:func:`rollq.ops.dashboard.views.redis_unavailable`)."""
+
+
 def _patch_rq_dashboard() -> None:
     import rq_dashboard.web as web
 
@@ -145,6 +155,7 @@ def _patch_rq_dashboard() -> None:
     web.Job = _DashboardJob
     web.Queue = _DashboardQueue
     web.from_url = _the_dashboards_connection
+    web.RedisConnectionError = _RedisDownIsNotCaughtHere
 
 
 def _requeue_through_rollq(app: Flask) -> None:
