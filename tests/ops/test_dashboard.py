@@ -404,3 +404,37 @@ def test_rollq_lets_redis_being_down_reach_its_503_where_rq_dashboards_front_pag
     assert inspect.getsource(web).count("RedisConnectionError") == 2  # its import and that one except
     create_app("redis://127.0.0.1:1/0")
     assert web.RedisConnectionError is _RedisDownIsNotCaughtHere
+
+
+@pytest.mark.redis
+def test_rq_dashboard_instance_that_does_not_exist_is_a_404_naming_the_instances_that_do(
+    own_redis: Callable[..., RedisServer], namespace: str
+) -> None:
+    # The operator's audit: /1/... (an rq-dashboard instance number past the one Redis the dashboard reads) answered
+    # 500: rq-dashboard's before_request raised LookupError("Index exceeds RQ list. Not Permitted.").
+    server = own_redis(password=PASSWORD)
+    web = create_app(server.url, namespace).test_client()
+    masked = f"redis://:***@127.0.0.1:{server.port}/0"
+    for path in (
+        "/1/",
+        "/1/view/queues",
+        "/1/view/workers",
+        "/7/view/job/x",
+        f"/1/view/jobs/{namespace}/queued/8/asc/1",
+    ):
+        response = web.get(path)
+        text = response.get_data(as_text=True)
+        assert response.status_code == 404, (path, response.status_code, text[:300])
+        assert (
+            text
+            == f"there is no rq-dashboard instance {path.split('/')[1]}; this dashboard has instance 0 ({masked})\n"
+        )
+        assert response.mimetype == "text/plain"
+    for path in ("/1/data/queues.json", "/1/data/workers.json", "/1/data/job/x.json"):
+        response = web.get(path)
+        assert response.status_code == 404, (path, response.status_code, response.get_data(as_text=True)[:300])
+        assert response.json == {
+            "error": f"there is no rq-dashboard instance 1; this dashboard has instance 0 ({masked})"
+        }
+    assert all(PASSWORD not in web.get(p).get_data(as_text=True) for p in ("/1/", "/1/data/queues.json"))
+    assert web.get("/0/view/workers").status_code == 200 and web.get("/0/data/queues.json").status_code == 200

@@ -230,6 +230,26 @@ def _why_not_shown(shown: Any, quarantine: str, answer: Any) -> Any:
     return view
 
 
+def _no_such_instance(app: Flask) -> None:
+    """An rq-dashboard instance number that does not exist (``/1/...`` on a dashboard of one Redis): a 404 naming
+    the instances that do (URLs with passwords masked), JSON for its ``.json`` views, where rq-dashboard's
+    ``push_rq_connection`` raised ``LookupError`` and the answer was a 500. Runs before it (an app's
+    ``before_request`` runs before its blueprints')."""
+    from flask import Response, jsonify, request
+
+    @app.before_request
+    def _refuse_unknown_instance() -> Any:
+        number = (request.view_args or {}).get("instance_number")
+        urls = app.config["RQ_DASHBOARD_REDIS_URL"]  # a tuple once setup_rq_connection ran
+        if request.blueprint != "rq_dashboard" or number is None or number < len(urls):
+            return None
+        have = ", ".join(f"{i} ({describe(url)})" for i, url in enumerate(urls))
+        line = f"there is no rq-dashboard instance {number}; this dashboard has instance{'s' * (len(urls) > 1)} {have}"
+        if request.path.endswith(".json"):
+            return jsonify(error=line), 404
+        return Response(line + "\n", status=404, mimetype="text/plain")
+
+
 def create_app(redis_url: str, namespace: str = DEFAULT_NAMESPACE) -> Flask:
     """rq-dashboard's Flask app on ``redis_url`` (redis://, rediss://, unix://), patched, with rollq's pages added."""
     try:
@@ -262,6 +282,7 @@ def create_app(redis_url: str, namespace: str = DEFAULT_NAMESPACE) -> Flask:
         setup_rq_connection(app)
     _requeue_through_rollq(app)
     _job_json_or_why(app, namespace)
+    _no_such_instance(app)
     install_guard(app)
     return app
 
