@@ -256,16 +256,20 @@ class _Retry(Retry):
     it again is safe; a worker (unbounded retries) waits out a full Redis instead of dying.
 
     ``outage_retries`` (with ``retries`` -1): refusals are waited out for ever, but a connection error or timeout
-    only this many times in a row.
+    only this many times in a row. ``where`` (the Redis's address, password masked): its outages are recorded in
+    :data:`OUTAGES`, which logs them.
     """
 
-    def __init__(self, backoff: Any, retries: int, *, outage_retries: int | None = None) -> None:
+    def __init__(
+        self, backoff: Any, retries: int, *, outage_retries: int | None = None, where: str | None = None
+    ) -> None:
         super().__init__(backoff, retries)
         self.update_supported_errors([redis.ResponseError])
         self.outage_retries = outage_retries
+        self.where = where
 
     def call_with_retry(self, do: Any, fail: Any, is_retryable: Any = None, with_failure_count: bool = False) -> Any:
-        verdict = RetryVerdict(is_retryable, self.outage_retries)
+        verdict = RetryVerdict(is_retryable, self.outage_retries, self.where)
         result = super().call_with_retry(do, fail, verdict, with_failure_count)
         verdict.ran()
         return result
@@ -275,11 +279,13 @@ class RetryVerdict:
     """Which errors of one command :class:`_Retry` (and the asyncio client's, :mod:`rollq.store.cluster_aio`)
     retries: a refusal Redis may lift (:func:`transient_refusal`, recorded in :data:`REFUSALS`), an outage
     (``outage_retries`` in a row at most, None: any number), not what retrying cannot fix (:func:`unrecoverable`)
-    nor what ``is_retryable`` (redis-py's own) rules out. Call :meth:`ran` once the command ran."""
+    nor what ``is_retryable`` (redis-py's own) rules out. Call :meth:`ran` once the command ran. With ``where``
+    (the Redis's address), the outages it retries and the command that ran after one are noted in :data:`OUTAGES`."""
 
-    def __init__(self, is_retryable: Any = None, outage_retries: int | None = None) -> None:
+    def __init__(self, is_retryable: Any = None, outage_retries: int | None = None, where: str | None = None) -> None:
         self.is_retryable = is_retryable
         self.outage_retries = outage_retries
+        self.where = where
         self.refused = False
         self.outages = 0
 
@@ -293,11 +299,67 @@ class RetryVerdict:
         if unrecoverable(error) is not None or (self.is_retryable is not None and not self.is_retryable(error)):
             return False
         self.outages += 1
-        return self.outage_retries is None or self.outages <= self.outage_retries
+        retried = self.outage_retries is None or self.outages <= self.outage_retries
+        if retried and self.where is not None:
+            OUTAGES.failed(self.where, error)
+        return retried
 
     def ran(self) -> None:
         if self.refused:  # this very command was refused and now ran: Redis accepts writes again
             REFUSALS.accepted()
+        if self.where is not None and OUTAGES.down:  # one look at a dict while Redis answers
+            OUTAGES.answered(self.where)
+
+
+OUTAGE_LOGGED_AFTER_SECONDS = 1.0
+"""How long commands to a Redis must have failed (connection errors, retried) before :data:`OUTAGES` warns."""
+
+
+class Outages:
+    """This process's view of a Redis its clients wait for (those of :func:`wait_out_refusals`, a worker's): one
+    warning when it loses Redis, naming the address and the error, and one line when Redis answers again, saying
+    how long it was away; nothing per retry. Such a client raises nothing while it waits, so a worker whose Redis
+    was down for seconds had logged nothing at all (each of its threads retried in silence).
+
+    A connection dropped and at once replaced (Redis closed an idle one, an operator's ``CLIENT KILL``) is no
+    outage: the warning waits until commands have failed for :data:`OUTAGE_LOGGED_AFTER_SECONDS` (or one timed
+    out), and the line for Redis answering again comes only after a warning. A Redis shutting down closes its
+    connections one by one and may still answer a command in between (0.4 s apart, measured): a warning at the first
+    failure had been followed by "back after 0.4s" and a second warning."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.down: dict[str, tuple[float, float, bool]] = {}
+        """Each Redis not answering now (its address): since when (monotonic, wall clock), and whether that was
+        logged. Read without the lock by every command that ran (:meth:`RetryVerdict.ran`)."""
+
+    def failed(self, where: str, error: BaseException) -> None:
+        """A command to ``where`` failed with ``error`` (a connection error or timeout) and is retried."""
+        with self._lock:
+            now = time.monotonic()
+            since, wall, logged = self.down.get(where) or (now, time.time(), False)
+            # A timeout is logged at once (the reply was waited for the whole socket timeout); refused or dropped
+            # connections once they have gone on for OUTAGE_LOGGED_AFTER_SECONDS.
+            warn = not logged and (isinstance(error, redis.TimeoutError) or now - since >= OUTAGE_LOGGED_AFTER_SECONDS)
+            self.down[where] = (since, wall, logged or warn)
+        if warn:
+            log.warning("lost Redis at %s (%s); retrying until it answers", where, error)
+
+    def answered(self, where: str) -> None:
+        """A command to ``where`` ran: if Redis was away, it is back."""
+        with self._lock:
+            entry = self.down.pop(where, None)
+        if entry is not None and entry[2]:
+            log.info(
+                "Redis is back at %s after %.1fs (away since %s)",
+                where,
+                time.monotonic() - entry[0],
+                time.strftime("%H:%M:%S", time.localtime(entry[1])),
+            )
+
+
+OUTAGES = Outages()
+"""The process-wide record of Redis outages its waiting clients ride out (see :class:`Outages`)."""
 
 
 class Outage:
@@ -366,14 +428,18 @@ def wait_out_refusals(client: redis.Redis, *, outage_retries: int | None = None)
     BUSY...), pipelines included (redis-py re-sends a failed pipeline only for errors in its connections'
     ``retry_on_error``; :func:`transient_refusal` still decides which replies are retried). For a worker:
     its loop must outlast a full or failing-over Redis. ``outage_retries``: retry an outage (connection error,
-    timeout) only this many times in a row, refusals still for ever (None: outages for ever too)."""
+    timeout) only this many times in a row, refusals still for ever (None: outages for ever too).
+
+    A client that waits out outages for ever raises nothing while Redis is away, so its outages are logged for it
+    (:data:`OUTAGES`: one warning when it loses Redis, one line when Redis answers again)."""
     errors = [redis.ConnectionError, redis.TimeoutError, redis.ResponseError]
     pool: Any = client.connection_pool
     client.get_connection_kwargs()["retry_on_error"] = errors
     for conn in [*getattr(pool, "_available_connections", []), *getattr(pool, "_in_use_connections", [])]:
         conn.retry_on_error = errors
     backoff = ExponentialBackoff(cap=_BACKOFF_CAP_SECONDS, base=0.05)
-    client.set_retry(_Retry(backoff, -1, outage_retries=outage_retries))
+    where = describe_client(client) if outage_retries is None else None
+    client.set_retry(_Retry(backoff, -1, outage_retries=outage_retries, where=where))
 
 
 def _check_url(scheme: str, url: str) -> None:

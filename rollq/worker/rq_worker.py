@@ -323,7 +323,9 @@ class RolloutWorker(SimpleWorker):
         # The client RQ builds from --url gives up at once when Redis is away, and RQ's
         # loop quits on most such errors; a worker should wait for Redis to come back.
         wait_out_refusals(self.connection)
-        level = args[0] if args else kwargs.get("logging_level", "INFO")
+        # RQ 2.12's work() passes logging_level=None unless --logging_level or --quiet was given: "rollq" then had no
+        # level of its own and inherited the root's WARNING, so none of rollq's INFO lines reached a worker's log.
+        level = (args[0] if args else kwargs.get("logging_level")) or "INFO"
         for name in ("rollq",):
             setup_loghandlers(level, name=name)
         reformat(self.settings.log_format, "rq.worker", "rollq")

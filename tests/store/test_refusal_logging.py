@@ -1,5 +1,6 @@
 """Each time Redis refuses writes (OOM, READONLY...) a process says so when it starts and when it ends, and a reaper
-that holds off after one names it as a refusal, not as a stall or an outage."""
+that holds off after one names it as a refusal, not as a stall or an outage. Outages a worker's client waits out are
+logged the same way: once when they start, once when they end."""
 
 from __future__ import annotations
 
@@ -113,3 +114,29 @@ def test_a_reaper_holding_off_with_no_refusal_seen_still_says_stalled_or_out_of_
     with caplog.at_level(logging.WARNING, logger="rollq.store.reaper"):
         reap(lifecycle, results_maxlen=100, clock=Clock(now=100.0, grace_until=106.0))
     assert _lines(caplog, "stalled or out of reach"), caplog.text
+
+
+def test_a_connection_dropped_and_at_once_replaced_is_no_outage_but_one_that_lasts_is_logged_once_each_way(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    clock = [1000.0]
+    monkeypatch.setattr(conn.time, "monotonic", lambda: clock[0])
+    outages, where = conn.Outages(), "redis://127.0.0.1:6379/0"
+    dropped = redis.ConnectionError("Connection closed by server.")
+    refused = redis.ConnectionError("Error 111 connecting to 127.0.0.1:6379. Connection refused.")
+    with caplog.at_level(logging.INFO, logger="rollq.store.connection"):
+        outages.failed(where, dropped)  # an idle connection Redis closed, replaced at the next try
+        outages.answered(where)
+        assert caplog.records == []
+        for _ in range(6):  # 6 s of refused connections, retried by three threads
+            for _ in range(3):
+                outages.failed(where, refused)
+            clock[0] += 1.0
+        outages.answered(where)
+        outages.answered(where)
+    [lost] = _lines(caplog, "lost Redis")
+    assert where in lost and "Connection refused" in lost
+    [back] = _lines(caplog, "Redis is back")
+    assert where in back and "after 6.0s" in back
+    assert [r.levelname for r in caplog.records] == ["WARNING", "INFO"]
+    assert outages.down == {}
