@@ -46,6 +46,9 @@ LAG_WEIGHT = 0.3
 """The weight of the newest tick's lateness in :attr:`AgentExecutor.lag` (a moving average over about a second)."""
 STALLED_AFTER_SECONDS = 1.0
 """A loop that has not ticked for this long is stalled: the watchdog warns, heartbeats stop vouching for it."""
+PAUSED_AFTER_SECONDS = 1.0
+"""A watchdog that woke this much later than it asked to, while the process used less than half that time in CPU, saw
+the whole process stopped (SIGSTOP, a VM paused, a machine asleep), not an agent blocking the loop."""
 
 
 EVENT_LOOP_VARIABLE = "ROLLQ_EVENT_LOOP"
@@ -336,11 +339,40 @@ class AgentExecutor:
     # -- the watchdog --------------------------------------------------------
 
     def _watch(self) -> None:
+        woke, cpu = time.monotonic(), time.process_time()
         while not self._stopping.wait(WATCH_SECONDS):
+            slept, woke = woke, time.monotonic()
+            ran, cpu = cpu, time.process_time()
             try:
+                self._forgive_pause(woke - slept - WATCH_SECONDS, cpu - ran, slept)
                 self._check()
             except Exception:
                 log.exception("watchdog check failed")
+
+    def _forgive_pause(self, late: float, cpu: float, slept: float) -> None:
+        """The watchdog woke ``late`` seconds later than it asked to (it went to sleep at ``slept``), while the process
+        used ``cpu`` seconds of CPU. Late by over :data:`PAUSED_AFTER_SECONDS` with the CPU time still (under half of
+        it): every thread of the process was stopped, the watchdog's as much as the loop's (SIGSTOP and SIGCONT, a
+        VM paused, a machine asleep). It says so in one line, and moves the loop's last tick on by the pause, which
+        no agent spent: a loop that had not ticked since before the pause is not blocked by it.
+
+        A thread that holds the GIL in a blocking call of a C extension also keeps the watchdog from running, but
+        burns CPU while it computes; only one blocking without the GIL and without CPU would pass for a pause.
+        Before, the watchdog could be first to run after a SIGCONT and warned that an async agent made a blocking
+        call; after a pause past every attempt's limit it made the worker exit as wedged."""
+        if late <= PAUSED_AFTER_SECONDS or cpu >= late / 2:
+            return
+        # The pause began before the watchdog was due (else it had woken): a tick older than that is from before the
+        # pause, the loop not having turned since (the watchdog ran first after it).
+        if self._tick < slept + WATCH_SECONDS:
+            self._tick += late
+            if self._due is not None:
+                self._due += late
+        log.warning(
+            "the worker process was paused for %.1fs (stopped and continued, a VM paused or a machine asleep: "
+            "every thread, not an agent); time limits kept running meanwhile",
+            late,
+        )
 
     def _blocker(self) -> str:
         task = asyncio.current_task(self._loop) if self._loop is not None else None

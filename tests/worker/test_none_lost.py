@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import signal
 import time
 import zlib
@@ -195,6 +196,34 @@ def test_a_watchdog_fails_an_attempt_that_blocks_the_event_loop_past_its_limit(r
     wait_until(lambda: blocker in worker.log() and "blocked" in worker.log(), "a warning naming the blocker", timeout=5)
     rollouts = producer.wait(neighbours, timeout=30)
     assert [r.metadata["status"] for r in rollouts] == ["succeeded"] * 3
+    assert worker.process.poll() is None
+
+
+def test_a_worker_stopped_and_continued_says_it_was_paused_and_blames_no_agent(redis_server, namespace, workers):
+    # An operator's audit: a worker thawed from SIGSTOP logged "the agent event loop is blocked ... by rollout ...: an
+    # async agent made a blocking call", blaming an agent for the seconds the whole process was stopped.
+    producer = Producer.from_url(redis_server.url, namespace, policy=RolloutPolicy(timeout_seconds=60))
+    worker = workers(redis_server.url, namespace, env={**ASYNC, "ROLLQ_CONCURRENCY": "4"})
+    producer.wait([producer.enqueue({}).rollout_id], timeout=30)  # the worker is up
+    running = [t.rollout_id for t in producer.enqueue_many([{"sleep": 4}] * 2)]
+    wait_until(
+        lambda: all(read_record(producer.connection, producer.keys, rid).state == "running" for rid in running),
+        "both rollouts to run",
+        timeout=20,
+    )
+    for _ in range(3):  # three pauses: the agents' loop or the watchdog may be the first to run after each
+        worker.signal(signal.SIGSTOP)
+        time.sleep(2.5)
+        worker.signal(signal.SIGCONT)
+        time.sleep(0.5)
+
+    rollouts = producer.wait(running, timeout=30)
+    assert [r.metadata["status"] for r in rollouts] == ["succeeded"] * 2
+    assert "blocking call" not in worker.log() and "is blocked" not in worker.log(), worker.log()[-3000:]
+    log = worker.log()
+    paused = [line for line in log.splitlines() if "was paused for" in line]
+    assert len(paused) == 3, paused
+    assert all(2.0 <= float(re.search(r"paused for ([0-9.]+)s", line).group(1)) < 4 for line in paused), paused
     assert worker.process.poll() is None
 
 
