@@ -1,5 +1,6 @@
 """``/metrics``, the dashboard's polled JSON and rq-dashboard's pages and JSON answer a 503 naming Redis within
-seconds while Redis stalls, rather than hanging past a Prometheus scrape timeout (or a browser's patience)."""
+seconds while Redis stalls, rather than hanging past a Prometheus scrape timeout (or a browser's patience);
+``rollq status --watch`` says Redis is not answering within seconds, and goes on once it answers."""
 
 from __future__ import annotations
 
@@ -256,3 +257,42 @@ def test_dashboard_page_shows_a_banner_while_its_polls_fail_and_clears_it_when_t
         assert 'data-failed-polls="1"' in dom and 'data-polled="' in dom, dom[-3000:]
     finally:
         dashboard.stop()
+
+
+@pytest.mark.redis
+def test_status_watch_says_redis_is_not_answering_within_seconds_and_resumes_when_it_answers(
+    own_redis: Callable[..., RedisServer], namespace: str, tmp_path: Path
+) -> None:
+    # An operator's audit: with redis-server SIGSTOPped in the middle of `rollq status --watch`, the watch waited out
+    # the 30 s socket timeout, retried, and printed nothing meanwhile (only its first reachability check was quick).
+    server = own_redis()
+    Producer.from_url(server.url, namespace).enqueue({"n": 1})
+    output = tmp_path / "watch.out"
+    with open(output, "wb") as out:
+        watch = subprocess.Popen(
+            [ROLLQ, "--url", server.url, "-n", namespace, "status", "--watch", "0.5"], stdout=out, stderr=out
+        )
+    assert server.process is not None
+    try:
+        wait_until(lambda: output.read_text().count(f"namespace {namespace}") >= 2, "two refreshes", timeout=30)
+        server.process.send_signal(signal.SIGSTOP)
+        try:
+            stopped = time.monotonic()
+            line = wait_until(
+                lambda: re.search(r"Redis not answering since (\d\d:\d\d:\d\d)", output.read_text()),
+                "the watch to say Redis is not answering",
+                timeout=15,
+            )
+            assert time.monotonic() - stopped < 8, output.read_text()[-2000:]
+            assert "TimeoutError" in output.read_text()[line.start() :], line.group(0)  # it names what went wrong
+            time.sleep(4)  # the watch goes on while Redis stalls, each refresh bounded
+            assert watch.poll() is None, output.read_text()[-2000:]
+            assert output.read_text().count("Redis not answering since") >= 2, output.read_text()[-2000:]
+        finally:
+            server.process.send_signal(signal.SIGCONT)
+        stalled_at = output.read_text().rindex("Redis not answering since")
+        wait_until(lambda: f"namespace {namespace}" in output.read_text()[stalled_at:], "a fresh refresh", timeout=15)
+        assert watch.poll() is None and "Traceback" not in output.read_text(), output.read_text()[-2000:]
+    finally:
+        watch.terminate()
+        watch.wait(timeout=30)
