@@ -221,9 +221,8 @@ def test_a_worker_stopped_and_continued_says_it_was_paused_and_blames_no_agent(r
     assert [r.metadata["status"] for r in rollouts] == ["succeeded"] * 2
     assert "blocking call" not in worker.log() and "is blocked" not in worker.log(), worker.log()[-3000:]
     log = worker.log()
-    paused = [line for line in log.splitlines() if "was paused for" in line]
-    assert len(paused) == 3, paused
-    assert all(2.0 <= float(re.search(r"paused for ([0-9.]+)s", line).group(1)) < 4 for line in paused), paused
+    paused = [float(m.group(1)) for m in re.finditer(r"was paused for ([0-9.]+)s", log)]
+    assert len([seconds for seconds in paused if 2.0 <= seconds < 4]) == 3, paused  # a starved machine may add some
     assert worker.process.poll() is None
 
 
