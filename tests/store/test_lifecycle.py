@@ -3,6 +3,7 @@ record gets no partial write; heartbeats and stalls are timed by Redis."""
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 import time
@@ -39,6 +40,7 @@ from rollq.store.replies import (
 )
 from rollq.store.scripts import lua_header
 from rollq.store.stats import DURATION_PREFIX, StatsField, duration_bucket
+from rollq.store.summaries import recent_summaries
 from rollq.store.transitions import Finish, Lifecycle
 
 JOB = job_id("lc", "r1")
@@ -95,6 +97,30 @@ def test_a_different_result_from_an_attempt_that_already_published_is_superseded
     assert _publish(lifecycle, '{"rollout_id": "r1", "final_reward": 0.0}') == Superseded()
     keys = lifecycle.keys
     assert (lifecycle.connection.xlen(keys.results), lifecycle.connection.xlen(keys.superseded)) == (1, 1)
+
+
+def _cancel(lc: Lifecycle, rid: str) -> tuple[dict[str, Any], Any]:
+    """Cancel ``rid``; the cancelled rollout's metadata and its dashboard summary."""
+    keys, args = cancel_call(lc.keys, rid, results_maxlen=100, now=time.time(), results_max_bytes=10**9)
+    parse_cancel(rid, lc.connection.eval(cancel_script_source(), len(keys), *keys, *args))  # type: ignore[arg-type]
+    [(_, fields)] = lc.connection.xrange(lc.keys.results)
+    return json.loads(fields[b"rollout"])["metadata"], recent_summaries(lc.connection, lc.keys)[0]
+
+
+def test_a_cancel_of_a_task_requeued_after_a_claim_names_no_worker(lifecycle: Lifecycle) -> None:
+    # A helper's audit: cancel.lua read the record's worker field (the worker of the attempt a retry took back) into
+    # the cancelled rollout and its summary, though no worker held the queued task.
+    task = Task(rollout_id="r1", input={}, create_time=time.time(), num_claims=0)
+    assert isinstance(lifecycle.claim("r1", JOB, "worker-a"), Claim)
+    assert isinstance(lifecycle.requeue(task, 1, RolloutPolicy(), "retry"), Requeued)
+    metadata, summary = _cancel(lifecycle, "r1")
+    assert (metadata["status"], metadata["worker"], summary.worker) == ("cancelled", "", None)
+
+
+def test_a_cancel_of_a_running_task_names_its_worker(lifecycle: Lifecycle) -> None:
+    assert isinstance(lifecycle.claim("r1", JOB, "worker-a"), Claim)
+    metadata, summary = _cancel(lifecycle, "r1")
+    assert (metadata["status"], metadata["worker"], summary.worker) == ("cancelled", "worker-a", "worker-a")
 
 
 def test_enqueueing_a_known_rollout_id_writes_nothing_and_says_known(lifecycle: Lifecycle) -> None:

@@ -41,7 +41,10 @@ end
 local attempt = tonumber(t[2] or '0') or 0
 local rollout = cjson.decode(rollout_json)
 rollout['metadata']['attempt'] = attempt
-rollout['metadata']['worker'] = t[5] or ''
+-- Only a running task has a worker: a queued one's record still names the worker of the attempt a retry, a reaper or
+-- a hand-back took back (TaskRecord.current_worker reads it the same way), which never ran this task to its end.
+local worker = state == STATE.running and t[5] or ''
+rollout['metadata']['worker'] = worker
 if state == STATE.running then
   if inflight_ok then
     redis.call('ZREM', inflight, member(rollout_id, attempt))
@@ -54,7 +57,7 @@ local size = #rollout_id + #published
 trim_results(results, stats, trim_ok and results_trim or nil, maxlen, max_bytes, id, size, summaries)
 local summary = {status = STATE.cancelled, attempt = attempt}
 if t[3] and t[3] ~= '' then summary['version'] = t[3] end
-if t[5] and t[5] ~= '' then summary['worker'] = t[5] end
+if worker ~= '' then summary['worker'] = worker end
 if summaries_ok then
   add_summary(summaries, maxlen, rollout_id, cjson.encode(summary), t[4], id, size)
 end
