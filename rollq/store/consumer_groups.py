@@ -8,16 +8,23 @@ one: a reader that just created its group has not read yet), is *idle* and holds
 then removes before it read it is counted for it (``lost``) and raised to it as ``RolloutsTrimmedError`` if it
 comes back.
 ``rollq groups list`` shows them, ``rollq groups delete`` ends one.
+
+The results stream or trim hash holding another type than rollq writes there fails each of these with a
+``redis.ResponseError`` naming the key and its type (:func:`~rollq.store.keys.foreign_key`), not Redis's bare
+WRONGTYPE; the key is left as it is.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from typing import Any, cast
 
 import redis
 
-from .keys import GROUP_IDLE_SECONDS, IDLE_MS_FIELD, Keys
+from .keys import GROUP_IDLE_SECONDS, IDLE_MS_FIELD, Keys, foreign_key
+from .records import wrong_type
 
 
 @dataclass(frozen=True)
@@ -41,9 +48,46 @@ class ConsumerGroup:
         return asdict(self)
 
 
+@contextmanager
+def _named(connection: redis.Redis, keys: Keys) -> Iterator[None]:
+    """Redis's WRONGTYPE inside as a ``redis.ResponseError`` naming the results stream or trim hash of another type."""
+    try:
+        yield
+    except redis.ResponseError as exc:
+        if not wrong_type(exc):
+            raise
+        raise _damaged(connection, keys, exc) from exc
+
+
+def _damaged(connection: redis.Redis, keys: Keys, exc: redis.ResponseError) -> redis.ResponseError:
+    read = {keys.results: ("stream", "results stream"), keys.results_trim: ("hash", "results trim hash")}
+    pipe = connection.pipeline(transaction=False)
+    for key in read:
+        pipe.type(key)
+    kinds = [k.decode() if isinstance(k, bytes) else str(k) for k in pipe.execute()]
+    named = [
+        foreign_key(what, key, kind, want)
+        for (key, (want, what)), kind in zip(read.items(), kinds, strict=True)
+        if kind not in (want, "none")
+    ]
+    return redis.ResponseError("; ".join(named) or str(exc))
+
+
+def _no_stream(connection: redis.Redis, keys: Keys, call: Callable[[], Any], otherwise: Any) -> Any:
+    """``call()`` on the results stream, ``otherwise`` when Redis says there is no stream (or no such group)."""
+    with _named(connection, keys):
+        try:
+            return call()
+        except redis.ResponseError as exc:
+            if wrong_type(exc):
+                raise
+            return otherwise
+
+
 def idle_after(connection: redis.Redis, keys: Keys) -> float:
     """Seconds after which a group counts as idle in this namespace."""
-    raw = connection.hget(keys.results_trim, IDLE_MS_FIELD)
+    with _named(connection, keys):
+        raw = connection.hget(keys.results_trim, IDLE_MS_FIELD)
     try:
         return int(raw) / 1000 if raw is not None else GROUP_IDLE_SECONDS  # type: ignore[arg-type]
     except ValueError:
@@ -52,22 +96,24 @@ def idle_after(connection: redis.Redis, keys: Keys) -> float:
 
 def set_idle_after(connection: redis.Redis, keys: Keys, seconds: float | None) -> None:
     """Set this namespace's idle bound (None: back to :data:`~rollq.store.keys.GROUP_IDLE_SECONDS`)."""
-    if seconds is None:
-        connection.hdel(keys.results_trim, IDLE_MS_FIELD)
-    else:
-        if seconds < 0:
-            raise ValueError("the idle bound must be >= 0 seconds")
-        connection.hset(keys.results_trim, IDLE_MS_FIELD, int(seconds * 1000))
+    if seconds is not None and seconds < 0:
+        raise ValueError("the idle bound must be >= 0 seconds")
+    with _named(connection, keys):
+        if seconds is None:
+            connection.hdel(keys.results_trim, IDLE_MS_FIELD)
+        else:
+            connection.hset(keys.results_trim, IDLE_MS_FIELD, int(seconds * 1000))
 
 
 def list_groups(connection: redis.Redis, keys: Keys) -> list[ConsumerGroup]:
     """The results stream's consumer groups (empty when there is no stream yet)."""
-    try:
-        groups = connection.xinfo_groups(keys.results)
-    except redis.ResponseError:  # no stream yet
+    groups = _no_stream(connection, keys, lambda: connection.xinfo_groups(keys.results), [])
+    if not groups:
         return []
     bound = idle_after(connection, keys)
-    trim = {k.decode(): v.decode() for k, v in cast(dict[bytes, bytes], connection.hgetall(keys.results_trim)).items()}
+    with _named(connection, keys):
+        raw = cast(dict[bytes, bytes], connection.hgetall(keys.results_trim))
+    trim = {k.decode(): v.decode() for k, v in raw.items()}
     seconds, micros = cast(tuple[int, int], connection.time())
     now = seconds + micros / 1e6
     out = []
@@ -94,9 +140,6 @@ def list_groups(connection: redis.Redis, keys: Keys) -> list[ConsumerGroup]:
 
 def delete_group(connection: redis.Redis, keys: Keys, name: str) -> bool:
     """Remove consumer group ``name`` and its trim bookkeeping; False when there was none."""
-    try:
-        removed = bool(connection.xgroup_destroy(keys.results, name))
-    except redis.ResponseError:  # no stream
-        removed = False
-    connection.hdel(keys.results_trim, f"count:{name}", f"from:{name}", f"seen:{name}")
-    return removed
+    with _named(connection, keys):  # first: a trim hash of another type fails the delete before it removes anything
+        connection.hdel(keys.results_trim, f"count:{name}", f"from:{name}", f"seen:{name}")
+    return bool(_no_stream(connection, keys, lambda: connection.xgroup_destroy(keys.results, name), False))

@@ -81,3 +81,34 @@ def test_an_active_group_still_holds_back_trimming(
     assert client.xlen(producer.keys.results) == 61
     (busy,) = json.loads(_rollq(redis_server.url, namespace, "groups", "list", "--json").stdout)["groups"]
     assert busy["idle"] is False and busy["lost"] == 0
+
+
+def _rollq_fails(url: str, namespace: str, *args: str) -> str:
+    done = subprocess.run([ROLLQ, "--url", url, "-n", namespace, *args], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1, (done.stdout, done.stderr)
+    return done.stderr
+
+
+@pytest.mark.redis
+def test_groups_commands_name_a_results_trim_hash_or_stream_of_another_type_in_one_line(
+    redis_server: RedisServer, namespace: str
+) -> None:
+    # A helper's audit: list, idle-after and delete failed with Redis's bare WRONGTYPE where the trim hash (or the
+    # results stream) held another type; the rest of rollq names the key and its type.
+    producer = Producer.from_url(redis_server.url, namespace)
+    client, keys = producer.connection, producer.keys
+    client.xgroup_create(keys.results, "g1", id="0", mkstream=True)
+    client.rpush(keys.results_trim, "not a hash")
+    named = (
+        f"rollq: the results trim hash {keys.results_trim} is a list, not a hash: something other than rollq wrote it"
+    )
+    for args in (["list"], ["list", "--json"], ["idle-after"], ["idle-after", "5"], ["idle-after", "--default"]):
+        assert _rollq_fails(redis_server.url, namespace, "groups", *args) == named + "\n", args
+    assert _rollq_fails(redis_server.url, namespace, "groups", "delete", "g1") == named + "\n"
+    assert client.lrange(keys.results_trim, 0, -1) == [b"not a hash"]  # left for whoever wrote it to explain
+    assert [g["name"] for g in client.xinfo_groups(keys.results)] == [b"g1"]  # a failed delete removed nothing
+    client.delete(keys.results_trim, keys.results)
+    client.set(keys.results, "junk")
+    named = f"rollq: the results stream {keys.results} is a string, not a stream: something other than rollq wrote it"
+    for args in (["list"], ["delete", "g1"]):
+        assert _rollq_fails(redis_server.url, namespace, "groups", *args) == named + "\n", args
