@@ -25,7 +25,7 @@ from rollq.store.connection import connect
 from rollq.store.keys import TaskField
 from rollq.store.replies import Claim
 from rollq.store.transitions import Finish, Lifecycle
-from tests.support.servers import RedisServer
+from tests.support.servers import RedisServer, free_port
 
 pytestmark = pytest.mark.redis
 
@@ -209,6 +209,45 @@ def test_rollq_enqueue_that_loses_redis_partway_exits_3_naming_what_is_known_que
     assert again.exit_code == 0, again.output
     assert "queued 1000 new task(s); 2000 already known" in again.stderr
     assert server.client().llen(Producer.from_url(server.url, namespace).keys.rq_queue) == 3000
+
+
+def test_rollq_enqueue_that_loses_redis_on_its_first_chunk_says_the_chunk_may_have_been_queued_and_how_to_resume(
+    own_redis: Any, namespace: str, rollq: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A helper's audit: losing Redis while the first chunk was on its way printed only "cannot reach Redis", as if
+    # nothing could have been queued, where later chunks say that the chunk in flight may have been applied.
+    server = own_redis(appendonly=True)
+    real = Lifecycle.enqueue_many_after
+
+    def kill_then_enqueue(self: Lifecycle, *args: Any, **kwargs: Any) -> Any:
+        server.stop()
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(Lifecycle, "enqueue_many_after", kill_then_enqueue)
+    lines = "\n" + "".join(f'{{"input": {{"n": {i}}}, "rollout_id": "r-{i}"}}\n' for i in range(3))
+
+    result = rollq("enqueue", input=lines, url_=server.url)
+
+    assert result.exit_code == 3, result.output
+    assert result.stdout == ""
+    (said,) = result.stderr.strip().splitlines()
+    assert said.startswith(f"rollq: lost Redis at redis://127.0.0.1:{server.port}/0 sending the first chunk: "), said
+    assert "no task is known queued" in said and "printed above" not in said, said
+    assert "the chunk in flight from line 2 on (up to 2,000 lines) may or may not have been queued" in said, said
+    assert "run the file again from line 2 on" in said and "is not queued twice" in said, said
+
+
+def test_rollq_enqueue_that_cannot_reach_redis_before_sending_anything_says_nothing_was_queued(
+    namespace: str, rollq: Any
+) -> None:
+    url = f"redis://127.0.0.1:{free_port()}/0"
+
+    result = rollq("enqueue", input='{"input": 1}\n', url_=url)
+
+    assert result.exit_code == 3, result.output
+    (said,) = result.stderr.strip().splitlines()
+    assert said.startswith(f"rollq: cannot reach Redis at {url}: "), said
+    assert said.endswith("; nothing was queued") and "may or may not" not in said, said
 
 
 def _finish(url: str, namespace: str, rollout_id: str) -> None:

@@ -89,18 +89,29 @@ def _stopped_at(exc: Exception, queued: int, total: int, next_line: int) -> Valu
 
 def _lost_redis(exc: BaseException, queued: int, total: int, next_line: int) -> RedisLostError:
     """The line ``rollq enqueue`` exits 3 with when Redis went out of reach (``exc``) after ``queued`` of the file's
-    ``total`` tasks (the lines before ``next_line``) were queued: the chunk it was sending may have been applied
-    (its reply lost) or not, and a re-run with the same rollout ids queues none twice (an id Redis already has is
-    answered known, nothing written), while a line without one gets a new id each run."""
+    ``total`` tasks (the lines before ``next_line``) were queued (none: it was sending the first chunk): the chunk it
+    was sending may have been applied (its reply lost) or not, and a re-run with the same rollout ids queues none
+    twice (an id Redis already has is answered known, nothing written), while a line without one gets a new id each
+    run."""
     line = " ".join(str(exc).split()).rstrip(".")
-    return RedisLostError(
-        f"lost Redis at {redis_at()} partway: {line}; {queued} of {total} task(s) are known queued (their ids are "
-        f"printed above); the chunk in flight from line {next_line} on (up to {ENQUEUE_CHUNK:,} lines) may or may "
-        f"not have been queued, the lines after it were not. Once Redis is back, run the file again from line "
-        f"{next_line} on (or all of it): a line that gives its rollout_id is not queued twice (an id Redis already "
-        "has is answered known); a line that gives none gets a new id each run, so one of the chunk in flight may "
-        "be queued twice"
+    known = (
+        f"partway: {line}; {queued} of {total} task(s) are known queued (their ids are printed above)"
+        if queued
+        else f"sending the first chunk: {line}; no task is known queued"
     )
+    return RedisLostError(
+        f"lost Redis at {redis_at()} {known}; the chunk in flight from line {next_line} on (up to {ENQUEUE_CHUNK:,} "
+        f"lines) may or may not have been queued, the lines after it were not. Once Redis is back, run the file again "
+        f"from line {next_line} on (or all of it): a line that gives its rollout_id is not queued twice (an id Redis "
+        "already has is answered known); a line that gives none gets a new id each run, so one of the chunk in "
+        "flight may be queued twice"
+    )
+
+
+def _unreached(exc: BaseException) -> RedisLostError:
+    """The line ``rollq enqueue`` exits 3 with when Redis could not be reached before it sent any task."""
+    line = " ".join(str(exc).split()).rstrip(".")
+    return RedisLostError(f"cannot reach Redis at {redis_at()}: {line}; nothing was queued")
 
 
 @click.command()
@@ -146,15 +157,24 @@ def enqueue(
     Prints the rollout id of each line, then (on stderr) how many were new. If
     Redis refuses part of the file (full), the ids of the lines queued are
     printed, then how many of how many and the line to go on from; exit 1.
-    If Redis goes out of reach partway, likewise, saying that the chunk in
-    flight may or may not have been queued; exit 3.
+    If Redis goes out of reach partway (the first chunk too), likewise, saying
+    that the chunk in flight may or may not have been queued; exit 3. Redis
+    out of reach before any task was sent: nothing was queued; exit 3.
     """
     from rollq.models.policy import RolloutPolicy
 
     tasks, numbers = _read_tasks(source, mode, resources_id)
-    producer = context.producer(ctx)
     pinned = sorted({t.resources_id for t in tasks if t.resources_id})
-    missing = [rid for rid in pinned if not producer.connection.exists(producer.keys.resources(rid))]
+    try:
+        # Redis answers before any task is sent: a first chunk that then loses it may have been applied, while
+        # Redis out of reach here means plainly that nothing was queued.
+        producer = context.producer(ctx)
+        producer.connection.ping()
+        missing = [rid for rid in pinned if not producer.connection.exists(producer.keys.resources(rid))]
+    except (redis.ConnectionError, redis.TimeoutError) as exc:
+        if not unreachable(exc):
+            raise
+        raise _unreached(exc) from exc
     if missing:
         raise ValueError(
             f"unknown resources id(s) {', '.join(missing)} in namespace {producer.namespace!r}; nothing was queued"
@@ -192,11 +212,11 @@ def enqueue(
                 if done:
                     click.echo("\n".join(task.rollout_id for task in done))
                 handled = new + known + len(done)
+                cause = exc.__cause__ if isinstance(exc, EnqueueIncompleteError) and exc.__cause__ else exc
+                if unreachable(cause):  # the first chunk too: Redis answered the ping, then the chunk was sent
+                    raise _lost_redis(cause, handled, len(tasks), numbers[handled]) from exc
                 if not handled:
                     raise
-                cause = exc.__cause__ if isinstance(exc, EnqueueIncompleteError) and exc.__cause__ else exc
-                if unreachable(cause):
-                    raise _lost_redis(cause, handled, len(tasks), numbers[handled]) from exc
                 raise _stopped_at(exc, handled, len(tasks), numbers[handled]) from exc
             # A known id comes back as the stored task, created before this call began.
             fresh = sum(1 for task in queued if (task.create_time or 0) >= started)
