@@ -9,6 +9,20 @@ from html import escape
 from .data import Series
 
 COLOURS = ("#2563eb", "#dc2626", "#16a34a", "#9333ea", "#ea580c", "#0891b2", "#4b5563")
+TICK_FONT = 11
+LABEL_EM = 0.64
+"""A label glyph's width in em, at most (DejaVu Sans digits are 0.636 em): how far an x-axis label reaches."""
+
+
+def _tick_anchor(at: float, label: str, width: int) -> str:
+    """How to anchor an x-axis label at ``at`` so that it stays inside the chart: centred under its point, unless
+    that cuts it at an edge (the last time label did: "17:04:0"), then ending (or starting) at its point."""
+    half = len(label) * TICK_FONT * LABEL_EM / 2
+    if at + half > width:
+        return "end"
+    if at - half < 0:
+        return "start"
+    return "middle"
 
 
 def line_chart(
@@ -58,8 +72,8 @@ def line_chart(
         ticks = [(float(i), x_labels[i]) for i in shown]
     for t, label in ticks:
         out.append(
-            f'<text x="{x(t):.1f}" y="{height - bottom + 16}" text-anchor="middle" font-size="11"'
-            f' class="tick">{escape(label)}</text>'
+            f'<text x="{x(t):.1f}" y="{height - bottom + 16}" text-anchor="{_tick_anchor(x(t), label, width)}"'
+            f' font-size="{TICK_FONT}" class="tick">{escape(label)}</text>'
         )
     for i, s in enumerate(series):
         colour = COLOURS[i % len(COLOURS)]
