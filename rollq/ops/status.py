@@ -12,7 +12,7 @@ from rq.queue import Queue
 from rq.worker import Worker
 
 from rollq.models.policy import RolloutStatus
-from rollq.store.consumer_groups import list_groups
+from rollq.store.consumer_groups import DamagedGroupKeyError, list_groups
 from rollq.store.eviction import MemoryState, memory_state
 from rollq.store.keys import Keys, TaskField, parse_inflight_member
 from rollq.store.llm_gate import LLMGate
@@ -65,6 +65,9 @@ class Snapshot:
     llm_gate: dict[str, Any] | None = None
     """The weight-sync gate: ``paused`` (bool), ``epoch``, ``workers`` reporting, ``acknowledged``, LLM calls
     ``in_flight`` under the pause and ``waiting`` at the gates; None when no worker's proxy reports."""
+    consumer_groups_error: str | None = None
+    """Why ``consumer_groups`` could not be read (a results stream or trim hash of another type, named), if so: the
+    rest of the snapshot stands."""
     replication_degraded: int = 0
     """Processes whose transitions do not wait for replicas, none having acknowledged in time
     (:mod:`rollq.store.replication`): a failover now could undo their work."""
@@ -90,8 +93,13 @@ class Snapshot:
         return asdict(self)
 
 
-def _groups(connection: redis.Redis, keys: Keys) -> list[dict[str, Any]]:
-    return [g.to_dict() for g in list_groups(connection, keys)]
+def _groups(connection: redis.Redis, keys: Keys) -> tuple[list[dict[str, Any]], str | None]:
+    """The consumer groups, or none and why: one auxiliary key of another type (``list_groups`` names it) failed the
+    whole of ``rollq status``, ``/metrics`` and the dashboard."""
+    try:
+        return [g.to_dict() for g in list_groups(connection, keys)], None
+    except DamagedGroupKeyError as exc:
+        return [], " ".join(str(exc).split())
 
 
 def _oldest_age(connection: redis.Redis, keys: Keys, now: float) -> float | None:
@@ -139,6 +147,7 @@ def snapshot(
     counters = {k.decode(): float(v) for k, v in stats.items()}
     totals = outcome_totals(counters)
     workers = _workers(connection, keys, dict(by_worker), now, dead_after)
+    groups, groups_error = _groups(connection, keys)
     return Snapshot(
         namespace=keys.namespace,
         queued=int(queued),
@@ -156,7 +165,8 @@ def snapshot(
         results_stream_length=int(xlen),
         results_stream_bytes=int(counters.get(StatsField.RESULTS_BYTES, 0)) if xlen else 0,
         results_oldest_age_seconds=_oldest_age(connection, keys, now),
-        consumer_groups=_groups(connection, keys),
+        consumer_groups=groups,
+        consumer_groups_error=groups_error,
         resource_versions=[v.decode() for v in versions],
         latest_resources=latest.decode() if latest else None,
         workers=workers,
@@ -328,6 +338,8 @@ def render_text(s: Snapshot) -> str:
             else ""
         ),
     ]
+    if s.consumer_groups_error:
+        lines.append(f"  consumer groups   unreadable: {s.consumer_groups_error}")
     for g in s.consumer_groups:
         lines.append(
             f"    group {g['name']}: lag {g['lag']}, pending {g['pending']}, {g['consumers']} consumer(s)"

@@ -59,7 +59,12 @@ def _named(connection: redis.Redis, keys: Keys) -> Iterator[None]:
         raise _damaged(connection, keys, exc) from exc
 
 
-def _damaged(connection: redis.Redis, keys: Keys, exc: redis.ResponseError) -> redis.ResponseError:
+class DamagedGroupKeyError(redis.ResponseError):
+    """The results stream or its trim hash holds another Redis type than rollq writes there (the message names it):
+    the consumer groups cannot be read or changed until it is repaired."""
+
+
+def _damaged(connection: redis.Redis, keys: Keys, exc: redis.ResponseError) -> DamagedGroupKeyError:
     read = {keys.results: ("stream", "results stream"), keys.results_trim: ("hash", "results trim hash")}
     pipe = connection.pipeline(transaction=False)
     for key in read:
@@ -70,7 +75,7 @@ def _damaged(connection: redis.Redis, keys: Keys, exc: redis.ResponseError) -> r
         for (key, (want, what)), kind in zip(read.items(), kinds, strict=True)
         if kind not in (want, "none")
     ]
-    return redis.ResponseError("; ".join(named) or str(exc))
+    return DamagedGroupKeyError("; ".join(named) or str(exc))
 
 
 def _no_stream(connection: redis.Redis, keys: Keys, call: Callable[[], Any], otherwise: Any) -> Any:

@@ -101,3 +101,22 @@ def test_a_worker_a_reaper_marked_is_listed_dead_until_it_heartbeats_again(
         assert row()["alive"] and row()["reaped_at"] is None
     finally:
         worker.register_death()
+
+
+@pytest.mark.redis
+def test_status_with_a_results_trim_hash_of_another_type_shows_everything_else_and_names_the_key(
+    redis_server: RedisServer, namespace: str
+) -> None:
+    # `rollq groups` names a damaged trim hash and fails; `rollq status`, /metrics and the dashboard read the same
+    # groups on every call, and one auxiliary key of another type failed all of them.
+    producer = Producer.from_url(redis_server.url, namespace)
+    producer.enqueue({"n": 1})
+    producer.connection.xgroup_create(producer.keys.results, "trainer", id="0", mkstream=True)
+    producer.connection.rpush(producer.keys.results_trim, "not a hash")
+
+    s = snapshot(producer.connection, producer.keys)
+    assert s.queued == 1 and s.consumer_groups == []
+    assert s.consumer_groups_error is not None and producer.keys.results_trim in s.consumer_groups_error
+    assert f"consumer groups   unreadable: {s.consumer_groups_error}" in render_text(s)
+    assert "rollq_queue_depth{" in render_prometheus(s)
+    assert create_app(redis_server.url, namespace).test_client().get("/rollq/api/rollouts").status_code == 200
