@@ -19,7 +19,11 @@ Counts of delivered, stale and failed groups go to the namespace's stats hash, w
 from __future__ import annotations
 
 import logging
+import os
+import socket
+import threading
 import time
+import uuid
 import zlib
 from collections.abc import Collection, Iterator
 from dataclasses import dataclass, field
@@ -68,6 +72,10 @@ class BatchTimeoutError(RollqError, TimeoutError):
         self.timeout = timeout
         self.waiting = waiting
         self.stale_dropped, self.failed_dropped, self.stale_requeued = stale_dropped, failed_dropped, stale_requeued
+
+
+class ReaderBusyError(RollqError):
+    """Another live reader reads batches under this consumer name: a second would be handed the same groups."""
 
 
 class GroupLostError(RollqError):
@@ -131,6 +139,7 @@ class BatchReader:
         read_count: int = 200,
         start: str | None = None,
         modes: Collection[str | None] | None = TRAINING_MODES,
+        claim_timeout: float = 30.0,
     ) -> None:
         if batch_size < 1:
             raise ValueError("batch_size must be at least 1")
@@ -152,6 +161,7 @@ class BatchReader:
         self.read_count = read_count
         self.start = start
         self.modes = None if modes is None else frozenset(modes)
+        self.claim_timeout = claim_timeout
         self._skipped_modes: set[str | None] = set()
         self._entries: dict[str, list[bytes]] = {}
         self._to_ack: list[bytes] = []
@@ -160,9 +170,12 @@ class BatchReader:
         self._pending_cursor: str | None = "0"  # our own unacknowledged entries first (a restart)
         self._group_ready = False
         self._outage = Outage(f"batches reader {self.consumer}")
+        self._claim: _Claim | None = None
 
     # -- reading -------------------------------------------------------------------------------------------------
     def _ensure_group(self) -> None:
+        if self._claim is None:
+            self._claim = _Claim.take(self, self.claim_timeout)
         if self._group_ready:
             return
         first = self.producer.first_queued_after
@@ -393,6 +406,85 @@ class BatchReader:
                 self._flush()
         except (redis.ConnectionError, redis.TimeoutError) as exc:
             log.warning("could not acknowledge %d entries: %s", len(self._to_ack), exc)
+        self._release()
+
+    def _release(self) -> None:
+        claim, self._claim = getattr(self, "_claim", None), None  # None: __init__ refused its arguments
+        if claim is not None:
+            claim.release()
+
+    def __del__(self) -> None:
+        self._release()
+
+
+_CLAIM_SECONDS = 10.0
+"""How long a reader's claim on its consumer name outlives its last renewal (renewed every quarter of it): a
+trainer that died frees its name that long after, for its restart."""
+
+_RENEW = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
+return redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) and 1 or 0
+"""
+_RELEASE = "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0"
+
+
+class _Claim:
+    """A reader's hold on its ``(group, consumer)`` name: a key with a lease a daemon thread renews. Two readers
+    under one name would share its pending entries, so each would be handed the groups the other is training on."""
+
+    def __init__(self, connection: redis.Redis, key: str, token: str) -> None:
+        self.connection, self.key, self.token = connection, key, token
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._renew, name=f"rollq-claim-{key}", daemon=True)
+        self._thread.start()
+
+    @classmethod
+    def take(cls, reader: BatchReader, timeout: float) -> _Claim:
+        key = reader.keys.batch_reader(reader.group, reader.consumer)
+        token = f"{socket.gethostname()} pid {os.getpid()} {uuid.uuid4().hex[:8]}"
+        px = round(_CLAIM_SECONDS * 1000)
+        deadline = time.monotonic() + timeout
+        said = False
+        while not reader.connection.set(key, token, nx=True, px=px):
+            raw = reader.connection.get(key)
+            holder = raw.decode(errors="replace") if isinstance(raw, bytes) else "its holder just ended"
+            if time.monotonic() >= deadline:
+                raise ReaderBusyError(
+                    f"another trainer reads batches as consumer {reader.consumer!r} of group {reader.group!r} "
+                    f"({holder}): a second "
+                    "reader under that name would be handed the groups it is training on. Give each trainer process "
+                    "its rank: batches(..., rank=r, world_size=n); or a group name of its own to read every group "
+                    "again"
+                )
+            if not said:
+                said = True
+                log.warning(
+                    "reader %s: consumer %r is held by %s; waiting up to %gs for it to end (a trainer that died frees "
+                    "it within %gs)",
+                    reader.group,
+                    reader.consumer,
+                    holder,
+                    timeout,
+                    _CLAIM_SECONDS,
+                )
+            time.sleep(min(0.5, max(0.0, deadline - time.monotonic())))
+        return cls(reader.connection, key, token)
+
+    def _renew(self) -> None:
+        px = round(_CLAIM_SECONDS * 1000)
+        while not self._stop.wait(_CLAIM_SECONDS / 4):
+            try:
+                if not self.connection.eval(_RENEW, 1, self.key, self.token, px):
+                    log.error("batches reader lost its claim on %s to another reader; it goes on reading", self.key)
+            except redis.RedisError as exc:
+                log.warning("could not renew the claim on %s: %s", self.key, exc)
+
+    def release(self) -> None:
+        self._stop.set()
+        try:
+            self.connection.eval(_RELEASE, 1, self.key, self.token)
+        except redis.RedisError as exc:
+            log.warning("could not release the claim on %s (it lapses in %gs): %s", self.key, _CLAIM_SECONDS, exc)
 
 
 _UNFINISHED = (TaskState.QUEUED, TaskState.RUNNING)

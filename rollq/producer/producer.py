@@ -525,6 +525,7 @@ class Producer:
         world_size: int = 1,
         start: str | None = None,
         modes: Collection[str | None] | None = TRAINING_MODES,
+        claim_timeout: float = 30.0,
     ) -> BatchReader:
         """Training batches of ``batch_size`` complete groups, in the order groups complete.
 
@@ -540,7 +541,10 @@ class Producer:
         is not handed earlier runs' rollouts), or its beginning for a producer that has queued nothing (logged with
         how many rollouts that is); ``"0"`` the beginning, ``"$"`` what is published from now on, or an entry id.
         ``modes``: the task modes whose rollouts are handed over (default ``"train"`` and no mode; None: all);
-        the others (``"val"``, ``"test"``) are acknowledged and left out. See ``docs/training.md``.
+        the others (``"val"``, ``"test"``) are acknowledged and left out. ``claim_timeout``: how long to wait
+        for another live reader under the same consumer name to end before raising
+        :class:`~rollq.producer.batches.ReaderBusyError` (two would be handed the same groups). See
+        ``docs/training.md``.
         """
         return BatchReader(
             self,
@@ -554,6 +558,7 @@ class Producer:
             world_size=world_size,
             start=start,
             modes=modes,
+            claim_timeout=claim_timeout,
         )
 
     # -- operations ----------------------------------------------------------

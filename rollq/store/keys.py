@@ -204,6 +204,11 @@ class Keys:
         """Held for a second by the reaper that sweeps task records, so the namespace is swept once a second."""
         return f"{self._tag}:audit-lock"
 
+    def batch_reader(self, group: str, consumer: str) -> str:
+        """Held (with a lease its reader renews) by the live training-batch reader reading as ``consumer`` of the
+        results stream's consumer group ``group``, so a second reader under that name is refused."""
+        return f"{self._tag}:batch-reader:{group}:{consumer}"
+
     @property
     def replication_mark(self) -> str:
         """Pub/sub channel nobody subscribes to: a PUBLISH on it before ``WAIT`` gives any pooled connection a write

@@ -13,7 +13,7 @@ from rollq.models.contract import LLM
 from rollq.models.errors import BackpressureTimeoutError
 from rollq.models.groups import GROUP_ID, GROUP_INDEX, GROUP_SIZE, membership
 from rollq.ops.status import group_outcomes, snapshot
-from rollq.producer import BatchTimeoutError, GroupPolicy, Producer
+from rollq.producer import BatchTimeoutError, GroupPolicy, Producer, ReaderBusyError
 from rollq.producer.aio import AsyncProducer
 from rollq.store.keys import Keys
 from tests.support.waiting import wait_until
@@ -375,3 +375,21 @@ def test_max_pending_holds_enqueue_until_rollouts_finish(producer, serve) -> Non
     assert time.monotonic() - started > 0.5  # it waited for the first tasks to drain
     assert len(after_each_chunk) == 3 and max(after_each_chunk) <= 4
     producer.wait([t.rollout_id for t in first + more], timeout=60)
+
+
+def test_a_second_trainer_reading_under_a_live_readers_name_is_refused_not_handed_its_groups(producer, serve) -> None:
+    tasks = producer.enqueue_many([{"rewards": [1.0, 0.0]}] * 3, mode="train", group_size=2)
+    serve()
+    producer.wait([t.rollout_id for t in tasks], timeout=60)
+    first = producer.batches(3, timeout=10)  # a trainer started with the defaults ...
+    trained = {g.group_id for g in first.next_batch().groups}
+    assert len(trained) == 3
+    second = producer.batches(3, timeout=3, claim_timeout=1)  # ... and a second one, started the same way
+    with pytest.raises(ReaderBusyError) as busy:
+        second.next_batch()  # it was handed the first trainer's 3 groups, all trained on twice
+    message = str(busy.value)
+    assert "consumer 'batches-consumer' of group 'batches'" in message and "world_size" in message
+    first.close()  # the first trainer ends: the name is free, and nothing is left to hand over
+    with pytest.raises(BatchTimeoutError):
+        second.next_batch()
+    second.close()
