@@ -186,6 +186,10 @@ class BatchReader:
             if "BUSYGROUP" not in str(exc):
                 raise
         else:
+            try:
+                self.connection.set(self.keys.batch_start(self.group), self._last_delivered())
+            except redis.ResponseError as exc:  # a full Redis: duplicates of older entries count as new
+                log.warning("could not record where consumer group %r starts: %s", self.group, exc)
             if self.start is None and first is None and (held := int(self.connection.xlen(self.keys.results))):
                 log.warning(
                     "consumer group %r is new and this producer has queued nothing: it reads the %d rollout(s) "
@@ -248,6 +252,13 @@ class BatchReader:
         for group_id, missing in self.assembler.overdue():
             got = _Collected(missing)
             got.check_records(self.connection, self.keys)
+            if self._consumed(list(got.entry_ids.values())):
+                # A member this consumer group read and acknowledged before (the trainer restarted since): the
+                # group was handed over or dropped then, and what arrived now is a duplicate.
+                log.warning("group %s: settled before this reader started; its late duplicate is left out", group_id)
+                self._to_ack += self._entries.pop(group_id, [])
+                self.assembler.settled(group_id)
+                continue
             for rollout in got.found.values():
                 complete = self.assembler.add(rollout)
                 if complete is not None:
@@ -266,6 +277,26 @@ class BatchReader:
                 complete = self.assembler.lost(group_id, lost)
                 if complete is not None:
                     self._ready.append(complete)
+
+    def _last_delivered(self) -> str:
+        for info in self.connection.xinfo_groups(self.keys.results):
+            if _text(info["name"]) == self.group:
+                return _text(info["last-delivered-id"])
+        return "0-0"
+
+    def _consumed(self, entry_ids: list[bytes]) -> bool:
+        """Whether this consumer group has read and acknowledged any of ``entry_ids``."""
+        if not entry_ids:
+            return False
+        delivered = _stream_id(self._last_delivered())
+        began = self.connection.get(self.keys.batch_start(self.group))
+        start = _stream_id(began) if isinstance(began, bytes) else (0, 0)
+        for entry_id in entry_ids:
+            if start < _stream_id(entry_id) <= delivered and not self.connection.xpending_range(
+                self.keys.results, self.group, min=entry_id, max=entry_id, count=1
+            ):
+                return True
+        return False
 
     # -- deciding ------------------------------------------------------------------------------------------------
     def _latest(self) -> int | None:
@@ -485,6 +516,15 @@ class _Claim:
             self.connection.eval(_RELEASE, 1, self.key, self.token)
         except redis.RedisError as exc:
             log.warning("could not release the claim on %s (it lapses in %gs): %s", self.key, _CLAIM_SECONDS, exc)
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def _stream_id(value: bytes | str) -> tuple[int, int]:
+    ms, _, seq = _text(value).partition("-")
+    return int(ms), int(seq or 0)
 
 
 _UNFINISHED = (TaskState.QUEUED, TaskState.RUNNING)

@@ -209,6 +209,14 @@ class GroupAssembler:
                 pending.members.setdefault(found.index, rollout)
         return self._complete(pending) if len(pending.members) == pending.membership.size else None
 
+    def settled(self, group_id: str) -> None:
+        """Forget a waiting group that was settled before (handed over or dropped, by an earlier run of this
+        reader): its members that arrived are duplicates, and it is not returned again."""
+        pending = self._pending.pop(group_id, None)
+        if pending is not None:
+            self.duplicates += len(pending.members)
+            self._done[group_id] = None
+
     def _complete(self, pending: _Pending) -> Group:
         group_id = pending.membership.group_id
         del self._pending[group_id]

@@ -284,6 +284,8 @@ class _Collected:
     def __init__(self, wanted: list[str]) -> None:
         self.wanted = wanted
         self.found: dict[str, Rollout] = {}
+        self.entry_ids: dict[str, bytes] = {}
+        """The results entry id each found rollout was read from."""
         self.trimmed: list[str] = []
         self.missing = set(wanted)
 
@@ -306,6 +308,7 @@ class _Collected:
         for rid, entries in zip(ended, replies, strict=True):
             if entries and missing_payload(entries[0][1]) is None:
                 self.found[rid] = parse_entry(entries[0][1])
+                self.entry_ids[rid] = entries[0][0]
             else:
                 self.trimmed.append(rid)
             self.missing.discard(rid)

@@ -204,6 +204,11 @@ class Keys:
         """Held for a second by the reaper that sweeps task records, so the namespace is swept once a second."""
         return f"{self._tag}:audit-lock"
 
+    def batch_start(self, group: str) -> str:
+        """The results entry id the training-batch consumer group ``group`` was created at: entries up to it were
+        never its to read."""
+        return f"{self._tag}:batch-start:{group}"
+
     def batch_reader(self, group: str, consumer: str) -> str:
         """Held (with a lease its reader renews) by the live training-batch reader reading as ``consumer`` of the
         results stream's consumer group ``group``, so a second reader under that name is refused."""

@@ -393,3 +393,36 @@ def test_a_second_trainer_reading_under_a_live_readers_name_is_refused_not_hande
     with pytest.raises(BatchTimeoutError):
         second.next_batch()
     second.close()
+
+
+def test_a_late_duplicate_of_a_group_trained_on_before_a_restart_does_not_hand_the_group_over_again(
+    producer, serve
+) -> None:
+    tasks = producer.enqueue_many([{"rewards": [1.0, 0.0]}], mode="train", group_size=2)
+    serve()
+    producer.wait([t.rollout_id for t in tasks], timeout=60)
+    policy = GroupPolicy(group_timeout=1.0)
+    before = producer.batches(1, timeout=10, policy=policy, consumer="trainer-0")
+    (group,) = before.next_batch().groups
+    before.close()  # trained on and acknowledged; then the trainer restarts
+    stream = producer.keys.results
+    _, fields = producer.connection.xrange(stream, count=1)[0]
+    producer.connection.xadd(stream, fields)  # member 0 published again (a retried publish), read after the restart
+    again = producer.batches(1, timeout=4, policy=policy, consumer="trainer-0")
+    with pytest.raises(BatchTimeoutError):
+        # The duplicate waited group_timeout for its group's other member, found it finished in the stream and
+        # completed the group again: handed over a second time.
+        print(again.next_batch().groups[0].group_id, group.group_id)
+    again.close()
+    assert again.assembler.duplicates == 1
+    assert producer.connection.xpending(stream, "batches")["pending"] == 0
+
+
+def test_a_group_begun_before_a_reader_started_at_the_streams_end_is_completed_from_the_stream(producer, serve) -> None:
+    tasks = producer.enqueue_many([{"rewards": [1.0, 0.0], "sleep_member": 1}], mode="train", group_size=2)
+    serve()
+    producer.wait([tasks[0].rollout_id], timeout=60)
+    reader = producer.batches(1, timeout=30, policy=GroupPolicy(group_timeout=1.0), group="late", start="$")
+    (group,) = reader.next_batch().groups  # member 0 came before the reader's start: looked up, not a duplicate
+    assert group.rewards == [1.0, 0.0]
+    reader.close()
