@@ -325,13 +325,19 @@ class BatchReader:
     def _requeue(self, group: Group) -> bool:
         first = group.rollouts[0].rollout_id
         try:
-            task = read_records(self.connection, self.keys, [first])[first].task
+            record = read_records(self.connection, self.keys, [first])[first]
         except (KeyError, UnknownTaskError, InvalidTaskError):
             log.warning("stale group %s cannot be requeued: its task record is gone; dropped", group.group_id)
             return False
+        task = record.task
         metadata = {k: v for k, v in task.metadata.items() if k not in GROUP_FIELDS}
         self.producer.enqueue_many(
-            [task.input], mode=task.mode, metadata=metadata, group_size=len(group.rollouts), resources_id=None
+            [task.input],
+            mode=task.mode,
+            metadata=metadata,
+            group_size=len(group.rollouts),
+            resources_id=None,
+            policy=record.policy,  # the task's own timeout and attempts, not the producer's defaults
         )
         return True
 

@@ -12,10 +12,12 @@ import pytest
 from rollq.models.contract import LLM
 from rollq.models.errors import BackpressureTimeoutError
 from rollq.models.groups import GROUP_ID, GROUP_INDEX, GROUP_SIZE, membership
+from rollq.models.policy import RolloutPolicy
 from rollq.ops.status import group_outcomes, snapshot
 from rollq.producer import BatchTimeoutError, GroupPolicy, Producer, ReaderBusyError
 from rollq.producer.aio import AsyncProducer
 from rollq.store.keys import Keys
+from rollq.store.records import read_records
 from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.redis
@@ -426,3 +428,18 @@ def test_a_group_begun_before_a_reader_started_at_the_streams_end_is_completed_f
     (group,) = reader.next_batch().groups  # member 0 came before the reader's start: looked up, not a duplicate
     assert group.rewards == [1.0, 0.0]
     reader.close()
+
+
+def test_a_stale_group_is_queued_again_with_its_own_rollout_policy(producer, serve) -> None:
+    patient = RolloutPolicy(timeout_seconds=1800.0, max_attempts=5)  # a long agent's, not the producer's default
+    producer.update_resources(RESOURCES)
+    old = producer.enqueue_many([{"rewards": [0.25, 0.75]}], mode="train", group_size=2, policy=patient)
+    serve()
+    producer.wait([t.rollout_id for t in old], timeout=60)
+    producer.update_resources(RESOURCES)
+    reader = producer.batches(1, max_staleness=0, timeout=60, policy=GroupPolicy(on_stale="requeue"))
+    (group,) = reader.next_batch().groups
+    reader.close()
+    again = group.rollouts[0].rollout_id
+    # It was queued again under the producer's default policy: a 300 s timeout and 3 attempts.
+    assert read_records(producer.connection, producer.keys, [again])[again].policy == patient
