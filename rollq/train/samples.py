@@ -57,11 +57,14 @@ def _members(batch: Batch | Iterable[Group]) -> Iterable[tuple[Group, int]]:
 
 def triplet_samples(batch: Batch | Iterable[Group]) -> list[TokenSample]:
     """One sample per LLM call with token ids, of every member that did not fail; each carries its rollout's
-    advantage. Calls without token ids are left out (and logged): they cannot be trained on exactly."""
+    advantage. Calls without token ids are left out (and logged): they cannot be trained on exactly; so is a
+    member with no such call (logged too: the samples are then fewer than the members)."""
     samples: list[TokenSample] = []
     skipped = 0
+    empty: list[str] = []
     for group, index in _members(batch):
         rollout = group.rollouts[index]
+        before = len(samples)
         for triplet in rollout.triplets or ():
             prompt, response = _ids(triplet.prompt), _ids(triplet.response)
             if prompt is None or response is None:
@@ -82,21 +85,37 @@ def triplet_samples(batch: Batch | Iterable[Group]) -> list[TokenSample]:
                     logprobs_recorded=recorded,
                 )
             )
+        if len(samples) == before:
+            empty.append(rollout.rollout_id)
     if skipped:
         log.warning("%d LLM call(s) had no token ids and were left out of the samples", skipped)
+    _say_empty(empty)
     return samples
+
+
+def _say_empty(rollout_ids: list[str]) -> None:
+    if rollout_ids:
+        log.warning(
+            "%d successful rollout(s) gave no sample: no LLM call with token ids (%s%s); there are fewer samples "
+            "than rollouts trained on",
+            len(rollout_ids),
+            ", ".join(rollout_ids[:5]),
+            ", ..." if len(rollout_ids) > 5 else "",
+        )
 
 
 def rollout_samples(batch: Batch | Iterable[Group]) -> list[TokenSample]:
     """One sample per rollout: its first call's prompt, then every call's response and, between calls, the
     tokens the next prompt added (masked out). A rollout whose next prompt does not extend the previous prompt
     and response (the agent rewrote its history) cannot be joined exactly: it gives one sample per call instead,
-    as :func:`triplet_samples` does."""
+    as :func:`triplet_samples` does. A member with no LLM call with token ids gives no sample (logged with its id)."""
     samples: list[TokenSample] = []
+    empty: list[str] = []
     for group, index in _members(batch):
         rollout = group.rollouts[index]
         calls = [t for t in rollout.triplets or () if _ids(t.prompt) is not None and _ids(t.response) is not None]
         if not calls:
+            empty.append(rollout.rollout_id)
             continue
         prompt = _ids(calls[0].prompt) or []
         response: list[int] = []
@@ -134,6 +153,7 @@ def rollout_samples(batch: Batch | Iterable[Group]) -> list[TokenSample]:
                 logprobs_recorded=recorded_all,
             )
         )
+    _say_empty(empty)
     return samples
 
 

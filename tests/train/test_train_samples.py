@@ -65,6 +65,17 @@ def test_failed_members_give_no_samples() -> None:
     assert [s.response_ids for s in triplet_samples([group])] == [[2]]
 
 
+def test_a_member_that_made_no_llm_call_with_token_ids_is_named_not_silently_left_out(caplog) -> None:
+    no_ids = Triplet(prompt={"text": "hi"}, response={"text": "yo"})
+    group = _group([_call([1], [2])], [], [no_ids])  # member 1 answered without an LLM call, member 2 without ids
+    with caplog.at_level("WARNING", logger="rollq.train.samples"):
+        samples = rollout_samples([group])
+    assert [s.response_ids for s in samples] == [[2]]
+    # The trainer got 1 row for 3 trained-on members, and nothing said so.
+    assert "2 successful rollout(s) gave no sample" in caplog.text
+    assert group.rollouts[1].rollout_id in caplog.text
+
+
 def test_pad_left_pads_prompts_and_right_pads_responses() -> None:
     group = _group([_call([1, 2, 3], [4])], [_call([5], [6, 7])])
     columns = pad(triplet_samples([group]), pad_id=0)
