@@ -23,8 +23,8 @@ from typing import Any, cast
 
 import redis
 
-from .keys import GROUP_IDLE_SECONDS, IDLE_MS_FIELD, Keys, foreign_key
-from .records import wrong_type
+from .keys import GROUP_IDLE_SECONDS, IDLE_MS_FIELD, Keys
+from .records import foreign_keys, wrong_type
 
 
 @dataclass(frozen=True)
@@ -66,15 +66,7 @@ class DamagedGroupKeyError(redis.ResponseError):
 
 def _damaged(connection: redis.Redis, keys: Keys, exc: redis.ResponseError) -> DamagedGroupKeyError:
     read = {keys.results: ("stream", "results stream"), keys.results_trim: ("hash", "results trim hash")}
-    pipe = connection.pipeline(transaction=False)
-    for key in read:
-        pipe.type(key)
-    kinds = [k.decode() if isinstance(k, bytes) else str(k) for k in pipe.execute()]
-    named = [
-        foreign_key(what, key, kind, want)
-        for (key, (want, what)), kind in zip(read.items(), kinds, strict=True)
-        if kind not in (want, "none")
-    ]
+    named = foreign_keys(connection, read)
     return DamagedGroupKeyError("; ".join(named) or str(exc))
 
 

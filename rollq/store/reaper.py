@@ -42,8 +42,8 @@ from rollq.models.wire import rollout_json
 
 from . import connection as _connection
 from .jobs import read_rollq_jobs, rollout_ids_of
-from .keys import REAPED_WORKER_SECONDS, Keys, TaskField, foreign_key, parse_inflight_member
-from .records import TaskRecord, not_a_record, read_records_or_errors, wrong_type
+from .keys import REAPED_WORKER_SECONDS, Keys, TaskField, parse_inflight_member
+from .records import TaskRecord, foreign_keys, not_a_record, read_records_or_errors, wrong_type
 from .replies import Clock, JobTaken, Published, Requeued, TaskMissing, report_damaged
 from .summaries import summary_json
 from .transitions import Finish, Lifecycle, Reissue
@@ -155,15 +155,7 @@ def _unless_damaged(
     except redis.ResponseError as exc:
         if not wrong_type(exc):
             raise
-        pipe = lifecycle.connection.pipeline(transaction=False)
-        for key in read:
-            pipe.type(key)
-        kinds = [k.decode() if isinstance(k, bytes) else str(k) for k in pipe.execute()]
-        damaged = [
-            foreign_key(what, key, kind, want)
-            for (key, (want, what)), kind in zip(read.items(), kinds, strict=True)
-            if kind not in (want, "none")
-        ]
+        damaged = foreign_keys(lifecycle.connection, read)
         report_damaged("; ".join(damaged) or str(exc), f"{part} skipped this pass; deadlines judged all the same")
         return skipped
 

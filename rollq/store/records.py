@@ -15,7 +15,7 @@ from rollq.models.contract import Task
 from rollq.models.errors import InvalidTaskError, UnknownTaskError
 from rollq.models.policy import RolloutPolicy, TaskState
 
-from .keys import Keys, TaskField
+from .keys import Keys, TaskField, foreign_key
 
 log = logging.getLogger(__name__)
 
@@ -147,6 +147,20 @@ class TaskRecord:
 def wrong_type(error: BaseException) -> bool:
     """True for Redis's WRONGTYPE: a command (or a script's) met a key holding another type than rollq wrote."""
     return isinstance(error, redis.ResponseError) and "WRONGTYPE" in str(error)
+
+
+def foreign_keys(connection: redis.Redis, read: dict[str, tuple[str, str]]) -> list[str]:
+    """Each key of ``read`` (key -> the Redis type rollq or RQ writes there, what it is) that holds another type,
+    named (:func:`~rollq.store.keys.foreign_key`): what a caller that met :func:`wrong_type` says, one round trip."""
+    pipe = connection.pipeline(transaction=False)
+    for key in read:
+        pipe.type(key)
+    kinds = [k.decode() if isinstance(k, bytes) else str(k) for k in pipe.execute()]
+    return [
+        foreign_key(what, key, kind, want)
+        for (key, (want, what)), kind in zip(read.items(), kinds, strict=True)
+        if kind not in (want, "none")
+    ]
 
 
 def not_a_record(rollout_id: str, key: str, error: Exception) -> InvalidTaskError:
