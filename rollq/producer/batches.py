@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import socket
 import threading
 import time
@@ -463,6 +464,35 @@ if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[
 return redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) and 1 or 0
 """
 _RELEASE = "if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end return 0"
+_TAKE_OVER = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3]) and 1 or 0 end
+return 0
+"""
+_HOLDER = re.compile(r"^(?P<host>\S+) pid (?P<pid>\d+) ns (?P<ns>\d+) \S+$")
+
+
+def _pid_namespace() -> str:
+    """This process's PID namespace (its inode), so that a PID is compared only with PIDs of the same namespace: two
+    containers may share a host name, never a namespace; "?" where there is no /proc."""
+    try:
+        return str(os.stat("/proc/self/ns/pid").st_ino)
+    except OSError:
+        return "?"
+
+
+def _gone_from_here(holder: str) -> bool:
+    """Whether a claim's ``holder`` names a process of this host and PID namespace that no longer runs (a trainer
+    that died and is restarted here). Any doubt (another host, a PID in use, no /proc) is False: the lease lapses."""
+    found = _HOLDER.match(holder)
+    if found is None or found["host"] != socket.gethostname() or found["ns"] != _pid_namespace():
+        return False
+    try:
+        os.kill(int(found["pid"]), 0)
+    except ProcessLookupError:
+        return True
+    except (OSError, OverflowError):  # PermissionError: a process of another user runs under that PID
+        return False
+    return False
 
 
 class _Claim:
@@ -478,13 +508,22 @@ class _Claim:
     @classmethod
     def take(cls, reader: BatchReader, timeout: float) -> _Claim:
         key = reader.keys.batch_reader(reader.group, reader.consumer)
-        token = f"{socket.gethostname()} pid {os.getpid()} {uuid.uuid4().hex[:8]}"
+        token = f"{socket.gethostname()} pid {os.getpid()} ns {_pid_namespace()} {uuid.uuid4().hex[:8]}"
         px = round(_CLAIM_SECONDS * 1000)
         deadline = time.monotonic() + timeout
         said = False
         while not reader.connection.set(key, token, nx=True, px=px):
             raw = reader.connection.get(key)
             holder = raw.decode(errors="replace") if isinstance(raw, bytes) else "its holder just ended"
+            if (
+                isinstance(raw, bytes)
+                and _gone_from_here(holder)
+                and reader.connection.eval(_TAKE_OVER, 1, key, raw, token, px)
+            ):
+                # A trainer restarted on the machine where it died: its name is free now, not when the lease lapses.
+                log.info("reader %s: consumer %r was held by %s, which has ended; taken over", reader.group,
+                         reader.consumer, holder)  # fmt: skip
+                break
             if time.monotonic() >= deadline:
                 raise ReaderBusyError(
                     f"another trainer reads batches as consumer {reader.consumer!r} of group {reader.group!r} "

@@ -4,7 +4,11 @@ order, GRPO advantages, failed and lost members, the staleness bound, several tr
 from __future__ import annotations
 
 import asyncio
+import os
+import socket
 import statistics
+import subprocess
+import sys
 import time
 
 import pytest
@@ -395,6 +399,54 @@ def test_a_second_trainer_reading_under_a_live_readers_name_is_refused_not_hande
     with pytest.raises(BatchTimeoutError):
         second.next_batch()
     second.close()
+
+
+def test_a_trainer_restarted_where_it_died_takes_its_name_over_at_once(producer, serve, redis_server) -> None:
+    # The name's lease lapses 10 s after a trainer dies; one restarted on the same machine (same host, same PID
+    # namespace) sees that the holder no longer runs and need not wait that out.
+    tasks = producer.enqueue_many([{"rewards": [1.0, 0.0]}], mode="train", group_size=2)
+    serve()
+    producer.wait([t.rollout_id for t in tasks], timeout=60)
+    died = subprocess.Popen(
+        [sys.executable, "-c", _HOLD_A_READER, redis_server.url, producer.namespace], stdout=subprocess.PIPE, text=True
+    )
+    assert died.stdout is not None and died.stdout.readline().strip() == "holding"
+    died.kill()
+    died.wait()
+    key = producer.keys.batch_reader("batches", "batches-consumer")
+    assert f"pid {died.pid} " in producer.connection.get(key).decode()  # its lease has 10 s to run
+    started = time.monotonic()
+    restarted = producer.batches(1, timeout=10, claim_timeout=1)  # would raise ReaderBusyError after 1 s
+    assert len(restarted.next_batch().groups) == 1  # the group the dead trainer had been handed, not finished
+    assert time.monotonic() - started < 5
+    assert f"pid {os.getpid()} " in producer.connection.get(key).decode()
+    restarted.close()
+
+
+def test_a_name_held_by_a_live_process_or_by_another_machine_is_not_taken_over(producer) -> None:
+    key = producer.keys.batch_reader("batches", "batches-consumer")
+    namespace_inode = os.stat("/proc/self/ns/pid").st_ino
+    for holder in (
+        f"{socket.gethostname()} pid {os.getppid()} ns {namespace_inode} abcd1234",  # alive
+        f"another-host pid 999999999 ns {namespace_inode} abcd1234",  # no such PID here, but another machine's
+        f"{socket.gethostname()} pid 999999999 ns 1 abcd1234",  # another PID namespace (a container)
+    ):
+        producer.connection.set(key, holder, px=10_000)
+        with pytest.raises(ReaderBusyError):
+            producer.batches(1, timeout=1, claim_timeout=0.5).next_batch()
+        assert producer.connection.get(key).decode() == holder
+
+
+_HOLD_A_READER = """
+import sys
+from rollq.producer import Producer
+producer = Producer.from_url(sys.argv[1], sys.argv[2])
+reader = producer.batches(1, timeout=30)
+reader.next_batch()  # handed the group, never finished with it: the trainer is killed
+print("holding", flush=True)
+import time
+time.sleep(60)
+"""
 
 
 def test_a_late_duplicate_of_a_group_trained_on_before_a_restart_does_not_hand_the_group_over_again(
