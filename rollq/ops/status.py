@@ -9,7 +9,6 @@ from typing import Any
 
 import redis
 from rq.queue import Queue
-from rq.worker import Worker
 
 from rollq.models.policy import RolloutStatus
 from rollq.store.consumer_groups import DamagedGroupKeyError, list_groups
@@ -18,6 +17,7 @@ from rollq.store.keys import Keys, TaskField, parse_inflight_member
 from rollq.store.llm_gate import LLMGate
 from rollq.store.queries import first_entry_id
 from rollq.store.replication import degraded_processes
+from rollq.store.rq_workers import ListedWorker
 from rollq.store.sizing import RetainedSizes, retained_sizes
 from rollq.store.stats import REQUEUED_PREFIX, StatsField, outcome_stat
 from rollq.worker.rq_worker import WORKER_CONCURRENCY_FIELD
@@ -237,9 +237,9 @@ def _workers(
     """
     # A cluster namespace lists its workers in its own queue's set (RQ's rq:workers is another slot's key).
     listed = (
-        Worker.all(queue=Queue(keys.queue_name, connection=connection))
+        ListedWorker.all(queue=Queue(keys.queue_name, connection=connection))
         if keys.clustered
-        else Worker.all(connection=connection)
+        else ListedWorker.all(connection=connection)
     )
     found = [w for w in listed if keys.queue_name in w.queue_names()]
     pipe = connection.pipeline(transaction=False)

@@ -120,3 +120,28 @@ def test_status_with_a_results_trim_hash_of_another_type_shows_everything_else_a
     assert f"consumer groups   unreadable: {s.consumer_groups_error}" in render_text(s)
     assert "rollq_queue_depth{" in render_prometheus(s)
     assert create_app(redis_server.url, namespace).test_client().get("/rollq/api/rollouts").status_code == 200
+
+
+@pytest.mark.redis
+def test_listing_registered_workers_leaves_a_scrape_connections_socket_timeout_alone(
+    redis_server: RedisServer, namespace: str
+) -> None:
+    # CI: RQ's Worker.__init__ raises its connection's socket timeout to 415 s (the dequeue timeout + 10), and
+    # Worker.all builds one per registered worker. /metrics, `rollq status --watch` and the dashboard read Redis with
+    # a 3 s timeout so that a stalled Redis is a 503 within seconds: after one listing with a worker registered, a
+    # stall hung each of them for 415 s.
+    from rollq.ops.metrics import SCRAPE_SOCKET_TIMEOUT_SECONDS, scrape_connection
+
+    producer = Producer.from_url(redis_server.url, namespace)
+    worker = Worker([Queue(namespace, connection=producer.connection)], connection=producer.connection)
+    worker.register_birth()
+    try:
+        connection = scrape_connection(redis_server.url)
+        assert [w["name"] for w in snapshot(connection, producer.keys).workers] == [worker.name]
+        app = create_app(redis_server.url, namespace)
+        assert app.test_client().get("/0/view/workers").status_code == 200
+        assert app.test_client().get("/0/data/workers.json").status_code == 200
+        for pool in (connection.connection_pool, app.config["ROLLQ_CONNECTION"].connection_pool):
+            assert pool.connection_kwargs["socket_timeout"] == SCRAPE_SOCKET_TIMEOUT_SECONDS
+    finally:
+        worker.register_death()

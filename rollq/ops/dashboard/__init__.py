@@ -22,11 +22,11 @@ from rq.exceptions import NoSuchJobError
 from rq.job import Job
 from rq.queue import Queue
 from rq.serializers import JSONSerializer
-from rq.worker import Worker
 
 from rollq.models.errors import RollqError
 from rollq.store.connection import describe
 from rollq.store.keys import DEFAULT_NAMESPACE, Keys, foreign_key
+from rollq.store.rq_workers import ListedWorker
 
 from ..access import DASHBOARD_EXPOSES, check_bind, port_in_use, require_token
 
@@ -53,7 +53,7 @@ class _DashboardJob(Job):
         return [_DependencyId(job_id) for job_id in super().dependency_ids]
 
 
-class _DashboardWorker(Worker):
+class _DashboardWorker(ListedWorker):
     """``Worker.all`` as rq-dashboard calls it, reading workers with the dashboard's serializer.
 
     rq-dashboard 0.9.0 lists workers with ``Worker.all(connection=...)``, so each
