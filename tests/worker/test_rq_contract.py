@@ -116,6 +116,8 @@ PINNED: dict[str, str] = {
     "rq.queue.Queue.acquire_maintenance_lock": "self",
     "rq.queue.Queue.release_maintenance_lock": "self",
     "rq.intermediate_queue.IntermediateQueue.cleanup": "self, worker, queue",
+    # rollq.store.rq_workers.ListedWorker: a listed worker leaves its connection's socket timeout alone.
+    "rq.worker.Worker._set_connection": "self, connection",
     "rq.logutils.setup_loghandlers": (
         "level=None, date_format='%H:%M:%S', log_format='%(asctime)s %(message)s', name='rq.worker'"
     ),
