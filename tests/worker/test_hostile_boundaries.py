@@ -63,9 +63,13 @@ def test_a_slow_start_hook_fails_no_healthy_task_and_is_reported_over_its_budget
 
 
 def _fill_up(client: redis.Redis) -> None:
-    """Make Redis refuse every write that needs memory: maxmemory below what it uses, under noeviction."""
+    """Make Redis refuse every write that needs memory: maxmemory below what it uses, under noeviction.
+
+    Half of what it uses, not just under it: 1 KB under, a client buffer freed or a key expiring took Redis below the
+    limit for a moment, a refused command ran, and the worker saw two refusals where it met one full Redis (CI: refused
+    at :35, "accepts commands again" at :37, refused again at :41)."""
     client.config_set("maxmemory-policy", "noeviction")
-    client.config_set("maxmemory", int(client.info("memory")["used_memory"]) - 1024)
+    client.config_set("maxmemory", max(1, int(client.info("memory")["used_memory"]) // 2))
 
 
 @pytest.mark.slow
